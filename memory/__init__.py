@@ -1,0 +1,1 @@
+"""Long-term memory: built by issue 5."""

@@ -1,0 +1,94 @@
+"""Typed settings of the pipeline, with the spec's three profiles as defaults."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SnipConfig(_Strict):
+    keep_recent: int = 20
+    """Snip never cuts into the newest this-many messages (the spec's Snip threshold)."""
+    min_block: int = 5
+    """Cut nothing smaller than this many messages (spec: N < 5 -> no Snip)."""
+    min_messages: int = 10
+    """Leave conversations shorter than this alone (spec: fewer than 10 -> no Snip)."""
+    preview_chars: int = 80
+
+
+class MicrocompactConfig(_Strict):
+    default_threshold: int = 4000
+    head_tokens: int = 1500
+    tail_tokens: int = 500
+    thresholds: dict[str, int] = Field(default_factory=lambda: {
+        "read_file": 8000, "view": 8000, "str_replace_editor": 8000, "cat": 8000, "open": 8000,
+        "bash": 2000, "execute_bash": 2000, "shell": 2000, "run": 2000, "terminal": 2000,
+    })
+    """Per-tool thresholds by tool name (the spec's `meta.outputProfile`); a name matches
+    when it equals a key or contains it, so `read_file` also covers `fs_read_file`."""
+
+
+class CollapseConfig(_Strict):
+    window: int = 15
+    """Fold runs of at least this many consecutive non-decision-critical messages."""
+    user_chars: int = 200
+    bloom_capacity: int = 100_000
+    bloom_error_rate: float = 0.001
+
+
+class AutocompactConfig(_Strict):
+    model: str | None = None
+    """A `model_name` of `model_list` that writes summaries; default: the request's model."""
+    keep_recent: int = 10
+    timeout_s: float = 60.0
+    max_failures: int = 3
+    """After this many failures in a row Autocompact stops for the session (circuit breaker)."""
+    summary_max_tokens: int = 1024
+    speculative_ratio: float | None = 0.70
+    """Start the summary in the background when a session crosses this share of the budget."""
+
+
+class RestoreConfig(_Strict):
+    budget_ratio: float = 0.10
+    """activeRestore may add at most this share of the effective budget."""
+    max_files: int = 5
+    skill_tokens: int = 1500
+    read_tools: list[str] = Field(default_factory=lambda: [
+        "read_file", "view", "open", "cat", "str_replace_editor", "edit_file", "write_file",
+        "create_file", "str_replace", "edit", "write", "apply_patch", "insert"])
+    plan_tools: list[str] = Field(default_factory=lambda: ["update_plan", "plan", "set_plan"])
+    task_tools: list[str] = Field(default_factory=lambda: ["TodoWrite", "todo_write", "task_tracker", "todo"])
+    skill_tools: list[str] = Field(default_factory=lambda: ["Skill", "skill", "load_skill", "use_skill"])
+
+
+class PipelineConfig(_Strict):
+    levels: list[Literal["snip", "microcompact", "collapse", "autocompact"]] = Field(
+        default_factory=lambda: ["snip", "microcompact", "collapse", "autocompact"])
+    safety_ratio: float = 0.95
+    """effectiveBudget = max_input_tokens x safety_ratio - reserve_tokens."""
+    reserve_tokens: int = 0
+    trigger_ratio: float = 0.85
+    target_ratio: float = 0.50
+    """Compact down to this share of the effective budget (spec: Autocompact target 50%)."""
+    on_exhausted: Literal["error", "degrade"] = "error"
+    pin_first_user: bool = True
+    """Keep the first user message (the task statement) through every level."""
+    snip: SnipConfig = Field(default_factory=SnipConfig)
+    microcompact: MicrocompactConfig = Field(default_factory=MicrocompactConfig)
+    collapse: CollapseConfig = Field(default_factory=CollapseConfig)
+    autocompact: AutocompactConfig = Field(default_factory=AutocompactConfig)
+    restore: RestoreConfig = Field(default_factory=RestoreConfig)
+
+    def effective_budget(self, max_input_tokens: int) -> int:
+        return max(1, int(max_input_tokens * self.safety_ratio) - self.reserve_tokens)
+
+
+PROFILE_DEFAULTS: dict[str, dict] = {
+    "minimal": {"levels": ["snip"], "snip": {"keep_recent": 50}},
+    "professional": {},
+    "enterprise": {"reserve_tokens": 1000},
+}

@@ -1,0 +1,1 @@
+"""HTTP side of ctxgate: routes, tenancy, config, forwarding, state."""

@@ -1,0 +1,1 @@
+"""The session write-ahead log: built by issue 4."""

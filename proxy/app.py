@@ -1,0 +1,103 @@
+"""The aiohttp application: routes, the error middleware, start and stop."""
+from __future__ import annotations
+
+import logging
+import time
+
+import orjson
+from aiohttp import web
+
+from .chat import ChatHandler
+from .errors import ApiError
+from .gateway import Gateway
+from .ids import InvalidId, validate_id
+from .tenancy import resolve_caller
+
+log = logging.getLogger("ctxgate")
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def _json(data: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Every failure leaves in OpenAI's error shape; no traceback ever reaches a client."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return e.response()
+    except web.HTTPRequestEntityTooLarge as e:
+        return ApiError(413, f"request body is larger than the limit of {e.max_size} bytes",
+                        code="request_too_large").response()
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return ApiError(e.status, e.reason or "request failed", code="not_found" if e.status == 404 else None).response()
+    except (ConnectionResetError, OSError) as e:
+        if request.transport is None or request.transport.is_closing():
+            raise
+        log.exception("I/O failure on %s %s", request.method, request.path)
+        return ApiError(502, f"I/O failure: {type(e).__name__}", code="io_error").response()
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return ApiError(500, "internal error in ctxgate; it is logged on the server", code="internal_error").response()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    ok = await gw.sessions.ping()
+    return _json({"status": "ready" if ok else "state backend unreachable"}, 200 if ok else 503)
+
+
+async def models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    created = int(request.app["started"])
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "ctxgate"} for name in gw.router.model_names()]
+    return _json({"object": "list", "data": data})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[GATEWAY].metrics.exposition(), content_type="text/plain")
+
+
+async def session_summary(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    caller = resolve_caller(gw.config, request.headers)
+    try:
+        session_id = validate_id(request.match_info["session_id"], "session")
+    except InvalidId as e:
+        raise ApiError(400, str(e), code="invalid_session") from None
+    state = await gw.sessions.load(caller.tenant, session_id)
+    if state is None:
+        raise ApiError(404, f"no session {session_id} for this tenant", code="session_not_found")
+    return _json({"id": state.session_id, "tenant": state.tenant, "turns": state.turns, "created_at": state.created_at,
+                  "updated_at": state.updated_at, "records": [
+                      {"prefix_len": r.prefix_len, "levels": r.levels, "tokens_before": r.tokens_before,
+                       "tokens_after": r.tokens_after} for r in state.records],
+                  "has_attempted_reactive_compact": state.has_attempted_reactive_compact,
+                  "compactions": state.compaction_log[-50:], "working": state.working})
+
+
+def create_app(gw: Gateway) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=gw.config.ctxgate.max_body_bytes)
+    app[GATEWAY] = gw
+    app["started"] = time.time()
+    app.router.add_post("/v1/chat/completions", ChatHandler(gw))
+    app.router.add_post("/chat/completions", ChatHandler(gw))
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/ctx/sessions/{session_id}", session_summary)
+
+    async def _close(app: web.Application) -> None:
+        await gw.close()
+
+    app.on_cleanup.append(_close)
+    return app

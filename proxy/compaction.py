@@ -1,0 +1,148 @@
+"""The pipeline, applied to a stateless client that resends its whole history.
+
+Each turn: re-apply the longest stored compaction record whose prefix hash matches the
+client's messages (so the compressed prefix is byte-identical turn after turn and an
+Autocompact summary is paid for once), then run the chain only if what is left is over
+the trigger. The loop guard (`has_attempted_reactive_compact`) is kept exactly as the
+spec's pitfall 2 says.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from ..pipeline.autocompact import AutocompactBreaker
+from ..pipeline.chain import build_pipeline
+from ..pipeline.collapse import CollapseStore
+from ..pipeline.config import PipelineConfig
+from ..pipeline.fingerprint import message_fingerprint, prefix_hashes
+from ..pipeline.restore import extract_working_state
+from ..pipeline.tokens import TokenCounter
+from ..pipeline.types import CompressionRequest, Reason
+from .errors import context_exhausted
+from .state import CompactionRecord, SessionState
+
+Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
+_LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)")
+
+
+@dataclass
+class Turn:
+    """One request as the compactor sees it."""
+    messages: list[dict[str, Any]]
+    fingerprints: list[str]
+    tools: list[dict[str, Any]] | None
+    counter: TokenCounter
+    config: PipelineConfig
+    max_input_tokens: int
+    summarize: Summarize
+
+
+@dataclass
+class Plan:
+    """What to forward, and what was done to get it."""
+    messages: list[dict[str, Any]]
+    tokens_out: int
+    levels: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+
+
+def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
+    """The client's messages with the longest matching record's replacement in front."""
+    if not state.records:
+        return turn.messages, 0
+    hashes = prefix_hashes(turn.fingerprints)
+    for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
+        k = record.prefix_len
+        if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
+            return record.messages + turn.messages[k:], k
+    return turn.messages, 0
+
+
+def budget_of(state: SessionState, turn: Turn) -> int:
+    limit = turn.max_input_tokens
+    if state.learned_max_input_tokens:
+        limit = min(limit, state.learned_max_input_tokens)
+    return turn.config.effective_budget(limit)
+
+
+class Compactor:
+    def __init__(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self._on_step = on_step
+
+    async def prepare(self, state: SessionState, turn: Turn) -> Plan:
+        view, _ = _apply_records(state, turn)
+        tools_tokens = turn.counter.count_tools(turn.tools)
+        tokens = turn.counter.count_messages(view) + tools_tokens
+        budget = budget_of(state, turn)
+        if tokens <= turn.config.trigger_ratio * budget:
+            return Plan(messages=view, tokens_out=tokens)
+        if state.has_attempted_reactive_compact:
+            raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
+                                    "compaction already ran without a successful reply since")
+        return await self._compact(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens,
+                                   "proactive")
+
+    async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
+                       degraded: bool) -> tuple[Plan, bool]:
+        """The upstream said the prompt is too long: compact once more, degrade, or give up."""
+        if found := _LIMIT_IN_ERROR.search(upstream_message):
+            limit = int(found.group(1))
+            if 0 < limit < turn.max_input_tokens:
+                state.learned_max_input_tokens = limit
+        tools_tokens = turn.counter.count_tools(turn.tools)
+        budget = budget_of(state, turn)
+        target = min(int(budget * turn.config.target_ratio), int(previous.tokens_out * turn.config.target_ratio))
+        if not state.has_attempted_reactive_compact:
+            return await self._compact(state, turn, previous.messages, target - tools_tokens, "reactive"), False
+        if turn.config.on_exhausted == "degrade" and not degraded:
+            config = turn.config.model_copy(update={"levels": ["autocompact"]})
+            degrade_turn = Turn(**{**turn.__dict__, "config": config})
+            return await self._compact(state, degrade_turn, previous.messages, target - tools_tokens, "degrade"), True
+        raise context_exhausted(f"the upstream refused {previous.tokens_out} tokens as too long after a compaction "
+                                f"already ran: {upstream_message[:200]}")
+
+    async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
+                       reason: Reason) -> Plan:
+        cfg = turn.config
+        # The loop guard: set by any compaction, reset only after a successful reply.
+        state.has_attempted_reactive_compact = True
+        working = extract_working_state(turn.messages, cfg.restore)
+        collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
+        breaker = AutocompactBreaker.from_dict(state.breaker) if state.breaker else AutocompactBreaker()
+        budget = budget_of(state, turn)
+        pipeline = build_pipeline(cfg, collapse_store=collapse, breaker=breaker, summarize=turn.summarize,
+                                  working_state=working, effective_budget=budget,
+                                  precomputed=state.speculative.get("summaries") or None)
+        started = time.perf_counter()
+        before = turn.counter.count_messages(view)
+        result = await pipeline.compact(CompressionRequest(messages=view, token_budget=max(1, target),
+                                                           counter=turn.counter, reason=reason))
+        state.collapse = collapse.to_dict()
+        state.breaker = breaker.to_dict()
+        state.working = working.to_dict()
+        after = turn.counter.count_messages(result.compressed_messages)
+        now = time.time()
+        state.add_record(CompactionRecord(
+            prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
+            messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
+            tokens_before=before, tokens_after=after, created_at=now))
+        for step in result.steps:
+            entry = {"level": step.level.value, "span": list(step.span), "tokens_before": step.tokens_before,
+                     "tokens_after": step.tokens_after, "duration_ms": round(step.duration_ms, 3),
+                     "reason": reason, "at": now}
+            state.log_compaction(entry)
+            if self._on_step:
+                self._on_step(entry)
+        state.log_compaction({"level": "chain", "tokens_before": before, "tokens_after": after, "reason": reason,
+                              "duration_ms": round((time.perf_counter() - started) * 1000, 3), "at": now,
+                              "fits": result.fits, "hints": result.recovery_hints})
+        levels = list(dict.fromkeys(s.level.value for s in result.steps))
+        return Plan(messages=result.compressed_messages,
+                    tokens_out=after + turn.counter.count_tools(turn.tools), levels=levels, hints=result.recovery_hints)
+
+
+def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:
+    return [message_fingerprint(m) for m in messages]

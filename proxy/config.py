@@ -1,0 +1,172 @@
+"""The config file: litellm's own `model_list` plus a `ctxgate:` section.
+
+A LiteLLM proxy config works unchanged (its other top-level sections are accepted and
+ignored). Everything is validated at start; a bad file is refused with the dotted path
+of the bad key, e.g. `ctxgate.tenants.acme.profile: Input should be ...`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
+from .ids import validate_id
+
+ProfileName = Literal["minimal", "professional", "enterprise"]
+Override = Literal["profile", "budget"]
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file and the bad key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelEntry(BaseModel):
+    """One entry of litellm's `model_list`, as litellm's proxy takes it."""
+    model_config = ConfigDict(extra="allow")
+    model_name: str = Field(min_length=1)
+    litellm_params: dict[str, Any]
+    model_info: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("litellm_params")
+    @classmethod
+    def _needs_model(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(v.get("model"), str) or not v["model"]:
+            raise ValueError("litellm_params.model is required (e.g. openai/gpt-4o)")
+        return v
+
+
+class TokenizerRuleConfig(_Strict):
+    pattern: str
+    tokenizer: str
+
+
+class TenantConfig(_Strict):
+    api_keys: list[str] = Field(default_factory=list)
+    profile: ProfileName | None = None
+    budget: int | None = Field(default=None, gt=0)
+    """max_input_tokens for this tenant's requests (otherwise the model's own limit)."""
+    allow_overrides: list[Override] = Field(default_factory=lambda: ["profile", "budget"])
+    pass_through_key: bool = False
+    """Send the tenant's own bearer key upstream instead of the configured upstream key."""
+    pipeline: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProfileOverrides(_Strict):
+    pipeline: dict[str, Any] = Field(default_factory=dict)
+
+
+class CtxgateSettings(_Strict):
+    data_dir: str = "./.ctxgate"
+    state: str = "memory"
+    profile: ProfileName = "professional"
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
+    forwarding: Literal["auto", "litellm"] = "auto"
+    """auto: OpenAI-compatible upstreams go through ctxgate's pooled aiohttp client (reply
+    byte-exact, lower overhead), every other provider through litellm.acompletion."""
+    upstream_timeout_s: float = Field(default=600.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    default_max_input_tokens: int = Field(default=128_000, gt=0)
+    tokenizers: list[TokenizerRuleConfig] = Field(default_factory=list)
+    pipeline: dict[str, Any] = Field(default_factory=dict)
+    profiles: dict[ProfileName, ProfileOverrides] = Field(default_factory=dict)
+    """Per-profile overrides of the pipeline settings: `profiles.enterprise.pipeline: {...}`."""
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, v: str) -> str:
+        if v != "memory" and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("state must be 'memory' or a redis:// URL")
+        return v
+
+    @field_validator("tenants")
+    @classmethod
+    def _tenant_names(cls, v: dict[str, TenantConfig]) -> dict[str, TenantConfig]:
+        for name in v:
+            validate_id(name, "tenant")
+        return v
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="allow")  # litellm_settings, general_settings, router_settings ...
+    model_list: list[ModelEntry] = Field(default_factory=list)
+    ctxgate: CtxgateSettings = Field(default_factory=CtxgateSettings)
+    source: str = "<embedded defaults>"
+
+    def pipeline_config(self, profile: str, tenant: str | None = None) -> PipelineConfig:
+        """Profile defaults, then `ctxgate.pipeline`, the profile's overrides, the tenant's."""
+        merged: dict[str, Any] = {}
+        layers = [PROFILE_DEFAULTS[profile], self.ctxgate.pipeline]
+        if profile in self.ctxgate.profiles:
+            layers.append(self.ctxgate.profiles[profile].pipeline)
+        if tenant and tenant in self.ctxgate.tenants:
+            layers.append(self.ctxgate.tenants[tenant].pipeline)
+        for layer in layers:
+            merged = _deep_merge(merged, layer)
+        return PipelineConfig.model_validate(merged)
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _format(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+        lines.append(f"{where}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(path: str | os.PathLike[str] | None) -> Config:
+    """Read and validate a config file; `None` gives the embedded defaults."""
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping with model_list: and ctxgate:")
+    try:
+        cfg = Config.model_validate({**raw, "source": str(p)})
+    except ValidationError as e:
+        raise ConfigError(f"{p}: {_format(e)}") from None
+    except ValueError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    _validate_pipeline_layers(cfg, p)
+    return cfg
+
+
+def _validate_pipeline_layers(cfg: Config, p: Path) -> None:
+    """Each pipeline override is checked on its own, so an error names where it is."""
+    layers = {"ctxgate.pipeline": cfg.ctxgate.pipeline}
+    layers.update({f"ctxgate.profiles.{k}.pipeline": v.pipeline for k, v in cfg.ctxgate.profiles.items()})
+    layers.update({f"ctxgate.tenants.{k}.pipeline": v.pipeline for k, v in cfg.ctxgate.tenants.items()})
+    try:
+        for prefix, layer in layers.items():
+            try:
+                PipelineConfig.model_validate(layer)
+            except ValidationError as e:
+                raise ConfigError(f"{p}: {_format(e, prefix)}") from None
+        for profile in PROFILE_DEFAULTS:
+            for tenant in (None, *cfg.ctxgate.tenants):
+                cfg.pipeline_config(profile, tenant)
+    except ValidationError as e:
+        raise ConfigError(f"{p}: {_format(e, 'ctxgate.pipeline')}") from None
+    except ValueError as e:
+        raise ConfigError(f"{p}: {e}") from None

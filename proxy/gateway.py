@@ -1,0 +1,86 @@
+"""Everything one running ctxgate holds: config, routes, tokenizers, state, forwarders."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..pipeline.config import PipelineConfig
+from ..pipeline.tokens import TokenizerRegistry, TokenizerRule
+from .compaction import Compactor
+from .config import Config
+from .demo import DemoForwarder
+from .errors import ApiError
+from .metrics import Metrics
+from .routing import Route, Router
+from .state import SessionStore, open_store
+from .upstream import DirectForwarder, Forwarder, LitellmForwarder
+
+log = logging.getLogger("ctxgate")
+
+
+@dataclass
+class Gateway:
+    config: Config
+    data_dir: Path
+    router: Router
+    tokenizers: TokenizerRegistry
+    sessions: SessionStore
+    metrics: Metrics
+    direct: DirectForwarder
+    via_litellm: LitellmForwarder
+    demo: DemoForwarder = field(default_factory=DemoForwarder)
+    compactor: Compactor = field(default_factory=Compactor)
+
+    @classmethod
+    def build(cls, config: Config, data_dir: str | None = None, forwarding: str | None = None) -> "Gateway":
+        metrics = Metrics()
+        tokenizers = TokenizerRegistry(
+            [TokenizerRule(pattern=r.pattern, tokenizer=r.tokenizer) for r in config.ctxgate.tokenizers],
+            on_estimate=lambda model: metrics.estimated.labels(model).inc())
+        tokenizers.validate()
+        s = config.ctxgate
+        gw = cls(config=config, data_dir=Path(data_dir or s.data_dir), router=Router(config, forwarding),
+                 tokenizers=tokenizers, sessions=open_store(s.state), metrics=metrics,
+                 direct=DirectForwarder(s.connect_timeout_s, s.upstream_timeout_s),
+                 via_litellm=LitellmForwarder(s.upstream_timeout_s))
+        gw.compactor = Compactor(on_step=gw._count_step)
+        gw.data_dir.mkdir(parents=True, exist_ok=True)
+        return gw
+
+    def _count_step(self, entry: dict[str, Any]) -> None:
+        self.metrics.compactions.labels(entry["level"]).inc()
+        self.metrics.tokens_saved.labels(entry["level"]).inc(max(0, entry["tokens_before"] - entry["tokens_after"]))
+
+    def forwarder_for(self, route: Route) -> Forwarder:
+        if route.demo:
+            return self.demo
+        return self.direct if route.direct else self.via_litellm
+
+    @lru_cache(maxsize=256)
+    def pipeline_config(self, profile: str, tenant: str) -> PipelineConfig:
+        return self.config.pipeline_config(profile, tenant)
+
+    def __hash__(self) -> int:  # lru_cache on a method needs a hashable self
+        return id(self)
+
+    async def summarize(self, model_name: str, messages: list[dict[str, Any]]) -> str:
+        """Autocompact's LLM call, through the same routing and forwarders as any request."""
+        route = self.router.resolve(model_name)
+        payload = {**route.call_params, "model": route.upstream_model, "messages": messages, "stream": False}
+        reply = await self.forwarder_for(route).send(route, payload, stream=False, api_key=route.api_key)
+        try:
+            text = orjson.loads(reply.body or b"{}")["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError, orjson.JSONDecodeError):
+            raise ApiError(502, f"summarizer {model_name} gave no text") from None
+        if not isinstance(text, str) or not text.strip():
+            raise ApiError(502, f"summarizer {model_name} gave an empty summary")
+        return text
+
+    async def close(self) -> None:
+        await self.direct.close()
+        await self.sessions.close()

@@ -1,0 +1,131 @@
+"""From a client's `model` to an upstream deployment, as litellm's model_list says.
+
+litellm resolves the provider, the upstream model name and the model's limits; ctxgate
+only decides whether the deployment speaks the OpenAI API (then its own pooled client
+forwards the body as is) or needs litellm's translation.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .config import Config, ModelEntry
+from .errors import ApiError
+
+log = logging.getLogger("ctxgate.routing")
+
+DEMO_MODEL = "ctxgate-demo"
+DEMO_PROVIDER = "ctxgate-demo"
+# Providers whose chat-completions API is OpenAI's own wire format.
+OPENAI_COMPATIBLE = {"openai", "custom_openai", "hosted_vllm", "openai_like", "lm_studio", "llamafile"}
+# litellm_params keys that choose the deployment; the rest are call parameters.
+_ROUTING_KEYS = {"model", "api_base", "base_url", "api_key", "custom_llm_provider", "api_version", "organization",
+                 "timeout", "stream_timeout", "max_retries", "rpm", "tpm", "order", "weight"}
+
+
+@dataclass(frozen=True)
+class Route:
+    model_name: str
+    litellm_params: dict[str, Any]
+    provider: str
+    upstream_model: str
+    api_base: str | None
+    api_key: str | None
+    max_input_tokens: int
+    limit_source: str
+    direct: bool
+    call_params: dict[str, Any] = field(default_factory=dict)
+    """Parameters the config sets for every call (e.g. temperature); the client's win."""
+
+    @property
+    def demo(self) -> bool:
+        return self.provider == DEMO_PROVIDER
+
+
+def _env_ref(value: Any) -> Any:
+    """litellm's `os.environ/NAME` convention for secrets in config files."""
+    if isinstance(value, str) and value.startswith("os.environ/"):
+        return os.environ.get(value.split("/", 1)[1])
+    return value
+
+
+def _max_input_tokens(entry: ModelEntry, upstream_model: str, provider: str, default: int) -> tuple[int, str]:
+    info = entry.model_info
+    for key in ("max_input_tokens", "max_tokens"):
+        if isinstance(info.get(key), int) and info[key] > 0:
+            return info[key], "model_info"
+    import litellm
+
+    for name in (entry.litellm_params["model"], f"{provider}/{upstream_model}", upstream_model, entry.model_name):
+        try:
+            got = litellm.get_model_info(name).get("max_input_tokens")
+        except Exception:  # litellm raises a bare Exception for unmapped models
+            continue
+        if got:
+            return int(got), "litellm"
+    return default, "default"
+
+
+def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
+    import litellm
+
+    lp = {k: _env_ref(v) for k, v in entry.litellm_params.items()}
+    api_base = lp.get("api_base") or lp.get("base_url")
+    try:
+        upstream_model, provider, dynamic_key, resolved_base = litellm.get_llm_provider(
+            model=lp["model"], custom_llm_provider=lp.get("custom_llm_provider"), api_base=api_base)
+    except Exception as e:
+        raise ApiError(400, f"model_list entry {entry.model_name!r}: litellm cannot route {lp['model']!r}: {e}") from None
+    api_base = api_base or resolved_base
+    api_key = lp.get("api_key") or dynamic_key
+    if provider == "openai":
+        api_base = api_base or "https://api.openai.com/v1"
+        api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    limit, source = _max_input_tokens(entry, upstream_model, provider, config.ctxgate.default_max_input_tokens)
+    if source == "default":
+        log.warning("no context limit known for %s; using %d (set model_info.max_input_tokens)", entry.model_name, limit)
+    direct = forwarding == "auto" and provider in OPENAI_COMPATIBLE and bool(api_base)
+    return Route(model_name=entry.model_name, litellm_params=lp, provider=provider, upstream_model=upstream_model,
+                 api_base=api_base.rstrip("/") if api_base else None, api_key=api_key, max_input_tokens=limit,
+                 limit_source=source, direct=direct,
+                 call_params={k: v for k, v in lp.items() if k not in _ROUTING_KEYS})
+
+
+def demo_route() -> Route:
+    return Route(model_name=DEMO_MODEL, litellm_params={"model": DEMO_MODEL}, provider=DEMO_PROVIDER,
+                 upstream_model=DEMO_MODEL, api_base=None, api_key=None, max_input_tokens=128_000,
+                 limit_source="demo", direct=False)
+
+
+class Router:
+    """Round-robin over the deployments that share a model_name, as litellm's router does."""
+
+    def __init__(self, config: Config, forwarding: str | None = None) -> None:
+        mode = forwarding or config.ctxgate.forwarding
+        groups: dict[str, list[Route]] = {}
+        for entry in config.model_list:
+            groups.setdefault(entry.model_name, []).append(_route(entry, config, mode))
+        if not groups:
+            groups[DEMO_MODEL] = [demo_route()]
+        self._groups = groups
+        self._cycles: dict[str, Iterator[Route]] = {k: itertools.cycle(v) for k, v in groups.items()}
+
+    @property
+    def demo_only(self) -> bool:
+        return list(self._groups) == [DEMO_MODEL]
+
+    def model_names(self) -> list[str]:
+        return list(self._groups)
+
+    def resolve(self, model: str) -> Route:
+        cycle = self._cycles.get(model)
+        if cycle is None:
+            raise ApiError(404, f"The model `{model}` does not exist in this gateway's model_list "
+                                f"(known: {', '.join(self._groups)})", code="model_not_found", param="model")
+        return next(cycle)
+
+    def first(self, model: str) -> Route:
+        return self._groups[model][0]

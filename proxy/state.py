@@ -1,0 +1,165 @@
+"""Session state: what ctxgate remembers about a conversation between two requests.
+
+One interface, two backends: in-process (the embedded default) and Redis (shared by
+replicas). Both hold the state behind a per-session lock, so two requests of one
+session never interleave their read-modify-write.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+import orjson
+
+MAX_RECORDS = 8
+MAX_COMPACTION_LOG = 200
+
+
+@dataclass
+class CompactionRecord:
+    """`messages` replaces the client's first `prefix_len` messages (named by `prefix_hash`)."""
+    prefix_len: int
+    prefix_hash: str
+    messages: list[dict[str, Any]]
+    levels: list[str]
+    tokens_before: int
+    tokens_after: int
+    created_at: float
+
+
+@dataclass
+class SessionState:
+    tenant: str
+    session_id: str
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    turns: int = 0
+    records: list[CompactionRecord] = field(default_factory=list)
+    collapse: dict[str, Any] = field(default_factory=dict)
+    breaker: dict[str, Any] = field(default_factory=dict)
+    working: dict[str, Any] = field(default_factory=dict)
+    has_attempted_reactive_compact: bool = False
+    learned_max_input_tokens: int | None = None
+    """A smaller limit the upstream itself reported in a context-length error."""
+    speculative: dict[str, Any] = field(default_factory=dict)
+    compaction_log: list[dict[str, Any]] = field(default_factory=list)
+    wal_seq: int = 0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.tenant, self.session_id)
+
+    def add_record(self, record: CompactionRecord) -> None:
+        self.records = [r for r in self.records if r.prefix_len < record.prefix_len][-(MAX_RECORDS - 1):] + [record]
+
+    def log_compaction(self, entry: dict[str, Any]) -> None:
+        self.compaction_log = (self.compaction_log + [entry])[-MAX_COMPACTION_LOG:]
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "SessionState":
+        data = orjson.loads(raw)
+        data["records"] = [CompactionRecord(**r) for r in data.get("records", [])]
+        return cls(**data)
+
+
+class SessionStore(Protocol):
+    def lock(self, tenant: str, session_id: str) -> Any: ...
+    async def load(self, tenant: str, session_id: str) -> SessionState | None: ...
+    async def save(self, state: SessionState) -> None: ...
+    async def ping(self) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class MemorySessionStore:
+    """In-process state; the least recently used sessions are forgotten past `max_sessions`."""
+
+    def __init__(self, max_sessions: int = 100_000) -> None:
+        self._states: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._max = max_sessions
+
+    @asynccontextmanager
+    async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
+        key = (tenant, session_id)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            yield
+        if not lock.locked() and key not in self._states:
+            self._locks.pop(key, None)
+
+    async def load(self, tenant: str, session_id: str) -> SessionState | None:
+        state = self._states.get((tenant, session_id))
+        if state is not None:
+            self._states.move_to_end(state.key)
+        return state
+
+    async def save(self, state: SessionState) -> None:
+        state.updated_at = time.time()
+        self._states[state.key] = state
+        self._states.move_to_end(state.key)
+        while len(self._states) > self._max:
+            old, _ = self._states.popitem(last=False)
+            self._locks.pop(old, None)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisSessionStore:
+    """State as one orjson value per session; a Redis lock per session across replicas."""
+
+    def __init__(self, url: str, ttl_s: int = 7 * 24 * 3600, lock_timeout_s: float = 120.0) -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+        self._ttl = ttl_s
+        self._lock_timeout = lock_timeout_s
+
+    @staticmethod
+    def _key(tenant: str, session_id: str) -> str:
+        return f"ctxgate:session:{tenant}:{session_id}"
+
+    @asynccontextmanager
+    async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
+        lock = self._redis.lock(self._key(tenant, session_id) + ":lock", timeout=self._lock_timeout,
+                                blocking_timeout=self._lock_timeout)
+        if not await lock.acquire():
+            raise TimeoutError(f"session {session_id} is locked by another request")
+        try:
+            yield
+        finally:
+            try:
+                await lock.release()
+            except Exception:  # expired under a very slow turn: the next holder already owns it
+                pass
+
+    async def load(self, tenant: str, session_id: str) -> SessionState | None:
+        raw = await self._redis.get(self._key(tenant, session_id))
+        return SessionState.from_bytes(raw) if raw else None
+
+    async def save(self, state: SessionState) -> None:
+        state.updated_at = time.time()
+        await self._redis.set(self._key(*state.key), state.to_bytes(), ex=self._ttl)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def open_store(url: str) -> SessionStore:
+    return MemorySessionStore() if url == "memory" else RedisSessionStore(url)

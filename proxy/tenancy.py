@@ -1,0 +1,109 @@
+"""Who is asking (tenant), for which conversation (session), with which settings."""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import xxhash
+
+from .config import Config, TenantConfig
+from .errors import ApiError
+from .ids import InvalidId, is_valid_id, validate_id
+
+DEFAULT_TENANT = "default"
+MAX_BUDGET = 100_000_000
+# Conventions agents and gateways already send, after our own header.
+_SESSION_HEADERS = ("x-session-id", "x-session-affinity")
+
+
+@dataclass(frozen=True)
+class Caller:
+    tenant: str
+    tenant_config: TenantConfig
+    bearer: str | None
+    profile: str
+    budget: int | None
+    """max_input_tokens override (X-Ctx-Budget or the tenant's), None: the model's own."""
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return None
+
+
+def _tenant_by_key(config: Config, key: str | None) -> str | None:
+    """Compare against every configured key in constant time, so timing tells nothing."""
+    found = None
+    for name, tenant in config.ctxgate.tenants.items():
+        for k in tenant.api_keys:
+            if key is not None and hmac.compare_digest(k.encode(), key.encode()):
+                found = name
+    return found
+
+
+def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
+    bearer = _bearer(headers)
+    keys_configured = any(t.api_keys for t in config.ctxgate.tenants.values())
+    if keys_configured:
+        tenant = _tenant_by_key(config, bearer)
+        if tenant is None:
+            raise ApiError(401, "Incorrect API key provided for this gateway", code="invalid_api_key")
+    else:
+        tenant = headers.get("X-Ctx-Tenant") or DEFAULT_TENANT
+        try:
+            validate_id(tenant, "tenant")
+        except InvalidId as e:
+            raise ApiError(400, f"X-Ctx-Tenant: {e}", param="X-Ctx-Tenant", code="invalid_tenant") from None
+    tcfg = config.ctxgate.tenants.get(tenant) or TenantConfig()
+    profile = tcfg.profile or config.ctxgate.profile
+    budget = tcfg.budget
+    if (raw := headers.get("X-Ctx-Profile")) is not None:
+        _allowed(tcfg, "profile", tenant)
+        if raw not in ("minimal", "professional", "enterprise"):
+            raise ApiError(400, "X-Ctx-Profile must be minimal, professional or enterprise",
+                           param="X-Ctx-Profile", code="invalid_header")
+        profile = raw
+    if (raw := headers.get("X-Ctx-Budget")) is not None:
+        _allowed(tcfg, "budget", tenant)
+        if not raw.strip().isdigit() or not 0 < int(raw) <= MAX_BUDGET:
+            raise ApiError(400, f"X-Ctx-Budget must be a whole number of tokens between 1 and {MAX_BUDGET}",
+                           param="X-Ctx-Budget", code="invalid_header")
+        budget = int(raw)
+    return Caller(tenant=tenant, tenant_config=tcfg, bearer=bearer, profile=profile, budget=budget)
+
+
+def _allowed(tcfg: TenantConfig, what: str, tenant: str) -> None:
+    if what not in tcfg.allow_overrides:
+        raise ApiError(403, f"tenant {tenant!r} may not override its {what} (allow_overrides)",
+                       code="override_not_allowed")
+
+
+def _first_text(messages: list[dict[str, Any]], roles: tuple[str, ...]) -> str:
+    for m in messages:
+        if m.get("role") in roles:
+            c = m.get("content")
+            return c if isinstance(c, str) else repr(c)
+    return ""
+
+
+def resolve_session(tenant: str, headers: Mapping[str, str], body: dict[str, Any]) -> str:
+    """X-Ctx-Session, else the conventions agents send, else a conversation fingerprint."""
+    own = headers.get("X-Ctx-Session")
+    if own is not None:
+        try:
+            return validate_id(own, "session")
+        except InvalidId as e:
+            raise ApiError(400, f"X-Ctx-Session: {e}", param="X-Ctx-Session", code="invalid_session") from None
+    candidates = [headers.get(h) for h in _SESSION_HEADERS]
+    if isinstance(body.get("prompt_cache_key"), str):
+        candidates.append(body["prompt_cache_key"])
+    for value in candidates:
+        if value:
+            # Other tools' ids are not ours to refuse: a safe one is used as is, any other hashed.
+            return value if is_valid_id(value) else "h-" + xxhash.xxh3_128_hexdigest(value.encode())
+    messages = body["messages"]
+    seed = "\x00".join((tenant, _first_text(messages, ("system", "developer")), _first_text(messages, ("user",))))
+    return "fp-" + xxhash.xxh3_128_hexdigest(seed.encode())[:24]

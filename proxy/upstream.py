@@ -1,0 +1,207 @@
+"""Sending a chat request upstream and handing back the reply as bytes.
+
+Two forwarders share one interface. `DirectForwarder` posts the body as is to an
+upstream that speaks the OpenAI API, over a pooled aiohttp session, and returns its bytes
+untouched (ids, fields, SSE framing). `LitellmForwarder` goes through
+`litellm.acompletion` for every other provider and serialises litellm's objects back to
+OpenAI's wire format. Both raise `UpstreamError` for an error reply, `ContextTooLong`
+when the provider says the prompt does not fit.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+import aiohttp
+import orjson
+
+from .errors import ApiError, upstream_error_object
+from .routing import Route
+
+_CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "prompt is too long",
+                    "too many tokens", "reduce the length", "input is too long")
+
+
+class UpstreamError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body["error"]["message"])
+        self.status = status
+        self.body = body
+
+    def to_api_error(self) -> ApiError:
+        e = self.body["error"]
+        return ApiError(self.status, e["message"], code=e.get("code"), param=e.get("param"), type=e.get("type"))
+
+
+class ContextTooLong(UpstreamError):
+    """The provider refused the prompt as too long: the loop guard decides what happens."""
+
+
+def _is_context_error(status: int, body: dict[str, Any]) -> bool:
+    if status not in (400, 413, 422):
+        return False
+    err = body.get("error") or {}
+    text = f"{err.get('code') or ''} {err.get('type') or ''} {err.get('message') or ''}".lower()
+    return any(m in text for m in _CONTEXT_MARKERS)
+
+
+def raise_for_error(status: int, payload: Any, fallback: str) -> None:
+    body = upstream_error_object(status, payload, fallback)
+    raise (ContextTooLong if _is_context_error(status, body) else UpstreamError)(status, body)
+
+
+@dataclass
+class Reply:
+    """An upstream's success: whole bytes, or an async iterator of SSE bytes."""
+    status: int
+    content_type: str
+    body: bytes | None = None
+    chunks: AsyncIterator[bytes] | None = None
+    upstream_ms: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    close: Any = None
+
+
+class Forwarder(Protocol):
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply: ...
+    async def close(self) -> None: ...
+
+
+class DirectForwarder:
+    """The pooled client: one aiohttp session for all OpenAI-compatible upstreams."""
+
+    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=True,
+                                                  skip_auto_headers=("User-Agent",))
+        return self._session
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        started = time.perf_counter()
+        try:
+            resp = await self._client().post(f"{route.api_base}/chat/completions", data=orjson.dumps(payload),
+                                             headers=headers)
+        except asyncio.TimeoutError:
+            raise ApiError(504, f"upstream {route.api_base} did not answer in time", code="upstream_timeout") from None
+        except aiohttp.ClientError as e:
+            raise ApiError(502, f"upstream {route.api_base} is unreachable: {e}", code="upstream_unreachable") from None
+        ctype = resp.headers.get("Content-Type", "application/json")
+        if resp.status >= 400 or not stream or "text/event-stream" not in ctype:
+            try:
+                raw = await resp.read()
+            except asyncio.TimeoutError:
+                raise ApiError(504, f"upstream {route.api_base} timed out mid-reply", code="upstream_timeout") from None
+            except aiohttp.ClientError as e:
+                raise ApiError(502, f"upstream {route.api_base} broke off its reply: {e}", code="upstream_unreachable") from None
+            finally:
+                resp.release()
+            elapsed = (time.perf_counter() - started) * 1000
+            if resp.status >= 400:
+                try:
+                    parsed = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    parsed = None
+                raise_for_error(resp.status, parsed, raw[:500].decode("utf-8", "replace") or f"upstream HTTP {resp.status}")
+            return Reply(status=resp.status, content_type=ctype, body=raw, upstream_ms=elapsed)
+        return Reply(status=resp.status, content_type=ctype, chunks=_sse_bytes(resp),
+                     upstream_ms=(time.perf_counter() - started) * 1000, close=resp.release)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+async def _sse_bytes(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    try:
+        async for data in resp.content.iter_any():
+            yield data
+    except asyncio.TimeoutError:
+        raise ApiError(504, "upstream stalled mid-stream", code="upstream_timeout") from None
+    except aiohttp.ClientError as e:
+        raise ApiError(502, f"upstream broke off the stream: {e}", code="upstream_unreachable") from None
+    finally:
+        resp.release()
+
+
+class LitellmForwarder:
+    """Every provider litellm knows; replies re-serialised to OpenAI's wire format."""
+
+    def __init__(self, read_timeout_s: float) -> None:
+        self._timeout = read_timeout_s
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        import litellm
+
+        params = {k: v for k, v in route.litellm_params.items() if k != "model"}
+        params.update({k: v for k, v in payload.items() if k != "model"})
+        if api_key:
+            params["api_key"] = api_key
+        params.setdefault("timeout", self._timeout)
+        started = time.perf_counter()
+        try:
+            result = await litellm.acompletion(model=route.litellm_params["model"], **params)
+        except Exception as e:
+            raise _map_litellm_error(e, route) from None
+        elapsed = (time.perf_counter() - started) * 1000
+        if not stream:
+            return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
+                         upstream_ms=elapsed)
+        return Reply(status=200, content_type="text/event-stream", chunks=_litellm_sse(result, route), upstream_ms=elapsed)
+
+    async def close(self) -> None:
+        return None
+
+
+def _wire(obj: Any) -> dict[str, Any]:
+    """litellm's objects as OpenAI sends them: no litellm-only or unset fields."""
+    data = obj.model_dump(exclude_none=True)
+    data.pop("provider_specific_fields", None)
+    for choice in data.get("choices", []):
+        for key in ("message", "delta"):
+            if isinstance(choice.get(key), dict):
+                choice[key].pop("provider_specific_fields", None)
+    return data
+
+
+async def _litellm_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in stream:
+            yield b"data: " + orjson.dumps(_wire(chunk)) + b"\n\n"
+    except Exception as e:
+        raise _map_litellm_error(e, route) from None
+    yield b"data: [DONE]\n\n"
+
+
+def _map_litellm_error(e: Exception, route: Route) -> Exception:
+    import litellm
+
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, litellm.Timeout):
+        return ApiError(504, f"upstream for {route.model_name} did not answer in time", code="upstream_timeout")
+    if isinstance(e, litellm.APIConnectionError):
+        return ApiError(502, f"upstream for {route.model_name} is unreachable: {e}", code="upstream_unreachable")
+    status = getattr(e, "status_code", None) or 502
+    message = getattr(e, "message", None) or str(e)
+    body = getattr(getattr(e, "response", None), "text", None)
+    try:
+        parsed = orjson.loads(body) if body else None
+    except (orjson.JSONDecodeError, TypeError):
+        parsed = None
+    try:
+        raise_for_error(int(status), parsed, message)
+    except UpstreamError as err:
+        if isinstance(e, litellm.ContextWindowExceededError) and not isinstance(err, ContextTooLong):
+            return ContextTooLong(err.status, err.body)
+        return err
+    return ApiError(502, message)

@@ -1,0 +1,85 @@
+"""Reading and checking a chat-completions body.
+
+Only what ctxgate relies on is checked (model, messages, their roles and tool-call
+shapes, stream flags); every other field passes through untouched, and the forwarded
+body is the parsed dict itself, never a re-validated copy.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ApiError
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Function(_Open):
+    name: str
+    arguments: str
+
+
+class _ToolCall(_Open):
+    id: str
+    type: str = "function"
+    function: _Function
+
+
+class _Message(_Open):
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class _StreamOptions(_Open):
+    include_usage: bool | None = None
+
+
+class _ChatRequest(_Open):
+    model: str = Field(min_length=1)
+    messages: list[_Message] = Field(min_length=1)
+    stream: bool | None = None
+    stream_options: _StreamOptions | None = None
+    n: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    user: str | None = None
+    prompt_cache_key: str | None = None
+
+
+async def read_json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise ApiError(413, f"request body is larger than the limit of {e.max_size} bytes",
+                       code="request_too_large") from None
+    if not raw:
+        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def validate_chat_request(body: dict[str, Any]) -> None:
+    try:
+        _ChatRequest.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+    for i, m in enumerate(body["messages"]):
+        if m["role"] == "tool" and not m.get("tool_call_id"):
+            raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
+                           param=f"messages.{i}.tool_call_id", code="invalid_request")

@@ -30,6 +30,10 @@ class MicrocompactConfig(_Strict):
     })
     """Per-tool thresholds by tool name (the spec's `meta.outputProfile`); a name matches
     when it equals a key or contains it, so `read_file` also covers `fs_read_file`."""
+    budget_share: float = Field(default=0.05, gt=0, le=1)
+    """No single output keeps more than this share of the effective budget: the spec's
+    thresholds are for 100K+ windows, and an 8,000-token read cannot fit a 4K budget."""
+    min_threshold: int = 64
 
 
 class CollapseConfig(_Strict):

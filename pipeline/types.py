@@ -45,7 +45,7 @@ class CompactionStep:
 class CompressionResult:
     compressed_messages: list[Message]
     tokens_freed: int
-    level_used: Level
+    level_used: Level | None
     recovery_hints: list[str] = field(default_factory=list)
     steps: list[CompactionStep] = field(default_factory=list)
     tokens_after: int = 0

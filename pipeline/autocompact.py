@@ -1,0 +1,190 @@
+"""Level 4, Autocompact: an LLM summary of the old history, with a recovery message.
+
+As the spec says: scan from the tail towards the head to find the smallest span to
+compress, keep at least the last 10 messages, ask for the six-field structured summary,
+and put a recovery message in the span's place. A proxy adds: the call has a timeout;
+three failures in a row open a circuit breaker for the session; a summary computed in
+the background (speculative Autocompact) is used when it covers the span, so the turn
+pays no LLM latency.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from typing import Any, Awaitable, Callable
+
+from .config import AutocompactConfig
+from .fingerprint import message_fingerprint, span_hash
+from .notes import AUTOCOMPACT_MARKER, system_note
+from .strategy import Stopwatch, level_result
+from .tokens import TokenCounter
+from .turns import Shape, shape_of
+from .types import CompressionRequest, CompressionResult, Level, Message
+
+Summarize = Callable[[list[Message]], Awaitable[str]]
+
+SUMMARY_PROMPT = """Summarise the conversation history below as a structured summary that keeps:
+1. The user's core goal (what the current task is)
+2. The steps completed so far, in order
+3. Key decision points (which tools were called, and why)
+4. Unresolved problems and pending tasks
+5. The list of files currently being worked on
+6. The skill or tool context in use
+
+Format: concise bullet points under those six headings. Leave out small talk."""
+
+RECOVERY = ("{marker}\nThe history before this point was compressed into a summary; key state is kept:\n\n"
+            "{summary}\n\n-- Recovery instructions --\n1. Continue the unfinished task.\n"
+            "2. Re-read the current working files when you need them.\n"
+            "3. The tool context in use is restored in the messages above.")
+DEGRADE_KEEP = 3
+"""The spec's degraded mode (professional): only the last 3 messages and the system prompt."""
+MESSAGE_TOKENS_FOR_SUMMARY = 800
+"""Each message is cut to this many tokens in what the summariser reads."""
+
+
+@dataclass
+class AutocompactBreaker:
+    """Three failures in a row stop Autocompact for the session (until a success)."""
+    failures: int = 0
+    max_failures: int = 3
+    last_error: str = ""
+
+    @property
+    def open(self) -> bool:
+        return self.failures >= self.max_failures
+
+    def failed(self, error: str) -> None:
+        self.failures += 1
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.last_error = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AutocompactBreaker":
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """What one Autocompact would summarise: messages[start:end] of its input."""
+    start: int
+    end: int
+    key: str
+    prompt: list[Message]
+
+
+def serialise(messages: list[Message], counter: TokenCounter) -> str:
+    lines: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        text = content if isinstance(content, str) else " ".join(
+            p.get("text", "") for p in content or [] if isinstance(p, dict))
+        for tc in m.get("tool_calls") or []:
+            fn = tc.get("function") or {}
+            text += f"\n[called {fn.get('name')}({fn.get('arguments', '')})]"
+        if counter.count(text) > MESSAGE_TOKENS_FOR_SUMMARY:
+            text = counter.head(text, MESSAGE_TOKENS_FOR_SUMMARY) + " [...]"
+        lines.append(f"[{m.get('role')}] {text}")
+    return "\n\n".join(lines)
+
+
+class AutocompactStrategy:
+    level = Level.AUTOCOMPACT
+
+    def __init__(self, config: AutocompactConfig, summarize: Summarize | None,
+                 breaker: AutocompactBreaker | None = None, pin_first_user: bool = True,
+                 precomputed: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.summarize = summarize
+        self.breaker = breaker or AutocompactBreaker(max_failures=config.max_failures)
+        self.pin_first_user = pin_first_user
+        self.precomputed = precomputed or {}
+
+    def plan(self, messages: list[Message], budget: int, counter: TokenCounter,
+             keep_at_most: int | None = None) -> SummaryPlan | None:
+        """The tail-to-head scan: keep the newest units while they fit what the budget leaves
+        after the head and the recovery message (so at least the last 10 whenever 10 fit),
+        and summarise everything older. None when there is nothing older."""
+        shape = shape_of(messages, self.pin_first_user)
+        fixed = counter.count_messages(messages[:shape.head]) + self.summary_tokens(budget) + 80
+        fixed += sum(counter.count_structured(messages[i]) for i in shape.pinned)
+        room = budget - fixed
+        start = shape.tail
+        kept = sum(counter.count_structured(m) for m in messages[shape.tail:])
+        for unit in reversed(shape.units):
+            if unit.start >= shape.tail or unit.start < shape.head:
+                continue
+            cost = sum(counter.count_structured(messages[i]) for i in range(unit.start, unit.end)
+                       if i not in shape.pinned)
+            if kept + cost > room or (keep_at_most is not None and len(messages) - unit.start > keep_at_most):
+                break
+            kept += cost
+            start = unit.start
+        if start <= shape.head:
+            return None
+        history = [m for i, m in enumerate(messages[shape.head:start], shape.head) if i not in shape.pinned]
+        if not history:
+            return None
+        key = span_hash(message_fingerprint(m) for m in history)
+        prompt = [{"role": "system", "content": SUMMARY_PROMPT},
+                  {"role": "user", "content": "Conversation history:\n\n" + serialise(history, counter)}]
+        return SummaryPlan(start=shape.head, end=start, key=key, prompt=prompt)
+
+    def summary_tokens(self, budget: int) -> int:
+        """The summary's allowance: the configured maximum, but never more than 1/8 of the budget."""
+        return min(self.config.summary_max_tokens, max(100, budget // 8))
+
+    async def summarise(self, plan: SummaryPlan) -> str:
+        """The LLM call, with its timeout and the breaker's bookkeeping."""
+        if self.summarize is None:
+            raise RuntimeError("no summarising model configured")
+        try:
+            text = await asyncio.wait_for(self.summarize(plan.prompt), self.config.timeout_s)
+        except Exception as e:  # every failure counts towards the breaker, whatever its kind
+            reason = "timed out" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
+            self.breaker.failed(reason)
+            raise
+        self.breaker.succeeded()
+        return text
+
+    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
+        watch = Stopwatch()
+        counter = request.counter
+        keep = DEGRADE_KEEP if request.reason == "degrade" else None
+        plan = self.plan(request.messages, request.token_budget, counter, keep)
+        if plan is None:
+            return None
+        summary = self.precomputed.get(plan.key)
+        if summary is None:
+            if self.breaker.open:
+                return self._unchanged(request, f"autocompact: off for this session after {self.breaker.failures} "
+                                                f"failures in a row ({self.breaker.last_error})")
+            try:
+                summary = await self.summarise(plan)
+            except Exception:
+                return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
+        allowance = self.summary_tokens(request.token_budget)
+        if counter.count(summary) > allowance:
+            summary = counter.head(summary, allowance)
+        shape: Shape = shape_of(request.messages, self.pin_first_user)
+        recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=summary.strip()))
+        pinned = [request.messages[i] for i in sorted(shape.pinned) if i < plan.end]
+        out = request.messages[:plan.start] + [recovery] + pinned + request.messages[plan.end:]
+        hints = [f"autocompact: summarised {plan.end - plan.start} messages"]
+        kept = len(request.messages) - plan.end
+        if keep is None and kept < self.config.keep_recent:
+            hints.append(f"autocompact: only the last {kept} messages fit the budget (spec keeps {self.config.keep_recent})")
+        return level_result(self.level, request, out, (plan.start, plan.end), watch, plan.end - plan.start, hints)
+
+    def _unchanged(self, request: CompressionRequest, hint: str) -> CompressionResult:
+        """Tried and failed: no step, the input as it was, and why."""
+        tokens = request.counter.count_messages(request.messages)
+        return CompressionResult(compressed_messages=request.messages, tokens_freed=0, level_used=self.level,
+                                 recovery_hints=[hint], steps=[], tokens_after=tokens,
+                                 fits=tokens <= request.token_budget)

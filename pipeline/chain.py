@@ -1,0 +1,111 @@
+"""CompressionPipeline: the four levels as a chain of strategies, then activeRestore.
+
+`compact()` tries each strategy in order, each on the previous one's output, and stops at
+the first result that fits the target; there is no dispatch on levels. Strategies are
+registered by name in `STRATEGIES`, so a profile's `levels:` list is the chain.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .autocompact import AutocompactBreaker, AutocompactStrategy, Summarize
+from .collapse import CollapseStore, CollapseStrategy
+from .config import PipelineConfig
+from .microcompact import MicrocompactStrategy
+from .notes import is_compaction_note, is_restore_block
+from .restore import ActiveRestore, WorkingState
+from .snip import SnipStrategy
+from .strategy import Strategy
+from .turns import shape_of
+from .types import CompressionRequest, CompressionResult, Level, Message
+
+
+class PipelineParts:
+    """What a strategy may need besides its own settings."""
+
+    def __init__(self, config: PipelineConfig, collapse_store: CollapseStore, breaker: AutocompactBreaker,
+                 summarize: Summarize | None, effective_budget: int, precomputed: dict[str, str] | None) -> None:
+        self.config = config
+        self.collapse_store = collapse_store
+        self.breaker = breaker
+        self.summarize = summarize
+        self.effective_budget = effective_budget
+        self.precomputed = precomputed
+
+
+STRATEGIES: dict[str, Callable[[PipelineParts], Strategy]] = {
+    "snip": lambda p: SnipStrategy(p.config.snip, p.config.pin_first_user),
+    "microcompact": lambda p: MicrocompactStrategy(p.config.microcompact, p.config.pin_first_user,
+                                                   p.effective_budget),
+    "collapse": lambda p: CollapseStrategy(p.config.collapse, p.collapse_store, p.config.restore,
+                                           p.config.pin_first_user),
+    "autocompact": lambda p: AutocompactStrategy(p.config.autocompact, p.summarize, p.breaker,
+                                                 p.config.pin_first_user, p.precomputed),
+}
+
+
+def restore_position(messages: list[Message], pin_first_user: bool) -> int:
+    """Right after the leading instructions and the pinned task, before any compaction note."""
+    return shape_of(messages, pin_first_user).head
+
+
+class CompressionPipeline:
+    def __init__(self, strategies: list[Strategy], restore: ActiveRestore | None = None,
+                 restore_budget: int = 0, pin_first_user: bool = True) -> None:
+        self.strategies = strategies
+        self.restore = restore
+        self.restore_budget = restore_budget
+        self.pin_first_user = pin_first_user
+
+    async def compact(self, request: CompressionRequest) -> CompressionResult:
+        counter = request.counter
+        # Restore blocks are regenerated at every compaction, never stacked.
+        messages = [m for m in request.messages if not is_restore_block(m)]
+        blocks = self._restore_blocks(messages, request)
+        reserve = sum(counter.count_structured(b) for b in blocks)
+        target = max(1, request.token_budget - reserve)
+        steps, hints = [], []
+        current = messages
+        fits = counter.count_messages(current) <= target
+        for strategy in self.strategies:
+            if fits:
+                break
+            result = await strategy.compress(CompressionRequest(current, target, counter, request.reason))
+            if result is None:
+                continue
+            hints += result.recovery_hints
+            if result.steps:
+                current = result.compressed_messages
+                steps += result.steps
+            fits = result.fits
+        if steps:
+            # Recompute against what is kept, so a file still on show is not restored twice.
+            blocks = self._restore_blocks(current, request, visible=current)
+            at = restore_position(current, self.pin_first_user)
+            current = current[:at] + blocks + current[at:]
+        after = counter.count_messages(current)
+        before = counter.count_messages(request.messages)
+        level = steps[-1].level if steps else None
+        return CompressionResult(compressed_messages=current, tokens_freed=max(0, before - after), level_used=level,
+                                 recovery_hints=hints, steps=steps, tokens_after=after,
+                                 fits=after <= request.token_budget)
+
+    def _restore_blocks(self, messages: list[Message], request: CompressionRequest,
+                        visible: list[Message] | None = None) -> list[Message]:
+        if self.restore is None or self.restore.state.is_empty():
+            return []
+        kept = [m for m in visible or [] if not is_compaction_note(m)]
+        return self.restore.blocks(request.counter, self.restore_budget, kept or None)
+
+
+def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | None = None,
+                   breaker: AutocompactBreaker | None = None, summarize: Summarize | None = None,
+                   working_state: WorkingState | None = None, effective_budget: int = 0,
+                   precomputed: dict[str, str] | None = None) -> CompressionPipeline:
+    parts = PipelineParts(config, collapse_store or CollapseStore(config.collapse),
+                          breaker or AutocompactBreaker(max_failures=config.autocompact.max_failures),
+                          summarize, effective_budget, precomputed)
+    strategies = [STRATEGIES[name](parts) for name in config.levels]
+    restore = ActiveRestore(config.restore, working_state) if working_state is not None else None
+    return CompressionPipeline(strategies, restore, int(effective_budget * config.restore.budget_ratio),
+                               config.pin_first_user)

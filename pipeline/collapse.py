@@ -1,0 +1,178 @@
+"""Level 3, Context-Collapse: a read-time projection that folds long runs of
+non-decision-critical messages into one template summary (no LLM).
+
+The client's messages are never changed: the `CollapseStore` remembers what was folded,
+and `project()` replaces each folded span with its summary whenever the span is seen
+again. Spans are keyed by the fingerprints of their messages rather than by index, so a
+fold still applies when the client resends its history. A bloom filter of folded spans
+and folded messages keeps a span from being folded twice.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rbloom import Bloom
+
+from .config import CollapseConfig, RestoreConfig
+from .fingerprint import message_fingerprint, span_hash
+from .notes import COLLAPSE_MARKER, is_ctxgate_message, system_note
+from .strategy import Stopwatch, level_result
+from .tokens import TokenCounter
+from .turns import shape_of, split_units
+from .types import CompressionRequest, CompressionResult, Level, Message
+
+
+def _stable_hash(item: Any) -> int:
+    """rbloom needs a hash that survives a restart: Python's own hash() is salted."""
+    return int(str(item)[:32], 16) - (1 << 127)
+
+
+@dataclass
+class CollapseEntry:
+    original_span: tuple[int, int]
+    first_fingerprint: str
+    span_hash: str
+    length: int
+    collapsed_tokens: int
+    summary: str
+    collapsed_at: float
+    original_total_tokens: int
+
+
+class CollapseStore:
+    """The spec's collapseStore, plus the bloom filter of what it already folded."""
+
+    def __init__(self, config: CollapseConfig | None = None) -> None:
+        self.config = config or CollapseConfig()
+        self.entries: dict[str, CollapseEntry] = {}
+        """Keyed by the fingerprint of the span's first message."""
+        self.bloom = Bloom(self.config.bloom_capacity, self.config.bloom_error_rate, _stable_hash)
+
+    def already_folded(self, fingerprint_or_span: str) -> bool:
+        return fingerprint_or_span in self.bloom
+
+    def add(self, entry: CollapseEntry, fingerprints: list[str]) -> None:
+        self.entries[entry.first_fingerprint] = entry
+        self.bloom.add(entry.span_hash)
+        for fp in fingerprints:
+            self.bloom.add(fp)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.model_dump(), "entries": [asdict(e) for e in self.entries.values()],
+                "bloom": self.bloom.save_bytes().hex()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CollapseStore":
+        store = cls(CollapseConfig(**data.get("config", {})))
+        for raw in data.get("entries", []):
+            entry = CollapseEntry(**{**raw, "original_span": tuple(raw["original_span"])})
+            store.entries[entry.first_fingerprint] = entry
+        if data.get("bloom"):
+            store.bloom = Bloom.load_bytes(bytes.fromhex(data["bloom"]), _stable_hash)
+        return store
+
+    def project(self, messages: list[Message], fingerprints: list[str] | None = None) -> list[Message]:
+        """The spec's applyCollapseProjection: folded spans replaced by their summaries."""
+        if not self.entries:
+            return messages
+        fps = fingerprints or [message_fingerprint(m) for m in messages]
+        out: list[Message] = []
+        i = 0
+        while i < len(messages):
+            entry = self.entries.get(fps[i])
+            if entry is not None and span_hash(fps[i:i + entry.length]) == entry.span_hash:
+                out.append(system_note(note_text(entry)))
+                i += entry.length
+                continue
+            out.append(messages[i])
+            i += 1
+        return out
+
+
+def note_text(entry: CollapseEntry) -> str:
+    return f"{COLLAPSE_MARKER} ({entry.length} messages)\n{entry.summary}"
+
+
+def is_decision_critical(message: Message, restore: RestoreConfig) -> bool:
+    """The spec: tool calls, plan changes and task status changes are decision-critical."""
+    if message.get("tool_calls") or is_ctxgate_message(message):
+        return True
+    if message.get("role") == "tool":
+        return True  # it answers a tool call: they are kept or folded together
+    name = message.get("name") or ""
+    return name in restore.plan_tools or name in restore.task_tools
+
+
+def collapse_summary(messages: list[Message], counter: TokenCounter, user_chars: int) -> str:
+    """The spec's generateCollapseSummary: a template, one line per message."""
+    lines: list[str] = []
+    for m in messages:
+        content = m.get("content")
+        text = content if isinstance(content, str) else ""
+        role = m.get("role")
+        if role == "user":
+            lines.append("User: " + " ".join(text.split())[:user_chars])
+        elif role == "assistant" and m.get("tool_calls"):
+            lines.append("Called tools: " + " ".join((tc.get("function") or {}).get("name", "?")
+                                                     for tc in m["tool_calls"]))
+        elif role == "tool":
+            lines.append(f"Tool result ({counter.count(text)} tokens)")
+        else:
+            lines.append(f"Message from {role} ({counter.count(text)} tokens)")
+    return "\n".join(lines)
+
+
+class CollapseStrategy:
+    level = Level.COLLAPSE
+
+    def __init__(self, config: CollapseConfig, store: CollapseStore, restore: RestoreConfig | None = None,
+                 pin_first_user: bool = True) -> None:
+        self.config = config
+        self.store = store
+        self.restore = restore or RestoreConfig()
+        self.pin_first_user = pin_first_user
+
+    def _runs(self, messages: list[Message]) -> list[tuple[int, int]]:
+        """Runs of at least `window` consecutive non-critical messages inside the workable range."""
+        shape = shape_of(messages, self.pin_first_user)
+        runs: list[tuple[int, int]] = []
+        start: int | None = None
+        for unit in split_units(messages):
+            ok = (shape.head <= unit.start and unit.end <= shape.tail
+                  and not any(i in shape.pinned for i in range(unit.start, unit.end))
+                  and not any(is_decision_critical(messages[i], self.restore) for i in range(unit.start, unit.end)))
+            if ok and start is None:
+                start = unit.start
+            elif not ok and start is not None:
+                runs.append((start, unit.start))
+                start = None
+        if start is not None:
+            runs.append((start, shape.tail))
+        return [(a, b) for a, b in runs if b - a >= self.config.window]
+
+    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
+        watch = Stopwatch()
+        counter = request.counter
+        original = [message_fingerprint(m) for m in request.messages]
+        messages = self.store.project(request.messages, original)
+        fps = [message_fingerprint(m) for m in messages]
+        for a, b in self._runs(messages):
+            span = fps[a:b]
+            if self.store.already_folded(span_hash(span)) or any(self.store.already_folded(fp) for fp in span):
+                continue  # folded before: project() below shows it folded, never folds it again
+            folded = messages[a:b]
+            summary = collapse_summary(folded, counter, self.config.user_chars)
+            entry = CollapseEntry(original_span=(a, b), first_fingerprint=span[0], span_hash=span_hash(span),
+                                  length=b - a, collapsed_tokens=0, summary=summary, collapsed_at=time.time(),
+                                  original_total_tokens=sum(counter.count_structured(m) for m in folded))
+            entry.collapsed_tokens = counter.count_structured(system_note(note_text(entry)))
+            self.store.add(entry, span)
+        projected = self.store.project(messages, fps)
+        if len(projected) == len(request.messages):
+            return None
+        changed = [i for i, fp in enumerate(original) if fp in self.store.entries]
+        span = (changed[0], changed[-1] + 1) if changed else (0, 0)
+        return level_result(self.level, request, projected, span, watch, len(request.messages) - len(projected),
+                            [f"collapse: folded {len(request.messages) - len(projected)} messages"])

@@ -1,0 +1,109 @@
+"""Level 2, Microcompact: cut the middle out of long tool outputs.
+
+As the spec says: a tool result over its tool's threshold keeps its first 1,500 and last
+500 tokens (cut with the tokenizer, not by characters) around the separator
+`... [middle N tokens truncated] ...`. The separator itself is the spec's
+`microcompacted: true` mark: a proxy cannot add fields to messages a provider validates,
+and a message that carries the separator is never truncated again.
+
+SWE-agent style agents return observations in `user` messages; those are treated as
+tool output too, except the task statement and the newest user message.
+"""
+from __future__ import annotations
+
+import re
+
+from .config import MicrocompactConfig
+from .strategy import Stopwatch, level_result
+from .tokens import TokenCounter
+from .turns import first_user_index, newest_user_index
+from .types import CompressionRequest, CompressionResult, Level, Message
+
+SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
+_SEPARATOR_RE = re.compile(r"\.\.\. \[middle \d+ tokens truncated\] \.\.\.")
+
+
+def is_microcompacted(text: str) -> bool:
+    return _SEPARATOR_RE.search(text) is not None
+
+
+def tool_names_by_call_id(messages: list[Message]) -> dict[str, str]:
+    names: dict[str, str] = {}
+    for m in messages:
+        for tc in m.get("tool_calls") or []:
+            if isinstance(tc, dict):
+                names[tc.get("id")] = (tc.get("function") or {}).get("name") or ""
+    return names
+
+
+class MicrocompactStrategy:
+    level = Level.MICROCOMPACT
+
+    def __init__(self, config: MicrocompactConfig, pin_first_user: bool = True,
+                 effective_budget: int | None = None) -> None:
+        self.config = config
+        self.pin_first_user = pin_first_user
+        self.effective_budget = effective_budget
+
+    def threshold_for(self, tool_name: str | None) -> int:
+        cfg = self.config
+        threshold = cfg.default_threshold
+        if tool_name:
+            if tool_name in cfg.thresholds:
+                threshold = cfg.thresholds[tool_name]
+            else:
+                lowered = tool_name.lower()
+                for key, value in cfg.thresholds.items():
+                    if key.lower() in lowered:
+                        threshold = value
+                        break
+        if self.effective_budget:
+            threshold = min(threshold, max(cfg.min_threshold, int(self.effective_budget * cfg.budget_share)))
+        return threshold
+
+    def truncate(self, text: str, threshold: int, counter: TokenCounter) -> str | None:
+        """`text` cut to head + separator + tail, or None when it is short or already cut."""
+        tokens = counter.count(text)
+        if tokens <= threshold or is_microcompacted(text):
+            return None
+        head, tail = self.config.head_tokens, self.config.tail_tokens
+        if head + tail > threshold:  # a budget-scaled threshold: keep the spec's 3:1 split
+            head, tail = threshold * 3 // 4, threshold // 4
+        middle = tokens - head - tail
+        return counter.head(text, head) + SEPARATOR.format(n=middle) + counter.tail(text, tail)
+
+    def compact_message(self, message: Message, tool_name: str | None, counter: TokenCounter) -> Message:
+        """One message with its long text content cut; the same message when nothing to cut."""
+        content = message.get("content")
+        if not isinstance(content, str):
+            return message
+        cut = self.truncate(content, self.threshold_for(tool_name), counter)
+        return message if cut is None else {**message, "content": cut}
+
+    def candidates(self, messages: list[Message]) -> list[tuple[int, str | None]]:
+        """(index, tool name) of every message that holds tool output."""
+        names = tool_names_by_call_id(messages)
+        protected = {newest_user_index(messages)}
+        if self.pin_first_user:
+            protected.add(first_user_index(messages))
+        out: list[tuple[int, str | None]] = []
+        for i, m in enumerate(messages):
+            if m.get("role") == "tool":
+                out.append((i, names.get(m.get("tool_call_id"))))
+            elif m.get("role") == "user" and i not in protected:
+                out.append((i, None))
+        return out
+
+    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
+        watch = Stopwatch()
+        messages = list(request.messages)
+        changed: list[int] = []
+        for i, tool_name in self.candidates(messages):
+            cut = self.compact_message(messages[i], tool_name, request.counter)
+            if cut is not messages[i]:
+                messages[i] = cut
+                changed.append(i)
+        if not changed:
+            return None
+        return level_result(self.level, request, messages, (changed[0], changed[-1] + 1), watch, len(changed),
+                            [f"microcompact: truncated {len(changed)} tool outputs"])

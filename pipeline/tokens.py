@@ -1,0 +1,313 @@
+"""The tokenCounter (spec build instruction 1): counts with the target model's own tokenizer.
+
+OpenAI models use tiktoken with the BPE files the litellm wheel ships (never downloaded).
+Other models use a Hugging Face tokenizer through transformers, from a local
+`tokenizer.json` or a local HF cache, chosen by `tokenizers:` rules in the config. A model
+with no known tokenizer gets a conservative estimate, a log warning and a metrics count.
+
+Message counts follow OpenAI's published formula: 3 tokens per message, the tokens of
+every string field (role, content, name, tool_call_id), 1 more when `name` is set, and 3
+to prime the reply. Counts are cached per message fingerprint, so a turn that resends a
+long history costs O(new messages).
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import logging
+import math
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import orjson
+
+from .types import Message
+
+log = logging.getLogger("ctxgate.tokens")
+
+TOKENS_PER_MESSAGE = 3
+TOKENS_PER_NAME = 1
+REPLY_PRIMING = 3
+TOKENS_PER_TOOL_CALL = 3
+TOKENS_PER_TOOL = 8
+TOOLS_OVERHEAD = 12
+_CACHE_SIZE = 200_000
+
+
+def _litellm_tokenizer_dir() -> Path | None:
+    """Where the litellm wheel keeps tiktoken's BPE files, found without importing litellm."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.origin:
+        return None
+    path = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers"
+    return path if path.is_dir() else None
+
+
+_BUNDLED = _litellm_tokenizer_dir()
+if _BUNDLED is not None:
+    # Must be set before tiktoken's first get_encoding, or tiktoken downloads the files.
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_BUNDLED))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import tiktoken  # noqa: E402  (after TIKTOKEN_CACHE_DIR on purpose)
+from tiktoken.model import MODEL_PREFIX_TO_ENCODING, MODEL_TO_ENCODING  # noqa: E402
+
+# tiktoken names each cached BPE file by the sha1 of its URL; only these are in the wheel.
+_BUNDLED_ENCODINGS = ("o200k_base", "cl100k_base", "p50k_base")
+DEEPSEEK_TOKENIZER = _BUNDLED / "deepseek_tokenizer.json" if _BUNDLED else None
+
+
+class Encoder(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class TiktokenEncoder:
+    def __init__(self, encoding: str) -> None:
+        self._enc = tiktoken.get_encoding(encoding)
+
+    def encode(self, text: str) -> list[int]:
+        return self._enc.encode(text, disallowed_special=())
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+
+class HuggingFaceEncoder:
+    """A transformers fast tokenizer from a local tokenizer.json, directory or HF cache name."""
+
+    def __init__(self, source: str) -> None:
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+        path = Path(source).expanduser()
+        if path.is_file():
+            tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else source, local_files_only=True)
+        # The Rust tokenizer underneath: same ids, without transformers' per-call overhead.
+        self._tok = tok.backend_tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids)
+
+
+class EstimateEncoder:
+    """No known tokenizer: ceil(UTF-8 bytes / 3), which over-counts every real BPE on
+    English and code; each 'token' is a 3-byte slice, so head/tail cuts still work."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(range(math.ceil(len(text.encode()) / 3)))
+
+    def decode(self, ids: list[int]) -> str:
+        raise NotImplementedError("an estimate cannot decode; use TokenCounter.head/tail")
+
+
+class TokenCounter:
+    """Counts text, messages and tool schemas for one tokenizer, with a fingerprint cache."""
+
+    def __init__(self, name: str, encoder: Encoder, exact: bool = True) -> None:
+        self.name = name
+        self.exact = exact
+        self._encoder = encoder
+        self._cache: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoder.encode(text)
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        if not self.exact:
+            return math.ceil(len(text.encode()) / 3)
+        return len(self._encoder.encode(text))
+
+    def head(self, text: str, tokens: int) -> str:
+        """The longest start of `text` that is at most `tokens` tokens."""
+        if not self.exact:
+            return text.encode()[: tokens * 3].decode(errors="ignore")
+        return self._encoder.decode(self._encoder.encode(text)[:tokens]) if tokens > 0 else ""
+
+    def tail(self, text: str, tokens: int) -> str:
+        if tokens <= 0:
+            return ""
+        if not self.exact:
+            raw = text.encode()
+            return raw[max(0, len(raw) - tokens * 3):].decode(errors="ignore")
+        return self._encoder.decode(self._encoder.encode(text)[-tokens:])
+
+    def count_structured(self, message: Message, fingerprint: str | None = None) -> int:
+        """One message: role markers, every string field, name, tool_calls JSON, content parts."""
+        if fingerprint is not None:
+            with self._lock:
+                cached = self._cache.get(fingerprint)
+                if cached is not None:
+                    self._cache.move_to_end(fingerprint)
+                    self.hits += 1
+                    return cached
+        n = TOKENS_PER_MESSAGE
+        for key, value in message.items():
+            if isinstance(value, str):
+                n += self.count(value)
+            elif key == "content" and isinstance(value, list):
+                n += sum(self._count_part(part) for part in value)
+            elif key == "tool_calls" and isinstance(value, list):
+                n += sum(self._count_tool_call(call) for call in value)
+        if "name" in message:
+            n += TOKENS_PER_NAME
+        if fingerprint is not None:
+            with self._lock:
+                self.misses += 1
+                self._cache[fingerprint] = n
+                if len(self._cache) > _CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return n
+
+    def _count_part(self, part: Any) -> int:
+        if isinstance(part, str):
+            return self.count(part)
+        if not isinstance(part, dict):
+            return 0
+        if isinstance(part.get("text"), str):
+            return self.count(part["text"])
+        if part.get("type") in ("image_url", "input_image"):
+            return 85  # OpenAI's fixed cost of a low-detail image: the least an image can cost
+        return self.count(orjson.dumps(part).decode())
+
+    def _count_tool_call(self, call: Any) -> int:
+        if not isinstance(call, dict):
+            return 0
+        fn = call.get("function") or {}
+        n = TOKENS_PER_TOOL_CALL
+        for key in ("name", "arguments"):
+            value = fn.get(key)
+            if isinstance(value, str):
+                n += self.count(value)
+        return n
+
+    def count_messages(self, messages: list[Message], fingerprints: list[str] | None = None) -> int:
+        if fingerprints is None:
+            body = sum(self.count_structured(m) for m in messages)
+        else:
+            body = sum(self.count_structured(m, fp) for m, fp in zip(messages, fingerprints))
+        return body + REPLY_PRIMING
+
+    def count_tools(self, tools: list[dict[str, Any]] | None) -> int:
+        """The `tools` schema: OpenAI does not publish its formula; this counts the JSON of
+        each function plus a fixed overhead, which is slightly above what OpenAI bills."""
+        if not tools:
+            return 0
+        n = TOOLS_OVERHEAD
+        for tool in tools:
+            fn = tool.get("function", tool) if isinstance(tool, dict) else tool
+            n += TOKENS_PER_TOOL + self.count(orjson.dumps(fn, option=orjson.OPT_SORT_KEYS).decode())
+        return n
+
+    def count_request(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,
+                      fingerprints: list[str] | None = None) -> int:
+        return self.count_messages(messages, fingerprints) + self.count_tools(tools)
+
+
+@dataclass(frozen=True)
+class TokenizerRule:
+    pattern: str
+    """A glob over the model name (`my-llama*`), matched against the alias and the upstream model."""
+    tokenizer: str
+    """`tiktoken:<encoding>`, `hf:<tokenizer.json | directory | cached repo id>`, or `estimate`."""
+
+
+class TokenizerRegistry:
+    """Chooses and caches one TokenCounter per tokenizer."""
+
+    def __init__(self, rules: list[TokenizerRule] | None = None,
+                 on_estimate: Callable[[str], None] | None = None) -> None:
+        self.rules = list(rules or [])
+        self._on_estimate = on_estimate
+        self._counters: dict[str, TokenCounter] = {}
+        self._resolved: dict[tuple[str, ...], TokenCounter] = {}
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def validate(self) -> None:
+        """Load every configured tokenizer now, so a bad rule fails at start, not mid-request."""
+        for rule in self.rules:
+            try:
+                self.counter(rule.tokenizer)
+            except Exception as e:
+                raise ValueError(f"ctxgate.tokenizers: {rule.pattern!r} -> {rule.tokenizer!r}: {e}") from None
+
+    def counter(self, spec: str) -> TokenCounter:
+        with self._lock:
+            found = self._counters.get(spec)
+        if found is not None:
+            return found
+        kind, _, arg = spec.partition(":")
+        if kind == "tiktoken":
+            if arg not in _BUNDLED_ENCODINGS:
+                raise ValueError(f"tiktoken encoding {arg!r} is not bundled offline (have {', '.join(_BUNDLED_ENCODINGS)})")
+            made = TokenCounter(spec, TiktokenEncoder(arg))
+        elif kind == "hf":
+            made = TokenCounter(spec, HuggingFaceEncoder(arg))
+        elif kind == "estimate":
+            made = TokenCounter("estimate", EstimateEncoder(), exact=False)
+        else:
+            raise ValueError("a tokenizer is tiktoken:<encoding>, hf:<path or repo id>, or estimate")
+        with self._lock:
+            return self._counters.setdefault(spec, made)
+
+    def for_model(self, *names: str) -> TokenCounter:
+        """The counter for a model, given its alias and upstream names (first match wins)."""
+        key = tuple(n for n in names if n)
+        found = self._resolved.get(key)
+        if found is None:
+            found = self.counter(self._spec_for(key))
+            self._resolved[key] = found
+        if not found.exact:
+            self._note_estimate(key[0] if key else "?")
+        return found
+
+    def _spec_for(self, names: tuple[str, ...]) -> str:
+        for rule in self.rules:
+            if any(fnmatch.fnmatchcase(n, rule.pattern) for n in names):
+                return rule.tokenizer
+        for name in names:
+            bare = name.rsplit("/", 1)[-1]
+            encoding = _tiktoken_encoding(bare)
+            if encoding is not None:
+                return f"tiktoken:{encoding}"
+            if "deepseek" in bare.lower() and DEEPSEEK_TOKENIZER is not None and DEEPSEEK_TOKENIZER.is_file():
+                return f"hf:{DEEPSEEK_TOKENIZER}"
+        return "estimate"
+
+    def _note_estimate(self, model: str) -> None:
+        if model not in self._warned:
+            self._warned.add(model)
+            log.warning("no tokenizer known for model %r: counting a conservative estimate (UTF-8 bytes / 3); "
+                        "add a ctxgate.tokenizers rule for exact counts", model)
+        if self._on_estimate is not None:
+            self._on_estimate(model)
+
+
+def _tiktoken_encoding(model: str) -> str | None:
+    encoding = MODEL_TO_ENCODING.get(model)
+    if encoding is None:
+        for prefix, enc in MODEL_PREFIX_TO_ENCODING.items():
+            if model.startswith(prefix):
+                encoding = enc
+                break
+    if encoding is None and model.startswith(("gpt-", "o1", "o3", "o4", "chatgpt-")):
+        encoding = "o200k_base"  # a new OpenAI model tiktoken does not list yet
+    if encoding is not None and encoding not in _BUNDLED_ENCODINGS:
+        return None  # e.g. r50k models: not shipped offline, so estimate rather than download
+    return encoding
+

@@ -77,6 +77,8 @@ class SummaryPlan:
     end: int
     key: str
     prompt: list[Message]
+    length: int
+    """How many messages the summary covers (the span minus pinned messages)."""
 
 
 def serialise(messages: list[Message], counter: TokenCounter) -> str:
@@ -99,12 +101,13 @@ class AutocompactStrategy:
 
     def __init__(self, config: AutocompactConfig, summarize: Summarize | None,
                  breaker: AutocompactBreaker | None = None, pin_first_user: bool = True,
-                 precomputed: dict[str, str] | None = None) -> None:
+                 precomputed: dict[str, dict[str, Any]] | None = None) -> None:
         self.config = config
         self.summarize = summarize
         self.breaker = breaker or AutocompactBreaker(max_failures=config.max_failures)
         self.pin_first_user = pin_first_user
         self.precomputed = precomputed or {}
+        """Summaries made ahead of time (speculative Autocompact): plan key -> {summary, length}."""
 
     def plan(self, messages: list[Message], budget: int, counter: TokenCounter,
              keep_at_most: int | None = None) -> SummaryPlan | None:
@@ -134,7 +137,7 @@ class AutocompactStrategy:
         key = span_hash(message_fingerprint(m) for m in history)
         prompt = [{"role": "system", "content": SUMMARY_PROMPT},
                   {"role": "user", "content": "Conversation history:\n\n" + serialise(history, counter)}]
-        return SummaryPlan(start=shape.head, end=start, key=key, prompt=prompt)
+        return SummaryPlan(start=shape.head, end=start, key=key, prompt=prompt, length=len(history))
 
     def summary_tokens(self, budget: int) -> int:
         """The summary's allowance: the configured maximum, but never more than 1/8 of the budget."""
@@ -160,7 +163,7 @@ class AutocompactStrategy:
         plan = self.plan(request.messages, request.token_budget, counter, keep)
         if plan is None:
             return None
-        summary = self.precomputed.get(plan.key)
+        summary, end = self._ready_summary(request.messages, plan, request.token_budget, counter)
         if summary is None:
             if self.breaker.open:
                 return self._unchanged(request, f"autocompact: off for this session after {self.breaker.failures} "
@@ -174,13 +177,19 @@ class AutocompactStrategy:
             summary = counter.head(summary, allowance)
         shape: Shape = shape_of(request.messages, self.pin_first_user)
         recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=summary.strip()))
-        pinned = [request.messages[i] for i in sorted(shape.pinned) if i < plan.end]
-        out = request.messages[:plan.start] + [recovery] + pinned + request.messages[plan.end:]
-        hints = [f"autocompact: summarised {plan.end - plan.start} messages"]
-        kept = len(request.messages) - plan.end
+        pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end]
+        out = request.messages[:plan.start] + [recovery] + pinned + request.messages[end:]
+        hints = [f"autocompact: summarised {end - plan.start} messages"]
+        kept = len(request.messages) - end
         if keep is None and kept < self.config.keep_recent:
             hints.append(f"autocompact: only the last {kept} messages fit the budget (spec keeps {self.config.keep_recent})")
-        return level_result(self.level, request, out, (plan.start, plan.end), watch, plan.end - plan.start, hints)
+        return level_result(self.level, request, out, (plan.start, end), watch, end - plan.start, hints)
+
+    def _ready_summary(self, messages: list[Message], plan: SummaryPlan, budget: int,
+                       counter: TokenCounter) -> tuple[str | None, int]:
+        """A summary of exactly this span made ahead of time, if there is one."""
+        entry = self.precomputed.get(plan.key)
+        return (entry["summary"], plan.end) if entry else (None, plan.end)
 
     def _unchanged(self, request: CompressionRequest, hint: str) -> CompressionResult:
         """Tried and failed: no step, the input as it was, and why."""

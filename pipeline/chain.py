@@ -6,7 +6,7 @@ registered by name in `STRATEGIES`, so a profile's `levels:` list is the chain.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from .autocompact import AutocompactBreaker, AutocompactStrategy, Summarize
 from .collapse import CollapseStore, CollapseStrategy
@@ -24,7 +24,7 @@ class PipelineParts:
     """What a strategy may need besides its own settings."""
 
     def __init__(self, config: PipelineConfig, collapse_store: CollapseStore, breaker: AutocompactBreaker,
-                 summarize: Summarize | None, effective_budget: int, precomputed: dict[str, str] | None) -> None:
+                 summarize: Summarize | None, effective_budget: int, precomputed: dict[str, dict[str, Any]] | None) -> None:
         self.config = config
         self.collapse_store = collapse_store
         self.breaker = breaker
@@ -101,7 +101,7 @@ class CompressionPipeline:
 def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | None = None,
                    breaker: AutocompactBreaker | None = None, summarize: Summarize | None = None,
                    working_state: WorkingState | None = None, effective_budget: int = 0,
-                   precomputed: dict[str, str] | None = None) -> CompressionPipeline:
+                   precomputed: dict[str, dict[str, Any]] | None = None) -> CompressionPipeline:
     parts = PipelineParts(config, collapse_store or CollapseStore(config.collapse),
                           breaker or AutocompactBreaker(max_failures=config.autocompact.max_failures),
                           summarize, effective_budget, precomputed)

@@ -94,15 +94,22 @@ class MicrocompactStrategy:
                 out.append((i, None))
         return out
 
-    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
-        watch = Stopwatch()
-        messages = list(request.messages)
+    def compact_from(self, messages: list[Message], start: int, counter: TokenCounter) -> tuple[list[Message], list[int]]:
+        """Messages with every tool output from index `start` on cut; and the indices cut."""
+        out = list(messages)
         changed: list[int] = []
         for i, tool_name in self.candidates(messages):
-            cut = self.compact_message(messages[i], tool_name, request.counter)
-            if cut is not messages[i]:
-                messages[i] = cut
+            if i < start:
+                continue
+            cut = self.compact_message(out[i], tool_name, counter)
+            if cut is not out[i]:
+                out[i] = cut
                 changed.append(i)
+        return out, changed
+
+    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
+        watch = Stopwatch()
+        messages, changed = self.compact_from(request.messages, 0, request.counter)
         if not changed:
             return None
         return level_result(self.level, request, messages, (changed[0], changed[-1] + 1), watch, len(changed),

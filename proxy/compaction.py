@@ -11,18 +11,22 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..pipeline.autocompact import AutocompactBreaker
 from ..pipeline.chain import build_pipeline
 from ..pipeline.collapse import CollapseStore
 from ..pipeline.config import PipelineConfig
 from ..pipeline.fingerprint import message_fingerprint, prefix_hashes
+from ..pipeline.microcompact import MicrocompactStrategy
 from ..pipeline.restore import extract_working_state
 from ..pipeline.tokens import TokenCounter
 from ..pipeline.types import CompressionRequest, Reason
 from .errors import context_exhausted
 from .state import CompactionRecord, SessionState
+
+if TYPE_CHECKING:
+    from .speculative import Speculator
 
 Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 _LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)")
@@ -50,15 +54,27 @@ class Plan:
 
 
 def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
-    """The client's messages with the longest matching record's replacement in front."""
+    """The client's messages with the longest matching record's replacement in front, and
+    where the messages after the record start in that view (0: no record applies)."""
     if not state.records:
         return turn.messages, 0
     hashes = prefix_hashes(turn.fingerprints)
     for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
         k = record.prefix_len
         if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
-            return record.messages + turn.messages[k:], k
+            return record.messages + turn.messages[k:], len(record.messages)
     return turn.messages, 0
+
+
+def _arrival_compact(view: list[dict[str, Any]], fresh_from: int, turn: Turn, budget: int) -> list[dict[str, Any]]:
+    """In a compacted session, cut long tool outputs as they arrive (Microcompact, by the
+    same per-tool thresholds), not later: a message is forwarded in its final form the
+    first time, so the forwarded prefix never has to change for it."""
+    if fresh_from >= len(view) or "microcompact" not in turn.config.levels:
+        return view
+    strategy = MicrocompactStrategy(turn.config.microcompact, turn.config.pin_first_user, budget)
+    compacted, _ = strategy.compact_from(view, fresh_from, turn.counter)
+    return compacted
 
 
 def budget_of(state: SessionState, turn: Turn) -> int:
@@ -68,22 +84,92 @@ def budget_of(state: SessionState, turn: Turn) -> int:
     return turn.config.effective_budget(limit)
 
 
+@dataclass
+class ChainRun:
+    """One run of the chain over a view, with the session stores it updated."""
+    record: CompactionRecord
+    result: Any
+    collapse: dict[str, Any]
+    breaker: dict[str, Any]
+    working: dict[str, Any]
+    duration_ms: float
+
+
+async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
+                    reason: Reason) -> ChainRun:
+    """The chain over `view`, as a record for the client's whole message list. Reads the
+    session's stores but changes nothing in `state` (the speculator runs it in the background)."""
+    cfg = turn.config
+    working = extract_working_state(turn.messages, cfg.restore)
+    collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
+    breaker = (AutocompactBreaker.from_dict(state.breaker) if state.breaker
+               else AutocompactBreaker(max_failures=cfg.autocompact.max_failures))
+    pipeline = build_pipeline(cfg, collapse_store=collapse, breaker=breaker, summarize=turn.summarize,
+                              working_state=working, effective_budget=budget_of(state, turn))
+    started = time.perf_counter()
+    result = await pipeline.compact(CompressionRequest(messages=view, token_budget=max(1, target),
+                                                       counter=turn.counter, reason=reason))
+    record = CompactionRecord(
+        prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
+        messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
+        tokens_before=turn.counter.count_messages(view),
+        tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time())
+    return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
+                    (time.perf_counter() - started) * 1000)
+
+
 class Compactor:
-    def __init__(self, on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(self, on_step: Callable[[dict[str, Any]], None] | None = None,
+                 speculator: "Speculator | None" = None) -> None:
         self._on_step = on_step
+        self.speculator = speculator
 
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
-        view, _ = _apply_records(state, turn)
-        tools_tokens = turn.counter.count_tools(turn.tools)
-        tokens = turn.counter.count_messages(view) + tools_tokens
         budget = budget_of(state, turn)
+        tools_tokens = turn.counter.count_tools(turn.tools)
+        view, tokens = self._view(state, turn, budget, tools_tokens)
         if tokens <= turn.config.trigger_ratio * budget:
+            ratio = turn.config.autocompact.speculative_ratio
+            if ratio is not None and tokens > ratio * budget and self.speculator is not None:
+                self.speculator.start(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens)
             return Plan(messages=view, tokens_out=tokens)
         if state.has_attempted_reactive_compact:
             raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
                                     "compaction already ran without a successful reply since")
+        if self._adopt_speculative(state, turn):
+            view, tokens = self._view(state, turn, budget, tools_tokens)
+            state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
+            if tokens <= turn.config.trigger_ratio * budget:
+                return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(state.records[-1].levels)),
+                            hints=["speculative: applied the compaction prepared in the background"])
         return await self._compact(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens,
                                    "proactive")
+
+    @staticmethod
+    def _view(state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> tuple[list[dict[str, Any]], int]:
+        view, fresh_from = _apply_records(state, turn)
+        if fresh_from:
+            view = _arrival_compact(view, fresh_from, turn, budget)
+        return view, turn.counter.count_messages(view) + tools_tokens
+
+    def _adopt_speculative(self, state: SessionState, turn: Turn) -> bool:
+        """Promote the background compaction to a record if it still matches the client's history."""
+        pending = state.speculative.get("record")
+        if not pending:
+            return False
+        record = CompactionRecord(**pending)
+        hashes = prefix_hashes(turn.fingerprints)
+        k = record.prefix_len
+        if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
+            state.speculative = {}
+            return False
+        state.collapse, state.breaker = state.speculative["collapse"], state.speculative["breaker"]
+        state.working = state.speculative["working"]
+        state.add_record(record)
+        state.log_compaction({"level": "speculative", "tokens_before": record.tokens_before,
+                              "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time()})
+        state.speculative = {}
+        return True
 
     async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
                        degraded: bool) -> tuple[Plan, bool]:
@@ -106,29 +192,13 @@ class Compactor:
 
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
                        reason: Reason) -> Plan:
-        cfg = turn.config
         # The loop guard: set by any compaction, reset only after a successful reply.
         state.has_attempted_reactive_compact = True
-        working = extract_working_state(turn.messages, cfg.restore)
-        collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
-        breaker = AutocompactBreaker.from_dict(state.breaker) if state.breaker else AutocompactBreaker()
-        budget = budget_of(state, turn)
-        pipeline = build_pipeline(cfg, collapse_store=collapse, breaker=breaker, summarize=turn.summarize,
-                                  working_state=working, effective_budget=budget,
-                                  precomputed=state.speculative.get("summaries") or None)
-        started = time.perf_counter()
-        before = turn.counter.count_messages(view)
-        result = await pipeline.compact(CompressionRequest(messages=view, token_budget=max(1, target),
-                                                           counter=turn.counter, reason=reason))
-        state.collapse = collapse.to_dict()
-        state.breaker = breaker.to_dict()
-        state.working = working.to_dict()
-        after = turn.counter.count_messages(result.compressed_messages)
-        now = time.time()
-        state.add_record(CompactionRecord(
-            prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
-            messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
-            tokens_before=before, tokens_after=after, created_at=now))
+        run = await run_chain(state, turn, view, target, reason)
+        state.collapse, state.breaker, state.working = run.collapse, run.breaker, run.working
+        state.speculative = {}
+        state.add_record(run.record)
+        result, now = run.result, run.record.created_at
         for step in result.steps:
             entry = {"level": step.level.value, "span": list(step.span), "tokens_before": step.tokens_before,
                      "tokens_after": step.tokens_after, "duration_ms": round(step.duration_ms, 3),
@@ -136,12 +206,14 @@ class Compactor:
             state.log_compaction(entry)
             if self._on_step:
                 self._on_step(entry)
-        state.log_compaction({"level": "chain", "tokens_before": before, "tokens_after": after, "reason": reason,
-                              "duration_ms": round((time.perf_counter() - started) * 1000, 3), "at": now,
+        state.log_compaction({"level": "chain", "tokens_before": run.record.tokens_before,
+                              "tokens_after": run.record.tokens_after, "reason": reason,
+                              "duration_ms": round(run.duration_ms, 3), "at": now,
                               "fits": result.fits, "hints": result.recovery_hints})
         levels = list(dict.fromkeys(s.level.value for s in result.steps))
         return Plan(messages=result.compressed_messages,
-                    tokens_out=after + turn.counter.count_tools(turn.tools), levels=levels, hints=result.recovery_hints)
+                    tokens_out=run.record.tokens_after + turn.counter.count_tools(turn.tools), levels=levels,
+                    hints=result.recovery_hints)
 
 
 def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:

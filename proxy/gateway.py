@@ -17,6 +17,7 @@ from .demo import DemoForwarder
 from .errors import ApiError
 from .metrics import Metrics
 from .routing import Route, Router
+from .speculative import Speculator
 from .state import SessionStore, open_store
 from .upstream import DirectForwarder, Forwarder, LitellmForwarder
 
@@ -35,6 +36,7 @@ class Gateway:
     via_litellm: LitellmForwarder
     demo: DemoForwarder = field(default_factory=DemoForwarder)
     compactor: Compactor = field(default_factory=Compactor)
+    speculator: Speculator | None = None
 
     @classmethod
     def build(cls, config: Config, data_dir: str | None = None, forwarding: str | None = None) -> "Gateway":
@@ -48,7 +50,8 @@ class Gateway:
                  tokenizers=tokenizers, sessions=open_store(s.state), metrics=metrics,
                  direct=DirectForwarder(s.connect_timeout_s, s.upstream_timeout_s),
                  via_litellm=LitellmForwarder(s.upstream_timeout_s))
-        gw.compactor = Compactor(on_step=gw._count_step)
+        gw.speculator = Speculator(gw.sessions)
+        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         return gw
 
@@ -82,5 +85,7 @@ class Gateway:
         return text
 
     async def close(self) -> None:
+        if self.speculator is not None:
+            await self.speculator.close()
         await self.direct.close()
         await self.sessions.close()

@@ -46,6 +46,8 @@ class SessionState:
     learned_max_input_tokens: int | None = None
     """A smaller limit the upstream itself reported in a context-length error."""
     speculative: dict[str, Any] = field(default_factory=dict)
+    """A compaction made ahead of time (speculative Autocompact), applied once the trigger is
+    reached: {"record": CompactionRecord as a dict, "collapse", "breaker", "working"}."""
     compaction_log: list[dict[str, Any]] = field(default_factory=list)
     wal_seq: int = 0
 

@@ -1,0 +1,67 @@
+"""Client-side helpers of the integration tests: the official SDK, raw HTTP, references."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import httpx
+import openai
+
+from servers import KEYS, Gateway
+from upstream import encode, prompt_tokens
+
+MESSAGES: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Say hello in three languages, please. " * 20},
+    {"role": "assistant", "content": "Hello, hola, bonjour."},
+    {"role": "user", "name": "carol", "content": "Now in two."},
+]
+TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file of the repository.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+CTX_HEADERS = ("x-ctx-session", "x-ctx-tokens-in", "x-ctx-tokens-out", "x-ctx-levels", "x-ctx-overhead-ms",
+               "x-ctx-tokenizer")
+
+
+def client(gw: Gateway, key: str = KEYS["acme"]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url, api_key=key, max_retries=0, timeout=30)
+
+
+def async_client(gw: Gateway, key: str = KEYS["acme"]) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=gw.url, api_key=key, max_retries=0, timeout=30)
+
+
+def post(gw: Gateway, body: Any = None, *, raw: bytes | None = None, headers: dict[str, str] | None = None,
+         key: str | None = KEYS["acme"], path: str = "/v1/chat/completions") -> httpx.Response:
+    """POST a body (JSON-encoded, or `raw` bytes as they are) and read the whole answer."""
+    sent = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
+            **(headers or {})}
+    return httpx.post(gw.base + path, content=raw if raw is not None else json.dumps(body).encode(), headers=sent, timeout=30)
+
+
+def reference_tokens(messages: list[dict[str, Any]]) -> int:
+    """OpenAI's formula over tiktoken's o200k_base, independently of ctxgate."""
+    return prompt_tokens(messages, lambda s: len(encode(s)))
+
+
+def estimate_tokens(messages: list[dict[str, Any]]) -> int:
+    """The conservative estimate ctxgate documents: UTF-8 bytes / 3, in the same formula."""
+    return prompt_tokens(messages, lambda s: math.ceil(len(s.encode()) / 3))
+
+
+def assert_error_shape(resp: httpx.Response, status: int | tuple[int, ...], code: str | None = None) -> dict[str, Any]:
+    """An OpenAI error object with the expected status (and code); returns the `error` dict."""
+    wanted = (status,) if isinstance(status, int) else status
+    assert resp.status_code in wanted, (resp.status_code, resp.text[:500])
+    err = resp.json()["error"]
+    assert isinstance(err, dict) and isinstance(err["message"], str) and err["message"], err
+    assert {"message", "type", "param", "code"} <= set(err), err
+    assert isinstance(err["type"], str) and err["type"], err
+    if code is not None:
+        assert err["code"] == code, err
+    return err
+
+
+def ctx_headers(headers: Any) -> dict[str, str]:
+    return {k: headers[k] for k in CTX_HEADERS if k in headers}

@@ -163,7 +163,7 @@ class AutocompactStrategy:
         plan = self.plan(request.messages, request.token_budget, counter, keep)
         if plan is None:
             return None
-        summary, end = self._ready_summary(request.messages, plan, request.token_budget, counter)
+        summary, end = self._ready_summary(plan), plan.end
         if summary is None:
             if self.breaker.open:
                 return self._unchanged(request, f"autocompact: off for this session after {self.breaker.failures} "
@@ -185,11 +185,10 @@ class AutocompactStrategy:
             hints.append(f"autocompact: only the last {kept} messages fit the budget (spec keeps {self.config.keep_recent})")
         return level_result(self.level, request, out, (plan.start, end), watch, end - plan.start, hints)
 
-    def _ready_summary(self, messages: list[Message], plan: SummaryPlan, budget: int,
-                       counter: TokenCounter) -> tuple[str | None, int]:
+    def _ready_summary(self, plan: SummaryPlan) -> str | None:
         """A summary of exactly this span made ahead of time, if there is one."""
         entry = self.precomputed.get(plan.key)
-        return (entry["summary"], plan.end) if entry else (None, plan.end)
+        return entry["summary"] if entry else None
 
     def _unchanged(self, request: CompressionRequest, hint: str) -> CompressionResult:
         """Tried and failed: no step, the input as it was, and why."""

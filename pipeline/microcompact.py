@@ -70,7 +70,8 @@ class MicrocompactStrategy:
         if head + tail > threshold:  # a budget-scaled threshold: keep the spec's 3:1 split
             head, tail = threshold * 3 // 4, threshold // 4
         middle = tokens - head - tail
-        return counter.head(text, head) + SEPARATOR.format(n=middle) + counter.tail(text, tail)
+        cut = counter.head(text, head) + SEPARATOR.format(n=middle) + counter.tail(text, tail)
+        return cut if counter.count(cut) < tokens else None  # just over the threshold: the separator costs more
 
     def compact_message(self, message: Message, tool_name: str | None, counter: TokenCounter) -> Message:
         """One message with its long text content cut; the same message when nothing to cut."""

@@ -136,7 +136,11 @@ class TokenCounter:
         """The longest start of `text` that is at most `tokens` tokens."""
         if not self.exact:
             return text.encode()[: tokens * 3].decode(errors="ignore")
-        return self._encoder.decode(self._encoder.encode(text)[:tokens]) if tokens > 0 else ""
+        out = self._encoder.decode(self._encoder.encode(text)[:tokens]) if tokens > 0 else ""
+        # A cut inside a multi-byte character decodes to U+FFFD: drop it, so `out` is a start of `text`.
+        while out and out.endswith("\ufffd") and not text.startswith(out):
+            out = out[:-1]
+        return out
 
     def tail(self, text: str, tokens: int) -> str:
         if tokens <= 0:
@@ -144,7 +148,10 @@ class TokenCounter:
         if not self.exact:
             raw = text.encode()
             return raw[max(0, len(raw) - tokens * 3):].decode(errors="ignore")
-        return self._encoder.decode(self._encoder.encode(text)[-tokens:])
+        out = self._encoder.decode(self._encoder.encode(text)[-tokens:])
+        while out and out.startswith("\ufffd") and not text.endswith(out):
+            out = out[1:]
+        return out
 
     def count_structured(self, message: Message, fingerprint: str | None = None) -> int:
         """One message: role markers, every string field, name, tool_calls JSON, content parts."""

@@ -136,12 +136,15 @@ class Compactor:
         if state.has_attempted_reactive_compact:
             raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
                                     "compaction already ran without a successful reply since")
+        if self.speculator is not None:
+            await self.speculator.settle(state)
         if self._adopt_speculative(state, turn):
             view, tokens = self._view(state, turn, budget, tools_tokens)
             state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
             if tokens <= turn.config.trigger_ratio * budget:
                 return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(state.records[-1].levels)),
                             hints=["speculative: applied the compaction prepared in the background"])
+            state.speculation_wasted += 1
         return await self._compact(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens,
                                    "proactive")
 

@@ -50,7 +50,9 @@ class Metrics:
         fig.last_ours, fig.last_upstream = ours, upstream
         self.calibration_diff.labels(model).observe(diff)
         if diff:
-            log.info("token count calibration %s: ours %d, upstream %d (%+d)", model, ours, upstream, diff)
+            # Every turn, so DEBUG: a difference is normal (tools, provider-side framing); the
+            # figures are in /metrics (ctxgate_calibration_diff_tokens) for trends.
+            log.debug("token count calibration %s: ours %d, upstream %d (%+d)", model, ours, upstream, diff)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from .compaction import Turn, run_chain
+from .compaction import ChainRun, Turn, run_chain
 from .state import SessionState, SessionStore
 
 log = logging.getLogger("ctxgate.speculative")
@@ -23,44 +23,64 @@ log = logging.getLogger("ctxgate.speculative")
 class Speculator:
     def __init__(self, sessions: SessionStore) -> None:
         self._sessions = sessions
-        self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._chains: dict[tuple[str, str], tuple[asyncio.Task[ChainRun], int]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self.started = 0
         self.prepared = 0
 
     def start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> None:
         """Start one background compaction for the session, unless one is running or ready."""
-        if state.speculative or state.key in self._running:
+        if state.speculative or state.speculation_wasted or state.key in self._chains:
             return
         snapshot = SessionState(state.tenant, state.session_id, collapse=state.collapse, breaker=state.breaker,
                                 learned_max_input_tokens=state.learned_max_input_tokens)
-        records_at_start = len(state.records)
-        task = asyncio.create_task(self._run(snapshot, turn, view, target, records_at_start))
-        self._running[state.key] = task
-        task.add_done_callback(lambda _: self._running.pop(state.key, None))
+        chain = asyncio.create_task(run_chain(snapshot, turn, view, target, "proactive"))
+        self._chains[state.key] = (chain, len(state.records))
+        task = asyncio.create_task(self._persist(snapshot.tenant, snapshot.session_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         self.started += 1
 
-    async def _run(self, snapshot: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
-                   records_at_start: int) -> None:
+    async def settle(self, state: SessionState) -> None:
+        """Called with the session locked when the trigger is reached: a compaction still in
+        flight is the one this turn needs, so wait for it rather than start another."""
+        entry = self._chains.get(state.key)
+        if entry is None:
+            return
+        chain, records_at_start = entry
         try:
-            run = await run_chain(snapshot, turn, view, target, "proactive")
-        except Exception as e:  # a background task: log, never raise into nowhere
-            log.warning("speculative compaction of session %s failed: %s", snapshot.session_id, e)
+            run = await asyncio.shield(chain)
+        except Exception:
             return
-        if not run.result.steps:
-            return
-        async with self._sessions.lock(snapshot.tenant, snapshot.session_id):
-            state = await self._sessions.load(snapshot.tenant, snapshot.session_id)
-            if state is None or len(state.records) != records_at_start or state.speculative:
-                return  # the session compacted meanwhile: this result is stale
-            state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
-                                 "working": run.working}
-            await self._sessions.save(state)
+        self._keep(state, run, records_at_start)
+
+    def _keep(self, state: SessionState, run: ChainRun, records_at_start: int) -> bool:
+        if not run.result.steps or len(state.records) != records_at_start or state.speculative:
+            return False  # nothing done, or the session compacted meanwhile: stale
+        state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
+                             "working": run.working}
         self.prepared += 1
         log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens, %.0f ms)",
-                 snapshot.session_id, ",".join(run.record.levels), run.record.tokens_before,
+                 state.session_id, ",".join(run.record.levels), run.record.tokens_before,
                  run.record.tokens_after, run.duration_ms)
+        return True
+
+    async def _persist(self, tenant: str, session_id: str) -> None:
+        chain, records_at_start = self._chains[(tenant, session_id)]
+        try:
+            run = await chain
+            async with self._sessions.lock(tenant, session_id):
+                state = await self._sessions.load(tenant, session_id)
+                if state is not None and self._keep(state, run, records_at_start):
+                    await self._sessions.save(state)
+        except Exception as e:  # a background task: log, never raise into nowhere
+            log.warning("speculative compaction of session %s failed: %s", session_id, e)
+        finally:
+            # Only now: until the result is saved, a turn at the trigger must find it here.
+            self._chains.pop((tenant, session_id), None)
 
     async def close(self) -> None:
-        for task in list(self._running.values()):
+        pending = [chain for chain, _ in self._chains.values()] + list(self._tasks)
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)

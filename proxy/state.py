@@ -48,6 +48,9 @@ class SessionState:
     speculative: dict[str, Any] = field(default_factory=dict)
     """A compaction made ahead of time (speculative Autocompact), applied once the trigger is
     reached: {"record": CompactionRecord as a dict, "collapse", "breaker", "working"}."""
+    speculation_wasted: int = 0
+    """Background compactions that did not fit when the trigger came: after one, this
+    session grows too fast per turn for speculation to pay, so it stops."""
     compaction_log: list[dict[str, Any]] = field(default_factory=list)
     wal_seq: int = 0
 

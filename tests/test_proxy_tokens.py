@@ -99,12 +99,16 @@ def test_unknown_model_is_estimated_and_counted(gateway: Gateway, up: ScriptedUp
 
 
 def test_calibration_sees_no_difference_for_exact_counts(gateway: Gateway, up: ScriptedUpstream) -> None:
-    _tokens_in(gateway, "gpt-4o", MESSAGES)
-    status, text = gateway.get("/metrics")
-    assert status == 200
-    found = re.search(r'^ctxgate_calibration_diff_tokens_bucket\{le="0.0",model="gpt-4o"\} ([0-9.]+)$', text, re.M)
-    below = re.search(r'^ctxgate_calibration_diff_tokens_bucket\{le="-1.0",model="gpt-4o"\} ([0-9.]+)$', text, re.M)
-    assert found and below and float(found.group(1)) >= 1 and float(below.group(1)) == 0
+    def figures() -> tuple[float, float]:
+        status, text = gateway.get("/metrics")
+        assert status == 200
+        got = [re.search(rf'^ctxgate_calibration_diff_tokens_{k}\{{model="gpt-4o"\}} ([0-9.e+-]+)$', text, re.M)
+               for k in ("count", "sum")]
+        return (float(got[0].group(1)), float(got[1].group(1))) if got[0] and got[1] else (0.0, 0.0)
+
+    count, total = figures()
+    _tokens_in(gateway, "gpt-4o", MESSAGES)  # upstream prompt_tokens - ours == 0
+    assert figures() == (count + 1, total)
 
 
 # -- TokenCounter as a unit -------------------------------------------------------------

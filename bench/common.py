@@ -1,0 +1,235 @@
+"""Shared helpers of the benchmarks: trajectories as requests, conversations of a given
+size, machine info, and the RESULTS.md section writer.
+
+Nothing here downloads anything: tiktoken's BPE files come from the litellm wheel (set up
+by ctxgate.pipeline.tokens on import) and the trajectories are the files in
+../shared/trajectories, loaded by tests/trajectories.py.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports litellm
+
+import copy
+import datetime as _dt
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "RESULTS.md"
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry  # noqa: E402
+from ctxgate.pipeline.turns import is_valid_sequence, split_units  # noqa: E402
+from trajectories import Trajectory, all_trajectories  # noqa: E402
+
+Message = dict[str, Any]
+
+
+def gpt4o_counter() -> TokenCounter:
+    return TokenizerRegistry().for_model("gpt-4o")
+
+
+# ---------------------------------------------------------------------------------------
+# Trajectories as requests
+
+
+def request_ready(messages: list[Message]) -> list[Message]:
+    """A recorded run as the request its agent would send for its next step.
+
+    Two repairs, both in a copy (the loader's output is shared):
+    - a `tool` message without `tool_call_id` gets the id of the call it answers (the
+      SWE-agent .traj files keep it in `tool_call_ids`, which tests/trajectories.py drops);
+    - trailing assistant messages are dropped: the recorded last answer is what the model
+      produced, not part of its input, and an unanswered tool call is not a valid request.
+    """
+    out = copy.deepcopy(messages)
+    pending: list[str] = []
+    for m in out:
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            pending = [tc.get("id") for tc in m["tool_calls"]]
+        elif m.get("role") == "tool":
+            if not m.get("tool_call_id") and pending:
+                m["tool_call_id"] = pending[0]
+            if m.get("tool_call_id") in pending:
+                pending.remove(m["tool_call_id"])
+    while out and out[-1].get("role") == "assistant":
+        out.pop()
+    return out
+
+
+def named_trajectories() -> list[tuple[str, Trajectory, list[Message]]]:
+    """(unique name, trajectory, request-ready messages) for every valid one.
+
+    tau-bench's task ids repeat over its trials, so names get a `#k` index there."""
+    out, seen = [], {}
+    for t in all_trajectories():
+        k = seen.get(t.name, 0)
+        seen[t.name] = k + 1
+        name = t.name if k == 0 and not t.name.startswith("tau-bench") else f"{t.name}#{k}"
+        msgs = request_ready(t.messages)
+        if len(msgs) >= 3 and is_valid_sequence(msgs):
+            out.append((name, t, msgs))
+    return out
+
+
+def short_name(name: str, width: int = 60) -> str:
+    if name.startswith("swe-agent/"):
+        parts = name.split("/")
+        name = "swe-agent/" + "/".join(p[:24] for p in parts[1:-1][-1:]) + "/" + parts[-1]
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------
+# Conversations of a given size
+
+
+def _body_units(messages: list[Message]) -> list[list[Message]]:
+    """The non-system messages of a request, as units (a tool call with its results)."""
+    body = [m for m in messages if m.get("role") not in ("system", "developer")]
+    return [body[u.start:u.end] for u in split_units(body)]
+
+
+def _interleaved_sources() -> list[list[Message]]:
+    """Trajectories round-robin over their sources (openhands, swe-agent, tau-bench), so a
+    long history mixes tool-call coding runs, text-mode SWE-agent runs and chat."""
+    by_source: dict[str, list[list[Message]]] = {}
+    for _, t, msgs in named_trajectories():
+        by_source.setdefault(t.source, []).append(msgs)
+    order = ["swe-gym-openhands", "swe-agent", "tau-bench"]
+    out = []
+    longest = max(len(v) for v in by_source.values())
+    for i in range(longest):
+        for src in order:
+            runs = by_source.get(src, [])
+            if runs:
+                out.append(runs[i % len(runs)])
+    return out
+
+
+def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Message]:
+    """A request of about `target_tokens` (OpenAI's message formula, o200k_base) made of
+    real trajectory messages: the system prompt of the first OpenHands run, then whole
+    runs (their own system prompts left out, so each later run reads as a new task in the
+    same session) until the size is reached. The last text message is cut with the
+    tokenizer so the total lands on the target; the request ends on a user/tool message."""
+    runs = _interleaved_sources()
+    system = next(m for m in runs[0] if m.get("role") == "system")
+    out: list[Message] = [copy.deepcopy(system)]
+    total = counter.count_messages(out)
+    i = 0
+    while total < target_tokens:
+        for unit in _body_units(runs[i % len(runs)]):
+            cost = sum(counter.count_structured(m) for m in unit)
+            if total + cost <= target_tokens:
+                out.extend(copy.deepcopy(unit))
+                total += cost
+                continue
+            # The unit would overshoot: cut a single text message to fit, else stop here.
+            room = target_tokens - total
+            if len(unit) == 1 and unit[0].get("role") in ("user", "tool") and isinstance(unit[0].get("content"), str) \
+                    and not unit[0].get("tool_calls") and room > 8:
+                m = copy.deepcopy(unit[0])
+                m["content"] = counter.head(m["content"], max(1, room - 6))
+                out.append(m)
+                total = counter.count_messages(out)
+            total = max(total, target_tokens)  # done either way
+            break
+        i += 1
+    while out and out[-1].get("role") == "assistant":
+        out.pop()
+    assert is_valid_sequence(out), "built conversation is not a valid request"
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics and reporting
+
+
+def pct(values: Iterable[float], q: float) -> float:
+    vals = sorted(values)
+    if not vals:
+        return float("nan")
+    if len(vals) == 1:
+        return vals[0]
+    pos = (len(vals) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float]) -> float:
+    vals = list(values)
+    return statistics.median(vals) if vals else float("nan")
+
+
+def machine_info() -> str:
+    try:
+        cpus = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        cpus = str(os.cpu_count())
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB RAM"
+                break
+    except OSError:
+        pass
+    bits = [f"nproc={cpus}", model, mem, f"Python {platform.python_version()}", platform.platform()]
+    return ", ".join(b for b in bits if b)
+
+
+def command_line() -> str:
+    script = os.path.relpath(sys.argv[0], ROOT)
+    return " ".join([".venv/bin/python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
+
+
+def section_header(title: str) -> str:
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return (f"## {title}\n\n"
+            f"- command: `{command_line()}` (from the repository root)\n"
+            f"- date: {now}\n"
+            f"- machine: {machine_info()}\n")
+
+
+def write_section(key: str, markdown: str) -> None:
+    """Replace (or append) this benchmark's section of bench/RESULTS.md."""
+    start, end = f"<!-- bench:{key}:start -->", f"<!-- bench:{key}:end -->"
+    block = f"{start}\n{markdown.rstrip()}\n{end}\n"
+    text = RESULTS.read_text() if RESULTS.exists() else (
+        "# Benchmark results\n\nEach section below is written by the script it names (`bench/run_all.py` "
+        "runs them all). The figures are measurements of one run on the machine stated; nothing here is "
+        "asserted.\n\n")
+    pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
+    RESULTS.write_text(text)
+
+
+def progress(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(headers) - 1)
+    marks = {"l": ":---", "r": "---:", "c": ":---:"}
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(lines)

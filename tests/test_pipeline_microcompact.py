@@ -1,0 +1,190 @@
+"""Level 2, Microcompact: per-tool thresholds, head/tail cuts counted with the tokenizer."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ctxgate.pipeline.config import MicrocompactConfig
+from ctxgate.pipeline.microcompact import MicrocompactStrategy, is_microcompacted
+from ctxgate.pipeline.turns import first_user_index, newest_user_index
+from ctxgate.pipeline.types import CompressionRequest, Level
+
+from pipeline_builders import (assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
+                               system, tool, user)
+
+SEP_RE = re.compile(r"\n\.\.\. \[middle (\d+) tokens truncated\] \.\.\.\n")
+
+
+def strategy(effective_budget=None, pin_first_user=True, **cfg) -> MicrocompactStrategy:
+    return MicrocompactStrategy(MicrocompactConfig(**cfg), pin_first_user, effective_budget)
+
+
+async def run(messages, budget=1, **kw):
+    return await strategy(**kw).compress(CompressionRequest(messages, budget, counter()))
+
+
+def one_tool(name: str, tokens: int, seed: int = 7) -> list[dict]:
+    return [system(), user("task"), calls(call("c1", name, command="x")), tool("c1", filler(tokens, seed)),
+            user("newest"), assistant("ok")]
+
+
+def split_cut(text: str) -> tuple[str, int, str]:
+    m = SEP_RE.search(text)
+    assert m is not None, text[:200]
+    return text[:m.start()], int(m.group(1)), text[m.end():]
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("read_file", 8000), ("view", 8000), ("str_replace_editor", 8000), ("execute_bash", 2000), ("bash", 2000),
+    ("fs_read_file", 8000), ("my_bash_tool", 2000), ("run_shell_command", 2000), ("Execute_Bash", 2000),
+    ("search_direct_flight", 4000), ("get_user_details", 4000), ("", 4000), (None, 4000)])
+def test_thresholds_by_tool_name(name, expected) -> None:
+    assert strategy().threshold_for(name) == expected
+
+
+def test_custom_thresholds_and_budget_scaling() -> None:
+    s = strategy(thresholds={"grep": 300}, default_threshold=900)
+    assert s.threshold_for("grep") == 300 and s.threshold_for("ripgrep") == 300 and s.threshold_for("bash") == 900
+    # the effective budget caps every threshold at 5% of it, but never below min_threshold
+    assert strategy(effective_budget=20_000).threshold_for("read_file") == 1000
+    assert strategy(effective_budget=20_000).threshold_for("bash") == 1000
+    assert strategy(effective_budget=200_000).threshold_for("bash") == 2000
+    assert strategy(effective_budget=200_000).threshold_for("read_file") == 8000
+    assert strategy(effective_budget=100).threshold_for("read_file") == 64
+    assert strategy(effective_budget=10_000, budget_share=0.5).threshold_for("read_file") == 5000
+
+
+async def test_head_1500_tail_500_and_the_separator() -> None:
+    h = one_tool("execute_bash", 5000)
+    before = snapshot(h)
+    result = await run(h)
+    assert h == before, "the caller's list was mutated"
+    assert result.level_used is Level.MICROCOMPACT
+    out = result.compressed_messages
+    original, cut = h[3]["content"], out[3]["content"]
+    head, n, tail = split_cut(cut)
+    assert n == 5000 - 1500 - 500
+    assert f"\n... [middle {n} tokens truncated] ...\n" in cut
+    assert head == counter().head(original, 1500) and original.startswith(head)
+    assert tail == counter().tail(original, 500) and original.endswith(tail)
+    assert counter().count(head) == 1500 and counter().count(tail) == 500
+    assert is_microcompacted(cut)
+    assert [m for i, m in enumerate(out) if i != 3] == [m for i, m in enumerate(h) if i != 3]
+    assert {k: v for k, v in out[3].items() if k != "content"} == {k: v for k, v in h[3].items() if k != "content"}
+    step = result.steps[0]
+    assert step.span == (3, 4) and step.messages_affected == 1
+    assert result.tokens_freed == counter().count_messages(h) - counter().count_messages(out)
+    assert result.tokens_freed > 2900
+
+
+@pytest.mark.parametrize("name,tokens,cut", [
+    ("execute_bash", 2000, False), ("execute_bash", 2005, False), ("execute_bash", 2030, True), ("read_file", 7000, False),
+    ("read_file", 8001, True), ("fs_read_file", 9000, True), ("lookup", 4000, False), ("lookup", 4500, True)])
+async def test_threshold_decides(name, tokens, cut) -> None:
+    h = one_tool(name, tokens)
+    result = await run(h)
+    if not cut:
+        assert result is None
+        return
+    _, n, _ = split_cut(result.compressed_messages[3]["content"])
+    assert n == tokens - 2000
+
+
+async def test_never_truncated_twice() -> None:
+    h = one_tool("execute_bash", 6000)
+    first = await run(h)
+    again = await run(first.compressed_messages)
+    assert again is None
+    # even when the cut text is still over a (smaller) threshold
+    assert await run(first.compressed_messages, effective_budget=2000) is None
+    # a message that already carries the mark is left as it is
+    marked = one_tool("execute_bash", 10)
+    marked[3] = tool("c1", filler(3000) + "\n... [middle 12 tokens truncated] ...\n" + filler(3000, 9))
+    assert await run(marked) is None
+
+
+async def test_budget_scaled_threshold_keeps_3_to_1_split() -> None:
+    h = one_tool("execute_bash", 1200)
+    assert await run(h) is None
+    result = await run(h, effective_budget=20_000)  # threshold 1000 < 1500 + 500
+    head, n, tail = split_cut(result.compressed_messages[3]["content"])
+    assert counter().count(head) == 750 and counter().count(tail) == 250
+    assert n == 1200 - 750 - 250
+
+
+async def test_every_result_of_a_unit_by_its_own_tool() -> None:
+    h = [system(), user("task"),
+         calls(call("a", "read_file", path="x.py"), call("b", "execute_bash", command="pytest"), call("c", "other")),
+         tool("a", filler(5000, 1)), tool("b", filler(5000, 2)), tool("c", filler(5000, 3)),
+         user("newest"), assistant("ok")]
+    result = await run(h)
+    out = result.compressed_messages
+    assert out[3] == h[3], "read_file keeps up to 8000"
+    assert split_cut(out[4]["content"])[1] == 3000 and split_cut(out[5]["content"])[1] == 3000
+    assert result.steps[0].span == (4, 6) and result.steps[0].messages_affected == 2
+    assert_invariants(h, out)
+
+
+async def test_swe_agent_observations_in_user_messages() -> None:
+    big = [filler(6000, k) for k in range(4)]
+    h = [system(), user(big[0]), assistant("open file.py"), user(big[1]), assistant("edit 1:2"), user(big[2]),
+         assistant("submit"), user(big[3])]
+    result = await run(h)
+    out = result.compressed_messages
+    assert out[1] == h[1], "the task statement is not truncated"
+    assert out[7] == h[7], "the newest user message is not truncated"
+    for i in (3, 5):
+        assert split_cut(out[i]["content"])[1] == 6000 - 2000
+    unpinned = await run(h, pin_first_user=False)
+    assert split_cut(unpinned.compressed_messages[1]["content"])[1] == 4000
+    assert unpinned.compressed_messages[7] == h[7]
+
+
+async def test_non_text_content_is_left_alone() -> None:
+    h = one_tool("execute_bash", 10)
+    h[3] = {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": filler(5000)}]}
+    assert await run(h) is None
+
+
+async def test_compact_from_only_cuts_from_start() -> None:
+    h = [system(), user("task")]
+    for i in range(4):
+        h += [calls(call(f"c{i}", "bash")), tool(f"c{i}", filler(3000, i))]
+    h.append(user("newest"))
+    out, changed = strategy().compact_from(h, 6, counter())
+    assert changed == [7, 9]
+    assert out[:6] == h[:6]
+
+
+@pytest.mark.parametrize("effective_budget", [None, 20_000, 4_000])
+async def test_real_histories(effective_budget) -> None:
+    s = strategy(effective_budget=effective_budget)
+    c = counter()
+    changed_total = 0
+    for name, h in real_histories():
+        before = snapshot(h)
+        result = await s.compress(CompressionRequest(h, 1, c))
+        assert h == before, name
+        if result is None:
+            continue
+        out = result.compressed_messages
+        assert_invariants(h, out)
+        assert len(out) == len(h)
+        protected = {newest_user_index(h), first_user_index(h)}
+        names = {tc["id"]: tc["function"]["name"] for m in h for tc in m.get("tool_calls") or []}
+        for i, (a, b) in enumerate(zip(h, out)):
+            if a == b:
+                continue
+            changed_total += 1
+            assert a["role"] in ("tool", "user") and i not in protected, (name, i)
+            threshold = s.threshold_for(names.get(a.get("tool_call_id")) if a["role"] == "tool" else None)
+            tokens = c.count(a["content"])
+            assert tokens > threshold
+            head, n, tail = split_cut(b["content"])
+            kept_head, kept_tail = (1500, 500) if threshold >= 2000 else (threshold * 3 // 4, threshold // 4)
+            assert n == tokens - kept_head - kept_tail, (name, i)
+            assert a["content"].startswith(head) and a["content"].endswith(tail)
+            assert c.count(head) <= kept_head and c.count(tail) <= kept_tail
+            assert c.count_structured(b) < c.count_structured(a)
+    assert changed_total > 0

@@ -1,0 +1,161 @@
+"""activeRestore: the working state read from the transcript, and the blocks that bring it back."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxgate.pipeline.config import RestoreConfig
+from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block
+from ctxgate.pipeline.restore import ActiveRestore, CurrentFile, WorkingState, extract_working_state
+
+from pipeline_builders import call, calls, counter, filler, real_histories, system, tool, user
+
+CFG = RestoreConfig()
+
+
+def turn(cid: str, name: str, result: str = "ok", **args) -> list[dict]:
+    return [calls(call(cid, name, **args)), tool(cid, result)]
+
+
+def transcript() -> list[dict]:
+    return [
+        system(), user("task"),
+        *turn("1", "str_replace_editor", "OBSERVATION: old app.py", command="view", path="/w/app.py"),
+        *turn("2", "read_file", "contents of util.py", path="/w/util.py"),
+        *turn("3", "str_replace_editor", "File created", command="create", path="/w/new.py", file_text="print(1)\n"),
+        *turn("4", "TodoWrite", "ok", todos=[{"content": "write test", "status": "completed"},
+                                             {"content": "fix bug", "status": "in_progress"},
+                                             {"content": "update docs", "status": "pending"}]),
+        *turn("5", "update_plan", "ok", explanation="Two steps left",
+              plan=[{"step": "reproduce", "status": "completed"}, {"step": "patch", "status": "in_progress"}]),
+        *turn("6", "Skill", "SKILL: always run the linter before committing", skill="lint"),
+        *turn("7", "str_replace_editor", "OBSERVATION: NEW app.py v2", command="view", path="/w/app.py"),
+        *turn("8", "write_file", "written", path="/w/util.py", content="def util():\n    return 2\n"),
+        user("newest"),
+    ]
+
+
+def test_extracts_current_files_with_latest_content() -> None:
+    state = extract_working_state(transcript(), CFG)
+    assert [f.path for f in state.current_files] == ["/w/util.py", "/w/app.py", "/w/new.py"], "newest first"
+    files = {f.path: f.content for f in state.current_files}
+    assert files["/w/app.py"] == "OBSERVATION: NEW app.py v2", "the latest view wins"
+    assert files["/w/util.py"] == "def util():\n    return 2\n", "what was written wins over the old read"
+    assert files["/w/new.py"] == "print(1)\n", "file_text of a create"
+
+
+def test_extracts_tasks_plan_and_skill() -> None:
+    state = extract_working_state(transcript(), CFG)
+    assert state.pending_tasks == ["fix bug [in_progress]", "update docs [pending]"]
+    assert state.active_plan == "Two steps left\n- [completed] reproduce\n- [in_progress] patch"
+    assert state.active_skill == "SKILL: always run the linter before committing"
+    assert not state.is_empty()
+
+
+def test_task_tracker_and_later_updates_override() -> None:
+    h = [*turn("1", "task_tracker", task_list=[{"title": "a", "status": "done"}, {"title": "b", "status": "todo"}]),
+         *turn("2", "update_plan", plan="1. read\n2. fix"),
+         *turn("3", "TodoWrite", todos=[{"content": "x", "status": "pending"}]),
+         *turn("4", "update_plan", plan=["read", "fix", "ship"])]
+    state = extract_working_state(h, CFG)
+    assert state.pending_tasks == ["x [pending]"]
+    assert state.active_plan == "- read\n- fix\n- ship"
+    state2 = extract_working_state(h[:4], CFG)
+    assert state2.pending_tasks == ["b [todo]"] and state2.active_plan == "1. read\n2. fix"
+    all_done = h + turn("5", "TodoWrite", todos=[{"content": "x", "status": "completed"}])
+    assert extract_working_state(all_done, CFG).pending_tasks == []
+
+
+def test_skill_without_result_keeps_its_arguments_and_bad_json_is_ignored() -> None:
+    h = [calls(call("s", "load_skill", skill="pdf")), tool("s", ""),
+         {"role": "assistant", "content": "", "tool_calls": [
+             {"id": "b", "type": "function", "function": {"name": "read_file", "arguments": "{not json"}}]},
+         tool("b", "whatever"),
+         {"role": "assistant", "content": "", "tool_calls": [
+             {"id": "c", "type": "function", "function": {"name": "TodoWrite", "arguments": "[1, 2]"}}]},
+         tool("c", "x")]
+    state = extract_working_state(h, CFG)
+    assert json.loads(state.active_skill) == {"skill": "pdf"}
+    assert state.current_files == [] and state.pending_tasks == []
+
+
+def test_max_files_keeps_the_newest() -> None:
+    h = [m for i in range(8) for m in turn(str(i), "read_file", f"content {i}", path=f"/f{i}.py")]
+    state = extract_working_state(h, CFG)
+    assert [f.path for f in state.current_files] == [f"/f{i}.py" for i in (7, 6, 5, 4, 3)]
+    assert extract_working_state(h, RestoreConfig(max_files=2)).current_files[1] == CurrentFile("/f6.py", "content 6")
+
+
+def test_nothing_to_restore() -> None:
+    h = [system(), user("hi"), *turn("1", "get_user_details", user_id="u1")]
+    state = extract_working_state(h, CFG)
+    assert state.is_empty()
+    assert ActiveRestore(CFG, state).blocks(counter(), 10_000) == []
+
+
+def test_state_round_trip() -> None:
+    state = extract_working_state(transcript(), CFG)
+    assert WorkingState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_blocks_order_and_marker() -> None:
+    state = extract_working_state(transcript(), CFG)
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000)
+    assert all(b["role"] == "system" and b["content"].startswith(RESTORE_MARKER) and is_restore_block(b)
+               for b in blocks)
+    texts = [b["content"][len(RESTORE_MARKER) + 1:] for b in blocks]
+    assert texts[0] == "Pending tasks:\n- fix bug [in_progress]\n- update docs [pending]"
+    assert texts[1].startswith("Active plan:\nTwo steps left")
+    assert texts[2] == "Active skill:\nSKILL: always run the linter before committing"
+    assert texts[3] == "Current files: /w/util.py, /w/app.py, /w/new.py"
+    assert texts[4] == "Latest content seen of /w/util.py:\ndef util():\n    return 2\n"
+    assert texts[5] == "Latest content seen of /w/app.py:\nOBSERVATION: NEW app.py v2"
+    assert texts[6] == "Latest content seen of /w/new.py:\nprint(1)\n"
+    assert len(blocks) == 7
+
+
+@pytest.mark.parametrize("budget", [0, 10, 30, 60, 100, 150, 250, 400, 800, 1600, 3000, 6000])
+def test_blocks_fit_the_restore_budget(budget: int) -> None:
+    c = counter()
+    state = WorkingState(current_files=[CurrentFile("/big.py", filler(5000, 1)), CurrentFile("/b.py", filler(900, 2))],
+                         active_skill=filler(4000, 3), active_plan="- [ ] step", pending_tasks=["a", "b"])
+    blocks = ActiveRestore(CFG, state).blocks(c, budget)
+    assert sum(c.count_structured(b) for b in blocks) <= budget
+    assert all(b["content"].startswith(RESTORE_MARKER) for b in blocks)
+    skill = [b for b in blocks if "Active skill:" in b["content"]]
+    if skill:
+        assert c.count(skill[0]["content"].split("Active skill:\n", 1)[1]) <= CFG.skill_tokens
+    for b in blocks:
+        if "Latest content seen of /big.py" in b["content"]:
+            assert b["content"].endswith("\n[...]")
+
+
+def test_content_still_visible_is_not_restored_twice() -> None:
+    h = transcript()
+    state = extract_working_state(h, CFG)
+    visible = [tool("7", "OBSERVATION: NEW app.py v2")]
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible)
+    assert not any("Latest content seen of /w/app.py" in b["content"] for b in blocks)
+    assert any("Latest content seen of /w/util.py" in b["content"] for b in blocks)
+    assert any(b["content"].endswith("Current files: /w/util.py, /w/app.py, /w/new.py") for b in blocks)
+
+
+def test_real_histories() -> None:
+    c = counter()
+    with_files = 0
+    for name, h in real_histories():
+        state = extract_working_state(h, CFG)
+        for budget in (200, 2000):
+            blocks = ActiveRestore(CFG, state).blocks(c, budget)
+            assert sum(c.count_structured(b) for b in blocks) <= budget, name
+            assert all(b["content"].startswith(RESTORE_MARKER) for b in blocks)
+        if name.startswith("openhands/"):
+            assert state.current_files, name
+            with_files += 1
+            newest = state.current_files[0]
+            # the newest file is the path of the last editor call that named one
+            paths = [json.loads(tc["function"]["arguments"]).get("path") for m in h for tc in m.get("tool_calls") or []
+                     if tc["function"]["name"] == "str_replace_editor"]
+            assert newest.path == [p for p in paths if p][-1]
+    assert with_files == 5

@@ -74,7 +74,8 @@ class CompressionPipeline:
             if result is None:
                 continue
             hints += result.recovery_hints
-            if result.steps:
+            # A level whose note outweighs what it removed (a few tiny messages) is not applied.
+            if result.steps and result.tokens_after < result.steps[0].tokens_before:
                 current = result.compressed_messages
                 steps += result.steps
             fits = result.fits

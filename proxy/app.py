@@ -28,8 +28,8 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
         return await handler(request)
     except ApiError as e:
         return e.response()
-    except web.HTTPRequestEntityTooLarge as e:
-        return ApiError(413, f"request body is larger than the limit of {e.max_size} bytes",
+    except web.HTTPRequestEntityTooLarge:
+        return ApiError(413, f"request body is larger than the limit of {request.client_max_size} bytes",
                         code="request_too_large").response()
     except web.HTTPException as e:
         if e.status < 400:

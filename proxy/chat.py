@@ -15,7 +15,7 @@ from .gateway import Gateway
 from .routing import Route
 from .state import SessionState
 from .tenancy import Caller, resolve_caller, resolve_session
-from .upstream import ContextTooLong, Reply
+from .upstream import ContextTooLong, Reply, UpstreamError
 from .validation import read_json_body, validate_chat_request
 
 log = logging.getLogger("ctxgate.chat")
@@ -79,6 +79,8 @@ class ChatHandler:
                         guard_set = state.has_attempted_reactive_compact
                         await gw.sessions.save(state)
                 levels += [lv for lv in plan.levels if lv not in levels]
+            except UpstreamError as e:  # the upstream's own status and error object, in OpenAI's shape
+                raise e.to_api_error() from None
         upstream_ms += reply.upstream_ms
         headers.update({"X-Ctx-Tokens-Out": str(plan.tokens_out), "X-Ctx-Levels": ",".join(levels) or "none"})
         if reply.chunks is None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Iterator, Protocol
 
 import orjson
+
+from .errors import ApiError
 
 MAX_RECORDS = 8
 MAX_COMPACTION_LOG = 200
@@ -138,7 +140,9 @@ class RedisSessionStore:
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
         lock = self._redis.lock(self._key(tenant, session_id) + ":lock", timeout=self._lock_timeout,
                                 blocking_timeout=self._lock_timeout)
-        if not await lock.acquire():
+        with _reachable():
+            acquired = await lock.acquire()
+        if not acquired:
             raise TimeoutError(f"session {session_id} is locked by another request")
         try:
             yield
@@ -149,12 +153,14 @@ class RedisSessionStore:
                 pass
 
     async def load(self, tenant: str, session_id: str) -> SessionState | None:
-        raw = await self._redis.get(self._key(tenant, session_id))
+        with _reachable():
+            raw = await self._redis.get(self._key(tenant, session_id))
         return SessionState.from_bytes(raw) if raw else None
 
     async def save(self, state: SessionState) -> None:
         state.updated_at = time.time()
-        await self._redis.set(self._key(*state.key), state.to_bytes(), ex=self._ttl)
+        with _reachable():
+            await self._redis.set(self._key(*state.key), state.to_bytes(), ex=self._ttl)
 
     async def ping(self) -> bool:
         try:
@@ -164,6 +170,17 @@ class RedisSessionStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+@contextmanager
+def _reachable() -> Iterator[None]:
+    """Redis down or partitioned: a 503 the client may retry, not an internal error."""
+    from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
+
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as e:
+        raise ApiError(503, f"the session state backend is unreachable: {e}", code="state_unavailable") from None
 
 
 def open_store(url: str) -> SessionStore:

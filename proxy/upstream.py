@@ -10,6 +10,7 @@ when the provider says the prompt does not fit.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
@@ -133,6 +134,19 @@ async def _sse_bytes(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         resp.release()
 
 
+# litellm's list of OpenAI chat-completion parameters also holds these, which choose where the
+# call goes and with which credentials: only the config may set them, never a client's body.
+_CALL_CONTROLS = {"api_base", "base_url", "api_key", "api_version", "organization", "deployment_id",
+                  "default_headers", "extra_headers", "timeout", "request_timeout", "max_retries"}
+
+
+@functools.lru_cache(maxsize=1)
+def _openai_params() -> frozenset[str]:
+    import litellm
+
+    return frozenset({"messages", *litellm.OPENAI_CHAT_COMPLETION_PARAMS} - _CALL_CONTROLS)
+
+
 class LitellmForwarder:
     """Every provider litellm knows; replies re-serialised to OpenAI's wire format."""
 
@@ -143,10 +157,21 @@ class LitellmForwarder:
         import litellm
 
         params = {k: v for k, v in route.litellm_params.items() if k != "model"}
-        params.update({k: v for k, v in payload.items() if k != "model"})
+        extra: dict[str, Any] = {}
+        allowed = _openai_params()
+        for k, v in payload.items():
+            if k in allowed:
+                params[k] = v
+            elif k != "model" and k not in route.litellm_params:
+                # The client's own fields are data for the upstream, never litellm's controls
+                # (api_base, extra_headers, mock_response ... would steer the call and its key).
+                extra[k] = v
+        if extra:
+            params["extra_body"] = {**(params.get("extra_body") or {}), **extra}
         if api_key:
             params["api_key"] = api_key
         params.setdefault("timeout", self._timeout)
+        params.setdefault("max_retries", 0)  # one call, as on the direct path: retrying is the client's choice
         started = time.perf_counter()
         try:
             result = await litellm.acompletion(model=route.litellm_params["model"], **params)
@@ -189,7 +214,7 @@ def _map_litellm_error(e: Exception, route: Route) -> Exception:
         return e
     if isinstance(e, litellm.Timeout):
         return ApiError(504, f"upstream for {route.model_name} did not answer in time", code="upstream_timeout")
-    if isinstance(e, litellm.APIConnectionError):
+    if isinstance(e, litellm.APIConnectionError) or _refused(e):
         return ApiError(502, f"upstream for {route.model_name} is unreachable: {e}", code="upstream_unreachable")
     status = getattr(e, "status_code", None) or 502
     message = getattr(e, "message", None) or str(e)
@@ -205,3 +230,17 @@ def _map_litellm_error(e: Exception, route: Route) -> Exception:
             return ContextTooLong(err.status, err.body)
         return err
     return ApiError(502, message)
+
+
+def _refused(e: BaseException) -> bool:
+    """litellm reports a refused connection as a 500 InternalServerError; its cause chain says what it was."""
+    import openai
+
+    cause = e.__cause__ or e.__context__
+    for _ in range(10):
+        if cause is None:
+            return False
+        if isinstance(cause, (openai.APIConnectionError, ConnectionError, aiohttp.ClientConnectionError)):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False

@@ -58,8 +58,8 @@ class _ChatRequest(_Open):
 async def read_json_body(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise ApiError(413, f"request body is larger than the limit of {e.max_size} bytes",
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"request body is larger than the limit of {request.client_max_size} bytes",
                        code="request_too_large") from None
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")

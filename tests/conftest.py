@@ -1,6 +1,5 @@
 import os
 import sys
-from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -9,7 +8,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
-from servers import LIVE, Gateway, RedisServer, main_config, start_gateways  # noqa: E402
+from servers import LIVE, Gateway, RedisServer, main_config, start_gateways, stop_all  # noqa: E402
 from upstream import ScriptedUpstream  # noqa: E402
 
 FORWARDING = ("auto", "litellm")
@@ -37,8 +36,7 @@ def main_gateways(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathF
     base = tmp_path_factory.mktemp("gateways")
     gateways = start_gateways({f: (base / f, main_config(upstream.url, f)) for f in FORWARDING})
     yield gateways
-    for gw in gateways.values():
-        gw.stop()
+    stop_all(gateways.values())
 
 
 @pytest.fixture(scope="session", params=FORWARDING)

@@ -16,9 +16,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -94,7 +94,6 @@ class Gateway:
     output: Path
     config: dict[str, Any] | None = None
     data_dir: Path | None = None
-    started: float = field(default_factory=time.monotonic)
 
     @property
     def base(self) -> str:
@@ -136,15 +135,24 @@ class Gateway:
         raise RuntimeError(f"ctxgate {self.name} did not answer /healthz in {timeout}s:\n{self.text()[-4000:]}")
 
     def stop(self) -> None:
-        if self in LIVE:
-            LIVE.remove(self)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_all([self])
+
+
+def stop_all(gateways: Iterable[Gateway]) -> None:
+    """SIGTERM them all first, then wait: each takes a moment to close its connections."""
+    gws = list(gateways)
+    running = [gw for gw in gws if gw.proc.poll() is None]
+    for gw in gws:
+        if gw in LIVE:
+            LIVE.remove(gw)
+    for gw in running:
+        gw.proc.send_signal(signal.SIGTERM)
+    for gw in running:
+        try:
+            gw.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            gw.proc.kill()
+            gw.proc.wait(10)
 
 
 def ctxgate_command() -> list[str]:
@@ -184,8 +192,7 @@ def start_gateways(specs: dict[str, tuple[Path, dict[str, Any] | None]]) -> dict
         for gw in gateways.values():
             gw.wait_ready()
     except BaseException:
-        for gw in gateways.values():
-            gw.stop()
+        stop_all(gateways.values())
         raise
     return gateways
 

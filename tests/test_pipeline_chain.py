@@ -213,3 +213,19 @@ async def test_degrade_reaches_autocompact() -> None:
     result = await compact(p, h, 10, reason="degrade")
     assert len(fake.calls) == 1
     assert result.compressed_messages[3:] == h[-3:]
+
+
+async def test_a_level_that_would_grow_the_context_is_not_applied() -> None:
+    """Found by the property tests: Snip over nine 'ok' messages put in a note bigger than
+    what it cut (62 -> 73 tokens); Collapse and Autocompact did the same on tiny spans."""
+    h = [system("You are an agent.")] + [user("ok") for _ in range(9)]
+    snip = SnipStrategy(PipelineConfig(snip={"keep_recent": 2}).snip, pin_first_user=False)
+    alone = await snip.compress(CompressionRequest(h, 20, counter()))
+    assert alone is not None and alone.tokens_after > counter().count_messages(h)
+    result = await compact(CompressionPipeline([snip], pin_first_user=False), h, 20)
+    assert result.steps == [] and result.compressed_messages == h and not result.fits
+    fake = Scripted()
+    p = build_pipeline(config(levels=["autocompact"], pin_first_user=False), summarize=fake, effective_budget=20)
+    tiny = [system("You are an agent."), user("ok"), user("ok too")]
+    r2 = await compact(p, tiny, 20)
+    assert r2.steps == [] and r2.compressed_messages == tiny

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from clients import MESSAGES, assert_error_shape, post
-from servers import Gateway, RedisServer, free_port, model_list, start_gateways
+from servers import Gateway, RedisServer, free_port, model_list, start_gateways, stop_all
 from upstream import ScriptedUpstream
 
 BODY = {"model": "gpt-4o", "messages": MESSAGES}
@@ -26,8 +26,7 @@ def replicas(upstream: ScriptedUpstream, redis_server: RedisServer,
                                  ("no-redis", dead))}
     gateways = start_gateways(specs)
     yield gateways
-    for gw in gateways.values():
-        gw.stop()
+    stop_all(gateways.values())
 
 
 @pytest.fixture

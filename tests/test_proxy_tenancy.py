@@ -45,6 +45,26 @@ def test_pass_through_key_is_sent_upstream(gateway: Gateway, up: ScriptedUpstrea
     assert up.chats()[-1].headers["authorization"] == f"Bearer {KEYS['relay']}"
 
 
+def test_the_body_cannot_steer_the_upstream_call(gateway: Gateway, up: ScriptedUpstream) -> None:
+    """Fields litellm would take as its own controls stay data: no redirect, no key, no headers."""
+    elsewhere = ScriptedUpstream().start()
+    try:
+        steer = {"api_base": f"{elsewhere.url}/v1", "base_url": f"{elsewhere.url}/v1", "api_key": "sk-client",
+                 "extra_headers": {"X-Injected": "1"}, "mock_response": "not from the upstream",
+                 "custom_llm_provider": "anthropic", "max_retries": 5, "timeout": 0.001}
+        resp = post(gateway, {**BODY, **steer})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["message"]["content"] == "ok"
+        assert elsewhere.log == []
+        (got,) = up.chats()
+        assert got.headers["authorization"] == f"Bearer {UPSTREAM_KEY}" and "x-injected" not in got.headers
+        # Passed through as the data they are; litellm drops the ones its config sets itself.
+        data = {k: v for k, v in steer.items() if gateway.name == "auto" or k not in ("api_base", "api_key")}
+        assert {k: got.body.get(k) for k in data} == data
+    finally:
+        elsewhere.stop()
+
+
 def test_sessions_belong_to_their_tenant(gateway: Gateway, up: ScriptedUpstream) -> None:
     sid = f"tenant-iso-{gateway.name}"
     assert post(gateway, BODY, headers={"X-Ctx-Session": sid, "X-Ctx-Tenant": "relay"}).status_code == 200

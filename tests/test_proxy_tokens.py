@@ -99,16 +99,17 @@ def test_unknown_model_is_estimated_and_counted(gateway: Gateway, up: ScriptedUp
 
 
 def test_calibration_sees_no_difference_for_exact_counts(gateway: Gateway, up: ScriptedUpstream) -> None:
-    def figures() -> tuple[float, float]:
+    def figures() -> list[float]:
+        """How many diffs were < 0, <= 0, and in all (the histogram has no _sum: its buckets go negative)."""
         status, text = gateway.get("/metrics")
         assert status == 200
-        got = [re.search(rf'^ctxgate_calibration_diff_tokens_{k}\{{model="gpt-4o"\}} ([0-9.e+-]+)$', text, re.M)
-               for k in ("count", "sum")]
-        return (float(got[0].group(1)), float(got[1].group(1))) if got[0] and got[1] else (0.0, 0.0)
+        names = ('bucket{le="-1.0",model="gpt-4o"}', 'bucket{le="0.0",model="gpt-4o"}', 'count{model="gpt-4o"}')
+        got = [re.search(rf"^ctxgate_calibration_diff_tokens_{re.escape(n)} ([0-9.e+]+)$", text, re.M) for n in names]
+        return [float(g.group(1)) if g else 0.0 for g in got]
 
-    count, total = figures()
+    below, at_most, count = figures()
     _tokens_in(gateway, "gpt-4o", MESSAGES)  # upstream prompt_tokens - ours == 0
-    assert figures() == (count + 1, total)
+    assert figures() == [below, at_most + 1, count + 1]
 
 
 # -- TokenCounter as a unit -------------------------------------------------------------

@@ -1,7 +1,7 @@
 """A scripted upstream: a real aiohttp server speaking the OpenAI API, for the tests.
 
 It runs in a background thread of the test process (`ScriptedUpstream().start()`), or on
-its own (`python tests/upstream.py --port 8999`). What it does is chosen by the model name
+its own (`python tests/upstream.py 8999`). What it does is chosen by the model name
 it receives:
 
 - any name: a deterministic `chat.completion` ("ok"), honouring `stream` (with a usage
@@ -9,14 +9,12 @@ it receives:
   `usage.prompt_tokens` is OpenAI's published formula over o200k_base (`prompt_tokens`);
 - a name containing `tools`: a tool call to the first tool of the request;
 - `error-<status>`: that HTTP status with an OpenAI error object;
-- a name containing `overflow`, or a prompt over the instance's `limit`: 400
-  `context_length_exceeded` in OpenAI's words;
+- `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
 - a name containing `summarizer`: a fixed six-field summary.
 
-Every request lands in `.log` (raw bytes, parsed body, headers, prompt tokens, the bytes
-answered, and whether the handler saw the client go away); `GET /_log` and `POST /_reset`
-expose the same over HTTP.
+Every request lands in `.log` (raw bytes, body, headers, prompt tokens, the bytes answered,
+whether the handler saw its client go away), also at `GET /_log`; `POST /_reset` clears it.
 """
 from __future__ import annotations
 
@@ -124,7 +122,7 @@ class ScriptedUpstream:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/_log", self._log)
-        app.router.add_post("/_reset", self._reset)
+        app.router.add_post("/_reset", self._log)
         return app
 
     async def _serve(self) -> None:
@@ -152,16 +150,13 @@ class ScriptedUpstream:
 
     # -- handlers ----------------------------------------------------------------------
     async def _log(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            self.reset()
         return web.json_response([e.to_json() for e in self.log])
 
-    async def _reset(self, request: web.Request) -> web.Response:
-        self.reset()
-        return web.json_response({"status": "reset"})
-
     async def _models(self, request: web.Request) -> web.Response:
-        names = ["gpt-4o", "gpt-4o-tools", "summarizer", "overflow", "slow", "error-429", "error-500"]
-        return web.json_response({"object": "list", "data": [
-            {"id": n, "object": "model", "created": CREATED, "owned_by": "scripted"} for n in names]})
+        return web.json_response({"object": "list", "data": [{"id": n, "object": "model", "created": CREATED,
+                                  "owned_by": "scripted"} for n in ("gpt-4o", "summarizer", "overflow", "slow")]})
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         raw = await request.read()
@@ -292,18 +287,12 @@ class ScriptedUpstream:
 
 
 def _vector(text: str, dims: int = 8) -> list[float]:
-    digest = hashlib.sha256(text.encode()).digest()
-    return [round(b / 255.0 - 0.5, 6) for b in digest[:dims]]
+    return [round(b / 255.0 - 0.5, 6) for b in hashlib.sha256(text.encode()).digest()[:dims]]
 
 
-if __name__ == "__main__":
-    import argparse
+if __name__ == "__main__":  # python tests/upstream.py [port] [limit]
+    import sys
 
-    p = argparse.ArgumentParser(description="the scripted OpenAI-compatible upstream of the tests")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8999)
-    p.add_argument("--limit", type=int, default=0)
-    p.add_argument("--slow-s", type=float, default=3.0)
-    a = p.parse_args()
-    web.run_app(ScriptedUpstream(a.limit, a.slow_s, a.host, a.port).app(), host=a.host, port=a.port,
-                handler_cancellation=True)
+    port = int(sys.argv[1]) if len(sys.argv) > 1 else 8999
+    limit = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    web.run_app(ScriptedUpstream(limit, port=port).app(), host="127.0.0.1", port=port, handler_cancellation=True)

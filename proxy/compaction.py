@@ -153,7 +153,9 @@ class Compactor:
         view, fresh_from = _apply_records(state, turn)
         if fresh_from:
             view = _arrival_compact(view, fresh_from, turn, budget)
-        return view, turn.counter.count_messages(view) + tools_tokens
+        # Counting by fingerprint hits the counter's cache: a turn costs O(new messages).
+        fps = turn.fingerprints if view is turn.messages else fingerprints_of(view)
+        return view, turn.counter.count_messages(view, fps) + tools_tokens
 
     def _adopt_speculative(self, state: SessionState, turn: Turn) -> bool:
         """Promote the background compaction to a record if it still matches the client's history."""

@@ -126,23 +126,23 @@ def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Messag
     out: list[Message] = [copy.deepcopy(system)]
     total = counter.count_messages(out)
     i = 0
-    while total < target_tokens:
+    while target_tokens - total > 16 and i < 10 * len(runs):
         for unit in _body_units(runs[i % len(runs)]):
+            room = target_tokens - total
+            if room <= 16:
+                break
             cost = sum(counter.count_structured(m) for m in unit)
-            if total + cost <= target_tokens:
+            if cost <= room:
                 out.extend(copy.deepcopy(unit))
                 total += cost
-                continue
-            # The unit would overshoot: cut a single text message to fit, else stop here.
-            room = target_tokens - total
-            if len(unit) == 1 and unit[0].get("role") in ("user", "tool") and isinstance(unit[0].get("content"), str) \
-                    and not unit[0].get("tool_calls") and room > 8:
+            elif len(unit) == 1 and unit[0].get("role") in ("user", "tool") and isinstance(unit[0].get("content"), str):
+                # The unit would overshoot: a single text message is cut to fit exactly.
                 m = copy.deepcopy(unit[0])
                 m["content"] = counter.head(m["content"], max(1, room - 6))
                 out.append(m)
                 total = counter.count_messages(out)
-            total = max(total, target_tokens)  # done either way
-            break
+                break
+            # else: skip a tool-call unit that does not fit, and try the next one
         i += 1
     while out and out[-1].get("role") == "assistant":
         out.pop()
@@ -201,12 +201,66 @@ def command_line() -> str:
     return " ".join([".venv/bin/python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
 
 
+def load_avg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+START_LOAD = load_avg()
+
+
+def wait_for_quiet(threshold: float = 0.7, max_wait_s: float = 600.0) -> None:
+    """Other work on the machine (a test suite, say) skews every figure: wait, up to
+    `max_wait_s`, for the 1-minute load average to fall below `threshold`."""
+    global START_LOAD
+    import time
+
+    deadline = time.monotonic() + max_wait_s
+    last = 0.0
+    while True:
+        try:
+            one = float(Path("/proc/loadavg").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if one < threshold:
+            break
+        if time.monotonic() > deadline:
+            progress(f"machine still busy (load {one:.2f}) after {max_wait_s:.0f}s; measuring anyway")
+            break
+        if time.monotonic() - last > 30:
+            progress(f"waiting for the machine to be quiet (1-min load {one:.2f} >= {threshold})")
+            last = time.monotonic()
+        time.sleep(5)
+    START_LOAD = load_avg()
+
+
+def git_state() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "proxy", "pipeline"],
+                               cwd=ROOT, capture_output=True, text=True, check=False).stdout.split("\n")
+    except OSError:
+        return "unknown"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return f"{head or '?'}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
+CODE_AT_START = git_state()
+
+
 def section_header(title: str) -> str:
     now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     return (f"## {title}\n\n"
             f"- command: `{command_line()}` (from the repository root)\n"
             f"- date: {now}\n"
-            f"- machine: {machine_info()}\n")
+            f"- machine: {machine_info()}\n"
+            f"- code: ctxgate at git {CODE_AT_START}"
+            + ("" if git_state() == CODE_AT_START else f" (at the end of the run: {git_state()})") + "\n"
+            f"- load average (1/5/15 min) at start: {START_LOAD}; at end: {load_avg()} (other processes on the "
+            f"machine inflate wall-clock figures)\n")
 
 
 def write_section(key: str, markdown: str) -> None:

@@ -1,0 +1,170 @@
+"""The cost of each compression level on a 200K-token history, called directly.
+
+The history is built from the recorded trajectories (bench/common.py:
+build_conversation: OpenHands, SWE-agent and tau-bench runs interleaved, 200,000 tokens by
+o200k_base). Every strategy gets the whole history and the budget a 200K-token window
+compacts to: 200,000 × safety 0.95 × target 0.50 = 95,000 tokens (effective budget
+190,000). Autocompact's summarize is a scripted coroutine that returns a fixed six-field
+summary at once, so its figure is ctxgate's own work without the LLM call. The chain is
+build_pipeline(PipelineConfig(), ...).compact(), as proxy/compaction.py runs it.
+
+    .venv/bin/python bench/levels.py [--runs 20]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from ctxgate.pipeline.autocompact import AutocompactBreaker, AutocompactStrategy  # noqa: E402
+from ctxgate.pipeline.chain import build_pipeline  # noqa: E402
+from ctxgate.pipeline.collapse import CollapseStore, CollapseStrategy  # noqa: E402
+from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
+from ctxgate.pipeline.microcompact import MicrocompactStrategy  # noqa: E402
+from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
+from ctxgate.pipeline.snip import SnipStrategy  # noqa: E402
+from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter  # noqa: E402
+from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
+
+WINDOW = 200_000
+SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
+           "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
+           "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
+
+
+async def instant_summary(_prompt: list[dict[str, Any]]) -> str:
+    return SUMMARY
+
+
+class CountingEncoder:
+    """tiktoken, counting how many tokens it encoded: how many passes over the history a level makes."""
+
+    def __init__(self) -> None:
+        self._enc = TiktokenEncoder("o200k_base")
+        self.tokens = 0
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._enc.encode(text)
+        self.tokens += len(ids)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="cost of each compression level on a 200K-token history")
+    p.add_argument("--runs", type=int, default=20)
+    args = p.parse_args()
+    runs = args.runs
+
+    common.wait_for_quiet()
+    counter = common.gpt4o_counter()
+    common.progress("levels: building a 200K-token history from trajectories")
+    history = common.build_conversation(WINDOW, counter)
+    cfg = PipelineConfig()
+    effective = cfg.effective_budget(WINDOW)
+    budget = int(effective * cfg.target_ratio)
+    size = counter.count_messages(history)
+    common.progress(f"levels: {len(history)} messages, {size:,} tokens, budget {budget:,}, {runs} runs each")
+    loop = asyncio.new_event_loop()
+
+    def request(c: TokenCounter = counter) -> CompressionRequest:
+        return CompressionRequest(history, budget, c)
+
+    primed_store = CollapseStore(cfg.collapse)
+    loop.run_until_complete(CollapseStrategy(cfg.collapse, primed_store, cfg.restore, cfg.pin_first_user)
+                            .compress(request()))
+
+    def chain(c: TokenCounter):
+        pipe = build_pipeline(cfg, summarize=instant_summary, working_state=extract_working_state(history, cfg.restore),
+                              effective_budget=effective)
+        return pipe.compact(CompressionRequest(history, budget, c))
+
+    # name, spec figure, factory of the coroutine to time (given a counter), setup note
+    cases: list[tuple[str, str, Callable[[TokenCounter], Any]]] = [
+        ("Snip", "~0 ms",
+         lambda c: SnipStrategy(cfg.snip, cfg.pin_first_user).compress(request(c))),
+        ("Microcompact", "~1 ms",
+         lambda c: MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, effective).compress(request(c))),
+        ("Collapse (first fold, empty store)", "~5 ms",
+         lambda c: CollapseStrategy(cfg.collapse, CollapseStore(cfg.collapse), cfg.restore,
+                                    cfg.pin_first_user).compress(request(c))),
+        ("Collapse (re-projection, store holds the folds)", "~5 ms",
+         lambda c: CollapseStrategy(cfg.collapse, primed_store, cfg.restore, cfg.pin_first_user).compress(request(c))),
+        ("Autocompact (instant scripted summary)", "LLM call",
+         lambda c: AutocompactStrategy(cfg.autocompact, instant_summary, AutocompactBreaker(),
+                                       cfg.pin_first_user).compress(request(c))),
+        ("Whole chain: extract_working_state + build_pipeline + compact()", "—",
+         chain),
+    ]
+
+    rows = []
+    for name, spec, make in cases:
+        # One untimed run with a counting tokenizer: what it did, and how much it encoded.
+        probe = CountingEncoder()
+        probe_counter = TokenCounter("tiktoken:o200k_base(counting)", probe)
+        result = loop.run_until_complete(make(probe_counter))
+        times, cpu = [], []
+        for _ in range(runs):
+            coro = make(counter)
+            t0, c0 = time.perf_counter(), time.process_time()
+            loop.run_until_complete(coro)
+            times.append((time.perf_counter() - t0) * 1000)
+            cpu.append((time.process_time() - c0) * 1000)
+        med, p95, lo = common.median(times), common.pct(times, 0.95), min(times)
+        if result is None:
+            did = "nothing to do (returned None)"
+        else:
+            lv = ",".join(s.level.value for s in result.steps) or "none"
+            affected = sum(s.messages_affected for s in result.steps)
+            did = (f"{lv}: {affected} messages affected, {size:,} → {result.tokens_after:,} tokens, "
+                   f"fits={result.fits}")
+        rows.append([name, f"{med:.1f}", f"{p95:.1f}", f"{lo:.1f}", f"{common.median(cpu):.1f}", spec, f"{probe.tokens / size:.1f}×", did])
+        common.progress(f"  {name}: median {med:.1f} ms (p95 {p95:.1f}, min {lo:.1f}); "
+                        f"encoded {probe.tokens / size:.1f}× the history; {did}")
+    loop.close()
+
+    # The unit costs these figures are made of.
+    unit = []
+    for label, fn in [
+        ("counter.count_messages(history) — one tokenizer pass, no cache", lambda: counter.count_messages(history)),
+        ("extract_working_state(history, RestoreConfig())", lambda: extract_working_state(history, cfg.restore)),
+    ]:
+        ts, cs = [], []
+        for _ in range(runs):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1000)
+            cs.append((time.process_time() - c0) * 1000)
+        unit.append([label, f"{common.median(ts):.1f}", f"{min(ts):.1f}", f"{common.median(cs):.1f}"])
+
+    text = [common.section_header("Levels: cost of each compression level on a 200K-token history"), ""]
+    text.append(
+        f"History: {len(history)} messages, {size:,} tokens (o200k_base), built from the trajectories "
+        f"(OpenHands, SWE-agent and tau-bench runs interleaved; `bench/common.py: build_conversation`). Every "
+        f"strategy is called directly on the whole history, e.g. `SnipStrategy(config.snip).compress("
+        f"CompressionRequest(messages, {budget:,}, counter))`, with the budget a 200K window compacts to "
+        f"(200,000 × 0.95 × 0.50; effective budget {effective:,} for Microcompact's thresholds and the restore "
+        f"budget). Autocompact's summarize returns a fixed six-field summary at once (no LLM). Median, p95 and "
+        f"min of {runs} runs, in ms (wall clock), on one event loop, and the median CPU time of the process (less "
+        f"sensitive to other load on the machine). *Encoded* is how many tokens the tokenizer encoded in "
+        f"one run, as a multiple of the history's size (from an untimed run with a counting tokenizer): "
+        f"the counter's fingerprint cache is not used inside the pipeline, so each pass over the history is a "
+        f"full tiktoken pass.\n")
+    text.append(common.table(["level", "median ms", "p95 ms", "min ms", "CPU median ms", "spec", "encoded",
+                              "what it did"], rows, "lrrrrrrl") + "\n")
+    text.append("Unit costs on the same history (median of the same number of runs):\n")
+    text.append(common.table(["call", "median ms", "min ms", "CPU median ms"], unit) + "\n")
+    common.write_section("levels", "\n".join(text))
+    common.progress(f"levels: wrote {common.RESULTS.relative_to(common.ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,589 @@
+"""Recoverability: what a continuing agent still finds in the compressed request.
+
+Every trajectory (bench/common.py: request_ready — the request its agent would send for
+its next step) is compressed to 50% and 25% of its own token size by:
+
+- ctxgate: build_pipeline(PipelineConfig(), summarize=scripted_summary,
+  working_state=extract_working_state(messages, config.restore),
+  effective_budget=budget / target_ratio) then .compact(CompressionRequest(messages, budget,
+  counter)) — the chain as proxy/compaction.py runs it: the proxy compacts to
+  target_ratio (0.50) of the effective budget, so a budget B means an effective budget 2B
+  (Microcompact's per-output cap of 5% and the restore allowance of 10% are shares of it;
+  restore blocks are carved out of B).
+- ctxgate, no summarizer: the same with summarize=None (Autocompact cannot run), to show
+  how much the scores owe to the stand-in summary.
+- litellm.utils.trim_messages(messages, model="gpt-4o", max_tokens=budget)
+- langchain_core.messages.trim_messages(convert_to_messages(messages), max_tokens=budget,
+  token_counter=<the same o200k counter>, strategy="last", include_system=True,
+  start_on=...), back through convert_to_openai_messages. start_on="human", except for
+  tool-calling coding agents (OpenHands, function-calling SWE-agent), whose only user
+  messages are the task and a few nudges: there start_on=("human", "ai"), else the window
+  would begin at the last nudge or keep nothing.
+- drop-oldest: keep the leading system message, drop the oldest other messages one by
+  one until the request fits.
+
+THE SUMMARY IS SCRIPTED, NOT AN LLM. `scripted_summary` is a deterministic function of the
+prompt Autocompact sends (the serialised span): it writes the six fields from what it can
+parse — 1. the first user message's first 300 characters, 2. the number of messages and
+the tools called, 3. the last assistant remark (200 chars), 4. the last line mentioning an
+error, 5. every file path it sees (newest first), 6. the tool names. A real model would
+write a better prose summary and might list fewer paths; treat the ctxgate figures as
+"the chain with a competent summariser", and the no-summarizer row as its floor.
+
+Scores (per trajectory and budget; a score is left out of a mean when it does not apply):
+- task: the first user message's text is in some output message, or ≥ 90% of its first
+  500 characters (20 pieces of 25, whitespace collapsed) are in one output message;
+- files: share of the files the agent touched (paths in tool-call arguments, in SWE-agent
+  command blocks, and in `[File: …]` / `(Open file: …)` observation headers) that appear
+  anywhere in the output; n/a when the run touched no file;
+- last error: the key line (last line containing "Error", "Traceback" or "error:") of the
+  last tool/observation text with one is present; n/a when there is none;
+- latest: share of the last 3 input messages present unchanged in the output;
+- valid: tool calls and results paired (ctxgate.pipeline.turns.is_valid_sequence) and the
+  leading system message kept unchanged;
+- within budget: count_messages(output) ≤ budget (o200k_base, OpenAI's message formula).
+
+Cases where the system prompt + task alone exceed the budget cannot be met by any method;
+they are reported separately.
+
+    .venv/bin/python bench/recoverability.py
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
+
+from ctxgate.pipeline.chain import build_pipeline  # noqa: E402
+from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
+from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
+from ctxgate.pipeline.turns import first_user_index, is_valid_sequence, split_units  # noqa: E402
+from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
+
+Message = dict[str, Any]
+RATIOS = (0.50, 0.25)
+TIGHT_SUMMARY = 100
+_EXT = ("py|pyi|pyx|js|mjs|ts|tsx|jsx|json|yaml|yml|toml|cfg|ini|txt|md|rst|c|h|cc|cpp|hpp|go|rs|java|rb|php|sh|"
+        "html|css|sql|xml|csv|lock|patch|diff|ipynb|conf|env")
+PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:" + _EXT + r"))(?![\w/\-])")
+_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
+_HEADER_RE = re.compile(r"\[File: ([^\s\]]+)|\(Open file: ([^)\n]+)\)")
+_ERROR_MARKERS = ("Error", "Traceback", "error:")
+
+
+# ---------------------------------------------------------------------------------------
+# Text helpers
+
+
+def text_of(m: Message) -> str:
+    content = m.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    parts = [content if isinstance(content, str) else ""]
+    for tc in m.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    return "\n".join(parts)
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _canon_args(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            return json.dumps(json.loads(args), sort_keys=True)
+        except (ValueError, TypeError):
+            return args
+    return json.dumps(args, sort_keys=True)
+
+
+def norm(m: Message) -> tuple:
+    """A message as a provider sees it, so equal messages compare equal across libraries."""
+    content = m.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    calls = tuple(sorted((tc.get("id"), (tc.get("function") or {}).get("name"),
+                          _canon_args((tc.get("function") or {}).get("arguments")))
+                         for tc in m.get("tool_calls") or []))
+    return (m.get("role"), content or "", calls, m.get("tool_call_id"))
+
+
+# ---------------------------------------------------------------------------------------
+# What a continuing agent needs, taken from the original request
+
+
+def is_text_mode(messages: list[Message]) -> bool:
+    return not any(m.get("role") == "tool" for m in messages)
+
+
+def touched_files(messages: list[Message]) -> list[str]:
+    """Paths in tool-call arguments, in SWE-agent command blocks (text mode), and in the
+    `[File: X` / `(Open file: X)` headers of observations."""
+    found: dict[str, None] = {}
+
+    def add_from(text: str) -> None:
+        for p in PATH_RE.findall(text):
+            if p not in ("/dev/null",):
+                found.setdefault(p, None)
+
+    text_mode = is_text_mode(messages)
+    for m in messages:
+        for tc in m.get("tool_calls") or []:
+            raw = (tc.get("function") or {}).get("arguments") or ""
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                args = None
+            if isinstance(args, dict):
+                for k, v in args.items():
+                    if isinstance(v, str) and (k in _PATH_KEYS or k in ("command", "cmd", "code")):
+                        if k in _PATH_KEYS and v.strip():
+                            found.setdefault(v.strip(), None)
+                        else:
+                            add_from(v)
+            else:
+                add_from(str(raw))
+        if text_mode and m.get("role") == "assistant":
+            blocks = re.findall(r"```[^\n]*\n(.*?)```", text_of(m), re.S)
+            if blocks:
+                add_from(blocks[-1])
+    for m in observations(messages):
+        if True:
+            for a, b in _HEADER_RE.findall(text_of(m)):
+                path = (a or b).strip()
+                if path and path != "n/a" and "." in path.rsplit("/", 1)[-1]:
+                    found.setdefault(path, None)
+    return list(found)
+
+
+def observations(messages: list[Message]) -> list[Message]:
+    """Tool results; for text-mode agents (observations in user turns) the user turns after the task."""
+    if not is_text_mode(messages):
+        return [m for m in messages if m.get("role") == "tool"]
+    first = first_user_index(messages)
+    return [m for i, m in enumerate(messages) if m.get("role") == "user" and i != first]
+
+
+_LISTING_RE = re.compile(r"^\s*\d+(?::|\t|\s{2,})")
+"""A numbered line of a file view (`317:    raise ValueError(`, `cat -n` output): code, not an error."""
+
+
+def _error_lines(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines()
+            if any(k in ln for k in _ERROR_MARKERS) and not _LISTING_RE.match(ln)]
+
+
+def last_error_line(messages: list[Message]) -> str | None:
+    """The key line of the last observation that reports an error: its last line with a
+    marker, numbered file-view lines excluded (a view of code that says `ValueError` is
+    not an error); a marker line under 12 characters ("Error:") gets the next line too."""
+    for m in reversed(observations(messages)):
+        text = text_of(m)
+        found = _error_lines(text)
+        if not found:
+            continue
+        key = found[-1]
+        if len(key) < 12:
+            lines = [ln.strip() for ln in text.splitlines()]
+            at = max(i for i, ln in enumerate(lines) if ln == key)
+            nxt = next((ln for ln in lines[at + 1:] if ln), "")
+            key = (key + "\n" + nxt) if nxt else key
+        return key[:300]
+    return None
+
+
+@dataclass
+class Needs:
+    task: str
+    files: list[str]
+    error: str | None
+    latest: list[tuple]
+    system: tuple | None
+    issue: str | None = None
+    """When the first user message is a SWE-agent demonstration, the issue statement after it."""
+
+
+def needs_of(messages: list[Message]) -> Needs:
+    fu = first_user_index(messages)
+    system = norm(messages[0]) if messages and messages[0].get("role") in ("system", "developer") else None
+    issue = None
+    if fu is not None and text_of(messages[fu]).startswith("Here is a demonstration"):
+        issue = next((text_of(m) for m in messages[fu + 1:] if m.get("role") == "user"), None)
+    return Needs(task=text_of(messages[fu]) if fu is not None else "", files=touched_files(messages),
+                 error=last_error_line(messages), latest=[norm(m) for m in messages[-3:]], system=system,
+                 issue=issue)
+
+
+# ---------------------------------------------------------------------------------------
+# Scoring
+
+
+def task_present(task: str, out: list[Message]) -> bool:
+    if not task.strip():
+        return True
+    texts = [text_of(m) for m in out]
+    if any(task in t for t in texts):
+        return True
+    head = squash(task)[:500]
+    pieces = [head[i:i + 25] for i in range(0, len(head), 25) if len(head[i:i + 25]) >= 5]
+    for t in texts:
+        flat = squash(t)
+        if pieces and sum(p in flat for p in pieces) / len(pieces) >= 0.9:
+            return True
+    return False
+
+
+@dataclass
+class Score:
+    task: float
+    files: float | None
+    error: float | None
+    latest: float
+    valid: float
+    within: float
+    tokens: int
+    note: str = ""
+    pairs: bool = True
+    system_kept: bool = True
+    issue: float | None = None
+    """Not in the means: the issue statement after a demonstration (see Needs.issue)."""
+
+    def values(self) -> list[float]:
+        return [v for v in (self.task, self.files, self.error, self.latest, self.valid, self.within) if v is not None]
+
+    @property
+    def mean(self) -> float:
+        vals = self.values()
+        return sum(vals) / len(vals)
+
+
+def score(needs: Needs, out: list[Message], budget: int, counter) -> Score:
+    blob = "\n\x00\n".join(text_of(m) for m in out)
+    outs = {norm(m) for m in out}
+    files = (sum(p in blob for p in needs.files) / len(needs.files)) if needs.files else None
+    error = (1.0 if needs.error in blob else 0.0) if needs.error else None
+    latest = sum(n in outs for n in needs.latest) / len(needs.latest)
+    system_kept = needs.system is None or (bool(out) and norm(out[0]) == needs.system)
+    pairs = is_valid_sequence(out)
+    valid = 1.0 if (pairs and system_kept) else 0.0
+    tokens = counter.count_messages(out)
+    issue = None if needs.issue is None else (1.0 if task_present(needs.issue, out) else 0.0)
+    return Score(task=1.0 if task_present(needs.task, out) else 0.0, files=files, error=error, latest=latest,
+                 valid=valid, within=1.0 if tokens <= budget else 0.0, tokens=tokens, issue=issue,
+                 pairs=pairs, system_kept=system_kept)
+
+
+# ---------------------------------------------------------------------------------------
+# The stand-in summariser
+
+
+def scripted_summary_text(prompt: list[Message]) -> str:
+    """Deterministic six-field summary of the span Autocompact sends (see the module doc)."""
+    text = prompt[-1].get("content") or ""
+    text = text.split("Conversation history:", 1)[-1]
+    blocks = re.split(r"\n\n(?=\[(?:system|developer|user|assistant|tool)\] )", text.strip())
+    first_user = next((b[len("[user] "):] for b in blocks if b.startswith("[user] ")), "")
+    last_assistant = next((b[len("[assistant] "):] for b in reversed(blocks)
+                           if b.startswith("[assistant] ") and b[len("[assistant] "):].strip()), "")
+    tools = collections.Counter(re.findall(r"\[called ([\w.\-]+)\(", text))
+    paths = list(dict.fromkeys(reversed(PATH_RE.findall(text))))[:25]
+    error = ""
+    for line in reversed(text.splitlines()):
+        if any(k in line for k in _ERROR_MARKERS):
+            error = line.strip()[:200]
+            break
+    tool_list = ", ".join(f"{n} ×{c}" for n, c in tools.most_common()) or "none"
+    return "\n".join([
+        f"1. Goal: {squash(first_user)[:300] or 'not stated in this span'}",
+        f"2. Completed steps: {len(blocks)} messages summarised; tools called: {tool_list}",
+        f"3. Key decisions: last assistant remark: {squash(last_assistant)[:200] or 'none'}",
+        f"4. Unresolved problems: {error or 'no error seen'}",
+        f"5. Files: {', '.join(paths) or 'none seen'}",
+        f"6. Skill/tool context: {', '.join(tools) or 'none'}",
+    ])
+
+
+async def scripted_summary(prompt: list[Message]) -> str:
+    return scripted_summary_text(prompt)
+
+
+# ---------------------------------------------------------------------------------------
+# Methods
+
+
+def make_methods(counter) -> dict[str, Callable[[str, list[Message], int], list[Message]]]:
+    import litellm
+    from langchain_core.messages import convert_to_messages, convert_to_openai_messages, trim_messages
+
+    litellm.suppress_debug_info = True
+    logging.getLogger("LiteLLM").setLevel(logging.ERROR)
+    loop = asyncio.new_event_loop()
+    cfg = PipelineConfig()
+    diagnostics: dict[str, Any] = {}
+
+    def ctxgate(summarize):
+        def run(source: str, messages: list[Message], budget: int) -> list[Message]:
+            # As the proxy runs it: the target is target_ratio (0.5) of the effective budget.
+            effective = int(budget / cfg.target_ratio)
+            pipe = build_pipeline(cfg, summarize=summarize, working_state=extract_working_state(messages, cfg.restore),
+                                  effective_budget=effective)
+            result = loop.run_until_complete(pipe.compact(CompressionRequest(messages, budget, counter)))
+            diagnostics["last"] = result
+            return result.compressed_messages
+        return run
+
+    def litellm_trim(source: str, messages: list[Message], budget: int) -> list[Message]:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return litellm.utils.trim_messages(messages, model="gpt-4o", max_tokens=budget)
+
+    def lc_counter(msgs) -> int:
+        return counter.count_messages(convert_to_openai_messages(list(msgs)))
+
+    def langchain(source: str, messages: list[Message], budget: int) -> list[Message]:
+        start_on: Any = "human"
+        if source == "swe-gym-openhands" or (source == "swe-agent" and not is_text_mode(messages)):
+            start_on = ("human", "ai")
+        kept = trim_messages(convert_to_messages(messages), max_tokens=budget, token_counter=lc_counter,
+                             strategy="last", include_system=True, start_on=start_on, allow_partial=False)
+        return convert_to_openai_messages(kept)
+
+    def drop_oldest(source: str, messages: list[Message], budget: int) -> list[Message]:
+        head = 1 if messages and messages[0].get("role") in ("system", "developer") else 0
+        out = list(messages)
+        while counter.count_messages(out) > budget and len(out) > head:
+            out.pop(head)
+        return out
+
+    methods = {
+        "ctxgate": ctxgate(scripted_summary),
+        "ctxgate, no summarizer": ctxgate(None),
+        "litellm trim_messages": litellm_trim,
+        "langchain trim_messages": langchain,
+        "drop-oldest": drop_oldest,
+    }
+    methods["_diagnostics"] = diagnostics  # type: ignore[assignment]
+    return methods
+
+
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    name: str
+    source: str
+    ratio: float
+    budget: int
+    size: int
+    floor: int
+    core: int = 0
+    """system + task + the last unit (the turn in progress, which ctxgate never cuts)."""
+    scores: dict[str, Score] = field(default_factory=dict)
+    ctxgate_levels: str = ""
+    ctxgate_fits: bool = True
+    ctxgate_hints: list[str] = field(default_factory=list)
+
+    @property
+    def feasible(self) -> bool:
+        return self.floor <= self.budget
+
+    @property
+    def tight(self) -> bool:
+        """Feasible, but system + task + the last unit + Autocompact's smallest summary
+        allowance (100 tokens) are over the budget: only dropping or cutting the turn in
+        progress can fit it."""
+        return self.feasible and self.core + TIGHT_SUMMARY > self.budget
+
+
+def fmt_mean(vals: list[float]) -> str:
+    return f"{sum(vals) / len(vals):.3f}" if vals else "n/a"
+
+
+def method_table(cases: list[Case], methods: list[str]) -> str:
+    rows = []
+    for meth in methods:
+        sc = [c.scores[meth] for c in cases]
+        files = [s.files for s in sc if s.files is not None]
+        errors = [s.error for s in sc if s.error is not None]
+        allok = [1.0 if all(v == 1.0 for v in s.values()) else 0.0 for s in sc]
+        usage = [s.tokens / c.budget for s, c in zip(sc, cases)]
+        rows.append([meth, fmt_mean([s.task for s in sc]), f"{fmt_mean(files)} (n={len(files)})",
+                     f"{fmt_mean(errors)} (n={len(errors)})", fmt_mean([s.latest for s in sc]),
+                     f"{100 * sum(s.valid for s in sc) / len(sc):.1f}% ({100 * sum(s.pairs for s in sc) / len(sc):.0f}%"
+                     f" / {100 * sum(s.system_kept for s in sc) / len(sc):.0f}%)",
+                     f"{100 * sum(s.within for s in sc) / len(sc):.1f}%", f"{100 * sum(allok) / len(allok):.1f}%",
+                     f"{sum(usage) / len(usage):.2f}"])
+    return common.table(["method", "task", "files touched", "last error", "latest 3",
+                         "valid request (pairs / system kept)", "within budget", "all scores 1", "tokens / budget"], rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="recoverability of compressed requests, ctxgate vs baselines")
+    p.add_argument("--limit", type=int, default=None, help="only the first N trajectories (for a quick look)")
+    args = p.parse_args()
+
+    counter = common.gpt4o_counter()
+    trajectories = common.named_trajectories()[: args.limit]
+    methods = make_methods(counter)
+    diagnostics = methods.pop("_diagnostics")
+    names = list(methods)
+    cases: list[Case] = []
+    errors: list[str] = []
+    timing = collections.defaultdict(float)
+    started = time.perf_counter()
+    common.progress(f"recoverability: {len(trajectories)} trajectories × {len(RATIOS)} budgets × {len(names)} methods")
+    for k, (name, traj, messages) in enumerate(trajectories):
+        needs = needs_of(messages)
+        size = counter.count_messages(messages)
+        fu = first_user_index(messages)
+        floor_msgs = [m for i, m in enumerate(messages) if i == fu or (i == 0 and m.get("role") == "system")]
+        floor = counter.count_messages(floor_msgs)
+        last = split_units(messages)[-1]
+        core = counter.count_messages(floor_msgs + [m for i, m in enumerate(messages[last.start:last.end], last.start)
+                                                    if i != fu])
+        for ratio in RATIOS:
+            budget = int(size * ratio)
+            case = Case(name, traj.source, ratio, budget, size, floor, core)
+            for meth in names:
+                t0 = time.perf_counter()
+                try:
+                    out = methods[meth](traj.source, messages, budget)
+                    case.scores[meth] = score(needs, out, budget, counter)
+                except Exception as e:  # a method that fails sends nothing usable
+                    errors.append(f"{meth} on {name} @ {ratio:.0%}: {type(e).__name__}: {str(e)[:200]}")
+                    case.scores[meth] = Score(0.0, 0.0 if needs.files else None, 0.0 if needs.error else None,
+                                              0.0, 0.0, 0.0, 0, note=f"{type(e).__name__}")
+                timing[meth] += time.perf_counter() - t0
+                if meth == "ctxgate" and "last" in diagnostics:
+                    r = diagnostics.pop("last")
+                    case.ctxgate_levels = ",".join(dict.fromkeys(s.level.value for s in r.steps)) or "none"
+                    case.ctxgate_fits = r.fits
+                    case.ctxgate_hints = list(r.recovery_hints)
+                diagnostics.pop("last", None)
+            cases.append(case)
+        if (k + 1) % 25 == 0 or k + 1 == len(trajectories):
+            common.progress(f"  {k + 1}/{len(trajectories)} trajectories ({time.perf_counter() - started:.1f}s)")
+    write(cases, names, errors, timing, len(trajectories))
+
+
+def write(cases: list[Case], names: list[str], errors: list[str], timing: dict[str, float], n_traj: int) -> None:
+    out = [common.section_header("Recoverability: ctxgate vs trimming baselines on the recorded trajectories"), ""]
+    out.append(
+        f"{n_traj} trajectories (5 OpenHands, 22 SWE-agent, 200 tau-bench), each as the request its agent would "
+        "send next (`bench/common.py: request_ready`: SWE-agent tool results get back the `tool_call_id` the "
+        "loader drops, and the recorded final assistant message is not part of the input), compressed to 50% "
+        "and 25% of its own size (o200k_base). Methods, scores and the scripted summary are described in "
+        "`bench/recoverability.py`'s docstring; in short: **the Autocompact summary is written by a "
+        "deterministic script standing in for an LLM** (it quotes the first user message's first 300 characters, "
+        "counts the tools called, quotes the last assistant remark and the last error line, and lists every file "
+        "path it sees), and `ctxgate, no summarizer` is the same chain with no summary model at all. Budgets are "
+        "for the messages only (the OpenHands `tools` schema is not counted). Means over the cases where a score "
+        "applies (n = how many); *valid request* = tool calls/results paired and the leading system message "
+        "kept; *all scores 1* = every applicable score is 1; *tokens / budget* = mean of output tokens ÷ budget.\n")
+    for ratio in RATIOS:
+        feas = [c for c in cases if c.ratio == ratio and c.feasible]
+        infeas = [c for c in cases if c.ratio == ratio and not c.feasible]
+        out.append(f"### Budget {ratio:.0%} of the trajectory's size — {len(feas)} cases that can fit\n")
+        out.append(method_table(feas, names) + "\n")
+        tight = [c for c in feas if c.tight]
+        if tight:
+            loose = [c for c in feas if not c.tight]
+            by_src = collections.Counter(c.source for c in tight)
+            out.append(f"Of these, {len(tight)} are *tight* ({', '.join(f'{s}: {n}' for s, n in by_src.items())}): "
+                       f"system prompt + task + the last message(s) (the turn in progress, a tool call with its "
+                       f"results or the newest user message) + {TIGHT_SUMMARY} tokens for the smallest Autocompact "
+                       f"summary exceed the budget, so only a method that drops or cuts the turn in progress can "
+                       f"fit. The other {len(loose)}:\n")
+            out.append(method_table(loose, names) + "\n")
+        if infeas:
+            by_src = collections.Counter(c.source for c in infeas)
+            out.append(f"{len(infeas)} more cases at {ratio:.0%} have a system prompt + task larger than the "
+                       f"budget, so no method can fit them ({', '.join(f'{s}: {n}' for s, n in by_src.items())}); "
+                       f"their scores, for the record:\n")
+            out.append(method_table(infeas, names) + "\n")
+    # ctxgate by source
+    rows = []
+    for ratio in RATIOS:
+        for src in ("swe-gym-openhands", "swe-agent", "tau-bench"):
+            cs = [c for c in cases if c.ratio == ratio and c.feasible and c.source == src]
+            if not cs:
+                continue
+            sc = [c.scores["ctxgate"] for c in cs]
+            files = [s.files for s in sc if s.files is not None]
+            errs = [s.error for s in sc if s.error is not None]
+            levels = collections.Counter(c.ctxgate_levels for c in cs)
+            rows.append([f"{ratio:.0%}", src, f"{len(cs)} ({sum(c.tight for c in cs)})", fmt_mean([s.task for s in sc]), fmt_mean(files),
+                         fmt_mean(errs), fmt_mean([s.latest for s in sc]), fmt_mean([s.valid for s in sc]),
+                         fmt_mean([s.within for s in sc]),
+                         "; ".join(f"{lv}: {n}" for lv, n in levels.most_common(4))])
+    out.append("### ctxgate by source (feasible cases)\n")
+    out.append(common.table(["budget", "source", "cases (tight)", "task", "files", "last error", "latest 3", "valid",
+                             "within", "levels used (cases)"], rows, "llrrrrrrrl") + "\n")
+    not_fit = [c for c in cases if c.feasible and not c.ctxgate_fits]
+    if not_fit:
+        out.append(f"ctxgate's chain returned `fits=False` on {len(not_fit)} feasible case(s) (the proxy would "
+                   "answer `context_exhausted` instead of sending): "
+                   + "; ".join(f"{common.short_name(c.name, 50)} @ {c.ratio:.0%} ({c.scores['ctxgate'].tokens:,} "
+                               f"of {c.budget:,} tokens)" for c in not_fit[:12])
+                   + (" …" if len(not_fit) > 12 else "") + "\n")
+    demo = [c for c in cases if c.scores["ctxgate"].issue is not None]
+    if demo:
+        out.append(f"**Demonstrations.** In {len({c.name for c in demo})} SWE-agent runs the first user message is a "
+                   "demonstration of another task and the issue to solve is the next user message; the *task* score "
+                   "above follows the definition (first user message). Whether the issue statement itself (same "
+                   "test) is in the output: "
+                   + "; ".join(f"{m}: " + ", ".join(f"{common.short_name(c.name, 40)} @ {c.ratio:.0%} "
+                                                      f"{'yes' if c.scores[m].issue else 'no'}" for c in demo)
+                               for m in names) + ".\n")
+    # weakest
+    feas = [c for c in cases if c.feasible]
+    weakest = sorted(feas, key=lambda c: (c.scores["ctxgate"].mean, c.name))[:10]
+    weakest += sorted([c for c in feas if not c.tight and c not in weakest],
+                      key=lambda c: (c.scores["ctxgate"].mean, c.name))[:10]
+    rows = []
+    for c in weakest:
+        s = c.scores["ctxgate"]
+        show = lambda v: "n/a" if v is None else f"{v:.2f}"  # noqa: E731
+        rows.append([common.short_name(c.name, 58) + (" (tight)" if c.tight else ""), f"{c.ratio:.0%}",
+                     f"{c.budget:,}", show(s.task), show(s.files),
+                     show(s.error), show(s.latest), show(s.valid), show(s.within), f"{s.tokens:,}",
+                     c.ctxgate_levels, "; ".join(h for h in c.ctxgate_hints if "only the last" in h or "failed" in h
+                                                 or "off" in h)[:90] or "—"])
+    out.append("### Weakest cases for ctxgate (lowest mean of its applicable scores): the 10 weakest feasible "
+               "cases, then the 10 weakest that are not tight\n")
+    out.append(common.table(["trajectory", "budget", "tokens", "task", "files", "error", "latest", "valid", "within",
+                             "sent", "levels", "hints"], rows, "lrrrrrrrrrll") + "\n")
+    out.append("Time spent per method over the whole run: "
+               + ", ".join(f"{m} {t:.1f}s" for m, t in timing.items()) + ".\n")
+    if errors:
+        out.append(f"Exceptions ({len(errors)}), scored 0:\n\n" + "\n".join(f"- {e}" for e in errors[:20]) + "\n")
+    else:
+        out.append("No method raised an exception.\n")
+    common.write_section("recoverability", "\n".join(out))
+    common.progress(f"recoverability: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    for ratio in RATIOS:
+        feas = [c for c in cases if c.ratio == ratio and c.feasible]
+        for meth in names:
+            sc = [c.scores[meth] for c in feas]
+            common.progress(f"  {ratio:.0%} {meth:26s} mean score {sum(s.mean for s in sc) / len(sc):.3f}, "
+                            f"valid {100 * sum(s.valid for s in sc) / len(sc):.0f}%, "
+                            f"within {100 * sum(s.within for s in sc) / len(sc):.0f}%")
+
+
+if __name__ == "__main__":
+    main()

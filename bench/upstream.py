@@ -1,0 +1,74 @@
+"""A minimal scripted OpenAI-compatible upstream for the benchmarks.
+
+`POST /v1/chat/completions` (non-stream only) parses the JSON body and answers a fixed
+small `chat.completion` ("ok"). `usage.prompt_tokens` is an estimate, the body's bytes / 4:
+counting 200K tokens exactly would add ~60 ms of upstream time to every call and only
+widen the spread of the figures (ctxgate uses the value for its calibration metric only).
+
+    .venv/bin/python bench/upstream.py --port 8999
+
+It may be replaced by tests/upstream.py; it is kept small on purpose.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import orjson
+from aiohttp import web
+
+REPLY = "ok"
+
+
+async def chat(request: web.Request) -> web.Response:
+    raw = await request.read()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return web.json_response({"error": {"message": "invalid JSON", "type": "invalid_request_error",
+                                            "param": None, "code": None}}, status=400)
+    if body.get("stream"):
+        return web.json_response({"error": {"message": "bench upstream: stream not supported",
+                                            "type": "invalid_request_error", "param": "stream", "code": None}},
+                                 status=400)
+    prompt = max(1, len(raw) // 4)
+    reply = {
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
+        "model": body.get("model", "bench"), "system_fingerprint": "fp_bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY}, "logprobs": None,
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1},
+    }
+    return web.Response(body=orjson.dumps(reply), content_type="application/json")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def make_app() -> web.Application:
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/chat/completions", chat)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8999)
+    args = p.parse_args()
+    loop = None
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        pass
+    print(f"bench upstream on http://{args.host}:{args.port}/v1", flush=True)
+    web.run_app(make_app(), host=args.host, port=args.port, access_log=None, print=None, loop=loop)
+
+
+if __name__ == "__main__":
+    main()

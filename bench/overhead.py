@@ -26,6 +26,7 @@ import asyncio
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -405,6 +406,7 @@ async def main_async(args: argparse.Namespace):
     finally:
         for p in reversed(procs):
             p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return scenarios, targets, results, proxy_ok, proxy_why
 
 

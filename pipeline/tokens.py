@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol
 
 import orjson
 
+from .fingerprint import message_fingerprint
 from .types import Message
 
 log = logging.getLogger("ctxgate.tokens")
@@ -154,14 +155,17 @@ class TokenCounter:
         return out
 
     def count_structured(self, message: Message, fingerprint: str | None = None) -> int:
-        """One message: role markers, every string field, name, tool_calls JSON, content parts."""
-        if fingerprint is not None:
-            with self._lock:
-                cached = self._cache.get(fingerprint)
-                if cached is not None:
-                    self._cache.move_to_end(fingerprint)
-                    self.hits += 1
-                    return cached
+        """One message: role markers, every string field, name, tool_calls JSON, content parts.
+        Cached by fingerprint (computed when not given: hashing is ~100x cheaper than
+        tokenizing), so strategies that recount a history pay only for what changed."""
+        if fingerprint is None:
+            fingerprint = message_fingerprint(message)
+        with self._lock:
+            cached = self._cache.get(fingerprint)
+            if cached is not None:
+                self._cache.move_to_end(fingerprint)
+                self.hits += 1
+                return cached
         n = TOKENS_PER_MESSAGE
         for key, value in message.items():
             if isinstance(value, str):
@@ -172,12 +176,11 @@ class TokenCounter:
                 n += sum(self._count_tool_call(call) for call in value)
         if "name" in message:
             n += TOKENS_PER_NAME
-        if fingerprint is not None:
-            with self._lock:
-                self.misses += 1
-                self._cache[fingerprint] = n
-                if len(self._cache) > _CACHE_SIZE:
-                    self._cache.popitem(last=False)
+        with self._lock:
+            self.misses += 1
+            self._cache[fingerprint] = n
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
         return n
 
     def _count_part(self, part: Any) -> int:

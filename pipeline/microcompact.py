@@ -63,6 +63,8 @@ class MicrocompactStrategy:
 
     def truncate(self, text: str, threshold: int, counter: TokenCounter) -> str | None:
         """`text` cut to head + separator + tail, or None when it is short or already cut."""
+        if len(text.encode()) <= threshold:
+            return None  # a token is at least one byte: this text cannot be over the threshold
         tokens = counter.count(text)
         if tokens <= threshold or is_microcompacted(text):
             return None

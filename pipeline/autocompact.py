@@ -163,7 +163,8 @@ class AutocompactStrategy:
         plan = self.plan(request.messages, request.token_budget, counter, keep)
         if plan is None:
             return None
-        summary, end = self._ready_summary(plan), plan.end
+        summary = self._ready_summary(plan)
+        end = plan.end
         if summary is None:
             if self.breaker.open:
                 return self._unchanged(request, f"autocompact: off for this session after {self.breaker.failures} "

@@ -217,10 +217,18 @@ class TokenCounter:
         each function plus a fixed overhead, which is slightly above what OpenAI bills."""
         if not tools:
             return 0
+        # Agents resend the same schema every turn: cache it like a message.
+        key = "tools:" + message_fingerprint({"tools": tools})
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
         n = TOOLS_OVERHEAD
         for tool in tools:
             fn = tool.get("function", tool) if isinstance(tool, dict) else tool
             n += TOKENS_PER_TOOL + self.count(orjson.dumps(fn, option=orjson.OPT_SORT_KEYS).decode())
+        with self._lock:
+            self._cache[key] = n
         return n
 
     def count_request(self, messages: list[Message], tools: list[dict[str, Any]] | None = None,

@@ -25,8 +25,6 @@ class Speculator:
         self._sessions = sessions
         self._chains: dict[tuple[str, str], tuple[asyncio.Task[ChainRun], int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self.started = 0
-        self.prepared = 0
 
     def start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> None:
         """Start one background compaction for the session, unless one is running or ready."""
@@ -39,7 +37,6 @@ class Speculator:
         task = asyncio.create_task(self._persist(snapshot.tenant, snapshot.session_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self.started += 1
 
     async def settle(self, state: SessionState) -> None:
         """Called with the session locked when the trigger is reached: a compaction still in
@@ -59,7 +56,6 @@ class Speculator:
             return False  # nothing done, or the session compacted meanwhile: stale
         state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
                              "working": run.working}
-        self.prepared += 1
         log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens, %.0f ms)",
                  state.session_id, ",".join(run.record.levels), run.record.tokens_before,
                  run.record.tokens_after, run.duration_ms)

@@ -22,9 +22,10 @@ def write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def archive_segment(live: Path, archive_dir: Path, split_at: int) -> Path | None:
+def archive_segment(live: Path, archive_dir: Path, split_at: int, now: float | None = None) -> Path | None:
     """Move the live file's bytes before `split_at` (the start of a checkpoint line) to a
-    new archive segment and keep the rest live. The caller holds the file's lock."""
+    new archive segment and keep the rest live. The caller holds the file's lock. The
+    segment is dated `now` (retention counts from it)."""
     data = live.read_bytes()
     head, tail = data[:split_at], data[split_at:]
     lines = [ln for ln in head.splitlines(keepends=True) if ln.strip()]
@@ -34,6 +35,8 @@ def archive_segment(live: Path, archive_dir: Path, split_at: int) -> Path | None
     session = live.name[len("wal_"):-len(".jsonl")]
     segment = archive_dir / f"wal_{session}.{first}-{last}.jsonl"
     write_atomically(segment, head)
+    if now is not None:
+        os.utime(segment, (now, now))
     write_atomically(live, tail)
     return segment
 

@@ -14,7 +14,7 @@ class WalConfig(BaseModel):
     checkpoint_every: int = Field(default=100, gt=0)
     """A CHECKPOINT after this many events (professional: 100), and after every compaction."""
     archive_every: int = Field(default=10, gt=0)
-    """After this many checkpoints in the live file, older events move to wal_archive/."""
+    """Every this many checkpoints, the events before the latest one move to wal_archive/."""
     archive_retention_days: float = Field(default=7.0, gt=0)
     store_content: bool = False
     """Keep user content in USER_INPUT events; by default only its hash is kept."""

@@ -116,8 +116,8 @@ class WalWriter:
                 lf.size += len(data)
                 lf.last_seq = seq
                 archived = None
-                if checkpoint_at is not None and lf.checkpoints >= self._archive_every:
-                    archived = archive_segment(lf.path, self.paths.archive_dir(tenant), checkpoint_at)
+                if checkpoint_at is not None and lf.checkpoints > self._archive_every:
+                    archived = archive_segment(lf.path, self.paths.archive_dir(tenant), checkpoint_at, self._clock())
         if archived is not None:
             with self._lock:
                 self._close_one(tenant, session)

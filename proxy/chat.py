@@ -5,7 +5,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Coroutine
 
 import orjson
 from aiohttp import web
@@ -118,7 +118,7 @@ class ChatHandler:
             overhead = (time.perf_counter() - started) * 1000 - upstream_ms
             headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
             facts = reply_facts(reply.body)
-            await self._after_reply(done, reply, reply.body or b"", facts, overhead)
+            await _uncancellable(self._after_reply(done, reply, reply.body or b"", facts, overhead))
             return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type, **headers})
         return await self._stream(request, reply, done, started, upstream_ms)
 
@@ -145,7 +145,7 @@ class ChatHandler:
             if reply.close is not None:
                 reply.close()
         if complete:
-            await self._after_reply(done, reply, stream.body(), stream.facts(), overhead)
+            await _uncancellable(self._after_reply(done, reply, stream.body(), stream.facts(), overhead))
         await response.write_eof()
         return response
 
@@ -172,6 +172,18 @@ class ChatHandler:
             key, digest = done.idempotency
             await gw.idempotency.put(done.caller.tenant, key, StoredReply(
                 digest, reply.status, reply.content_type, body, dict(done.headers), time.time()))
+
+
+async def _uncancellable(work: Coroutine[Any, Any, None]) -> None:
+    """Finish the bookkeeping of a completed upstream call even when the client leaves
+    (an SDK closes the connection at `data: [DONE]`): the log and the stored reply must
+    not depend on when the client hangs up."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
 @dataclass

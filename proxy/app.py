@@ -1,6 +1,7 @@
 """The aiohttp application: routes, the error middleware, start and stop."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -16,6 +17,7 @@ from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate")
 GATEWAY = web.AppKey("gateway", Gateway)
+HOUSEKEEPING = web.AppKey("housekeeping", asyncio.Task)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -131,8 +133,14 @@ def create_app(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/ctx/sessions/{session_id}/checkpoints", session_checkpoints)
     app.router.add_post("/v1/ctx/sessions/{session_id}/rollback", session_rollback)
 
+    async def _start(app: web.Application) -> None:
+        app[HOUSEKEEPING] = asyncio.create_task(gw.housekeeping())
+
     async def _close(app: web.Application) -> None:
+        app[HOUSEKEEPING].cancel()
+        await asyncio.gather(app[HOUSEKEEPING], return_exceptions=True)
         await gw.close()
 
+    app.on_startup.append(_start)
     app.on_cleanup.append(_close)
     return app

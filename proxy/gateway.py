@@ -1,6 +1,7 @@
 """Everything one running ctxgate holds: config, routes, tokenizers, state, forwarders."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -72,6 +73,15 @@ class Gateway:
             return state
         recovered = await self.journal.recover(tenant, session_id)
         return recovered or state or SessionState(tenant, session_id)
+
+    async def housekeeping(self, every_s: float = 3600.0) -> None:
+        """Runs for the life of the server: archives past their retention are removed even
+        for sessions that never write again."""
+        while True:
+            removed = await asyncio.to_thread(self.journal.prune_archives)
+            if removed:
+                log.info("removed %d WAL archive segments past their retention", len(removed))
+            await asyncio.sleep(every_s)
 
     async def _checkpoint_speculative(self, state: SessionState) -> None:
         await self.journal.checkpoint(state, "speculative")

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import orjson
 
 from ..pipeline.fingerprint import prefix_hashes
+from ..wal.archive import prune_archives
 from ..wal.config import WalConfig
 from ..wal.events import EventType, content_hash
 from ..wal.mirror import DB_NAME, SqliteMirror
@@ -209,6 +210,9 @@ class Journal:
         appended = await asyncio.to_thread(self.writer.append, tenant, session, [event], state.wal_seq, True)
         state.wal_seq = appended.last_seq
         return state
+
+    def prune_archives(self) -> list[Path]:
+        return prune_archives(self.paths.archive_root, self.config.archive_retention_days * 86400.0, time.time())
 
     def _damaged(self, kind: str) -> None:
         if self._on_damage is not None:

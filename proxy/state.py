@@ -161,7 +161,8 @@ class RedisSessionStore:
         with reachable():
             acquired = await lock.acquire()
         if not acquired:
-            raise TimeoutError(f"session {session_id} is locked by another request")
+            raise ApiError(503, f"session {session_id} is busy with another request; retry later",
+                           code="session_busy")
         try:
             yield
         finally:

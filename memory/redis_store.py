@@ -12,9 +12,10 @@ purge, is atomic for every replica. Reads are served from an in-process TenantVi
 (memory/ranking.py), rebuilt when the shared version moved: a read costs one GET until
 some replica writes.
 
-Redis unreachable or too slow: calls raise `redis.exceptions.ConnectionError` or
-`redis.exceptions.TimeoutError` (both `redis.exceptions.RedisError`, neither a builtin
-ConnectionError), as proxy/state.py's `reachable()` already maps to 503.
+Redis unreachable or too slow, or no pooled connection free within the timeout: calls
+raise `redis.exceptions.ConnectionError` or `redis.exceptions.TimeoutError` (both
+`redis.exceptions.RedisError`, neither a builtin ConnectionError), as proxy/state.py's
+`reachable()` already maps to 503.
 """
 from __future__ import annotations
 
@@ -68,9 +69,14 @@ _CATEGORIES = tuple(Category)
 
 
 class RedisMemoryStore:
-    def __init__(self, url: str, prefix: str = "ctxgate:mem", timeout_s: float = 5.0) -> None:
-        # Timeouts bound a partitioned Redis: the request gets a 503, not a hung socket.
-        self._redis = redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    def __init__(self, url: str, prefix: str = "ctxgate:mem", timeout_s: float = 5.0,
+                 max_connections: int = 64) -> None:
+        # A blocking pool: past `max_connections` concurrent calls wait for a connection
+        # instead of failing at once (the default pool raises MaxConnectionsError); timeouts
+        # bound a partitioned Redis, so the request gets a 503, not a hung socket.
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout_s,
+                                                     socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._redis = redis.Redis.from_pool(pool)
         self._prefix = prefix
         self._put = self._redis.register_script(_PUT)
         self._delete = self._redis.register_script(_DELETE)

@@ -296,6 +296,17 @@ async def test_redis_replicas_see_each_others_writes(redis_server) -> None:  # t
         await b.close()
 
 
+async def test_redis_calls_beyond_the_pool_wait_for_a_connection(redis_server) -> None:  # type: ignore[no-untyped-def]
+    store = RedisMemoryStore(redis_server.url, prefix=f"test-{uuid.uuid4().hex}:mem", max_connections=3)
+    try:
+        made = [entry(f"pooled fact {i}", created_at=NOW + i) for i in range(100)]
+        await asyncio.gather(*(store.put(e) for e in made))
+        lists = await asyncio.gather(*(store.list("acme") for _ in range(20)))
+        assert all(found == made for found in lists)
+    finally:
+        await store.close()
+
+
 async def test_redis_unreachable_raises_connection_error() -> None:
     from servers import free_port
 

@@ -37,6 +37,7 @@ import httpx
 import openai
 import pytest
 
+from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import message_fingerprint, prefix_hashes
 from servers import LIVE, Gateway, launch, model_list, run_ctxgate, start_gateways, stop_all, wait_until
 from trajectories import Trajectory, openhands
@@ -57,6 +58,8 @@ STREAMING = {"Project-MONAI__MONAI-6849_1", "getmoto__moto-6387_0"}
 def gateway_config(upstream_url: str, upstream_key: str, **pipeline: Any) -> dict[str, Any]:
     """The config both gateways share, but for the key they present upstream."""
     models = [{**m, "litellm_params": {**m["litellm_params"], "api_key": upstream_key}} for m in model_list(upstream_url)]
+    models.append({"model_name": "slow-summarizer", "model_info": {"max_input_tokens": 128_000}, "litellm_params": {
+        "model": "openai/slow-summarizer", "api_base": f"{upstream_url}/v1", "api_key": upstream_key}})
     autocompact = {"model": "summarizer", "speculative_ratio": None, **pipeline.pop("autocompact", {})}
     return {"model_list": models, "ctxgate": {"forwarding": "auto", "max_body_bytes": 4_000_000,
                                                "pipeline": {"autocompact": autocompact, **pipeline}}}
@@ -157,7 +160,7 @@ class Replay:
     def completed(self) -> int:
         return sum(1 for a in self.attempts if a.ok)
 
-    def send(self, gw: Gateway, k: int) -> str:
+    def send(self, gw: Gateway, k: int) -> dict[str, str]:
         cli = openai.OpenAI(base_url=gw.url, api_key="sk-client", max_retries=0, timeout=30)
         raw = cli.chat.completions.with_raw_response.create(
             model="gpt-4o", messages=self.turns[k], tools=self.tools, user=f"{self.name}:{k}", stream=self.stream,
@@ -167,7 +170,7 @@ class Replay:
             assert any(c.choices and c.choices[0].finish_reason for c in chunks), "stream ended without a finish"
         else:
             assert raw.parse().choices[0].message.content == "ok"
-        return raw.headers.get("x-ctx-levels", "")
+        return dict(raw.headers)
 
     def run(self, current: Current) -> None:
         k = 0
@@ -175,7 +178,7 @@ class Replay:
             while k < len(self.turns):
                 generation, gw = current.get()
                 try:
-                    levels = self.send(gw, k)
+                    levels = self.send(gw, k).get("x-ctx-levels", "")
                 except (openai.APIConnectionError, httpx.HTTPError):
                     self.attempts.append(Attempt(k, generation, False))
                     current.wait_newer(generation, timeout=60)
@@ -451,6 +454,70 @@ def test_every_streamed_reply_the_sdk_read_is_logged(upstream: ScriptedUpstream,
     finally:
         gw.stop()
     events = events_of(gw.data_dir, "s", "streamed")
-    assert sum(1 for e in events if e["type"] == "USER_INPUT") == 2 * turns + 1
+    assert sum(1 for e in events if e["type"] == "USER_INPUT") == turns + 1
     responses = sum(1 for e in events if e["type"] == "RESPONSE")
     assert responses == turns, f"{turns - responses} of {turns} streamed replies read by the client have no RESPONSE"
+
+
+# -- a kill while a speculative summary is being made --------------------------------------
+
+
+@pytest.mark.parametrize("moment", ["summary in flight", "summary kept"])
+def test_a_kill_around_a_speculative_summary_changes_no_payload(upstream: ScriptedUpstream, tmp_path: Path,
+                                                                moment: str) -> None:
+    """Speculative Autocompact starts the summary in the background once a session passes
+    70% of its budget; the turn at the trigger (85%) adopts it. Kill the gateway while that
+    summary is still being written upstream (`slow-summarizer` takes `slow_s`), or once it
+    was kept (its `speculative` CHECKPOINT is in the log): the session must go on with the
+    payloads the control forwards, and the summary must not be asked for twice once kept."""
+    upstream.reset()
+    name = "python__mypy-15976_0"
+    t = trajectory(name)
+    crash_cfg = gateway_config(upstream.url, CRASH_KEY, autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
+    control_cfg = gateway_config(upstream.url, CONTROL_KEY,
+                                 autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
+    started = start_gateways({"crash": (tmp_path / "crash", crash_cfg), "control": (tmp_path / "control", control_cfg)})
+    gws = dict(started)
+    session = {gw: Replay(name, gw, turns_of(t), t.tools, stream=False) for gw in ("crash", "control")}
+    speculating = 0.7 * PipelineConfig().effective_budget(BUDGET)
+    killed_at: int | None = None
+
+    def kept(which: str) -> bool:
+        return any(e["type"] == "CHECKPOINT" and e.get("reason") == "speculative"
+                   for e in events_of(gws[which].data_dir, which, name))
+
+    try:
+        for k in range(len(session["crash"].turns)):
+            started_one = False
+            for which in ("control", "crash"):
+                sent = session[which].send(gws[which], k)
+                started_one = sent["x-ctx-levels"] == "none" and int(sent["x-ctx-tokens-out"]) > speculating
+                if started_one and moment == "summary kept":  # the next turn finds it kept, in both gateways
+                    wait_until(lambda: kept(which), 30, f"{which}: the speculative summary to be kept")
+            if killed_at is not None or not started_one:
+                continue
+            if moment == "summary in flight":
+                wait_until(lambda: upstream_calls(upstream, CRASH_KEY, "slow-summarizer"), 10,
+                           "the speculative summary to be asked for")
+                assert not upstream_calls(upstream, CRASH_KEY, "slow-summarizer")[-1][1].done
+            crash = gws["crash"]
+            crash.proc.send_signal(signal.SIGKILL)
+            crash.proc.wait(10)
+            LIVE.remove(crash)
+            killed_at = k
+            gws["crash"] = launch("crash", tmp_path / "crash", crash_cfg).wait_ready()
+    finally:
+        stop_all(gws.values())
+    assert killed_at is not None, "the session never started a speculative summary"
+
+    control_payloads = {r.body["user"]: r.raw for _, r in upstream_calls(upstream, CONTROL_KEY, "gpt-4o")}
+    crash_payloads = {r.body["user"]: r.raw for _, r in upstream_calls(upstream, CRASH_KEY, "gpt-4o")}
+    different = sorted((int(tag.rsplit(":", 1)[1]) for tag in control_payloads
+                        if crash_payloads.get(tag) != control_payloads[tag]))
+    assert not different, (f"killed after turn {killed_at} ({moment}): turns {different} were forwarded "
+                           f"differently from the control")
+    control_summaries = Counter(r.raw for _, r in upstream_calls(upstream, CONTROL_KEY, "slow-summarizer"))
+    crash_summaries = Counter(r.raw for _, r in upstream_calls(upstream, CRASH_KEY, "slow-summarizer"))
+    assert set(control_summaries.values()) == {1}
+    if moment == "summary kept":
+        assert crash_summaries == control_summaries, "a summary kept in the log was asked for again"

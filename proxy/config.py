@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
+from ..memory.config import MemoryConfig
 from ..wal.config import WalConfig
 from .ids import validate_id
 
@@ -81,6 +82,7 @@ class CtxgateSettings(_Strict):
     """Per-profile overrides of the pipeline settings: `profiles.enterprise.pipeline: {...}`."""
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     wal: WalConfig = Field(default_factory=WalConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
     @field_validator("state")
     @classmethod

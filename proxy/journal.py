@@ -113,6 +113,12 @@ class Journal:
                            "params_hash": content_hash(str(fn.get("arguments", "")))})
         await self._write(state, events, "periodic", None, None, force_checkpoint=False)
 
+    async def log_dream(self, state: SessionState, event: dict[str, Any]) -> None:
+        """Auto-dream consolidated the session's short-term memory (the memory system's event)."""
+        if self.enabled(state.profile):
+            await self._write(state, [{"type": EventType.AUTO_DREAM.value, **event}], "periodic", None, None,
+                              force_checkpoint=False)
+
     async def checkpoint(self, state: SessionState, reason: str) -> None:
         if self.enabled(state.profile):
             await self._write(state, [], reason, None, None, force_checkpoint=True)

@@ -62,6 +62,11 @@ class SessionState:
     """How many of the client's messages the WAL has seen, and the prefix hash naming them."""
     wal_logged_hash: str = ""
     wal_since_checkpoint: int = 0
+    memory_block: str = ""
+    """The memory block injected into this session's requests, kept byte-identical until the
+    tenant's memory (`memory_version`) or the session's scope (`memory_scope`) changes."""
+    memory_version: int | None = None
+    memory_scope: str = ""
     wal_pending: list[dict[str, Any]] = field(default_factory=list)
     """Compaction steps not yet written to the WAL; drained in the same locked section."""
 

@@ -40,8 +40,8 @@ class FileMemoryStore:
                 st = self._file(tenant, category).stat()
             except FileNotFoundError:
                 continue
-            stamp.append(f"{category.value}:{st.st_mtime_ns}:{st.st_size}")
-        return xxhash.xxh64_intdigest("|".join(stamp)) if stamp else 0
+            stamp.append(f"{category.value}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}")
+        return xxhash.xxh64_intdigest("|".join(stamp).encode()) if stamp else 0
 
     def _read(self, tenant: str, category: Category) -> dict[str, MemoryEntry]:
         try:

@@ -13,6 +13,7 @@ from .errors import ApiError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
 from .journal import RollbackError
+from .memory_api import MemoryApi
 from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate")
@@ -119,6 +120,13 @@ async def session_rollback(request: web.Request) -> web.Response:
                   "records": len(state.records), "turns": state.turns})
 
 
+async def session_end(request: web.Request) -> web.Response:
+    """The agent is done: consolidate the session's short-term memory now (auto-dream trigger B)."""
+    gw, tenant, session_id = _session_of(request)
+    event = await gw.memory.end_session((tenant, session_id)) if gw.memory is not None else None
+    return _json({"id": session_id, "ended": True, "auto_dream": event})
+
+
 def create_app(gw: Gateway) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
@@ -132,6 +140,8 @@ def create_app(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/ctx/sessions/{session_id}", session_summary)
     app.router.add_get("/v1/ctx/sessions/{session_id}/checkpoints", session_checkpoints)
     app.router.add_post("/v1/ctx/sessions/{session_id}/rollback", session_rollback)
+    app.router.add_post("/v1/ctx/sessions/{session_id}/end", session_end)
+    MemoryApi(gw).add_routes(app)
 
     async def _start(app: web.Application) -> None:
         app[HOUSEKEEPING] = asyncio.create_task(gw.housekeeping())

@@ -10,13 +10,16 @@ from typing import Any, Coroutine
 import orjson
 from aiohttp import web
 
+from ..memory.short_term import BufferScope
 from .compaction import Plan, Turn, budget_of, fingerprints_of
 from .errors import ApiError
 from .gateway import Gateway
 from .idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from .routing import Route
 from .tenancy import Caller, resolve_caller, resolve_session
+from .memory_turn import MemoryScope, block_tokens, inject, query_of, refresh_block, scope_of
 from .replies import ReplyFacts, SseReply, reply_facts
+from .state import SessionState
 from .upstream import ContextTooLong, Reply, UpstreamError
 from .validation import read_json_body, validate_chat_request
 
@@ -75,10 +78,16 @@ class ChatHandler:
                     max_input_tokens=caller.budget or route.max_input_tokens,
                     summarize=lambda msgs: gw.summarize(summarizer, msgs))
         headers.update({"X-Ctx-Tokens-In": str(tokens_in), "X-Ctx-Tokenizer": counter.name})
+        memory = gw.memory if gw.memory is not None and gw.memory.enabled(caller.profile) else None
+        scope = scope_of(request.headers, body) if memory is not None else None
         plan: Plan | None = None
+        block = ""
         async with gw.sessions.lock(caller.tenant, session_id):
             state = await gw.load_session(caller.tenant, session_id)
             state.profile = caller.profile
+            if memory is not None and scope is not None:
+                block = await self._memory_block(state, scope, turn)
+                turn.reserved_tokens = block_tokens(block, counter)
             try:
                 plan = await gw.compactor.prepare(state, turn)
             finally:
@@ -89,11 +98,15 @@ class ChatHandler:
                                                  budget_of(state, turn))
                 finally:
                     await gw.sessions.save(state)
+        if memory is not None and scope is not None:
+            memory.observe((caller.tenant, session_id), BufferScope(scope.user, scope.project, caller.profile,
+                                                                    summarizer), messages, fps, counter.head)
         stream = bool(body.get("stream"))
         api_key = caller.bearer if caller.tenant_config.pass_through_key else route.api_key
         upstream_ms, levels, degraded = 0.0, list(plan.levels), False
         while True:
-            payload = {**route.call_params, **body, "model": route.upstream_model, "messages": plan.messages}
+            payload = {**route.call_params, **body, "model": route.upstream_model,
+                       "messages": inject(plan.messages, block)}
             try:
                 reply = await gw.forwarder_for(route).send(route, payload, stream=stream, api_key=api_key)
                 break
@@ -122,6 +135,19 @@ class ChatHandler:
             return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type, **headers})
         return await self._stream(request, reply, done, started, upstream_ms)
 
+    async def _memory_block(self, state: SessionState, scope: MemoryScope, turn: Turn) -> str:
+        """The session's memory block; a memory store that fails leaves the last one in place."""
+        memory = self.gw.memory
+        assert memory is not None
+        budget = int(budget_of(state, turn) * memory.config.budget_share)
+        try:
+            version = await memory.store.version(state.tenant)
+            return await refresh_block(state, version, scope, lambda: memory.context_block(
+                state.tenant, scope.user, scope.project, query_of(turn.messages), budget, turn.counter.count))
+        except Exception as e:
+            log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)
+            return state.memory_block
+
     async def _stream(self, request: web.Request, reply: Reply, done: "_Done", started: float,
                       upstream_ms: float) -> web.StreamResponse:
         overhead = (time.perf_counter() - started) * 1000 - upstream_ms
@@ -129,11 +155,15 @@ class ChatHandler:
         response = web.StreamResponse(status=reply.status, headers={
             "Content-Type": reply.content_type, "Cache-Control": "no-cache", **done.headers})
         await response.prepare(request)
-        stream, complete = SseReply(keep_all=done.idempotency is not None), False
+        stream, complete, settled = SseReply(keep_all=done.idempotency is not None), False, False
         try:
             async for data in reply.chunks:
-                await response.write(data)
                 stream.feed(data)
+                if not settled and b"data: [DONE]" in data:
+                    # An SDK hangs up as soon as it reads [DONE]: the turn's bookkeeping comes first.
+                    settled = True
+                    await _uncancellable(self._after_reply(done, reply, stream.body(), stream.facts(), overhead))
+                await response.write(data)
             complete = True
         except ApiError as e:
             # Headers are gone already: the error travels as an SSE event, as OpenAI does.
@@ -144,7 +174,7 @@ class ChatHandler:
         finally:
             if reply.close is not None:
                 reply.close()
-        if complete:
+        if complete and not settled:
             await _uncancellable(self._after_reply(done, reply, stream.body(), stream.facts(), overhead))
         await response.write_eof()
         return response

@@ -18,6 +18,8 @@ from .demo import DemoForwarder
 from .errors import ApiError
 from .idempotency import IdempotencyStore, open_idempotency_store
 from .journal import Journal
+from .memory_turn import open_memory_store
+from ..memory.manager import MemoryManager
 from .metrics import Metrics
 from .routing import Route, Router
 from .speculative import Speculator
@@ -39,6 +41,7 @@ class Gateway:
     via_litellm: LitellmForwarder
     journal: Journal
     idempotency: IdempotencyStore
+    memory: MemoryManager | None = None
     demo: DemoForwarder = field(default_factory=DemoForwarder)
     compactor: Compactor = field(default_factory=Compactor)
     speculator: Speculator | None = None
@@ -60,6 +63,8 @@ class Gateway:
                  via_litellm=LitellmForwarder(s.upstream_timeout_s), journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
+        gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
+                                                    else None), s.memory, gw.summarize, gw._log_dream)
         gw.speculator = Speculator(gw.sessions, on_kept=gw._checkpoint_speculative)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
@@ -74,14 +79,35 @@ class Gateway:
         recovered = await self.journal.recover(tenant, session_id)
         return recovered or state or SessionState(tenant, session_id)
 
-    async def housekeeping(self, every_s: float = 3600.0) -> None:
-        """Runs for the life of the server: archives past their retention are removed even
-        for sessions that never write again."""
+    async def housekeeping(self, every_s: float = 60.0) -> None:
+        """Runs for the life of the server: sessions idle past the memory idle timeout end
+        (auto-dream trigger B), and WAL archives past their retention go, even for sessions
+        that never write again."""
         while True:
-            removed = await asyncio.to_thread(self.journal.prune_archives)
-            if removed:
-                log.info("removed %d WAL archive segments past their retention", len(removed))
+            try:
+                if self.memory is not None:
+                    await self.memory.sweep()
+                removed = await asyncio.to_thread(self.journal.prune_archives)
+                if removed:
+                    log.info("removed %d WAL archive segments past their retention", len(removed))
+            except Exception as e:  # housekeeping must outlive a bad minute (a store briefly down)
+                log.warning("housekeeping: %s", e)
             await asyncio.sleep(every_s)
+
+    async def _embed(self, texts: list[str]) -> list[list[float]]:
+        """Embeddings for the vector memory store, through litellm and the configured model's route."""
+        import litellm
+
+        route = self.router.resolve(self.config.ctxgate.memory.embedding_model or "")
+        reply = await litellm.aembedding(model=route.litellm_params["model"], input=texts, api_base=route.api_base,
+                                         api_key=route.api_key)
+        return [list(item["embedding"]) for item in reply.data]
+
+    async def _log_dream(self, key: tuple[str, str], event: dict[str, Any]) -> None:
+        async with self.sessions.lock(*key):
+            state = await self.load_session(*key)
+            await self.journal.log_dream(state, event)
+            await self.sessions.save(state)
 
     async def _checkpoint_speculative(self, state: SessionState) -> None:
         await self.journal.checkpoint(state, "speculative")
@@ -118,6 +144,8 @@ class Gateway:
     async def close(self) -> None:
         if self.speculator is not None:
             await self.speculator.close()
+        if self.memory is not None:
+            await self.memory.close()  # buffered memory is consolidated (or written raw) before the state goes
         await self.direct.close()
         await self.sessions.close()
         close_idempotency = getattr(self.idempotency, "close", None)

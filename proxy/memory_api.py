@@ -1,0 +1,155 @@
+"""`/v1/ctx/memory`: list, add, update and delete memory entries, for the caller's tenant
+only. An entry of another tenant is answered exactly like one that does not exist (404)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..memory.entries import Category, MemoryEntry, feedback_expiry
+from ..memory.store import LongTermStore
+from .errors import ApiError
+from .gateway import Gateway
+from .state import reachable
+from .tenancy import resolve_caller
+
+MAX_CONTENT_CHARS = 20_000
+
+
+class _Scope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    user: str | None = Field(default=None, min_length=1, max_length=256)
+    project: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class NewEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    category: Category
+    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+    scope: _Scope = Field(default_factory=_Scope)
+    data: dict[str, Any] = Field(default_factory=dict)
+    ttl_s: float | None = Field(default=None, gt=0)
+    """Feedback: its lifetime (default: by `data.correction_type`, code_style 30 days, tool_choice 7)."""
+
+
+class EntryChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    content: str | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
+    scope: _Scope | None = None
+    data: dict[str, Any] | None = None
+    ttl_s: float | None = Field(default=None, gt=0)
+
+
+async def _body(request: web.Request, model: type[BaseModel]) -> Any:
+    try:
+        raw = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as e:
+        raise ApiError(400, f"the body is not JSON: {e}", code="invalid_json") from None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+
+
+def _public(entry: MemoryEntry) -> dict[str, Any]:
+    data = entry.model_dump(mode="json")
+    data["scope"] = {"user": data.pop("user"), "project": data.pop("project")}
+    data.pop("tenant")
+    return data
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
+
+
+def _place(entry: MemoryEntry, scope: _Scope) -> None:
+    """The scope a category has: user memory per user, project and feedback per project."""
+    entry.user = scope.user if entry.category == Category.USER else None
+    entry.project = scope.project if entry.category in (Category.PROJECT, Category.FEEDBACK) else None
+
+
+class MemoryApi:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    def _store_and_tenant(self, request: web.Request) -> tuple[LongTermStore, str]:
+        tenant = resolve_caller(self.gw.config, request.headers).tenant
+        if self.gw.memory is None:
+            raise ApiError(404, "memory is not enabled on this gateway", code="memory_disabled")
+        return self.gw.memory.store, tenant
+
+    def _expiry(self, category: Category, data: dict[str, Any], ttl_s: float | None, now: float) -> float | None:
+        if ttl_s is not None:
+            return now + ttl_s
+        if category == Category.FEEDBACK:
+            return feedback_expiry(str(data.get("correction_type", "other")), now,
+                                   self.gw.config.ctxgate.memory.feedback_ttl_s())
+        return None
+
+    async def list(self, request: web.Request) -> web.Response:
+        store, tenant = self._store_and_tenant(request)
+        wanted = request.query.get("category")
+        try:
+            category = Category(wanted) if wanted else None
+        except ValueError:
+            raise ApiError(400, f"category must be one of {', '.join(c.value for c in Category)}",
+                           param="category", code="invalid_request") from None
+        with reachable():
+            entries = await store.list(tenant, category, now=time.time())
+        user, project = request.query.get("user"), request.query.get("project")
+        entries = [e for e in entries if (user is None or e.user == user) and (project is None or e.project == project)]
+        return _json({"object": "list", "data": [_public(e) for e in entries]})
+
+    async def add(self, request: web.Request) -> web.Response:
+        store, tenant = self._store_and_tenant(request)
+        new: NewEntry = await _body(request, NewEntry)
+        now = time.time()
+        entry = MemoryEntry(category=new.category, tenant=tenant, content=new.content, data=new.data, created_at=now,
+                            updated_at=now, expires_at=self._expiry(new.category, new.data, new.ttl_s, now))
+        _place(entry, new.scope)
+        with reachable():
+            await store.put(entry)
+        return _json(_public(entry), 201)
+
+    async def _own(self, store: LongTermStore, tenant: str, entry_id: str) -> MemoryEntry:
+        with reachable():
+            entry = await store.get(tenant, entry_id)
+        if entry is None or entry.tenant != tenant:
+            raise ApiError(404, f"no memory entry {entry_id} for this tenant", code="memory_not_found")
+        return entry
+
+    async def update(self, request: web.Request) -> web.Response:
+        store, tenant = self._store_and_tenant(request)
+        change: EntryChange = await _body(request, EntryChange)
+        entry = await self._own(store, tenant, request.match_info["entry_id"])
+        now = time.time()
+        if change.content is not None:
+            entry.content = change.content
+        if change.data is not None:
+            entry.data = change.data
+        if change.scope is not None:
+            _place(entry, change.scope)
+        if change.ttl_s is not None:
+            entry.expires_at = now + change.ttl_s
+        entry.updated_at = now
+        with reachable():
+            await store.put(entry)
+        return _json(_public(entry))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        store, tenant = self._store_and_tenant(request)
+        entry = await self._own(store, tenant, request.match_info["entry_id"])
+        with reachable():
+            await store.delete(tenant, entry.id)
+        return _json({"id": entry.id, "object": "memory.entry.deleted", "deleted": True})
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/v1/ctx/memory", self.list)
+        app.router.add_post("/v1/ctx/memory", self.add)
+        app.router.add_patch("/v1/ctx/memory/{entry_id}", self.update)
+        app.router.add_delete("/v1/ctx/memory/{entry_id}", self.delete)

@@ -1,0 +1,105 @@
+"""Memory in the request path (DESIGN.md step 6): who the memory is for, the block a
+session injects (byte-identical until memory changes), and where it goes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Mapping
+
+from ..memory.capture import text_of, workspace_root
+from ..memory.config import MemoryConfig
+from ..memory.file_store import FileMemoryStore
+from ..memory.store import LongTermStore
+from ..pipeline.tokens import TokenCounter
+from .errors import ApiError
+from .ids import InvalidId, validate_id
+from .state import SessionState
+
+Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
+MAX_USER_LENGTH = 256
+_QUERY_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class MemoryScope:
+    user: str | None
+    project: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.user or ''}\x00{self.project or ''}"
+
+
+def scope_of(headers: Mapping[str, str], body: dict[str, Any]) -> MemoryScope:
+    """User: `X-Ctx-User`, else the body's OpenAI `user`; project: `X-Ctx-Project`, else the
+    workspace root the conversation names."""
+    user = headers.get("X-Ctx-User") or body.get("user")
+    if user is not None and (not isinstance(user, str) or not user or len(user) > MAX_USER_LENGTH):
+        raise ApiError(400, f"the user (X-Ctx-User or the body's user) must be 1 to {MAX_USER_LENGTH} characters",
+                       param="user", code="invalid_user")
+    project = headers.get("X-Ctx-Project")
+    if project is not None:
+        try:
+            validate_id(project, "project")
+        except InvalidId as e:
+            raise ApiError(400, f"X-Ctx-Project: {e}", param="X-Ctx-Project", code="invalid_project") from None
+    return MemoryScope(user, project or workspace_root(body["messages"]))
+
+
+def query_of(messages: list[dict[str, Any]]) -> str:
+    """What the turn is about: the newest user and tool messages."""
+    parts: list[str] = []
+    for m in reversed(messages):
+        if m.get("role") in ("user", "tool"):
+            parts.append(text_of(m.get("content"))[:_QUERY_CHARS])
+            if len(parts) == 2:
+                break
+    return "\n".join(parts)
+
+
+async def refresh_block(state: SessionState, version: int, scope: MemoryScope,
+                        build: Callable[[], Awaitable[str]]) -> str:
+    """The session's block: rebuilt only when the tenant's memory or the session's scope changed."""
+    if state.memory_version != version or state.memory_scope != scope.key:
+        state.memory_block = await build()
+        state.memory_version, state.memory_scope = version, scope.key
+    return state.memory_block
+
+
+def block_message(block: str) -> dict[str, Any]:
+    return {"role": "system", "content": block}
+
+
+def block_tokens(block: str, counter: TokenCounter) -> int:
+    return counter.count_structured(block_message(block)) if block else 0
+
+
+def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
+    """One system message after the client's own system prompt."""
+    if not block:
+        return messages
+    at = 0
+    while at < len(messages) and messages[at].get("role") in ("system", "developer"):
+        at += 1
+    return [*messages[:at], block_message(block), *messages[at:]]
+
+
+def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embed: Embed | None) -> LongTermStore:
+    kind = config.store or ("redis" if state_url != "memory" else "files")
+    if kind == "redis":
+        from ..memory.redis_store import RedisMemoryStore
+
+        if state_url == "memory":
+            raise ValueError("ctxgate.memory.store: redis keeps memory next to the session state: set ctxgate.state "
+                             "to a redis:// URL")
+        return RedisMemoryStore(state_url)
+    if kind == "vector":
+        if embed is None:
+            raise ValueError("ctxgate.memory.store: vector needs ctxgate.memory.embedding_model (a model_name of "
+                             "model_list that serves /v1/embeddings)")
+        from ..memory.vector_store import QdrantMemoryStore
+
+        if config.qdrant_url:
+            return QdrantMemoryStore(embed, url=config.qdrant_url)
+        return QdrantMemoryStore(embed, path=config.qdrant_path or str(data_dir / "qdrant"))
+    return FileMemoryStore(data_dir / "memory")

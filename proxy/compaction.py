@@ -73,8 +73,8 @@ def _arrival_compact(view: list[dict[str, Any]], fresh_from: int, turn: Turn, bu
     if fresh_from >= len(view) or "microcompact" not in turn.config.levels:
         return view
     strategy = MicrocompactStrategy(turn.config.microcompact, turn.config.pin_first_user, budget)
-    compacted, _ = strategy.compact_from(view, fresh_from, turn.counter)
-    return compacted
+    compacted, changed = strategy.compact_from(view, fresh_from, turn.counter)
+    return compacted if changed else view
 
 
 def budget_of(state: SessionState, turn: Turn) -> int:
@@ -138,6 +138,9 @@ class Compactor:
                                     "compaction already ran without a successful reply since")
         if self.speculator is not None:
             await self.speculator.settle(state)
+        arrived = self._compact_arrivals(state, turn, budget, tools_tokens)
+        if arrived is not None:
+            return arrived
         if self._adopt_speculative(state, turn):
             view, tokens = self._view(state, turn, budget, tools_tokens)
             state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
@@ -156,6 +159,36 @@ class Compactor:
         # Counting by fingerprint hits the counter's cache: a turn costs O(new messages).
         fps = turn.fingerprints if view is turn.messages else fingerprints_of(view)
         return view, turn.counter.count_messages(view, fps) + tools_tokens
+
+    def _compact_arrivals(self, state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> Plan | None:
+        """The first time a session crosses the trigger, try cutting only the tool outputs that
+        arrived since the previous request: the upstream saw everything before them unchanged,
+        so if that is enough the forwarded prefix stays byte-identical (the prompt cache keeps
+        hitting) and no summary is paid for. Kept as a record, so later turns reproduce it."""
+        if state.records and _apply_records(state, turn)[1]:
+            return None  # a compacted session cuts its arrivals in _view already
+        fresh_from = last_reply_index(turn.messages)
+        if fresh_from is None:
+            return None
+        view = _arrival_compact(turn.messages, fresh_from, turn, budget)
+        if view is turn.messages:
+            return None
+        tokens = turn.counter.count_messages(view) + tools_tokens
+        if tokens > turn.config.trigger_ratio * budget:
+            return None
+        state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
+        before = turn.counter.count_messages(turn.messages, turn.fingerprints)
+        record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
+                                  messages=view, levels=["microcompact"], tokens_before=before,
+                                  tokens_after=tokens - tools_tokens, created_at=time.time())
+        state.add_record(record)
+        entry = {"level": "microcompact", "span": [fresh_from, len(view)], "tokens_before": before,
+                 "tokens_after": record.tokens_after, "duration_ms": 0.0, "reason": "arrival", "at": record.created_at}
+        state.log_compaction(entry)
+        if self._on_step:
+            self._on_step(entry)
+        return Plan(messages=view, tokens_out=tokens, levels=["microcompact"],
+                    hints=["microcompact: cut the tool outputs that arrived this turn; the prefix is unchanged"])
 
     def _adopt_speculative(self, state: SessionState, turn: Turn) -> bool:
         """Promote the background compaction to a record if it still matches the client's history."""
@@ -219,6 +252,15 @@ class Compactor:
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.counter.count_tools(turn.tools), levels=levels,
                     hints=result.recovery_hints)
+
+
+def last_reply_index(messages: list[dict[str, Any]]) -> int | None:
+    """The assistant message that answered the previous request: what follows it (and it)
+    is what the client added since."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "assistant":
+            return i
+    return None
 
 
 def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:

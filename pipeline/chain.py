@@ -80,8 +80,10 @@ class CompressionPipeline:
                 steps += result.steps
             fits = result.fits
         if steps:
-            # Recompute against what is kept, so a file still on show is not restored twice.
-            blocks = self._restore_blocks(current, request, visible=current)
+            # Recompute against what is kept, so a file still on show is not restored twice,
+            # and give file contents only the room the compacted request has left.
+            room = max(0, request.token_budget - counter.count_messages(current))
+            blocks = self._restore_blocks(current, request, visible=current, contents_room=room)
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
         after = counter.count_messages(current)
@@ -92,11 +94,11 @@ class CompressionPipeline:
                                  fits=after <= request.token_budget)
 
     def _restore_blocks(self, messages: list[Message], request: CompressionRequest,
-                        visible: list[Message] | None = None) -> list[Message]:
+                        visible: list[Message] | None = None, contents_room: int | None = None) -> list[Message]:
         if self.restore is None or self.restore.state.is_empty():
             return []
         kept = [m for m in visible or [] if not is_compaction_note(m)]
-        return self.restore.blocks(request.counter, self.restore_budget, kept or None)
+        return self.restore.blocks(request.counter, self.restore_budget, kept or None, contents_room)
 
 
 def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | None = None,

@@ -22,6 +22,7 @@ from typing import Any
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 
 from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
 from ctxgate.proxy.state import SessionState
@@ -103,6 +104,28 @@ async def replay(ratio: float) -> tuple[list[Forwarded], int, int]:
     return out, budget, summaries
 
 
+def fewest_breaks(ratio: float) -> list[int]:
+    """A lower bound on the compaction points, for comparison: the turns where a compaction
+    is unavoidable even if every tool output were cut as it arrived (Microcompact's
+    thresholds) and every compaction left nothing but the instructions, the task, the tools
+    schema and the turn in progress (no summary, no restore blocks)."""
+    msgs, tools = load(TRAJECTORY)
+    config, counter = PipelineConfig(), common.gpt4o_counter()
+    budget = config.effective_budget(int(contract_tokens(msgs) * ratio))
+    cut, _ = MicrocompactStrategy(config.microcompact, config.pin_first_user, budget).compact_from(msgs, 0, counter)
+    sizes = [counter.count_structured(m) for m in cut]
+    room = config.trigger_ratio * budget - counter.count_tools(tools) - counter.count_messages(msgs[:2])
+    points, start, previous = [], 2, 2
+    for i in range(2, len(msgs)):
+        if msgs[i]["role"] != "assistant":
+            continue
+        if sum(sizes[start:i]) > room:
+            points.append(i)
+            start = previous  # the turn in progress: the previous reply and what followed it
+        previous = i
+    return points
+
+
 def first_difference(a: list[Message], b: list[Message]) -> int:
     for k, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -140,6 +163,9 @@ def main() -> int:
     if args.verbose:
         for f in forwarded:
             print(f"turn {f.turn:3d}: {len(f.messages):3d} messages {f.tokens:5d} tokens {','.join(f.levels)}")
+    bound = fewest_breaks(args.ratio)
+    print(f"unavoidable compaction points (lower bound): {len(bound)} at turns {bound}, "
+          f"so at best {1 - len(bound) / max(1, len(forwarded) - 1):.0%} stable")
     print(f"budget {budget}, forwarded {len(forwarded)}, breaks {breaks} ({unexplained} not at a compaction point), "
           f"prefix stable {share:.0%}, summaries {summaries}, over budget {over}, "
           f"max forwarded {max(f.tokens for f in forwarded)}")

@@ -7,7 +7,7 @@ directly (no servers, a fixed summary), so a change can be measured in seconds, 
 for each break which message first differs and what it is: a compaction point (a chain
 run that turn) is the one break allowed; anything else is a bug.
 
-    .venv/bin/python bench/prefix_stability.py [--ratio 0.35] [--verbose]
+    .venv/bin/python bench/prefix_stability.py [--ratio 0.35] [--no-speculator] [--verbose]
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
-from ctxgate.proxy.state import SessionState
+from ctxgate.proxy.speculative import Speculator
+from ctxgate.proxy.state import MemorySessionStore, SessionState
 
 TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"
 SUMMARY = """1. User goal: fix the failing behaviour described in the task.
@@ -76,11 +77,15 @@ class Forwarded:
     tokens: int
 
 
-async def replay(ratio: float) -> tuple[list[Forwarded], int, int]:
+async def replay(ratio: float, speculate: bool = True) -> tuple[list[Forwarded], int, int]:
+    """The turns as proxy/chat.py runs them: session locked, prepared, saved; the loop guard
+    reset after each (the scripted upstream always answers)."""
     msgs, tools = load(TRAJECTORY)
     budget = int(contract_tokens(msgs) * ratio)
     counter = common.gpt4o_counter()
-    state = SessionState("bench", "prefix")
+    sessions = MemorySessionStore()
+    speculator = Speculator(sessions) if speculate else None
+    compactor = Compactor(speculator=speculator)
     summaries = 0
 
     async def summarize(_: list[Message]) -> str:
@@ -88,7 +93,6 @@ async def replay(ratio: float) -> tuple[list[Forwarded], int, int]:
         summaries += 1
         return SUMMARY
 
-    compactor = Compactor()
     out: list[Forwarded] = []
     for i in range(2, len(msgs)):
         if msgs[i]["role"] != "assistant":
@@ -96,11 +100,17 @@ async def replay(ratio: float) -> tuple[list[Forwarded], int, int]:
         turn_messages = msgs[:i]
         turn = Turn(messages=turn_messages, fingerprints=fingerprints_of(turn_messages), tools=tools,
                     counter=counter, config=PipelineConfig(), max_input_tokens=budget, summarize=summarize)
-        records_before = [r.prefix_len for r in state.records]
-        plan = await compactor.prepare(state, turn)
-        compacted = [r.prefix_len for r in state.records] != records_before
-        state.has_attempted_reactive_compact = False  # the scripted upstream always answers
+        async with sessions.lock("bench", "prefix"):
+            state = await sessions.load("bench", "prefix") or SessionState("bench", "prefix")
+            records_before = [r.prefix_len for r in state.records]
+            plan = await compactor.prepare(state, turn)
+            compacted = [r.prefix_len for r in state.records] != records_before
+            state.has_attempted_reactive_compact = False
+            await sessions.save(state)
+        await asyncio.sleep(0.01)  # the upstream's reply: a background compaction gets to run
         out.append(Forwarded(i, plan.messages, plan.levels, compacted, contract_tokens(plan.messages)))
+    if speculator is not None:
+        await speculator.close()
     return out, budget, summaries
 
 
@@ -146,9 +156,10 @@ def describe(a: list[Message], b: list[Message], k: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ratio", type=float, default=0.35)
+    parser.add_argument("--no-speculator", action="store_true", help="without speculative Autocompact")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
-    forwarded, budget, summaries = asyncio.run(replay(args.ratio))
+    forwarded, budget, summaries = asyncio.run(replay(args.ratio, not args.no_speculator))
     breaks, unexplained = 0, 0
     for a, b in zip(forwarded, forwarded[1:]):
         if b.messages[:len(a.messages)] == a.messages:

@@ -141,13 +141,9 @@ class Compactor:
         arrived = self._compact_arrivals(state, turn, budget, tools_tokens)
         if arrived is not None:
             return arrived
-        if self._adopt_speculative(state, turn):
-            view, tokens = self._view(state, turn, budget, tools_tokens)
-            state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
-            if tokens <= turn.config.trigger_ratio * budget:
-                return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(state.records[-1].levels)),
-                            hints=["speculative: applied the compaction prepared in the background"])
-            state.speculation_wasted += 1
+        adopted = self._adopt_speculative(state, turn, budget, tools_tokens)
+        if adopted is not None:
+            return adopted
         return await self._compact(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens,
                                    "proactive")
 
@@ -190,24 +186,36 @@ class Compactor:
         return Plan(messages=view, tokens_out=tokens, levels=["microcompact"],
                     hints=["microcompact: cut the tool outputs that arrived this turn; the prefix is unchanged"])
 
-    def _adopt_speculative(self, state: SessionState, turn: Turn) -> bool:
-        """Promote the background compaction to a record if it still matches the client's history."""
+    def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> Plan | None:
+        """Promote the background compaction to a record if it still matches the client's
+        history and still brings the session below the watermark where a speculation starts.
+        One made several turns ago that now leaves less room than that would only bring the
+        next compaction point (a prefix change and a summary) closer than compacting afresh."""
         pending = state.speculative.get("record")
         if not pending:
-            return False
+            return None
         record = CompactionRecord(**pending)
         hashes = prefix_hashes(turn.fingerprints)
         k = record.prefix_len
         if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
             state.speculative = {}
-            return False
+            return None
+        view = _arrival_compact(record.messages + turn.messages[k:], len(record.messages), turn, budget)
+        tokens = turn.counter.count_messages(view) + tools_tokens
+        cfg = turn.config
+        if tokens > min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget:
+            state.speculative = {}
+            state.speculation_wasted += 1
+            return None
         state.collapse, state.breaker = state.speculative["collapse"], state.speculative["breaker"]
         state.working = state.speculative["working"]
         state.add_record(record)
         state.log_compaction({"level": "speculative", "tokens_before": record.tokens_before,
                               "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time()})
         state.speculative = {}
-        return True
+        state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
+        return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(record.levels)),
+                    hints=["speculative: applied the compaction prepared in the background"])
 
     async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
                        degraded: bool) -> tuple[Plan, bool]:

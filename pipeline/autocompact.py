@@ -39,6 +39,8 @@ RECOVERY = ("{marker}\nThe history before this point was compressed into a summa
             "3. The tool context in use is restored in the messages above.")
 DEGRADE_KEEP = 3
 """The spec's degraded mode (professional): only the last 3 messages and the system prompt."""
+MIN_SUMMARY_TOKENS = 64
+"""The least a summary keeps however tight the budget: about a line for each of the six fields."""
 MESSAGE_TOKENS_FOR_SUMMARY = 800
 """Each message is cut to this many tokens in what the summariser reads."""
 
@@ -173,13 +175,22 @@ class AutocompactStrategy:
                 summary = await self.summarise(plan)
             except Exception:
                 return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
-        allowance = self.summary_tokens(request.token_budget)
-        if counter.count(summary) > allowance:
-            summary = counter.head(summary, allowance)
         shape: Shape = shape_of(request.messages, self.pin_first_user)
-        recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=summary.strip()))
         pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end]
-        out = request.messages[:plan.start] + [recovery] + pinned + request.messages[end:]
+
+        def compacted(text: str) -> list[Message]:
+            recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text))
+            return request.messages[:plan.start] + [recovery] + pinned + request.messages[end:]
+
+        # The summary gets what the budget leaves once the rest is in place, within its
+        # allowance: a fixed reserve would overshoot a budget the kept messages nearly fill.
+        room = request.token_budget - counter.count_messages(compacted(""))
+        allowance = min(self.summary_tokens(request.token_budget), max(MIN_SUMMARY_TOKENS, room))
+        out = compacted(counter.head(summary, allowance).strip())
+        over = counter.count_messages(out) - request.token_budget
+        if 0 < over and allowance > MIN_SUMMARY_TOKENS:
+            # Tokens can merge across the summary's edges: take off what that added.
+            out = compacted(counter.head(summary, max(MIN_SUMMARY_TOKENS, allowance - over)).strip())
         hints = [f"autocompact: summarised {end - plan.start} messages"]
         kept = len(request.messages) - end
         if keep is None and kept < self.config.keep_recent:

@@ -255,3 +255,15 @@ async def test_real_histories(share: int) -> None:
         assert out[-1] == h[-1]
         assert result.tokens_after == c.count_messages(out) and result.fits == (result.tokens_after <= budget)
     assert compacted > 50
+
+
+async def test_the_summary_takes_only_the_room_the_kept_messages_leave() -> None:
+    """At a budget the kept messages nearly fill, a summary sized by the budget alone would
+    overshoot it; it is cut to what is left instead."""
+    h = agent_history(20, 100)
+    floor = (await run(make(Scripted(reply="x")), h, 1)).tokens_after  # everything but a 1-token summary
+    budget = floor + 80
+    result = await run(make(Scripted(reply=filler(400, 9))), h, budget)
+    assert result.level_used is Level.AUTOCOMPACT
+    assert result.fits and result.tokens_after <= budget
+    assert filler(400, 9)[:100] in result.compressed_messages[2]["content"]

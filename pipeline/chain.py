@@ -11,7 +11,7 @@ from typing import Any, Callable
 from .autocompact import AutocompactBreaker, AutocompactStrategy, Summarize
 from .collapse import CollapseStore, CollapseStrategy
 from .config import PipelineConfig
-from .microcompact import MicrocompactStrategy
+from .microcompact import MicrocompactStrategy, NewestObservationCut
 from .notes import is_compaction_note, is_restore_block
 from .restore import ActiveRestore, WorkingState
 from .snip import SnipStrategy
@@ -51,8 +51,10 @@ def restore_position(messages: list[Message], pin_first_user: bool) -> int:
 
 class CompressionPipeline:
     def __init__(self, strategies: list[Strategy], restore: ActiveRestore | None = None,
-                 restore_budget: int = 0, pin_first_user: bool = True) -> None:
+                 restore_budget: int = 0, pin_first_user: bool = True, last_resort: Strategy | None = None) -> None:
         self.strategies = strategies
+        self.last_resort = last_resort
+        """Run once when every strategy has and the result still does not fit."""
         self.restore = restore
         self.restore_budget = restore_budget
         self.pin_first_user = pin_first_user
@@ -79,6 +81,10 @@ class CompressionPipeline:
                 current = result.compressed_messages
                 steps += result.steps
             fits = result.fits
+        if not fits and self.last_resort is not None:
+            result = await self.last_resort.compress(CompressionRequest(current, target, counter, request.reason))
+            if result is not None:
+                current, steps, hints = result.compressed_messages, steps + result.steps, hints + result.recovery_hints
         if steps:
             # Recompute against what is kept, so a file still on show is not restored twice,
             # and give file contents only the room the compacted request has left.
@@ -110,5 +116,6 @@ def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | No
                           summarize, effective_budget, precomputed)
     strategies = [STRATEGIES[name](parts) for name in config.levels]
     restore = ActiveRestore(config.restore, working_state) if working_state is not None else None
+    microcompact = next((s for s in strategies if isinstance(s, MicrocompactStrategy)), None)
     return CompressionPipeline(strategies, restore, int(effective_budget * config.restore.budget_ratio),
-                               config.pin_first_user)
+                               config.pin_first_user, NewestObservationCut(microcompact) if microcompact else None)

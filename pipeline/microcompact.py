@@ -73,7 +73,7 @@ class MicrocompactStrategy:
             return None
         head, tail = self.config.head_tokens, self.config.tail_tokens
         if head + tail > threshold:
-            # A budget-scaled threshold: the cut text, separator included, keeps at most the
+            # A budget-scaled (or last-resort) threshold: the cut text, separator included, keeps at most the
             # threshold, in the spec's 3:1 split.
             kept = threshold - counter.count(SEPARATOR.format(n=tokens))
             head, tail = kept * 3 // 4, kept // 4
@@ -125,3 +125,34 @@ class MicrocompactStrategy:
             return None
         return level_result(self.level, request, messages, (changed[0], changed[-1] + 1), watch, len(changed),
                             [f"microcompact: truncated {len(changed)} tool outputs"])
+
+
+class NewestObservationCut:
+    """The chain's last resort, run when every level has and the request still does not fit:
+    cut the newest user message, if it is an observation (SWE-agent style, tool output in a
+    user message) rather than the task statement, to the room the rest leaves, head and tail
+    around Microcompact's separator. Every level protects that message, but a turn whose
+    newest observation alone is over the budget fails otherwise."""
+    level = Level.MICROCOMPACT
+
+    def __init__(self, microcompact: MicrocompactStrategy) -> None:
+        self.microcompact = microcompact
+
+    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
+        watch = Stopwatch()
+        messages, counter = request.messages, request.counter
+        newest = newest_user_index(messages)
+        if newest is None or (self.microcompact.pin_first_user and newest == first_user_index(messages)):
+            return None
+        content = messages[newest].get("content")
+        if not isinstance(content, str):
+            return None
+        others = counter.count_messages(messages) - counter.count_structured(messages[newest])
+        bare = counter.count_structured({**messages[newest], "content": ""})
+        room = max(self.microcompact.config.min_threshold, request.token_budget - others - bare)
+        cut = self.microcompact.truncate(content, room, counter)
+        if cut is None:
+            return None
+        out = [*messages[:newest], {**messages[newest], "content": cut}, *messages[newest + 1:]]
+        return level_result(self.level, request, out, (newest, newest + 1), watch, 1,
+                            ["microcompact: cut the newest observation, alone over the budget"])

@@ -142,8 +142,8 @@ class NewestObservationCut:
         watch = Stopwatch()
         messages, counter = request.messages, request.counter
         newest = newest_user_index(messages)
-        if newest is None or (self.microcompact.pin_first_user and newest == first_user_index(messages)):
-            return None
+        if newest is None or newest == first_user_index(messages):
+            return None  # the task statement is not an observation
         content = messages[newest].get("content")
         if not isinstance(content, str):
             return None

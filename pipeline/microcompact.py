@@ -66,10 +66,10 @@ class MicrocompactStrategy:
 
     def truncate(self, text: str, threshold: int, counter: TokenCounter) -> str | None:
         """`text` cut to head + separator + tail, or None when it is short or already cut."""
-        if len(text.encode()) <= threshold:
+        if len(text.encode()) <= threshold or is_microcompacted(text):
             return None  # a token is at least one byte: this text cannot be over the threshold
-        tokens = counter.count(text)
-        if tokens <= threshold or is_microcompacted(text):
+        tokens = counter.count_cached(text)  # outputs are resent every turn: tokenize each once
+        if tokens <= threshold:
             return None
         head, tail = self.config.head_tokens, self.config.tail_tokens
         if head + tail > threshold:
@@ -78,8 +78,9 @@ class MicrocompactStrategy:
             kept = threshold - counter.count(SEPARATOR.format(n=tokens))
             head, tail = kept * 3 // 4, kept // 4
         middle = tokens - head - tail
-        cut = counter.head(text, head) + SEPARATOR.format(n=middle) + counter.tail(text, tail)
-        return cut if counter.count(cut) < tokens else None  # just over the threshold: the separator costs more
+        start, end = counter.head_and_tail(text, head, tail)
+        cut = start + SEPARATOR.format(n=middle) + end
+        return cut if counter.count_cached(cut) < tokens else None  # just over the threshold: the separator costs more
 
     def compact_message(self, message: Message, tool_name: str | None, counter: TokenCounter,
                         results_in_step: int = 1) -> Message:

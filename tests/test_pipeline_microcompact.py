@@ -7,6 +7,7 @@ import pytest
 
 from ctxgate.pipeline.config import MicrocompactConfig
 from ctxgate.pipeline.microcompact import SEPARATOR, MicrocompactStrategy, is_microcompacted
+from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter
 from ctxgate.pipeline.turns import first_user_index, newest_user_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
@@ -205,3 +206,33 @@ async def test_real_histories(effective_budget) -> None:
             assert c.count(head) <= kept_head and c.count(tail) <= kept_tail
             assert c.count_structured(b) < c.count_structured(a)
     assert changed_total > 0
+
+
+class CountingEncoder:
+    """tiktoken, counting how many tokens it encoded."""
+
+    def __init__(self) -> None:
+        self._enc = TiktokenEncoder("o200k_base")
+        self.tokens = 0
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._enc.encode(text)
+        self.tokens += len(ids)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+
+async def test_resent_outputs_are_not_tokenized_again() -> None:
+    """An agent resends every output each turn: a second call counts them from the cache and
+    encodes only the one output it cuts, once for its head and tail together."""
+    h = [system(), user("task"), calls(call("c1", "execute_bash", command="x"), call("c2", "execute_bash")),
+         tool("c1", filler(5000, 1)), tool("c2", filler(1500, 2)), user("newest"), assistant("ok")]
+    enc = CountingEncoder()
+    c = TokenCounter("tiktoken:o200k_base(counting)", enc)
+    first = await strategy().compress(CompressionRequest(h, 1, c))
+    enc.tokens = 0
+    again = await strategy().compress(CompressionRequest(h, 1, c))
+    assert again.compressed_messages == first.compressed_messages
+    assert enc.tokens <= 5000 + 10

@@ -17,7 +17,7 @@ from .restore import ActiveRestore, WorkingState
 from .snip import SnipStrategy
 from .strategy import Strategy
 from .turns import shape_of
-from .types import CompressionRequest, CompressionResult, Level, Message
+from .types import CompressionRequest, CompressionResult, Message
 
 
 class PipelineParts:

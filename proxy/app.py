@@ -1,6 +1,7 @@
 """The aiohttp application: routes, the error middleware, start and stop."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -11,10 +12,12 @@ from .chat import ChatHandler
 from .errors import ApiError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
+from .journal import RollbackError
 from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate")
 GATEWAY = web.AppKey("gateway", Gateway)
+HOUSEKEEPING = web.AppKey("housekeeping", asyncio.Task)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -66,14 +69,20 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[GATEWAY].metrics.exposition(), content_type="text/plain")
 
 
-async def session_summary(request: web.Request) -> web.Response:
+def _session_of(request: web.Request) -> tuple[Gateway, str, str]:
     gw = request.app[GATEWAY]
     caller = resolve_caller(gw.config, request.headers)
     try:
         session_id = validate_id(request.match_info["session_id"], "session")
     except InvalidId as e:
         raise ApiError(400, str(e), code="invalid_session") from None
-    state = await gw.sessions.load(caller.tenant, session_id)
+    return gw, caller.tenant, session_id
+
+
+async def session_summary(request: web.Request) -> web.Response:
+    gw, tenant, session_id = _session_of(request)
+    async with gw.sessions.lock(tenant, session_id):
+        state = await gw.sessions.load(tenant, session_id) or await gw.journal.recover(tenant, session_id)
     if state is None:
         raise ApiError(404, f"no session {session_id} for this tenant", code="session_not_found")
     return _json({"id": state.session_id, "tenant": state.tenant, "turns": state.turns, "created_at": state.created_at,
@@ -81,7 +90,33 @@ async def session_summary(request: web.Request) -> web.Response:
                       {"prefix_len": r.prefix_len, "levels": r.levels, "tokens_before": r.tokens_before,
                        "tokens_after": r.tokens_after} for r in state.records],
                   "has_attempted_reactive_compact": state.has_attempted_reactive_compact,
-                  "compactions": state.compaction_log[-50:], "working": state.working})
+                  "compactions": state.compaction_log[-50:], "working": state.working, "wal_seq": state.wal_seq})
+
+
+async def session_checkpoints(request: web.Request) -> web.Response:
+    gw, tenant, session_id = _session_of(request)
+    return _json({"object": "list", "data": gw.journal.checkpoints(tenant, session_id)})
+
+
+async def session_rollback(request: web.Request) -> web.Response:
+    """Restore a session to one of its WAL checkpoints: `{"to_seq": N}`."""
+    gw, tenant, session_id = _session_of(request)
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        body = None
+    to_seq = body.get("to_seq") if isinstance(body, dict) else None
+    if not isinstance(to_seq, int) or isinstance(to_seq, bool) or to_seq < 1:
+        raise ApiError(400, 'the body must be {"to_seq": <checkpoint seq, a positive integer>}', param="to_seq",
+                       code="invalid_request")
+    async with gw.sessions.lock(tenant, session_id):
+        try:
+            state = await gw.journal.rollback(tenant, session_id, to_seq)
+        except RollbackError as e:
+            raise ApiError(404, str(e), param="to_seq", code="checkpoint_not_found") from None
+        await gw.sessions.save(state)
+    return _json({"id": session_id, "rolled_back_to": to_seq, "wal_seq": state.wal_seq,
+                  "records": len(state.records), "turns": state.turns})
 
 
 def create_app(gw: Gateway) -> web.Application:
@@ -95,9 +130,17 @@ def create_app(gw: Gateway) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/ctx/sessions/{session_id}", session_summary)
+    app.router.add_get("/v1/ctx/sessions/{session_id}/checkpoints", session_checkpoints)
+    app.router.add_post("/v1/ctx/sessions/{session_id}/rollback", session_rollback)
+
+    async def _start(app: web.Application) -> None:
+        app[HOUSEKEEPING] = asyncio.create_task(gw.housekeeping())
 
     async def _close(app: web.Application) -> None:
+        app[HOUSEKEEPING].cancel()
+        await asyncio.gather(app[HOUSEKEEPING], return_exceptions=True)
         await gw.close()
 
+    app.on_startup.append(_start)
     app.on_cleanup.append(_close)
     return app

@@ -4,22 +4,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Coroutine
 
 import orjson
 from aiohttp import web
 
-from .compaction import Plan, Turn, fingerprints_of
+from .compaction import Plan, Turn, budget_of, fingerprints_of
 from .errors import ApiError
 from .gateway import Gateway
+from .idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from .routing import Route
-from .state import SessionState
 from .tenancy import Caller, resolve_caller, resolve_session
+from .replies import ReplyFacts, SseReply, reply_facts
 from .upstream import ContextTooLong, Reply, UpstreamError
 from .validation import read_json_body, validate_chat_request
 
 log = logging.getLogger("ctxgate.chat")
-_USAGE_TAIL = 16_384
 
 
 class ChatHandler:
@@ -34,15 +35,35 @@ class ChatHandler:
         route = self.gw.router.resolve(body["model"])
         session_id = resolve_session(caller.tenant, request.headers, body)
         headers = {"X-Ctx-Session": session_id}
+        idempotency_key = key_of(request.headers)
         try:
-            return await self._turn(request, body, caller, route, session_id, headers, started)
+            if idempotency_key is not None:
+                return await self._idempotent(request, body, caller, route, session_id, headers, started,
+                                              idempotency_key)
+            return await self._turn(request, body, caller, route, session_id, headers, started, None)
         except ApiError as e:
             self.gw.metrics.requests.labels(route.model_name, str(e.status)).inc()
             e.headers.update(headers)
             raise
 
+    async def _idempotent(self, request: web.Request, body: dict[str, Any], caller: Caller, route: Route,
+                          session_id: str, headers: dict[str, str], started: float, key: str) -> web.StreamResponse:
+        """A retry of a request whose upstream call completed gets the stored reply, not a second call."""
+        store, digest = self.gw.idempotency, request_hash(body)
+        async with store.in_flight.hold(caller.tenant, key):
+            stored = await store.get(caller.tenant, key)
+            if stored is None:
+                return await self._turn(request, body, caller, route, session_id, headers, started, (key, digest))
+            if stored.request_hash != digest:
+                raise ApiError(422, f"{IDEMPOTENCY_HEADER} {key!r} was already used with a different request body",
+                               param=IDEMPOTENCY_HEADER, code="idempotency_key_reused")
+            self.gw.metrics.idempotent_replays.inc()
+            return web.Response(status=stored.status, body=stored.body, headers={
+                **stored.headers, "Content-Type": stored.content_type, "Idempotent-Replayed": "true"})
+
     async def _turn(self, request: web.Request, body: dict[str, Any], caller: Caller, route: Route,
-                    session_id: str, headers: dict[str, str], started: float) -> web.StreamResponse:
+                    session_id: str, headers: dict[str, str], started: float,
+                    idempotency: tuple[str, str] | None) -> web.StreamResponse:
         gw = self.gw
         messages = body["messages"]
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
@@ -54,14 +75,20 @@ class ChatHandler:
                     max_input_tokens=caller.budget or route.max_input_tokens,
                     summarize=lambda msgs: gw.summarize(summarizer, msgs))
         headers.update({"X-Ctx-Tokens-In": str(tokens_in), "X-Ctx-Tokenizer": counter.name})
+        plan: Plan | None = None
         async with gw.sessions.lock(caller.tenant, session_id):
-            state = await gw.sessions.load(caller.tenant, session_id) or SessionState(caller.tenant, session_id)
+            state = await gw.load_session(caller.tenant, session_id)
+            state.profile = caller.profile
             try:
                 plan = await gw.compactor.prepare(state, turn)
             finally:
                 guard_set = state.has_attempted_reactive_compact
                 state.turns += 1
-                await gw.sessions.save(state)
+                try:  # before anything is forwarded: what the client sent is in the log first
+                    await gw.journal.log_request(state, turn, plan.tokens_out if plan else None,
+                                                 budget_of(state, turn))
+                finally:
+                    await gw.sessions.save(state)
         stream = bool(body.get("stream"))
         api_key = caller.bearer if caller.tenant_config.pass_through_key else route.api_key
         upstream_ms, levels, degraded = 0.0, list(plan.levels), False
@@ -72,88 +99,100 @@ class ChatHandler:
                 break
             except ContextTooLong as e:
                 async with gw.sessions.lock(caller.tenant, session_id):
-                    state = await gw.sessions.load(caller.tenant, session_id) or SessionState(caller.tenant, session_id)
+                    state = await gw.load_session(caller.tenant, session_id)
                     try:
                         plan, degraded = await gw.compactor.reactive(state, turn, plan, e.body["error"]["message"], degraded)
                     finally:
                         guard_set = state.has_attempted_reactive_compact
-                        await gw.sessions.save(state)
+                        try:
+                            await gw.journal.log_request(state, turn, plan.tokens_out, budget_of(state, turn))
+                        finally:
+                            await gw.sessions.save(state)
                 levels += [lv for lv in plan.levels if lv not in levels]
             except UpstreamError as e:  # the upstream's own status and error object, in OpenAI's shape
                 raise e.to_api_error() from None
         upstream_ms += reply.upstream_ms
         headers.update({"X-Ctx-Tokens-Out": str(plan.tokens_out), "X-Ctx-Levels": ",".join(levels) or "none"})
+        done = _Done(caller, session_id, route, plan, guard_set, idempotency, headers)
         if reply.chunks is None:
             overhead = (time.perf_counter() - started) * 1000 - upstream_ms
             headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
-            response = web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type, **headers})
-            await self._after_reply(caller, session_id, route, plan, _usage_of(reply.body), overhead, guard_set)
-            return response
-        return await self._stream(request, reply, headers, started, upstream_ms, caller, session_id, route, plan,
-                                  guard_set)
+            facts = reply_facts(reply.body)
+            await _uncancellable(self._after_reply(done, reply, reply.body or b"", facts, overhead))
+            return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type, **headers})
+        return await self._stream(request, reply, done, started, upstream_ms)
 
-    async def _stream(self, request: web.Request, reply: Reply, headers: dict[str, str], started: float,
-                      upstream_ms: float, caller: Caller, session_id: str, route: Route, plan: Plan,
-                      guard_set: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, reply: Reply, done: "_Done", started: float,
+                      upstream_ms: float) -> web.StreamResponse:
         overhead = (time.perf_counter() - started) * 1000 - upstream_ms
-        headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
+        done.headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
         response = web.StreamResponse(status=reply.status, headers={
-            "Content-Type": reply.content_type, "Cache-Control": "no-cache", **headers})
+            "Content-Type": reply.content_type, "Cache-Control": "no-cache", **done.headers})
         await response.prepare(request)
-        tail, complete = b"", False
+        stream, complete = SseReply(keep_all=done.idempotency is not None), False
         try:
             async for data in reply.chunks:
                 await response.write(data)
-                tail = (tail + data)[-_USAGE_TAIL:]
+                stream.feed(data)
             complete = True
         except ApiError as e:
             # Headers are gone already: the error travels as an SSE event, as OpenAI does.
             await response.write(b"data: " + orjson.dumps(e.body()) + b"\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
-            log.info("client left session %s mid-stream; upstream call cancelled", session_id)
+            log.info("client left session %s mid-stream; upstream call cancelled", done.session_id)
             raise
         finally:
             if reply.close is not None:
                 reply.close()
         if complete:
-            await self._after_reply(caller, session_id, route, plan, _usage_in_sse(tail), overhead, guard_set)
+            await _uncancellable(self._after_reply(done, reply, stream.body(), stream.facts(), overhead))
         await response.write_eof()
         return response
 
-    async def _after_reply(self, caller: Caller, session_id: str, route: Route, plan: Plan,
-                           prompt_tokens: int | None, overhead_ms: float, guard_set: bool) -> None:
+    async def _after_reply(self, done: "_Done", reply: Reply, body: bytes, facts: ReplyFacts,
+                           overhead_ms: float) -> None:
+        """The upstream call completed: log it, reset the loop guard, keep the reply for retries."""
         gw = self.gw
-        gw.metrics.requests.labels(route.model_name, "200").inc()
+        gw.metrics.requests.labels(done.route.model_name, "200").inc()
         gw.metrics.overhead.observe(overhead_ms)
-        if prompt_tokens is not None:
-            gw.metrics.calibrate(route.model_name, plan.tokens_out, prompt_tokens)
-        if guard_set:
-            await self._reset_guard(caller.tenant, session_id)
+        if facts.prompt_tokens is not None:
+            gw.metrics.calibrate(done.route.model_name, done.plan.tokens_out, facts.prompt_tokens)
+        if done.guard_set or gw.journal.enabled(done.caller.profile):
+            try:
+                async with gw.sessions.lock(done.caller.tenant, done.session_id):
+                    state = await gw.load_session(done.caller.tenant, done.session_id)
+                    state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
+                    try:
+                        await gw.journal.log_reply(state, reply.status, facts.prompt_tokens, facts.tool_calls)
+                    finally:
+                        await gw.sessions.save(state)
+            except ApiError as e:  # the reply exists and the turn is logged: answer it rather than lose it
+                log.error("session %s: the reply could not be logged: %s", done.session_id, e.message)
+        if done.idempotency is not None:
+            key, digest = done.idempotency
+            await gw.idempotency.put(done.caller.tenant, key, StoredReply(
+                digest, reply.status, reply.content_type, body, dict(done.headers), time.time()))
 
-    async def _reset_guard(self, tenant: str, session_id: str) -> None:
-        """A complete reply arrived: the loop guard may compact again (spec pitfall 2)."""
-        async with self.gw.sessions.lock(tenant, session_id):
-            state = await self.gw.sessions.load(tenant, session_id)
-            if state is not None and state.has_attempted_reactive_compact:
-                state.has_attempted_reactive_compact = False
-                await self.gw.sessions.save(state)
 
-
-def _usage_of(body: bytes | None) -> int | None:
-    if not body or b'"usage"' not in body:
-        return None
+async def _uncancellable(work: Coroutine[Any, Any, None]) -> None:
+    """Finish the bookkeeping of a completed upstream call even when the client leaves
+    (an SDK closes the connection at `data: [DONE]`): the log and the stored reply must
+    not depend on when the client hangs up."""
+    task = asyncio.ensure_future(work)
     try:
-        usage = orjson.loads(body).get("usage") or {}
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return value if isinstance(value, int) else None
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
 
 
-def _usage_in_sse(tail: bytes) -> int | None:
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {") and b'"usage"' in line:
-            found = _usage_of(line[6:])
-            if found is not None:
-                return found
-    return None
+@dataclass
+class _Done:
+    """What the end of a turn needs to know about it."""
+    caller: Caller
+    session_id: str
+    route: Route
+    plan: Plan
+    guard_set: bool
+    idempotency: tuple[str, str] | None
+    headers: dict[str, str]

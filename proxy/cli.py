@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from . import wal_cli
 from .config import ConfigError, load_config
 
 
@@ -25,13 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8787)
     serve.add_argument("--log-level", default=os.environ.get("CTXGATE_LOG_LEVEL", "INFO"))
+    wal_cli.add_commands(sub, _serve_args)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = getattr(args, "log_level", os.environ.get("CTXGATE_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(f"ctxgate: refusing to start: {e}", file=sys.stderr)
         return 2
+    if args.command != "serve":
+        return wal_cli.run(args, config)
     return _serve(config, args.host, args.port, args.data_dir)
 
 

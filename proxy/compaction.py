@@ -42,6 +42,11 @@ class Turn:
     config: PipelineConfig
     max_input_tokens: int
     summarize: Summarize
+    reserved_tokens: int = 0
+    """Forwarded besides the client's messages and tools (the memory block): kept out of the room compaction has."""
+
+    def fixed_tokens(self) -> int:
+        return self.counter.count_tools(self.tools) + self.reserved_tokens
 
 
 @dataclass
@@ -126,7 +131,7 @@ class Compactor:
 
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
         budget = budget_of(state, turn)
-        tools_tokens = turn.counter.count_tools(turn.tools)
+        tools_tokens = turn.fixed_tokens()
         view, tokens = self._view(state, turn, budget, tools_tokens)
         if tokens <= turn.config.trigger_ratio * budget:
             ratio = turn.config.autocompact.speculative_ratio
@@ -224,7 +229,7 @@ class Compactor:
             limit = int(found.group(1))
             if 0 < limit < turn.max_input_tokens:
                 state.learned_max_input_tokens = limit
-        tools_tokens = turn.counter.count_tools(turn.tools)
+        tools_tokens = turn.fixed_tokens()
         budget = budget_of(state, turn)
         target = min(int(budget * turn.config.target_ratio), int(previous.tokens_out * turn.config.target_ratio))
         if not state.has_attempted_reactive_compact:
@@ -258,7 +263,7 @@ class Compactor:
                               "fits": result.fits, "hints": result.recovery_hints})
         levels = list(dict.fromkeys(s.level.value for s in result.steps))
         return Plan(messages=result.compressed_messages,
-                    tokens_out=run.record.tokens_after + turn.counter.count_tools(turn.tools), levels=levels,
+                    tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
 
 

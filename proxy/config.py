@@ -14,6 +14,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
+from ..memory.config import MemoryConfig
+from ..wal.config import WalConfig
 from .ids import validate_id
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
@@ -79,6 +81,8 @@ class CtxgateSettings(_Strict):
     profiles: dict[ProfileName, ProfileOverrides] = Field(default_factory=dict)
     """Per-profile overrides of the pipeline settings: `profiles.enterprise.pipeline: {...}`."""
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    wal: WalConfig = Field(default_factory=WalConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
     @field_validator("state")
     @classmethod

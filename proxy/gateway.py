@@ -1,6 +1,7 @@
 """Everything one running ctxgate holds: config, routes, tokenizers, state, forwarders."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -15,10 +16,12 @@ from .compaction import Compactor
 from .config import Config
 from .demo import DemoForwarder
 from .errors import ApiError
+from .idempotency import IdempotencyStore, open_idempotency_store
+from .journal import Journal
 from .metrics import Metrics
 from .routing import Route, Router
 from .speculative import Speculator
-from .state import SessionStore, open_store
+from .state import SessionState, SessionStore, open_store
 from .upstream import DirectForwarder, Forwarder, LitellmForwarder
 
 log = logging.getLogger("ctxgate")
@@ -34,6 +37,8 @@ class Gateway:
     metrics: Metrics
     direct: DirectForwarder
     via_litellm: LitellmForwarder
+    journal: Journal
+    idempotency: IdempotencyStore
     demo: DemoForwarder = field(default_factory=DemoForwarder)
     compactor: Compactor = field(default_factory=Compactor)
     speculator: Speculator | None = None
@@ -46,14 +51,40 @@ class Gateway:
             on_estimate=lambda model: metrics.estimated.labels(model).inc())
         tokenizers.validate()
         s = config.ctxgate
-        gw = cls(config=config, data_dir=Path(data_dir or s.data_dir), router=Router(config, forwarding),
+        root = Path(data_dir or s.data_dir)
+        journal = Journal(root, s.wal, watch_external=s.state == "memory",
+                          on_damage=lambda kind: metrics.wal_damage.labels(kind).inc())
+        gw = cls(config=config, data_dir=root, router=Router(config, forwarding),
                  tokenizers=tokenizers, sessions=open_store(s.state), metrics=metrics,
                  direct=DirectForwarder(s.connect_timeout_s, s.upstream_timeout_s),
-                 via_litellm=LitellmForwarder(s.upstream_timeout_s))
-        gw.speculator = Speculator(gw.sessions)
+                 via_litellm=LitellmForwarder(s.upstream_timeout_s), journal=journal,
+                 idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
+                                                    s.wal.idempotency_max_per_tenant))
+        gw.speculator = Speculator(gw.sessions, on_kept=gw._checkpoint_speculative)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         return gw
+
+    async def load_session(self, tenant: str, session_id: str) -> SessionState:
+        """The session's state, from the store or, first seen since a restart, from its WAL.
+        Call with the session locked."""
+        state = await self.sessions.load(tenant, session_id)
+        if state is not None and not self.journal.stale(state):
+            return state
+        recovered = await self.journal.recover(tenant, session_id)
+        return recovered or state or SessionState(tenant, session_id)
+
+    async def housekeeping(self, every_s: float = 3600.0) -> None:
+        """Runs for the life of the server: archives past their retention are removed even
+        for sessions that never write again."""
+        while True:
+            removed = await asyncio.to_thread(self.journal.prune_archives)
+            if removed:
+                log.info("removed %d WAL archive segments past their retention", len(removed))
+            await asyncio.sleep(every_s)
+
+    async def _checkpoint_speculative(self, state: SessionState) -> None:
+        await self.journal.checkpoint(state, "speculative")
 
     def _count_step(self, entry: dict[str, Any]) -> None:
         self.metrics.compactions.labels(entry["level"]).inc()
@@ -89,3 +120,7 @@ class Gateway:
             await self.speculator.close()
         await self.direct.close()
         await self.sessions.close()
+        close_idempotency = getattr(self.idempotency, "close", None)
+        if close_idempotency is not None:
+            await close_idempotency()
+        self.journal.close()

@@ -39,6 +39,10 @@ class Metrics:
                                           registry=self.registry)
         self.overhead = Histogram("ctxgate_overhead_ms", "Time spent in ctxgate per request, upstream excluded",
                                   buckets=(0.5, 1, 2, 5, 10, 20, 50, 100, 500), registry=self.registry)
+        self.wal_damage = Counter("ctxgate_wal_damage", "WAL lines found torn (crash mid-write) or damaged (checksum)",
+                                  ["kind"], registry=self.registry)
+        self.idempotent_replays = Counter("ctxgate_idempotent_replays", "Requests answered from a stored reply "
+                                          "(Idempotency-Key)", registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}
 
     def calibrate(self, model: str, ours: int, upstream: int) -> None:

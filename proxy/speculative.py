@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from .compaction import ChainRun, Turn, run_chain
 from .state import SessionState, SessionStore
@@ -21,8 +21,11 @@ log = logging.getLogger("ctxgate.speculative")
 
 
 class Speculator:
-    def __init__(self, sessions: SessionStore) -> None:
+    def __init__(self, sessions: SessionStore,
+                 on_kept: Callable[[SessionState], Awaitable[None]] | None = None) -> None:
         self._sessions = sessions
+        self._on_kept = on_kept
+        """Called with the session locked once a result is kept (the WAL checkpoints it)."""
         self._chains: dict[tuple[str, str], tuple[asyncio.Task[ChainRun], int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -68,6 +71,8 @@ class Speculator:
             async with self._sessions.lock(tenant, session_id):
                 state = await self._sessions.load(tenant, session_id)
                 if state is not None and self._keep(state, run, records_at_start):
+                    if self._on_kept is not None:
+                        await self._on_kept(state)
                     await self._sessions.save(state)
         except Exception as e:  # a background task: log, never raise into nowhere
             log.warning("speculative compaction of session %s failed: %s", session_id, e)

@@ -40,6 +40,8 @@ class SessionState:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     turns: int = 0
+    profile: str = ""
+    """The profile of the latest turn (it decides whether the WAL is written)."""
     records: list[CompactionRecord] = field(default_factory=list)
     collapse: dict[str, Any] = field(default_factory=dict)
     breaker: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +57,18 @@ class SessionState:
     session grows too fast per turn for speculation to pay, so it stops."""
     compaction_log: list[dict[str, Any]] = field(default_factory=list)
     wal_seq: int = 0
+    """The last seq written to this session's WAL."""
+    wal_logged: int = 0
+    """How many of the client's messages the WAL has seen, and the prefix hash naming them."""
+    wal_logged_hash: str = ""
+    wal_since_checkpoint: int = 0
+    memory_block: str = ""
+    """The memory block injected into this session's requests, kept byte-identical until the
+    tenant's memory (`memory_version`) or the session's scope (`memory_scope`) changes."""
+    memory_version: int | None = None
+    memory_scope: str = ""
+    wal_pending: list[dict[str, Any]] = field(default_factory=list)
+    """Compaction steps not yet written to the WAL; drained in the same locked section."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -65,15 +79,24 @@ class SessionState:
 
     def log_compaction(self, entry: dict[str, Any]) -> None:
         self.compaction_log = (self.compaction_log + [entry])[-MAX_COMPACTION_LOG:]
+        self.wal_pending.append(entry)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SessionState":
+        data = dict(data)
+        data["records"] = [CompactionRecord(**r) for r in data.get("records", [])]
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(asdict(self))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "SessionState":
-        data = orjson.loads(raw)
-        data["records"] = [CompactionRecord(**r) for r in data.get("records", [])]
-        return cls(**data)
+        return cls.from_dict(orjson.loads(raw))
 
 
 class SessionStore(Protocol):
@@ -140,10 +163,11 @@ class RedisSessionStore:
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
         lock = self._redis.lock(self._key(tenant, session_id) + ":lock", timeout=self._lock_timeout,
                                 blocking_timeout=self._lock_timeout)
-        with _reachable():
+        with reachable():
             acquired = await lock.acquire()
         if not acquired:
-            raise TimeoutError(f"session {session_id} is locked by another request")
+            raise ApiError(503, f"session {session_id} is busy with another request; retry later",
+                           code="session_busy")
         try:
             yield
         finally:
@@ -153,13 +177,13 @@ class RedisSessionStore:
                 pass
 
     async def load(self, tenant: str, session_id: str) -> SessionState | None:
-        with _reachable():
+        with reachable():
             raw = await self._redis.get(self._key(tenant, session_id))
         return SessionState.from_bytes(raw) if raw else None
 
     async def save(self, state: SessionState) -> None:
         state.updated_at = time.time()
-        with _reachable():
+        with reachable():
             await self._redis.set(self._key(*state.key), state.to_bytes(), ex=self._ttl)
 
     async def ping(self) -> bool:
@@ -173,7 +197,7 @@ class RedisSessionStore:
 
 
 @contextmanager
-def _reachable() -> Iterator[None]:
+def reachable() -> Iterator[None]:
     """Redis down or partitioned: a 503 the client may retry, not an internal error."""
     from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 

@@ -1,0 +1,340 @@
+"""The cost of the session WAL on the request path.
+
+1. Per event: `WalWriter.append` of one USER_INPUT / TOOL_RESULT / RESPONSE event (what
+   `proxy/journal.py` writes before and after forwarding), flushed, no fsync: p50 / p99.
+2. At a checkpoint: the CHECKPOINT event `Journal` writes after a compaction, with the full
+   state snapshot of a real session, appended with fsync (as the journal does), p50 / p99;
+   the same without fsync (serialisation and write alone), and the checkpoints that also
+   run an archive pass (every `archive_every`-th one). The snapshots are SessionStates
+   after the compactions of a replayed OpenHands run (budget 6,000 tokens) and of a
+   300K-token history compacted for a 128K window, made by `Compactor.prepare` in this
+   process with an instant scripted summary.
+3. End to end: two `ctxgate serve` in front of `bench/upstream.py`, one with the WAL on
+   (the professional profile's default), one with `ctxgate.wal.enabled: false`, sent the
+   same requests interleaved in a shuffled order: steady-state turns of a 2K-token
+   session (no compaction), and OpenHands runs replayed turn by turn with
+   `X-Ctx-Budget: 6000` (compactions, each followed by an fsynced checkpoint). Medians of
+   the wall time per turn and of `X-Ctx-Overhead-Ms` (ctxgate's time, upstream excluded).
+
+    .venv/bin/python bench/wal.py [--events 20000] [--checkpoints 300] [--turns 200] [--replays 4]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if os.environ.get("TIKTOKEN_CACHE_DIR"):  # the gateways run in a temporary directory: a relative path breaks there
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
+import overhead  # noqa: E402  (its process, target and turn helpers)
+
+import aiohttp  # noqa: E402
+import orjson  # noqa: E402
+import yaml  # noqa: E402
+
+from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
+from ctxgate.pipeline.fingerprint import prefix_hashes  # noqa: E402
+from ctxgate.proxy.compaction import Compactor, Turn, budget_of, fingerprints_of  # noqa: E402
+from ctxgate.proxy.journal import Journal  # noqa: E402
+from ctxgate.proxy.state import SessionState  # noqa: E402
+from ctxgate.wal.config import WalConfig  # noqa: E402
+from ctxgate.wal.events import content_hash  # noqa: E402
+from ctxgate.wal.paths import WalPaths  # noqa: E402
+from ctxgate.wal.writer import WalWriter  # noqa: E402
+from trajectories import openhands  # noqa: E402
+
+SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
+           "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
+           "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
+REPLAY_BUDGET = 6000
+
+
+async def instant_summary(_prompt: list[dict[str, Any]]) -> str:
+    return SUMMARY
+
+
+def fmt_us(ms: float) -> str:
+    return f"{ms * 1000:.1f}"
+
+
+def p50_p99(values: list[float]) -> tuple[float, float]:
+    return common.pct(values, 0.5), common.pct(values, 0.99)
+
+
+# ---------------------------------------------------------------------------------------
+# Snapshots of real sessions
+
+
+def replay_state(name: str, budget: int) -> tuple[SessionState, int, int]:
+    """A session after replaying an OpenHands run turn by turn at `budget` tokens, as the
+    gateway's compactor leaves it (records, collapse store, breaker, working state)."""
+    t = next(x for x in openhands() if x.name == name)
+    counter = common.gpt4o_counter()
+    state = SessionState("bench", "replay", profile="professional")
+    compactor = Compactor()
+    tokens_out = 0
+    turn = None
+    loop = asyncio.new_event_loop()
+    for i, m in enumerate(t.messages):
+        if i < 2 or m["role"] != "assistant":
+            continue
+        msgs = t.messages[:i]
+        turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=t.tools, counter=counter,
+                    config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=budget,
+                    summarize=instant_summary)
+        plan = loop.run_until_complete(compactor.prepare(state, turn))
+        tokens_out = plan.tokens_out
+        state.turns += 1
+        state.has_attempted_reactive_compact = False  # the reply came
+    loop.close()
+    assert turn is not None
+    return state, tokens_out, budget_of(state, turn)
+
+
+def large_state(tokens: int, window: int) -> tuple[SessionState, int, int]:
+    """A `tokens`-token history of real trajectory messages, compacted for a `window` model."""
+    counter = common.gpt4o_counter()
+    msgs = common.build_conversation(tokens, counter)
+    state = SessionState("bench", "large", profile="professional")
+    turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=None, counter=counter,
+                config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=window,
+                summarize=instant_summary)
+    loop = asyncio.new_event_loop()
+    plan = loop.run_until_complete(Compactor().prepare(state, turn))
+    loop.close()
+    return state, plan.tokens_out, budget_of(state, turn)
+
+
+# ---------------------------------------------------------------------------------------
+# 1 and 2: in process
+
+
+def bench_events(root: Path, n: int) -> list[list[str]]:
+    writer = WalWriter(WalPaths(root / "events"))
+    hashes = prefix_hashes(f"{i:032x}" for i in range(64))
+    kinds = {
+        "USER_INPUT": lambda i: {"type": "USER_INPUT", "turn": i, "index": 2 * i + 1, "prefix_hash": hashes[i % 64],
+                                 "content_hash": content_hash(f"user message {i}")},
+        "TOOL_RESULT": lambda i: {"type": "TOOL_RESULT", "turn": i, "index": 2 * i + 1, "prefix_hash": hashes[i % 64],
+                                  "tool": "execute_bash", "call_id": f"call_{i:08d}", "result_tokens": 812,
+                                  "success": True, "duration_ms": None},
+        "RESPONSE": lambda i: {"type": "RESPONSE", "turn": i, "status": 200, "prompt_tokens": 4210, "tool_calls": 1},
+    }
+    rows = []
+    for kind, make in kinds.items():
+        seq, times = 0, []
+        for i in range(n):
+            event = [make(i)]
+            t0 = time.perf_counter()
+            seq = writer.append("bench", f"events-{kind}", event, seq).last_seq
+            times.append((time.perf_counter() - t0) * 1000)
+        p50, p99 = p50_p99(times)
+        size = (root / "events" / "wal" / "bench" / f"wal_events-{kind}.jsonl").stat().st_size // n
+        rows.append([f"`append` one {kind} (flush, no fsync)", f"{size:,} B", fmt_us(p50), fmt_us(p99),
+                     fmt_us(max(times))])
+        common.progress(f"  {kind}: p50 {fmt_us(p50)} µs, p99 {fmt_us(p99)} µs over {n} appends")
+    writer.close()
+    return rows
+
+
+def bench_checkpoints(root: Path, n: int, snapshots: list[tuple[str, SessionState, int, int]]) -> list[list[str]]:
+    rows = []
+    for label, state, tokens_out, budget in snapshots:
+        journal = Journal(root / f"ckpt-{label}", WalConfig())
+        event = journal._checkpoint_event(state, "compaction", tokens_out, budget)
+        journal.close()
+        size = len(orjson.dumps(event))
+        for sync, archive_every, what in [(True, 10**9, "with fsync"), (False, 10**9, "no fsync"),
+                                          (True, 10, "with fsync, archive_every=10 (the default)")]:
+            writer = WalWriter(WalPaths(root / f"ckpt-{label}-{sync}-{archive_every}"), archive_every=archive_every)
+            seq, times, archived = 0, [], []
+            for i in range(n):
+                fresh = {**event, "state": {**event["state"], "turns": i}}
+                t0 = time.perf_counter()
+                done = writer.append("bench", "ckpt", [{"type": "RESPONSE", "turn": i, "status": 200}, fresh], seq,
+                                     sync=sync)
+                ms = (time.perf_counter() - t0) * 1000
+                seq = done.last_seq
+                (archived if done.archived is not None else times).append(ms)
+            writer.close()
+            p50, p99 = p50_p99(times)
+            row = [f"{label}: CHECKPOINT (+1 RESPONSE) {what}", f"{size:,} B", fmt_us(p50), fmt_us(p99),
+                   fmt_us(max(times))]
+            if archived:
+                a50, a99 = p50_p99(archived)
+                row[0] += f"; the {len(archived)} that also archived: p50 {a50:.2f} ms, p99 {a99:.2f} ms"
+            rows.append(row)
+            common.progress(f"  {label} {what}: p50 {p50:.3f} ms, p99 {p99:.3f} ms ({size:,} B)")
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# 3: end to end
+
+
+def gateway_config(upstream: str, workdir: Path, name: str, wal: bool) -> Path:
+    cfg = {"model_list": [{"model_name": overhead.MODEL,
+                           "litellm_params": {"model": f"openai/{overhead.MODEL}", "api_base": f"{upstream}/v1",
+                                              "api_key": overhead.UPSTREAM_KEY},
+                           "model_info": {"max_input_tokens": 1_000_000}}],
+           "ctxgate": {"forwarding": "auto", "data_dir": str(workdir / f"data-{name}"), "wal": {"enabled": wal},
+                       "pipeline": {"autocompact": {"speculative_ratio": None}}}}
+    path = workdir / f"ctxgate-{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+async def send(http: aiohttp.ClientSession, url: str, body: bytes, session: str,
+               budget: int | None) -> overhead.Sample:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {overhead.UPSTREAM_KEY}",
+               "X-Ctx-Session": session}
+    if budget:
+        headers["X-Ctx-Budget"] = str(budget)
+    t0 = time.perf_counter()
+    async with http.post(url, data=body, headers=headers) as r:
+        raw = await r.read()
+        ms = (time.perf_counter() - t0) * 1000
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {raw[:500]!r}")
+        return overhead.Sample(ms, float(r.headers["X-Ctx-Overhead-Ms"]), r.headers.get("X-Ctx-Levels"))
+
+
+async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
+    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-bench-wal-"))
+    procs: list[overhead.Proc] = []
+    rng = random.Random(20261203)
+    try:
+        port = overhead.free_port()
+        upstream = overhead.start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
+                                  f"http://127.0.0.1:{port}/healthz", workdir)
+        procs.append(upstream)
+        urls = {}
+        for name, wal in (("wal-on", True), ("wal-off", False)):
+            port = overhead.free_port()
+            cfg = gateway_config(upstream.url, workdir, name, wal)
+            procs.append(overhead.start(f"ctxgate-{name}", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config",
+                                                           str(cfg), "--port", str(port), "--log-level", "WARNING"],
+                                        f"http://127.0.0.1:{port}/healthz", workdir,
+                                        {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}))
+            urls[name] = f"{procs[-1].url}/v1/chat/completions"
+        samples: dict[tuple[str, str], list[overhead.Sample]] = {}
+        counter = common.gpt4o_counter()
+        base = common.build_conversation(2_000, counter)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            warm = 10
+            common.progress(f"wal: steady-state turns of a 2K-token session, {warm}+{args.turns} × 2 gateways")
+            for i in range(warm + args.turns):
+                body = orjson.dumps({"model": overhead.MODEL, "messages": overhead.turn(base, i)})
+                for name in rng.sample(list(urls), 2):
+                    s = await send(http, urls[name], body, f"turn-{i // overhead.TURNS_PER_SESSION}-{name}", None)
+                    if i >= warm:
+                        samples.setdefault(("turn-2K", name), []).append(s)
+            runs = [t for t in openhands()]
+            common.progress(f"wal: {args.replays} replays of {len(runs)} OpenHands runs at budget {REPLAY_BUDGET} "
+                            f"× 2 gateways")
+            for rep in range(args.replays):
+                for t in runs:
+                    for i, m in enumerate(t.messages):
+                        if i < 2 or m["role"] != "assistant":
+                            continue
+                        body = orjson.dumps({"model": overhead.MODEL, "messages": t.messages[:i], "tools": t.tools})
+                        sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{t.name}-{rep}")
+                        for name in rng.sample(list(urls), 2):
+                            s = await send(http, urls[name], body, f"{sid}-{name}", REPLAY_BUDGET)
+                            if rep:  # the first replay warms the token cache of every message
+                                kind = "replay, compaction turns" if s.levels not in (None, "none") else \
+                                    "replay, other turns"
+                                samples.setdefault((kind, name), []).append(s)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = []
+    for kind in ("turn-2K", "replay, other turns", "replay, compaction turns"):
+        on, off = samples[(kind, "wal-on")], samples[(kind, "wal-off")]
+        on_ms, off_ms = common.median(s.ms for s in on), common.median(s.ms for s in off)
+        on_hdr, off_hdr = common.median(s.overhead_ms for s in on), common.median(s.overhead_ms for s in off)
+        rows.append([kind, f"{len(on)} / {len(off)}", f"{on_ms:.2f}", f"{off_ms:.2f}", f"{on_ms / off_ms:.2f}×",
+                     f"{on_hdr:.2f}", f"{off_hdr:.2f}", f"{on_hdr / off_hdr:.2f}×" if off_hdr > 0 else "n/a",
+                     f"{on_hdr - off_hdr:+.2f}"])
+        common.progress(f"  {kind}: wall {on_ms:.2f} vs {off_ms:.2f} ms, X-Ctx-Overhead-Ms {on_hdr:.2f} vs "
+                        f"{off_hdr:.2f} ms")
+    return rows, common.table(
+        ["turns", "n (on / off)", "wall p50 ms, WAL on", "WAL off", "ratio", "X-Ctx-Overhead-Ms p50, WAL on",
+         "WAL off", "ratio", "difference ms"], rows, "lrrrrrrrr")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="the cost of the session WAL on the request path")
+    p.add_argument("--events", type=int, default=20000, help="appends per event type")
+    p.add_argument("--checkpoints", type=int, default=300, help="checkpoints per snapshot and mode")
+    p.add_argument("--turns", type=int, default=200, help="steady-state turns per gateway")
+    p.add_argument("--replays", type=int, default=4, help="replays of the OpenHands runs (the first is warm-up)")
+    args = p.parse_args()
+    common.wait_for_quiet()
+    root = Path(tempfile.mkdtemp(prefix="ctxgate-bench-wal-files-", dir=os.environ.get("CTXGATE_BENCH_DIR")))
+    try:
+        common.progress("wal: snapshots of real sessions")
+        small, s_tokens, s_budget = replay_state("openhands/getmoto__moto-6387_0", REPLAY_BUDGET)
+        large, l_tokens, l_budget = large_state(300_000, 128_000)
+        snapshots = [("OpenHands run at budget 6K", small, s_tokens, s_budget),
+                     ("300K history, 128K window", large, l_tokens, l_budget)]
+        described = [f"{label}: {len(st.records)} compaction records, {len(st.compaction_log)} compaction-log "
+                     f"entries, {sum(len(r.messages) for r in st.records)} messages in records"
+                     for label, st, _, _ in snapshots]
+        common.progress("wal: per-event appends")
+        event_rows = bench_events(root, args.events)
+        common.progress("wal: checkpoints")
+        ckpt_rows = bench_checkpoints(root, args.checkpoints, snapshots)
+        fs = _filesystem(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    _, e2e = asyncio.run(end_to_end(args))
+
+    lines = [common.section_header("WAL: the cost of logging on the request path"), ""]
+    lines.append(
+        f"In process (no HTTP), files on {fs}: `WalWriter.append` as `proxy/journal.py` calls it, timed one call "
+        f"at a time. Per event: {args.events:,} appends of each type into one session's file (each call: flock, "
+        f"one write, flush). At a checkpoint: {args.checkpoints} appends of a CHECKPOINT, with the full "
+        "snapshot `Journal` builds after a compaction, preceded by a RESPONSE in the same call; the snapshot "
+        "is a real session's state after `Compactor.prepare` ran its compactions (instant scripted summary):\n")
+    lines += [f"- {d}" for d in described]
+    lines.append("")
+    lines.append(common.table(["append", "line size", "p50 µs", "p99 µs", "max µs"], event_rows + ckpt_rows,
+                              "lrrrr") + "\n")
+    lines.append(
+        "End to end: `ctxgate serve` twice (`forwarding: auto`; the WAL on — the professional default — and "
+        "`ctxgate.wal.enabled: false`) in front of `bench/upstream.py`, the same request bodies sent to both in "
+        f"a shuffled order. `turn-2K`: {args.turns} steady-state turns of 2K-token sessions (bench/overhead.py's "
+        f"`turn`; USER_INPUT before, RESPONSE after, no compaction). `replay`: the {len(openhands())} OpenHands "
+        f"runs turn by turn with `X-Ctx-Budget: {REPLAY_BUDGET}`, {args.replays - 1} measured replays after one "
+        "warm-up; *compaction turns* are the ones whose `X-Ctx-Levels` is not `none` (with the WAL on: "
+        "COMPRESSION events and an fsynced CHECKPOINT before forwarding). Speculative Autocompact off in both.\n")
+    lines.append(e2e + "\n")
+    common.write_section("wal", "\n".join(lines))
+    common.progress(f"wal: wrote {common.RESULTS.relative_to(common.ROOT)}")
+
+
+def _filesystem(path: Path) -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, check=False).stdout.split("\n")
+        dev, fstype = out[1].split()[:2]
+        return f"{fstype} ({dev})"
+    except (OSError, IndexError, ValueError):
+        return "?"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Capture: rules that turn the traffic into short-term memory candidates.
+
+- user messages: stated preferences (User) and corrections of what the agent did
+  (Feedback, with the spec's fields and the three turns before it);
+- tool results (and SWE-agent style observations in user messages): manifests such as
+  `pyproject.toml`, `package.json`, `go.mod`, `Cargo.toml`, and directory listings (Project);
+- results of fetch/browse tools: documents (Reference, summarised to at most 500 tokens).
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable
+
+import orjson
+
+from .entries import REFERENCE_SUMMARY_TOKENS, Category
+from .short_term import Candidate
+
+Truncate = Callable[[str, int], str]
+
+_PREFERENCE = re.compile(
+    r"(?i)\b(i (?:always |really )?prefer|i(?:'d| would) (?:rather|like you to)|please always|always (?:use|answer|write|reply|respond)|"
+    r"never (?:use|answer|write|reply)|from now on|my (?:preferred|favourite|favorite)|i like (?:my|it when)|call me)\b[^.\n!?]*[.!?]?")
+_CORRECTION = re.compile(
+    r"(?i)\b(no,? (?:use|do|don't|not)|don't use|do not use|instead of|rather than|that's wrong|that is wrong|"
+    r"not what i (?:asked|wanted)|you should(?:n't| not)? have|stop (?:using|doing)|wrong (?:tool|approach|file))\b[^\n]*")
+_CODE_STYLE = re.compile(r"(?i)\b(style|format|indent|naming|pep ?8|camel|snake|type hints?|docstring|lint|black|prettier|quotes?)\b")
+_APPROACH = re.compile(r"(?i)\b(approach|instead|async|sync|design|architecture|pattern|algorithm)\b")
+_FETCH_TOOL = re.compile(r"(?i)fetch|browse|browser|web|http|curl|wget|url|read_url|search_docs")
+_URL = re.compile(r"https?://[^\s\"'<>)]+")
+_MANIFESTS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("pyproject.toml", re.compile(r"(?m)^\[(?:project|tool\.poetry|build-system)\]")),
+    ("package.json", re.compile(r'"(?:dependencies|devDependencies)"\s*:\s*\{')),
+    ("go.mod", re.compile(r"(?m)^module [\w./-]+\s*$[\s\S]*^go \d")),
+    ("Cargo.toml", re.compile(r"(?m)^\[package\][\s\S]*^edition\s*=")),
+    ("requirements.txt", re.compile(r"(?m)^(?:[A-Za-z0-9_.-]+(?:\[[^\]]+\])?\s*[=<>~!]=\s*[\w.*]+\s*\n){3,}")),
+)
+_LANGUAGE = {"pyproject.toml": "python", "requirements.txt": "python", "package.json": "javascript",
+             "go.mod": "go", "Cargo.toml": "rust"}
+_FRAMEWORKS = ("django", "flask", "fastapi", "pytest", "react", "vue", "next", "express", "gin", "tokio",
+               "numpy", "pandas", "sqlalchemy", "aiohttp", "spring", "rails")
+_LISTING_LINE = re.compile(r"^[\w.@+-][\w./@+-]*/?$")
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def capture(messages: list[dict[str, Any]], indices: set[int], truncate: Truncate,
+            now: float | None = None) -> list[tuple[int, Candidate]]:
+    """Candidates found in `messages[i]` for each i in `indices` (the messages not seen before)."""
+    at = time.time() if now is None else now
+    found: list[tuple[int, Candidate]] = []
+    for i in sorted(indices):
+        m = messages[i]
+        role, text = m.get("role"), text_of(m.get("content"))
+        if not text:
+            continue
+        if role == "user":
+            found += [(i, c) for c in _from_user(messages, i, text, at)]
+            found += [(i, c) for c in _project_facts(text, at)]
+        elif role == "tool":
+            tool, args = _call_of(messages, i)
+            if _FETCH_TOOL.search(tool or ""):
+                found.append((i, _reference(text, args, truncate, at)))
+            else:
+                found += [(i, c) for c in _project_facts(text, at)]
+    return found
+
+
+def _from_user(messages: list[dict[str, Any]], i: int, text: str, at: float) -> list[Candidate]:
+    out = []
+    head = text[:4000]
+    for match in _PREFERENCE.finditer(head):
+        sentence = match.group(0).strip()
+        out.append(Candidate(Category.USER, sentence, {"preferences": {"statement": sentence}, "source": "user message"},
+                             at))
+    correction = _CORRECTION.search(head)
+    if correction and i > 0:
+        previous = _previous_action(messages, i)
+        said = correction.group(0).strip()[:300]
+        kind = ("code_style" if _CODE_STYLE.search(said) else
+                "tool_choice" if _mentions_tool(said, messages, i) else
+                "approach" if _APPROACH.search(said) else "other")
+        snippet = [{"role": m.get("role"), "content": text_of(m.get("content"))[:300]}
+                   for m in messages[max(0, i - 6):i + 1]]
+        out.append(Candidate(Category.FEEDBACK, f"Correction ({kind}): {said}", {
+            "correction_type": kind, "original_action": previous, "corrected_action": said,
+            "context_snippet": snippet}, at))
+    return out
+
+
+def _previous_action(messages: list[dict[str, Any]], i: int) -> str:
+    for m in reversed(messages[:i]):
+        if m.get("role") == "assistant":
+            calls = [c.get("function", {}).get("name", "") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+            return ("called " + ", ".join(calls)) if calls else text_of(m.get("content"))[:300]
+    return ""
+
+
+def _mentions_tool(said: str, messages: list[dict[str, Any]], i: int) -> bool:
+    names = {c.get("function", {}).get("name", "") for m in messages[:i] for c in m.get("tool_calls") or []
+             if isinstance(c, dict)}
+    lowered = said.lower()
+    return any(n and n.lower() in lowered for n in names) or bool(re.search(r"(?i)\btool\b|\bcommand\b", said))
+
+
+def _call_of(messages: list[dict[str, Any]], i: int) -> tuple[str | None, dict[str, Any]]:
+    call_id = messages[i].get("tool_call_id")
+    for m in reversed(messages[:i]):
+        if m.get("role") != "assistant":
+            continue
+        for call in m.get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id") == call_id:
+                fn = call.get("function") or {}
+                try:
+                    args = orjson.loads(fn.get("arguments") or "{}")
+                except orjson.JSONDecodeError:
+                    args = {}
+                return fn.get("name"), args if isinstance(args, dict) else {}
+        break
+    return messages[i].get("name"), {}
+
+
+def _reference(text: str, args: dict[str, Any], truncate: Truncate, at: float) -> Candidate:
+    source = next((v for v in args.values() if isinstance(v, str) and _URL.match(v)), None)
+    if source is None:
+        found = _URL.search(text)
+        source = found.group(0) if found else "inline"
+    topic = next((ln.strip("# ").strip() for ln in text.splitlines() if ln.strip()), "")[:120]
+    summary = truncate(text, REFERENCE_SUMMARY_TOKENS)
+    return Candidate(Category.REFERENCE, f"{topic}: {summary}", {
+        "source": source, "topic": topic, "summary": summary, "original_length": len(text)}, at)
+
+
+def _project_facts(text: str, at: float) -> list[Candidate]:
+    out = []
+    sample = text[:20000]
+    for name, pattern in _MANIFESTS:
+        if pattern.search(sample):
+            lowered = sample.lower()
+            frameworks = sorted({f for f in _FRAMEWORKS if re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", lowered)})
+            stack = {"language": _LANGUAGE[name], "manifest": name, "frameworks": frameworks}
+            if name == "pyproject.toml" and "poetry" in lowered:
+                stack["package_manager"] = "poetry"
+            elif name == "package.json":
+                stack["package_manager"] = "npm"
+            out.append(Candidate(Category.PROJECT, f"Tech stack from {name}: {_LANGUAGE[name]}"
+                                 + (f" ({', '.join(frameworks)})" if frameworks else ""), {"tech_stack": stack}, at))
+            break
+    listing = _listing(sample)
+    if listing:
+        out.append(Candidate(Category.PROJECT, f"Files seen: {', '.join(listing[:30])}",
+                             {"file_index": {p: {} for p in listing}}, at))
+    return out
+
+
+def _listing(text: str) -> list[str]:
+    """A directory listing: most lines are single path-like names (ls, find, tree-less)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not 4 <= len(lines) <= 2000:
+        return []
+    names = [ln for ln in lines if _LISTING_LINE.match(ln)]
+    return names if len(names) >= 0.8 * len(lines) else []
+
+
+_WORKSPACE = re.compile(r"(?<![\w.])(/(?:workspace|testbed|repo|repos|project|projects|src|app|code)(?:/[\w.@+-]+)?)(?=[/\s'\"`.,:;)]|$)")
+
+
+def workspace_root(messages: list[dict[str, Any]]) -> str | None:
+    """The workspace root an agent names in its system prompt or task (OpenHands
+    `/workspace/<repo>`, SWE-agent `/testbed` or `/<repo>`), as the project's id."""
+    for m in messages[:4]:
+        if m.get("role") in ("system", "developer", "user"):
+            found = _WORKSPACE.search(text_of(m.get("content"))[:20000])
+            if found:
+                return found.group(1)
+    return None

@@ -1,0 +1,53 @@
+"""Memory settings (`ctxgate.memory` in the config file)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Trigger = Literal["A", "B", "C"]
+# The spec's scale guide: professional consolidates at session end only, enterprise on all three.
+PROFILE_TRIGGERS: dict[str, list[Trigger]] = {"minimal": [], "professional": ["B"], "enterprise": ["A", "B", "C"]}
+
+
+class MemoryConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool | None = None
+    """None: by profile (minimal keeps no memory, as the spec's scale guide says)."""
+    store: Literal["files", "redis", "vector"] | None = None
+    """None: `redis` when the session state is in Redis, else `files`."""
+    qdrant_path: str | None = None
+    """Vector store in local mode (default `<data_dir>/qdrant`), unless `qdrant_url` names a server."""
+    qdrant_url: str | None = None
+    embedding_model: str | None = None
+    """A `model_name` of `model_list` that answers /v1/embeddings (required by the vector store)."""
+    budget_share: float = Field(default=0.05, gt=0, lt=1)
+    """The injected memory block takes at most this share of the effective budget."""
+    dream_model: str | None = None
+    """Who consolidates (default: `pipeline.autocompact.model`, else the request's model)."""
+    classifier_model: str | None = None
+    """Optional: an LLM re-labels buffered entries the rules could not place (category `other`)."""
+    triggers: list[Trigger] | None = None
+    """Auto-dream triggers; None: by profile."""
+    threshold_count: int = Field(default=20, gt=0)
+    """Trigger A: more buffered entries than this."""
+    dream_interval_s: float = Field(default=1800.0, gt=0)
+    """Trigger C: this long since the last dream and more than 5 entries buffered."""
+    idle_timeout_s: float = Field(default=1800.0, gt=0)
+    """A session idle this long has ended (trigger B)."""
+    end_timeout_s: float = Field(default=5.0, gt=0)
+    """At session end, consolidation gets this long; then the raw entries are written as they are."""
+    feedback_ttl_days: dict[str, float] = Field(default_factory=lambda: {
+        "code_style": 30.0, "tool_choice": 7.0, "approach": 14.0, "other": 14.0})
+    workspace_root: str | None = None
+    """A readable project root to scan at session start and refresh by modification time."""
+
+    def enabled_for(self, profile: str) -> bool:
+        return self.enabled if self.enabled is not None else profile != "minimal"
+
+    def triggers_for(self, profile: str) -> list[Trigger]:
+        return self.triggers if self.triggers is not None else PROFILE_TRIGGERS.get(profile, ["B"])
+
+    def feedback_ttl_s(self) -> dict[str, float]:
+        return {k: v * 86400.0 for k, v in self.feedback_ttl_days.items()}

@@ -1,0 +1,46 @@
+"""MemoryContextLoader (spec): the memory blocks relevant to this turn, in priority
+order (User, Feedback, Project, Reference), within the memory share of the budget, as
+the text of one system message the proxy injects after the client's system prompt."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .entries import PRIORITY, Category, MemoryEntry
+from .store import LongTermStore
+
+HEADER = "Long-term memory (ctxgate): what is known about this user and project from earlier sessions."
+_TITLES = {Category.USER: "User preferences", Category.FEEDBACK: "Corrections to keep in mind",
+           Category.PROJECT: "Project", Category.REFERENCE: "Reference notes"}
+_CANDIDATES = 200
+# Preferences, corrections and the project apply whatever the turn asks; a reference note
+# only when it shares words with the turn.
+_NEEDS_MATCH = frozenset({Category.REFERENCE})
+
+
+class MemoryContextLoader:
+    def __init__(self, store: LongTermStore) -> None:
+        self.store = store
+
+    async def block(self, tenant: str, user: str | None, project: str | None, query: str, budget_tokens: int,
+                    count: Callable[[str], int], now: float) -> str:
+        """The block's text, or "" when nothing fits or nothing is known."""
+        hits = await self.store.search(tenant, query, PRIORITY, user, project, _CANDIDATES, now)
+        by_category: dict[Category, list[MemoryEntry]] = {}
+        for entry, score in hits:
+            if score > 0 or entry.category not in _NEEDS_MATCH:
+                by_category.setdefault(entry.category, []).append(entry)
+        lines = [HEADER]
+        used = count(HEADER)
+        for category in PRIORITY:
+            title = f"## {_TITLES[category]}"
+            section: list[str] = []
+            for entry in by_category.get(category, []):
+                line = "- " + " ".join(entry.content.split())
+                cost = count(line) + (0 if section else count(title))
+                if used + cost > budget_tokens:
+                    continue  # a shorter entry further down may still fit
+                section.append(line)
+                used += cost
+            if section:
+                lines += [title, *section]
+        return "\n".join(lines) if len(lines) > 1 else ""

@@ -1,0 +1,158 @@
+"""MemoryManager: what the proxy calls, plugged into the request path (not the core).
+
+- `context_block`: the loader's block for a turn;
+- `observe`: capture from a turn's new messages into the short-term buffer, the project
+  scan on a session's first sight, and auto-dream triggers A and C — all in background
+  tasks, so a response never waits for memory (pitfall 4);
+- `end_session` (trigger B: idle timeout or an explicit end), with `end_timeout_s`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from .capture import Truncate, capture
+from .config import MemoryConfig
+from .dream import Complete, auto_dream
+from .entries import Category, MemoryEntry
+from .loader import MemoryContextLoader
+from .project_scan import describe, scan_project
+from .short_term import BufferScope, SessionBuffer, SessionKey, ShortTermStore
+from .store import LongTermStore
+
+log = logging.getLogger("ctxgate.memory")
+CompleteWith = Callable[[str, list[dict[str, Any]]], Awaitable[str]]
+OnDream = Callable[[SessionKey, dict[str, Any]], Awaitable[None]]
+_TRIGGER_C_MIN = 5
+
+
+class MemoryManager:
+    def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.loader = MemoryContextLoader(store)
+        self.short_term = ShortTermStore()
+        self._complete = complete
+        self._on_dream = on_dream
+        self._clock = clock
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._dreaming: dict[SessionKey, asyncio.Task[Any]] = {}
+
+    def enabled(self, profile: str) -> bool:
+        return self.config.enabled_for(profile)
+
+    async def context_block(self, tenant: str, user: str | None, project: str | None, query: str,
+                            budget_tokens: int, count: Callable[[str], int]) -> str:
+        return await self.loader.block(tenant, user, project, query, budget_tokens, count, self._clock())
+
+    def observe(self, key: SessionKey, scope: BufferScope, messages: list[dict[str, Any]], fingerprints: list[str],
+                truncate: Truncate) -> None:
+        """Capture in the background; the turn goes on at once."""
+        if not self.short_term.unseen(key, fingerprints):
+            return
+        self._spawn(self._observe(key, scope, messages, fingerprints, truncate))
+
+    async def _observe(self, key: SessionKey, scope: BufferScope, messages: list[dict[str, Any]],
+                       fingerprints: list[str], truncate: Truncate) -> None:
+        now = self._clock()
+        found = capture(messages, self.short_term.unseen(key, fingerprints), truncate, now)
+        buf, first = await self.short_term.add(key, scope, fingerprints, found, now)
+        if first and self.config.workspace_root:
+            await self._refresh_project(buf)
+        triggers = self.config.triggers_for(buf.profile)
+        size = len(buf.entries)
+        if "A" in triggers and size > self.config.threshold_count:
+            self._dream(key, "A", None)
+        elif "C" in triggers and size > _TRIGGER_C_MIN and now - buf.last_dream_at > self.config.dream_interval_s:
+            self._dream(key, "C", None)
+
+    async def _refresh_project(self, buf: SessionBuffer) -> None:
+        """Spec: project memory is refreshed by a scan at session start, incrementally by mtime."""
+        root = Path(self.config.workspace_root or "")
+        if not root.is_dir():
+            log.warning("memory.workspace_root %s is not a readable directory: no project scan", root)
+            return
+        project = buf.project or str(root.resolve())
+        existing = next((e for e in await self.store.list(buf.tenant, Category.PROJECT)
+                         if e.project == project and e.data.get("root_path")), None)
+        data = await asyncio.to_thread(scan_project, root, existing.data if existing else None, self._clock())
+        if existing is not None and not data["changed_files"] and not data["removed_files"]:
+            return
+        entry = MemoryEntry(category=Category.PROJECT, tenant=buf.tenant, project=project, content=describe(data),
+                            data=data)
+        if existing is not None:
+            entry.id, entry.created_at = existing.id, existing.created_at
+        await self.store.put(entry)
+
+    async def end_session(self, key: SessionKey) -> dict[str, Any] | None:
+        """Trigger B: the session ended; consolidate within `end_timeout_s`, then forget the buffer."""
+        running = self._dreaming.get(key)
+        if running is not None:
+            await asyncio.gather(running, return_exceptions=True)
+        buf = self.short_term.get(key)
+        event = None
+        if buf is not None and buf.entries and "B" in self.config.triggers_for(buf.profile):
+            event = await self._run_dream(key, "B", self.config.end_timeout_s)
+        await self.short_term.forget(key)
+        return event
+
+    async def sweep(self) -> int:
+        """End the sessions idle past `idle_timeout_s`."""
+        idle = await self.short_term.idle(self._clock(), self.config.idle_timeout_s)
+        for key in idle:
+            await self.end_session(key)
+        return len(idle)
+
+    def _dream(self, key: SessionKey, trigger: str, timeout: float | None) -> None:
+        if key in self._dreaming:
+            return
+        task = self._spawn(self._run_dream(key, trigger, timeout))
+        self._dreaming[key] = task
+        task.add_done_callback(lambda _: self._dreaming.pop(key, None))
+
+    async def _run_dream(self, key: SessionKey, trigger: str, timeout: float | None) -> dict[str, Any] | None:
+        now = self._clock()
+        buf, entries = await self.short_term.drain(key, now)
+        if buf is None or not entries:
+            return None
+        model = self.config.dream_model or buf.model
+        complete: Complete | None = (lambda msgs: self._complete(model, msgs)) if model else None
+        classify: Complete | None = None
+        if self.config.classifier_model:
+            classifier = self.config.classifier_model
+            classify = lambda msgs: self._complete(classifier, msgs)  # noqa: E731
+        event = await auto_dream(buf, entries, self.store, complete, self.config.feedback_ttl_s(), timeout,
+                                 classify, now)
+        event["trigger"] = trigger
+        try:
+            await self._on_dream(key, event)
+        except Exception as e:  # the memory is written; only the log line is missing
+            log.warning("AUTO_DREAM of session %s not logged: %s", key[1], e)
+        return event
+
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("memory background task failed: %s", task.exception())
+
+    async def idle_tasks(self) -> None:
+        """Wait for the background work in flight (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Shutdown ends every session: buffered memory is consolidated (or written raw), not lost."""
+        await self.idle_tasks()
+        for key in await self.short_term.keys():
+            await self.end_session(key)
+        await self.store.close()

@@ -1,0 +1,165 @@
+"""`Idempotency-Key`: a retried request whose upstream call already completed is answered
+from the stored reply, without a second upstream call.
+
+Replies are kept per tenant, for `wal.idempotency_ttl_s` and at most
+`wal.idempotency_max_per_tenant` of them (the oldest go first): as files under the data
+directory (they survive a crash, like the WAL) or in Redis when the state is there.
+The same key with a different body is refused (422), as payment APIs do.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Protocol
+
+import orjson
+import xxhash
+
+from ..wal.archive import write_atomically
+from ..wal.paths import safe_name
+from .errors import ApiError
+from .state import reachable
+
+HEADER = "Idempotency-Key"
+MAX_KEY_LENGTH = 255
+
+
+@dataclass
+class StoredReply:
+    request_hash: str
+    status: int
+    content_type: str
+    body: bytes
+    headers: dict[str, str]
+    created_at: float
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({**asdict(self), "body": base64.b64encode(self.body).decode()})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "StoredReply":
+        data = orjson.loads(raw)
+        data["body"] = base64.b64decode(data["body"])
+        return cls(**data)
+
+
+def key_of(headers: Any) -> str | None:
+    key = headers.get(HEADER)
+    if key is None:
+        return None
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ApiError(400, f"{HEADER} must be 1 to {MAX_KEY_LENGTH} characters", param=HEADER,
+                       code="invalid_idempotency_key")
+    return key
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    return xxhash.xxh3_128_hexdigest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+
+
+class IdempotencyStore(Protocol):
+    async def get(self, tenant: str, key: str) -> StoredReply | None: ...
+    async def put(self, tenant: str, key: str, reply: StoredReply) -> None: ...
+
+
+class _InFlight:
+    """One request per key at a time in this process: a retry racing the original waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    @asynccontextmanager
+    async def hold(self, tenant: str, key: str) -> AsyncIterator[None]:
+        lock = self._locks.setdefault((tenant, key), asyncio.Lock())
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked():
+                self._locks.pop((tenant, key), None)
+
+
+class FileIdempotencyStore:
+    def __init__(self, root: Path, ttl_s: float, max_per_tenant: int) -> None:
+        self.root, self._ttl, self._max = root, ttl_s, max_per_tenant
+        self.in_flight = _InFlight()
+
+    def _path(self, tenant: str, key: str) -> Path:
+        return self.root / safe_name(tenant) / (xxhash.xxh3_128_hexdigest(key.encode()) + ".json")
+
+    async def get(self, tenant: str, key: str) -> StoredReply | None:
+        path = self._path(tenant, key)
+        try:
+            reply = StoredReply.from_bytes(path.read_bytes())
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+        if time.time() - reply.created_at > self._ttl:
+            path.unlink(missing_ok=True)
+            return None
+        return reply
+
+    async def put(self, tenant: str, key: str, reply: StoredReply) -> None:
+        path = self._path(tenant, key)
+        await asyncio.to_thread(write_atomically, path, reply.to_bytes())
+        await asyncio.to_thread(self._prune, path.parent)
+
+    def _prune(self, folder: Path) -> None:
+        entries = []
+        now = time.time()
+        for f in folder.glob("*.json"):
+            try:
+                mtime = f.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if now - mtime > self._ttl:
+                f.unlink(missing_ok=True)
+            else:
+                entries.append((mtime, f))
+        for _, f in sorted(entries)[:max(0, len(entries) - self._max)]:
+            f.unlink(missing_ok=True)
+
+
+class RedisIdempotencyStore:
+    def __init__(self, url: str, ttl_s: float, max_per_tenant: int) -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+        self._ttl, self._max = int(ttl_s), max_per_tenant
+        self.in_flight = _InFlight()
+
+    @staticmethod
+    def _key(tenant: str, key: str) -> str:
+        return f"ctxgate:idem:{tenant}:{xxhash.xxh3_128_hexdigest(key.encode())}"
+
+    async def get(self, tenant: str, key: str) -> StoredReply | None:
+        with reachable():
+            raw = await self._redis.get(self._key(tenant, key))
+        return StoredReply.from_bytes(raw) if raw else None
+
+    async def put(self, tenant: str, key: str, reply: StoredReply) -> None:
+        name, index = self._key(tenant, key), f"ctxgate:idem:{tenant}"
+        with reachable():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(name, reply.to_bytes(), ex=self._ttl)
+                pipe.zadd(index, {name: reply.created_at})
+                pipe.expire(index, self._ttl)
+                await pipe.execute()
+            overflow = await self._redis.zcard(index) - self._max
+            if overflow > 0:
+                oldest = await self._redis.zrange(index, 0, overflow - 1)
+                if oldest:
+                    await self._redis.delete(*oldest)
+                    await self._redis.zrem(index, *oldest)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def open_idempotency_store(state_url: str, data_dir: Path, ttl_s: float, max_per_tenant: int) -> IdempotencyStore:
+    if state_url == "memory":
+        return FileIdempotencyStore(data_dir / "idempotency", ttl_s, max_per_tenant)
+    return RedisIdempotencyStore(state_url, ttl_s, max_per_tenant)

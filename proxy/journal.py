@@ -1,0 +1,278 @@
+"""The session WAL as the proxy writes and reads it (DESIGN.md step 7).
+
+Before forwarding: USER_INPUT and TOOL_RESULT for the client's messages the log has not
+seen yet, a COMPRESSION per compaction step, then a CHECKPOINT (fsynced) holding a full
+snapshot of the session state, after every compaction and every `checkpoint_every`
+events. After the reply: RESPONSE (the upstream call completed) and a TOOL_CALL per tool
+call in it. Recovery is the latest intact checkpoint's snapshot plus the events after it,
+so a restarted gateway forwards exactly what it would have forwarded without the crash.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from ..pipeline.fingerprint import prefix_hashes
+from ..wal.archive import prune_archives
+from ..wal.config import WalConfig
+from ..wal.events import EventType, content_hash
+from ..wal.mirror import DB_NAME, SqliteMirror
+from ..wal.paths import WalPaths
+from ..wal.reader import Recovery, find_checkpoint, recover, scan_file
+from ..wal.writer import WalWriter
+from .compaction import Turn
+from .errors import ApiError
+from .state import SessionState
+
+log = logging.getLogger("ctxgate.wal")
+# What a failed tool run looks like in its output, for TOOL_RESULT's `success`.
+_FAILURE = re.compile(r"(?i)traceback \(most recent call last\)|\berror\b|\bexception\b|command not found|"
+                      r"no such file or directory|exit code [1-9]")
+_SCAN_CHARS = 4000
+
+
+class RollbackError(ValueError):
+    pass
+
+
+class Journal:
+    def __init__(self, data_dir: str | Path, config: WalConfig, clock: Callable[[], float] = time.time,
+                 watch_external: bool = False, on_damage: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.paths = WalPaths(data_dir)
+        self._on_damage = on_damage
+        self.writer = WalWriter(self.paths, config.archive_every, config.archive_retention_days * 86400.0, clock,
+                                on_torn=lambda path, _: self._damaged("torn"))
+        self.mirror = SqliteMirror(self.paths.data_dir / DB_NAME)
+        self._watch_external = watch_external
+        """In-process state only: notice a rollback made from the CLI on the session's next turn."""
+
+    def enabled(self, profile: str) -> bool:
+        return self.config.enabled_for(profile or "professional")
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def recover(self, tenant: str, session: str) -> SessionState | None:
+        """The session as the WAL has it, or None when there is no log of it."""
+        return await asyncio.to_thread(self._recover, tenant, session)
+
+    def _recover(self, tenant: str, session: str) -> SessionState | None:
+        if not self.paths.live(tenant, session).exists():
+            return None  # archives alone are history, not a session to resume
+        live = self.writer.open(tenant, session)
+        scans = [live]
+        if not any(isinstance(c.get("state"), dict) for c in live.checkpoints):
+            scans = [scan_file(p) for p in self.paths.archives(tenant, session)] + [live]
+        found = recover(scans)
+        if not found.last_seq:
+            return None
+        for damage in found.damaged:
+            log.warning("WAL %s line %d is damaged (%s): skipped, recovery goes on from checkpoint %s",
+                        damage.file, damage.line, damage.reason, found.checkpoint and found.checkpoint["seq"])
+            self._damaged("damaged")
+        state = _rebuild(tenant, session, found)
+        log.info("session %s/%s recovered from the WAL: checkpoint %s, %d events after it, seq %d",
+                 tenant, session, found.checkpoint and found.checkpoint["seq"], len(found.events), state.wal_seq)
+        return state
+
+    def stale(self, state: SessionState) -> bool:
+        return self._watch_external and self.writer.changed_externally(state.tenant, state.session_id)
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
+        """What this turn brought and what compaction did, before anything is forwarded."""
+        steps, state.wal_pending = state.wal_pending, []
+        if not self.enabled(state.profile):
+            return
+        before = (state.wal_logged, state.wal_logged_hash)
+        events = self._message_events(state, turn)
+        events += [_compression(step) for step in steps if step["level"] != "chain"]
+        reason = "compaction" if steps else "periodic"
+        try:
+            await self._write(state, events, reason, tokens_out, budget, force_checkpoint=bool(steps))
+        except ApiError:
+            state.wal_logged, state.wal_logged_hash = before
+            raise
+
+    async def log_reply(self, state: SessionState, status: int, prompt_tokens: int | None,
+                        tool_calls: list[dict[str, Any]]) -> None:
+        if not self.enabled(state.profile):
+            return
+        events: list[dict[str, Any]] = [{"type": EventType.RESPONSE.value, "turn": state.turns, "status": status,
+                                         "prompt_tokens": prompt_tokens, "tool_calls": len(tool_calls)}]
+        for call in tool_calls:
+            fn = call.get("function") or {}
+            events.append({"type": EventType.TOOL_CALL.value, "tool": fn.get("name"), "call_id": call.get("id"),
+                           "params_hash": content_hash(str(fn.get("arguments", "")))})
+        await self._write(state, events, "periodic", None, None, force_checkpoint=False)
+
+    async def log_dream(self, state: SessionState, event: dict[str, Any]) -> None:
+        """Auto-dream consolidated the session's short-term memory (the memory system's event)."""
+        if self.enabled(state.profile):
+            await self._write(state, [{"type": EventType.AUTO_DREAM.value, **event}], "periodic", None, None,
+                              force_checkpoint=False)
+
+    async def checkpoint(self, state: SessionState, reason: str) -> None:
+        if self.enabled(state.profile):
+            await self._write(state, [], reason, None, None, force_checkpoint=True)
+
+    async def _write(self, state: SessionState, events: list[dict[str, Any]], reason: str,
+                     tokens_out: int | None, budget: int | None, force_checkpoint: bool) -> None:
+        since = state.wal_since_checkpoint + len(events)
+        checkpoint = force_checkpoint or since >= self.config.checkpoint_every
+        if checkpoint:
+            events = events + [self._checkpoint_event(state, reason, tokens_out, budget)]
+        if not events:
+            return
+        try:
+            if checkpoint:  # fsync: off the event loop, other sessions go on meanwhile
+                appended = await asyncio.to_thread(self.writer.append, state.tenant, state.session_id, events,
+                                                   state.wal_seq, True)
+            else:
+                appended = self.writer.append(state.tenant, state.session_id, events, state.wal_seq)
+        except OSError as e:
+            log.error("WAL of session %s/%s not written: %s", state.tenant, state.session_id, e)
+            raise ApiError(503, f"the session log could not be written ({e.strerror or e}); nothing was forwarded",
+                           code="wal_unavailable") from None
+        state.wal_seq = appended.last_seq
+        state.wal_since_checkpoint = 0 if checkpoint else since
+        if appended.archived is not None:
+            log.info("WAL %s/%s: events before seq %d archived to %s", state.tenant, state.session_id,
+                     appended.events[-1]["seq"], appended.archived)
+        if self.config.sqlite_for(state.profile):
+            self.mirror.put(state.tenant, state.session_id, appended.events)
+
+    def _message_events(self, state: SessionState, turn: Turn) -> list[dict[str, Any]]:
+        """USER_INPUT / TOOL_RESULT for each client message past what the log has seen."""
+        messages = turn.messages
+        hashes = prefix_hashes(turn.fingerprints)
+        start = state.wal_logged
+        if start > len(messages) or (start and hashes[start - 1] != state.wal_logged_hash):
+            start = 0  # the client rewrote its history: log it again from the start
+        events = []
+        for i in range(start, len(messages)):
+            m = messages[i]
+            role = m.get("role")
+            base = {"turn": state.turns, "index": i, "prefix_hash": hashes[i]}
+            if role == "user":
+                content = m.get("content")
+                event = {"type": EventType.USER_INPUT.value, **base, "content_hash": content_hash(content or "")}
+                if self.config.store_content:
+                    event["content"] = content
+                events.append(event)
+            elif role == "tool":
+                text = _text(m.get("content"))
+                failed = bool(_FAILURE.search(text[:_SCAN_CHARS]))
+                event = {"type": EventType.TOOL_RESULT.value, **base, "tool": _tool_name(messages, i),
+                         "call_id": m.get("tool_call_id"),
+                         "result_tokens": turn.counter.count_structured(m, turn.fingerprints[i]),
+                         "success": not failed, "duration_ms": None}
+                if failed:
+                    event["error"] = _first_failure_line(text)
+                events.append(event)
+        if messages:
+            state.wal_logged, state.wal_logged_hash = len(messages), hashes[-1]
+        return events
+
+    def _checkpoint_event(self, state: SessionState, reason: str, tokens_out: int | None,
+                          budget: int | None) -> dict[str, Any]:
+        last = state.compaction_log[-1] if state.compaction_log else {}
+        snapshot = state.to_dict()
+        snapshot["wal_pending"] = []
+        return {"type": EventType.CHECKPOINT.value, "reason": reason, "level": last.get("level"),
+                "messages_tokens": tokens_out, "tokens_left": None if tokens_out is None or budget is None
+                else budget - tokens_out, "memory_size": 0,
+                "pending_tasks": list(state.working.get("pending_tasks", [])), "state": snapshot}
+
+    # -- rollback --------------------------------------------------------------------------
+
+    def checkpoints(self, tenant: str, session: str) -> list[dict[str, Any]]:
+        files = [*self.paths.archives(tenant, session), self.paths.live(tenant, session)]
+        return [{k: v for k, v in c.items() if k != "state"} for f in files for c in scan_file(f).checkpoints]
+
+    async def rollback(self, tenant: str, session: str, to_seq: int) -> SessionState:
+        """The session as it was at checkpoint `to_seq`, written as a new checkpoint."""
+        files = [*self.paths.archives(tenant, session), self.paths.live(tenant, session)]
+        target = find_checkpoint([scan_file(f) for f in files], to_seq)
+        if target is None:
+            seqs = [c["seq"] for c in self.checkpoints(tenant, session)]
+            raise RollbackError(f"session {session} has no checkpoint at seq {to_seq} "
+                                f"(checkpoints: {', '.join(map(str, seqs)) or 'none'})")
+        live = self.writer.open(tenant, session)
+        state = SessionState.from_dict(target["state"])
+        state.wal_seq, state.wal_pending = live.last_seq, []
+        state.wal_since_checkpoint = 0
+        state.log_compaction({"level": "rollback", "to_seq": to_seq, "at": time.time()})
+        state.wal_pending = []
+        event = self._checkpoint_event(state, "rollback", None, None)
+        event["rolled_back_to"] = to_seq
+        appended = await asyncio.to_thread(self.writer.append, tenant, session, [event], state.wal_seq, True)
+        state.wal_seq = appended.last_seq
+        return state
+
+    def prune_archives(self) -> list[Path]:
+        return prune_archives(self.paths.archive_root, self.config.archive_retention_days * 86400.0, time.time())
+
+    def _damaged(self, kind: str) -> None:
+        if self._on_damage is not None:
+            self._on_damage(kind)
+
+    def close(self) -> None:
+        self.mirror.close()
+        self.writer.close()
+
+
+def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
+    state = (SessionState.from_dict(found.checkpoint["state"]) if found.checkpoint
+             else SessionState(tenant, session))
+    state.tenant, state.session_id = tenant, session
+    for event in found.events:
+        kind = event["type"]
+        if kind in (EventType.USER_INPUT.value, EventType.TOOL_RESULT.value) and "index" in event:
+            state.wal_logged, state.wal_logged_hash = event["index"] + 1, event.get("prefix_hash", "")
+        elif kind == EventType.RESPONSE.value:
+            state.has_attempted_reactive_compact = False  # a reply arrived: the loop guard was reset
+        state.turns = max(state.turns, int(event.get("turn") or 0))
+    state.wal_seq, state.wal_pending = found.last_seq, []
+    state.wal_since_checkpoint = len(found.events)
+    return state
+
+
+def _compression(step: dict[str, Any]) -> dict[str, Any]:
+    return {"type": EventType.COMPRESSION.value, "level": step["level"], "input_tokens": step.get("tokens_before"),
+            "output_tokens": step.get("tokens_after"), "duration_ms": step.get("duration_ms"),
+            "span": step.get("span"), "reason": step.get("reason")}
+
+
+def _tool_name(messages: list[dict[str, Any]], i: int) -> str | None:
+    call_id = messages[i].get("tool_call_id")
+    for j in range(i - 1, -1, -1):
+        m = messages[j]
+        if m.get("role") == "assistant":
+            for call in m.get("tool_calls") or []:
+                if isinstance(call, dict) and call.get("id") == call_id:
+                    return (call.get("function") or {}).get("name")
+            return messages[i].get("name")
+    return messages[i].get("name")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "" if content is None else orjson.dumps(content).decode()
+
+
+def _first_failure_line(text: str) -> str:
+    for line in text[:_SCAN_CHARS].splitlines():
+        if _FAILURE.search(line):
+            return line.strip()[:200]
+    return ""

@@ -1,0 +1,100 @@
+"""What an upstream reply says that ctxgate keeps: usage and the tool calls it makes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+_USAGE_TAIL = 16_384
+
+
+@dataclass
+class ReplyFacts:
+    prompt_tokens: int | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+def reply_facts(body: bytes | None) -> ReplyFacts:
+    """From a non-streaming chat completion."""
+    if not body:
+        return ReplyFacts()
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return ReplyFacts()
+    if not isinstance(data, dict):
+        return ReplyFacts()
+    calls: list[dict[str, Any]] = []
+    for choice in data.get("choices") or []:
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
+            calls += [c for c in message["tool_calls"] if isinstance(c, dict)]
+    return ReplyFacts(_prompt_tokens(data), calls)
+
+
+def _prompt_tokens(data: dict[str, Any]) -> int | None:
+    usage = data.get("usage")
+    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) else None
+
+
+class SseReply:
+    """Watches a streamed reply go by: keeps its tail for `usage`, the chunks that carry
+    tool-call deltas, and, for an idempotent request, every byte."""
+
+    def __init__(self, keep_all: bool = False) -> None:
+        self._tail = b""
+        self._calls = bytearray()
+        self._all: bytearray | None = bytearray() if keep_all else None
+
+    def feed(self, data: bytes) -> None:
+        self._tail = (self._tail + data)[-_USAGE_TAIL:]
+        if b'"tool_calls"' in data:
+            self._calls += data
+        if self._all is not None:
+            self._all += data
+
+    def body(self) -> bytes:
+        return bytes(self._all) if self._all is not None else b""
+
+    def facts(self) -> ReplyFacts:
+        return ReplyFacts(self._usage(), self._tool_calls())
+
+    def _usage(self) -> int | None:
+        for event in reversed(_events(self._tail)):
+            if isinstance(event.get("usage"), dict):
+                found = _prompt_tokens(event)
+                if found is not None:
+                    return found
+        return None
+
+    def _tool_calls(self) -> list[dict[str, Any]]:
+        """Tool-call deltas merged by index: the id and name come once, the arguments in pieces."""
+        merged: dict[int, dict[str, Any]] = {}
+        for event in _events(bytes(self._calls)):
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") if isinstance(choice, dict) else None
+                for part in (delta or {}).get("tool_calls") or []:
+                    if not isinstance(part, dict):
+                        continue
+                    call = merged.setdefault(int(part.get("index") or 0),
+                                             {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                    call["id"] = part.get("id") or call["id"]
+                    fn = part.get("function") or {}
+                    call["function"]["name"] += fn.get("name") or ""
+                    call["function"]["arguments"] += fn.get("arguments") or ""
+        return [merged[i] for i in sorted(merged)]
+
+
+def _events(data: bytes) -> list[dict[str, Any]]:
+    out = []
+    for line in data.split(b"\n"):
+        if line.startswith(b"data: {"):
+            try:
+                event = orjson.loads(line[6:])
+            except orjson.JSONDecodeError:
+                continue  # a line cut by the tail window
+            if isinstance(event, dict):
+                out.append(event)
+    return out

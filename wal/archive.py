@@ -1,0 +1,63 @@
+"""Keeping the live log small (spec pitfall 5): old events move to `wal_archive/`.
+
+A segment is named `wal_<session>.<first seq>-<last seq>.jsonl`; segments past their
+retention are removed. Files are replaced atomically (write, fsync, rename), so a crash
+mid-archive leaves either the old or the new file, never half of one.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .events import decode_line
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def archive_segment(live: Path, archive_dir: Path, split_at: int, now: float | None = None) -> Path | None:
+    """Move the live file's bytes before `split_at` (the start of a checkpoint line) to a
+    new archive segment and keep the rest live. The caller holds the file's lock. The
+    segment is dated `now` (retention counts from it)."""
+    data = live.read_bytes()
+    head, tail = data[:split_at], data[split_at:]
+    lines = [ln for ln in head.splitlines(keepends=True) if ln.strip()]
+    if not lines:
+        return None
+    first, last = _seq_of(lines[0]), _seq_of(lines[-1])
+    session = live.name[len("wal_"):-len(".jsonl")]
+    segment = archive_dir / f"wal_{session}.{first}-{last}.jsonl"
+    write_atomically(segment, head)
+    if now is not None:
+        os.utime(segment, (now, now))
+    write_atomically(live, tail)
+    return segment
+
+
+def _seq_of(line: bytes) -> int:
+    try:
+        return decode_line(line)["seq"]
+    except ValueError:
+        return 0
+
+
+def prune_archives(archive_root: Path, retention_s: float, now: float) -> list[Path]:
+    """Remove archive segments last written more than `retention_s` before `now`."""
+    removed = []
+    if not archive_root.is_dir():
+        return removed
+    for segment in archive_root.glob("*/wal_*.jsonl"):
+        try:
+            if now - segment.stat().st_mtime > retention_s:
+                segment.unlink()
+                removed.append(segment)
+        except FileNotFoundError:
+            continue
+    return removed

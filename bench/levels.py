@@ -155,9 +155,10 @@ def main() -> None:
         f"budget). Autocompact's summarize returns a fixed six-field summary at once (no LLM). Median, p95 and "
         f"min of {runs} runs, in ms (wall clock), on one event loop, and the median CPU time of the process (less "
         f"sensitive to other load on the machine). *Encoded* is how many tokens the tokenizer encoded in "
-        f"one run, as a multiple of the history's size (from an untimed run with a counting tokenizer): "
-        f"the counter's fingerprint cache is not used inside the pipeline, so each pass over the history is a "
-        f"full tiktoken pass.\n")
+        f"one run, as a multiple of the history's size (from an untimed run with a fresh counting tokenizer, "
+        f"so nothing is cached yet). The timed runs share one counter, as the proxy's turns do: message counts "
+        f"(by fingerprint) and Microcompact's output counts (by text hash) come from its cache after the "
+        f"first run; other levels' text counts are full tiktoken passes.\n")
     text.append(common.table(["level", "median ms", "p95 ms", "min ms", "CPU median ms", "spec", "encoded",
                               "what it did"], rows, "lrrrrrrl") + "\n")
     text.append("Unit costs on the same history (median of the same number of runs):\n")

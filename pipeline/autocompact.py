@@ -10,6 +10,7 @@ pays no LLM latency.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable
 
@@ -39,6 +40,8 @@ RECOVERY = ("{marker}\nThe history before this point was compressed into a summa
             "3. The tool context in use is restored in the messages above.")
 DEGRADE_KEEP = 3
 """The spec's degraded mode (professional): only the last 3 messages and the system prompt."""
+MIN_SUMMARY_TOKENS = 64
+"""The least a summary keeps however tight the budget: about a line for each of the six fields."""
 MESSAGE_TOKENS_FOR_SUMMARY = 800
 """Each message is cut to this many tokens in what the summariser reads."""
 
@@ -94,6 +97,51 @@ def serialise(messages: list[Message], counter: TokenCounter) -> str:
             text = counter.head(text, MESSAGE_TOKENS_FOR_SUMMARY) + " [...]"
         lines.append(f"[{m.get('role')}] {text}")
     return "\n\n".join(lines)
+
+
+_FIELD_HEADING = re.compile(r"^\W*([1-6])\b")
+KEPT_LONGEST = ("4", "5")
+"""Fields shortened last: the open problems (the last error) and the working files are what
+the agent cannot get back from anywhere else; the goal is the pinned task statement again."""
+
+
+def shorten(summary: str, tokens: int, counter: TokenCounter) -> str:
+    """`summary` in at most about `tokens` tokens, every line keeping its start. Cutting only
+    the end would drop whole fields (the open problems and the file list come late): instead
+    the lines of the other fields share the room first, and those of fields 4 and 5 are cut
+    only when the rest cannot make room."""
+    lines = [line for line in summary.strip().splitlines() if line.strip()]
+    costs = [counter.count(line) for line in lines]
+    room = tokens - (len(lines) - 1)  # a token for each line break
+    if sum(costs) <= room:
+        return "\n".join(lines)
+    field, late = "", []
+    for line in lines:
+        heading = _FIELD_HEADING.match(line)
+        field = heading.group(1) if heading else field
+        late.append(field in KEPT_LONGEST)
+    caps = [0] * len(lines)
+    for group in (True, False):  # fields 4 and 5 take what they need first, within the room
+        members = [i for i in range(len(lines)) if late[i] == group]
+        others = 0 if not group else sum(min(costs[i], 8) for i in range(len(lines)) if not late[i])
+        for i, cap in zip(members, _share([costs[i] for i in members], room - others)):
+            caps[i] = cap
+        room -= sum(min(costs[i], caps[i]) for i in members)
+    kept = [line if cost <= cap else counter.head(line, cap) for line, cost, cap in zip(lines, costs, caps)]
+    return "\n".join(line for line in kept if line.strip())
+
+
+def _share(costs: list[int], room: int) -> list[int]:
+    """Caps that fit `costs` into `room`: short ones whole, the long ones an equal share."""
+    left = max(0, room)
+    cap = left
+    for i, cost in enumerate(sorted(costs)):
+        share = left // (len(costs) - i)
+        if cost > share:
+            cap = share
+            break
+        left -= cost
+    return [cap] * len(costs)
 
 
 class AutocompactStrategy:
@@ -173,13 +221,25 @@ class AutocompactStrategy:
                 summary = await self.summarise(plan)
             except Exception:
                 return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
-        allowance = self.summary_tokens(request.token_budget)
-        if counter.count(summary) > allowance:
-            summary = counter.head(summary, allowance)
         shape: Shape = shape_of(request.messages, self.pin_first_user)
-        recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=summary.strip()))
         pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end]
-        out = request.messages[:plan.start] + [recovery] + pinned + request.messages[end:]
+
+        def compacted(text: str) -> list[Message]:
+            recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text))
+            return request.messages[:plan.start] + [recovery] + pinned + request.messages[end:]
+
+        # The summary gets what the budget leaves once the rest is in place, within its
+        # allowance: a fixed reserve would overshoot a budget the kept messages nearly fill.
+        # When even the shortest summary cannot make it fit, shortening it only loses state.
+        room = request.token_budget - counter.count_messages(compacted(""))
+        allowance = self.summary_tokens(request.token_budget)
+        if MIN_SUMMARY_TOKENS <= room < allowance:
+            allowance = room
+        out = compacted(shorten(summary, allowance, counter))
+        over = counter.count_messages(out) - request.token_budget
+        if 0 < over and allowance > MIN_SUMMARY_TOKENS:
+            # Tokens can merge across the summary's edges: take off what that added.
+            out = compacted(shorten(summary, max(MIN_SUMMARY_TOKENS, allowance - over), counter))
         hints = [f"autocompact: summarised {end - plan.start} messages"]
         kept = len(request.messages) - end
         if keep is None and kept < self.config.keep_recent:

@@ -11,13 +11,13 @@ from typing import Any, Callable
 from .autocompact import AutocompactBreaker, AutocompactStrategy, Summarize
 from .collapse import CollapseStore, CollapseStrategy
 from .config import PipelineConfig
-from .microcompact import MicrocompactStrategy
+from .microcompact import MicrocompactStrategy, NewestObservationCut
 from .notes import is_compaction_note, is_restore_block
 from .restore import ActiveRestore, WorkingState
 from .snip import SnipStrategy
 from .strategy import Strategy
 from .turns import shape_of
-from .types import CompressionRequest, CompressionResult, Level, Message
+from .types import CompressionRequest, CompressionResult, Message
 
 
 class PipelineParts:
@@ -51,8 +51,10 @@ def restore_position(messages: list[Message], pin_first_user: bool) -> int:
 
 class CompressionPipeline:
     def __init__(self, strategies: list[Strategy], restore: ActiveRestore | None = None,
-                 restore_budget: int = 0, pin_first_user: bool = True) -> None:
+                 restore_budget: int = 0, pin_first_user: bool = True, last_resort: Strategy | None = None) -> None:
         self.strategies = strategies
+        self.last_resort = last_resort
+        """Run once when every strategy has and the result still does not fit."""
         self.restore = restore
         self.restore_budget = restore_budget
         self.pin_first_user = pin_first_user
@@ -79,9 +81,15 @@ class CompressionPipeline:
                 current = result.compressed_messages
                 steps += result.steps
             fits = result.fits
+        if not fits and self.last_resort is not None:
+            result = await self.last_resort.compress(CompressionRequest(current, target, counter, request.reason))
+            if result is not None:
+                current, steps, hints = result.compressed_messages, steps + result.steps, hints + result.recovery_hints
         if steps:
-            # Recompute against what is kept, so a file still on show is not restored twice.
-            blocks = self._restore_blocks(current, request, visible=current)
+            # Recompute against what is kept, so a file still on show is not restored twice,
+            # and give file contents only the room the compacted request has left.
+            room = max(0, request.token_budget - counter.count_messages(current))
+            blocks = self._restore_blocks(current, request, visible=current, contents_room=room)
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
         after = counter.count_messages(current)
@@ -92,11 +100,11 @@ class CompressionPipeline:
                                  fits=after <= request.token_budget)
 
     def _restore_blocks(self, messages: list[Message], request: CompressionRequest,
-                        visible: list[Message] | None = None) -> list[Message]:
+                        visible: list[Message] | None = None, contents_room: int | None = None) -> list[Message]:
         if self.restore is None or self.restore.state.is_empty():
             return []
         kept = [m for m in visible or [] if not is_compaction_note(m)]
-        return self.restore.blocks(request.counter, self.restore_budget, kept or None)
+        return self.restore.blocks(request.counter, self.restore_budget, kept or None, contents_room)
 
 
 def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | None = None,
@@ -108,5 +116,6 @@ def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | No
                           summarize, effective_budget, precomputed)
     strategies = [STRATEGIES[name](parts) for name in config.levels]
     restore = ActiveRestore(config.restore, working_state) if working_state is not None else None
+    microcompact = next((s for s in strategies if isinstance(s, MicrocompactStrategy)), None)
     return CompressionPipeline(strategies, restore, int(effective_budget * config.restore.budget_ratio),
-                               config.pin_first_user)
+                               config.pin_first_user, NewestObservationCut(microcompact) if microcompact else None)

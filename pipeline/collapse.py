@@ -24,6 +24,9 @@ from .turns import shape_of, split_units
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 
+ERROR_MARKERS = ("Traceback", "Error", "error:")
+
+
 def _stable_hash(item: Any) -> int:
     """rbloom needs a hash that survives a restart: Python's own hash() is salted."""
     return int(str(item)[:32], 16) - (1 << 127)
@@ -53,11 +56,11 @@ class CollapseStore:
     def already_folded(self, fingerprint_or_span: str) -> bool:
         return fingerprint_or_span in self.bloom
 
-    def add(self, entry: CollapseEntry, fingerprints: list[str]) -> None:
+    def add(self, entry: CollapseEntry, message_keys: list[str]) -> None:
         self.entries[entry.first_fingerprint] = entry
         self.bloom.add(entry.span_hash)
-        for fp in fingerprints:
-            self.bloom.add(fp)
+        for key in message_keys:
+            self.bloom.add(key)
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.model_dump(), "entries": [asdict(e) for e in self.entries.values()],
@@ -89,6 +92,21 @@ class CollapseStore:
             out.append(messages[i])
             i += 1
         return out
+
+
+def context_keys(fingerprints: list[str]) -> list[str]:
+    """What the bloom filter remembers of each folded message: its fingerprint with its
+    predecessor's. A message folded before is recognised where it was; the same text
+    repeated elsewhere (an agent's stock "Please continue" nudge) is not, so it does not
+    keep a new run from being folded."""
+    return [span_hash((fingerprints[i - 1] if i else "", fp)) for i, fp in enumerate(fingerprints)]
+
+
+def reports_error(message: Message) -> bool:
+    """A tool result or an observation (SWE-agent style, in a user message) that reports a failure."""
+    content = message.get("content")
+    return (message.get("role") in ("tool", "user") and isinstance(content, str)
+            and any(marker in content for marker in ERROR_MARKERS))
 
 
 def note_text(entry: CollapseEntry) -> str:
@@ -137,11 +155,14 @@ class CollapseStrategy:
     def _runs(self, messages: list[Message]) -> list[tuple[int, int]]:
         """Runs of at least `window` consecutive non-critical messages inside the workable range."""
         shape = shape_of(messages, self.pin_first_user)
+        # The latest failure stays in view: what went wrong last is what the agent acts on.
+        latest_error = next((i for i in range(len(messages) - 1, -1, -1) if reports_error(messages[i])), None)
+        keep = shape.pinned | {latest_error}
         runs: list[tuple[int, int]] = []
         start: int | None = None
         for unit in split_units(messages):
             ok = (shape.head <= unit.start and unit.end <= shape.tail
-                  and not any(i in shape.pinned for i in range(unit.start, unit.end))
+                  and not any(i in keep for i in range(unit.start, unit.end))
                   and not any(is_decision_critical(messages[i], self.restore) for i in range(unit.start, unit.end)))
             if ok and start is None:
                 start = unit.start
@@ -158,9 +179,10 @@ class CollapseStrategy:
         original = [message_fingerprint(m) for m in request.messages]
         messages = self.store.project(request.messages, original)
         fps = [message_fingerprint(m) for m in messages]
+        keys = context_keys(fps)
         for a, b in self._runs(messages):
             span = fps[a:b]
-            if self.store.already_folded(span_hash(span)) or any(self.store.already_folded(fp) for fp in span):
+            if self.store.already_folded(span_hash(span)) or any(self.store.already_folded(k) for k in keys[a:b]):
                 continue  # folded before: project() below shows it folded, never folds it again
             folded = messages[a:b]
             summary = collapse_summary(folded, counter, self.config.user_chars)
@@ -168,7 +190,7 @@ class CollapseStrategy:
                                   length=b - a, collapsed_tokens=0, summary=summary, collapsed_at=time.time(),
                                   original_total_tokens=sum(counter.count_structured(m) for m in folded))
             entry.collapsed_tokens = counter.count_structured(system_note(note_text(entry)))
-            self.store.add(entry, span)
+            self.store.add(entry, keys[a:b])
         projected = self.store.project(messages, fps)
         if len(projected) == len(request.messages):
             return None

@@ -140,8 +140,13 @@ class ActiveRestore:
         self.config = config
         self.state = state
 
-    def blocks(self, counter: TokenCounter, budget: int, visible: list[Message] | None = None) -> list[Message]:
-        """The restore blocks, most important first, skipping what `visible` still shows."""
+    def blocks(self, counter: TokenCounter, budget: int, visible: list[Message] | None = None,
+               contents_room: int | None = None) -> list[Message]:
+        """The restore blocks, most important first, skipping what `visible` still shows.
+        The state lists (tasks, plan, skill, file names) take up to `budget`; file contents
+        take what is left of it, but no more than `contents_room`: a content block the
+        request has no room for only brings the next compaction closer, and the agent can
+        read the file again (the recovery message says so)."""
         s = self.state
         shown = "\n".join(_text(m) for m in visible or [])
         parts: list[str] = []
@@ -162,11 +167,12 @@ class ActiveRestore:
                 break
             out.append(block)
             used += cost
+        limit = budget if contents_room is None else min(budget, used + contents_room)
         for f in s.current_files:
             if not f.content or f.content in shown:
                 continue  # still in the kept messages: restoring it again only costs tokens
             header = f"{RESTORE_MARKER} Latest content seen of {f.path}:\n"
-            room = budget - used - counter.count_structured(system_note(header)) - 8
+            room = limit - used - counter.count_structured(system_note(header)) - 8
             if room < 32:
                 break
             body = f.content if counter.count(f.content) <= room else counter.head(f.content, room) + "\n[...]"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .config import SnipConfig
 from .notes import SNIP_MARKER, system_note
 from .strategy import Stopwatch, level_result
+from .tokens import TokenCounter
 from .turns import shape_of
 from .types import CompressionRequest, CompressionResult, Level, Message
 
@@ -27,6 +28,47 @@ def preview(message: Message, chars: int) -> str:
     if not text and message.get("tool_calls"):
         text = "called " + ", ".join((tc.get("function") or {}).get("name", "?") for tc in message["tool_calls"])
     return text[:chars]
+
+
+class SnipNote:
+    """The note that takes the cut messages' place, built one dropped message at a time so
+    Snip can count what the note costs while it decides how much to cut."""
+
+    def __init__(self, counter: TokenCounter, budget: int, preview_chars: int) -> None:
+        self.counter = counter
+        self.preview_chars = preview_chars
+        self.allowance = max(40, int(budget * NOTE_SHARE))
+        self.lines: list[str] = []
+        self.dropped = 0
+        self.shown = 0
+        self.used = counter.count(self._header(0))
+
+    @staticmethod
+    def _header(n: int) -> str:
+        return f"{SNIP_MARKER} {n} earlier messages were removed to fit the context budget. A short preview of each:"
+
+    def add(self, message: Message) -> None:
+        self.dropped += 1
+        if self.shown < self.dropped - 1:
+            return  # the previews already filled their allowance: the rest are counted
+        line = f"- {message.get('role')}: {preview(message, self.preview_chars)}"
+        cost = self.counter.count(line) + 1
+        if self.used + cost <= self.allowance:
+            self.lines.append(line)
+            self.used += cost
+            self.shown += 1
+
+    @property
+    def tokens(self) -> int:
+        """What the note will count as a message: a little over, never under (line joins
+        can only merge tokens), plus the "... and N more" line and the header's number."""
+        return self.used + (8 if self.shown < self.dropped else 0) + 8
+
+    def message(self) -> Message:
+        lines = [self._header(self.dropped)] + self.lines
+        if self.shown < self.dropped:
+            lines.append(f"- ... and {self.dropped - self.shown} more")
+        return system_note("\n".join(lines))
 
 
 class SnipStrategy:
@@ -46,39 +88,30 @@ class SnipStrategy:
             return None
         shape = shape_of(messages, self.pin_first_user)
         limit = min(shape.tail, max(shape.head, len(messages) - cfg.keep_recent))
+        note = SnipNote(counter, request.token_budget, cfg.preview_chars)
         dropped: list[int] = []
         kept_inside: list[int] = []
         freed, cut = 0, shape.head
         for unit in shape.units:
             if unit.start < shape.head:
                 continue
-            if unit.end > limit or freed >= need:
+            if unit.end > limit:
                 break
             members = range(unit.start, unit.end)
             if any(i in shape.pinned for i in members):
                 kept_inside.extend(members)
             else:
                 dropped.extend(members)
-                freed += sum(counter.count_structured(messages[i]) for i in members)
+                for i in members:
+                    freed += counter.count_structured(messages[i])
+                    note.add(messages[i])
             cut = unit.end
+            if freed >= need and len(dropped) < cfg.min_block:
+                return None  # the spec: no Snip when fewer than N=5 messages would cover it
+            if freed >= need + note.tokens:  # the note takes room too
+                break
         if len(dropped) < cfg.min_block:
             return None
-        note = system_note(self._note_text([messages[i] for i in dropped], request.token_budget, counter))
-        out = messages[:shape.head] + [note] + [messages[i] for i in kept_inside] + messages[cut:]
+        out = messages[:shape.head] + [note.message()] + [messages[i] for i in kept_inside] + messages[cut:]
         return level_result(self.level, request, out, (shape.head, cut), watch, len(dropped),
                             [f"snip: cut {len(dropped)} messages"])
-
-    def _note_text(self, dropped: list[Message], budget: int, counter) -> str:
-        lines = [f"{SNIP_MARKER} {len(dropped)} earlier messages were removed to fit the context budget. "
-                 "A short preview of each:"]
-        allowance = max(40, int(budget * NOTE_SHARE))
-        used = counter.count(lines[0])
-        for i, m in enumerate(dropped):
-            line = f"- {m.get('role')}: {preview(m, self.config.preview_chars)}"
-            cost = counter.count(line) + 1
-            if used + cost > allowance:
-                lines.append(f"- ... and {len(dropped) - i} more")
-                break
-            lines.append(line)
-            used += cost
-        return "\n".join(lines)

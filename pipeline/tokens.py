@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import orjson
+import xxhash
 
 from .fingerprint import message_fingerprint
 from .types import Message
@@ -133,6 +134,40 @@ class TokenCounter:
             return math.ceil(len(text.encode()) / 3)
         return len(self._encoder.encode(text))
 
+    def count_cached(self, text: str) -> int:
+        """count(text), kept in the message cache under the text's hash: a long tool output
+        is resent every turn, and hashing it is ~100x cheaper than tokenizing it again."""
+        key = "text:" + xxhash.xxh3_128_hexdigest(text.encode())
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return cached
+        n = self.count(text)
+        self._remember(key, n)
+        return n
+
+    def _remember(self, key: str, n: int) -> None:
+        with self._lock:
+            self.misses += 1
+            self._cache[key] = n
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+
+    def head_and_tail(self, text: str, head: int, tail: int) -> tuple[str, str]:
+        """head(text, head) and tail(text, tail) from one encoding of `text`."""
+        if not self.exact:
+            return self.head(text, head), self.tail(text, tail)
+        ids = self._encoder.encode(text)
+        start = self._encoder.decode(ids[:head]) if head > 0 else ""
+        while start and start.endswith("\ufffd") and not text.startswith(start):
+            start = start[:-1]
+        end = self._encoder.decode(ids[-tail:]) if tail > 0 else ""
+        while end and end.startswith("\ufffd") and not text.endswith(end):
+            end = end[1:]
+        return start, end
+
     def head(self, text: str, tokens: int) -> str:
         """The longest start of `text` that is at most `tokens` tokens."""
         if not self.exact:
@@ -176,11 +211,7 @@ class TokenCounter:
                 n += sum(self._count_tool_call(call) for call in value)
         if "name" in message:
             n += TOKENS_PER_NAME
-        with self._lock:
-            self.misses += 1
-            self._cache[fingerprint] = n
-            if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
+        self._remember(fingerprint, n)
         return n
 
     def _count_part(self, part: Any) -> int:

@@ -78,8 +78,8 @@ def _arrival_compact(view: list[dict[str, Any]], fresh_from: int, turn: Turn, bu
     if fresh_from >= len(view) or "microcompact" not in turn.config.levels:
         return view
     strategy = MicrocompactStrategy(turn.config.microcompact, turn.config.pin_first_user, budget)
-    compacted, _ = strategy.compact_from(view, fresh_from, turn.counter)
-    return compacted
+    compacted, changed = strategy.compact_from(view, fresh_from, turn.counter)
+    return compacted if changed else view
 
 
 def budget_of(state: SessionState, turn: Turn) -> int:
@@ -143,13 +143,12 @@ class Compactor:
                                     "compaction already ran without a successful reply since")
         if self.speculator is not None:
             await self.speculator.settle(state)
-        if self._adopt_speculative(state, turn):
-            view, tokens = self._view(state, turn, budget, tools_tokens)
-            state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
-            if tokens <= turn.config.trigger_ratio * budget:
-                return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(state.records[-1].levels)),
-                            hints=["speculative: applied the compaction prepared in the background"])
-            state.speculation_wasted += 1
+        arrived = self._compact_arrivals(state, turn, budget, tools_tokens)
+        if arrived is not None:
+            return arrived
+        adopted = self._adopt_speculative(state, turn, budget, tools_tokens)
+        if adopted is not None:
+            return adopted
         return await self._compact(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens,
                                    "proactive")
 
@@ -162,24 +161,66 @@ class Compactor:
         fps = turn.fingerprints if view is turn.messages else fingerprints_of(view)
         return view, turn.counter.count_messages(view, fps) + tools_tokens
 
-    def _adopt_speculative(self, state: SessionState, turn: Turn) -> bool:
-        """Promote the background compaction to a record if it still matches the client's history."""
+    def _compact_arrivals(self, state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> Plan | None:
+        """The first time a session crosses the trigger, try cutting only the tool outputs that
+        arrived since the previous request: the upstream saw everything before them unchanged,
+        so if that is enough the forwarded prefix stays byte-identical (the prompt cache keeps
+        hitting) and no summary is paid for. Kept as a record, so later turns reproduce it."""
+        if state.records and _apply_records(state, turn)[1]:
+            return None  # a compacted session cuts its arrivals in _view already
+        fresh_from = last_reply_index(turn.messages)
+        if fresh_from is None:
+            return None
+        view = _arrival_compact(turn.messages, fresh_from, turn, budget)
+        if view is turn.messages:
+            return None
+        tokens = turn.counter.count_messages(view) + tools_tokens
+        if tokens > turn.config.trigger_ratio * budget:
+            return None
+        state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
+        before = turn.counter.count_messages(turn.messages, turn.fingerprints)
+        record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
+                                  messages=view, levels=["microcompact"], tokens_before=before,
+                                  tokens_after=tokens - tools_tokens, created_at=time.time())
+        state.add_record(record)
+        entry = {"level": "microcompact", "span": [fresh_from, len(view)], "tokens_before": before,
+                 "tokens_after": record.tokens_after, "duration_ms": 0.0, "reason": "arrival", "at": record.created_at}
+        state.log_compaction(entry)
+        if self._on_step:
+            self._on_step(entry)
+        return Plan(messages=view, tokens_out=tokens, levels=["microcompact"],
+                    hints=["microcompact: cut the tool outputs that arrived this turn; the prefix is unchanged"])
+
+    def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> Plan | None:
+        """Promote the background compaction to a record if it still matches the client's
+        history and still brings the session below the watermark where a speculation starts.
+        One made several turns ago that now leaves less room than that would only bring the
+        next compaction point (a prefix change and a summary) closer than compacting afresh."""
         pending = state.speculative.get("record")
         if not pending:
-            return False
+            return None
         record = CompactionRecord(**pending)
         hashes = prefix_hashes(turn.fingerprints)
         k = record.prefix_len
         if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
             state.speculative = {}
-            return False
+            return None
+        view = _arrival_compact(record.messages + turn.messages[k:], len(record.messages), turn, budget)
+        tokens = turn.counter.count_messages(view) + tools_tokens
+        cfg = turn.config
+        if tokens > min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget:
+            state.speculative = {}
+            state.speculation_wasted += 1
+            return None
         state.collapse, state.breaker = state.speculative["collapse"], state.speculative["breaker"]
         state.working = state.speculative["working"]
         state.add_record(record)
         state.log_compaction({"level": "speculative", "tokens_before": record.tokens_before,
                               "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time()})
         state.speculative = {}
-        return True
+        state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
+        return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(record.levels)),
+                    hints=["speculative: applied the compaction prepared in the background"])
 
     async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
                        degraded: bool) -> tuple[Plan, bool]:
@@ -224,6 +265,15 @@ class Compactor:
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
+
+
+def last_reply_index(messages: list[dict[str, Any]]) -> int | None:
+    """The assistant message that answered the previous request: what follows it (and it)
+    is what the client added since."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].get("role") == "assistant":
+            return i
+    return None
 
 
 def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:

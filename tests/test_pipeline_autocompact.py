@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ctxgate.pipeline.autocompact import (DEGRADE_KEEP, SUMMARY_PROMPT, AutocompactBreaker, AutocompactStrategy,
-                                          serialise)
+                                          serialise, shorten)
 from ctxgate.pipeline.config import AutocompactConfig
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER
 from ctxgate.pipeline.turns import shape_of, split_units
@@ -255,3 +255,27 @@ async def test_real_histories(share: int) -> None:
         assert out[-1] == h[-1]
         assert result.tokens_after == c.count_messages(out) and result.fits == (result.tokens_after <= budget)
     assert compacted > 50
+
+
+async def test_the_summary_takes_only_the_room_the_kept_messages_leave() -> None:
+    """At a budget the kept messages nearly fill, a summary sized by the budget alone would
+    overshoot it; it is cut to what is left instead."""
+    h = agent_history(20, 100)
+    floor = (await run(make(Scripted(reply="x")), h, 1)).tokens_after  # everything but a 1-token summary
+    budget = floor + 80
+    result = await run(make(Scripted(reply=filler(400, 9))), h, budget)
+    assert result.level_used is Level.AUTOCOMPACT
+    assert result.fits and result.tokens_after <= budget
+    assert filler(400, 9)[:100] in result.compressed_messages[2]["content"]
+
+
+def test_a_shortened_summary_keeps_every_field_and_the_open_problems_and_files_longest() -> None:
+    fields = [f"{k}. field {k}: " + filler(60, 30 + k) for k in range(1, 7)]
+    fields[3] = "4. Unresolved problems: ValueError: bad input in parse() at src/app.py:12"
+    summary = "\n".join(fields)
+    short = shorten(summary, 120, counter())
+    assert counter().count(short) <= 120
+    lines = short.splitlines()
+    assert [line[:2] for line in lines] == ["1.", "2.", "3.", "4.", "5.", "6."]
+    assert fields[3] in lines, "the open problems line is kept whole when the others can make room"
+    assert shorten("1. a\n2. b", 100, counter()) == "1. a\n2. b"

@@ -229,3 +229,20 @@ async def test_a_level_that_would_grow_the_context_is_not_applied() -> None:
     tiny = [system("You are an agent."), user("ok"), user("ok too")]
     r2 = await compact(p, tiny, 20)
     assert r2.steps == [] and r2.compressed_messages == tiny
+
+
+async def test_a_newest_observation_over_the_whole_budget_is_cut_as_a_last_resort() -> None:
+    """SWE-agent style: the observation is the newest user message, which every level
+    protects; alone over the budget, it is cut head and tail, or the turn would fail."""
+    observation = "OBSERVATION START\n" + filler(6000, 5) + "\nFINAL LINE: 3 tests failed"
+    h = [system(), user("TASK: fix the failing test"), assistant("ls"), user("a.py b.py"), assistant("cat a.py"),
+         user(observation)]
+    budget = 2000
+    result = await compact(build_pipeline(config(), summarize=Scripted(), effective_budget=budget), h, budget)
+    out = result.compressed_messages
+    assert result.fits and result.tokens_after <= budget
+    cut = out[-1]["content"]
+    assert out[-1]["role"] == "user" and cut.startswith("OBSERVATION START") and cut.endswith("3 tests failed")
+    assert "tokens truncated] ..." in cut
+    assert out[:2] == h[:2]
+    assert result.steps[-1].level is Level.MICROCOMPACT

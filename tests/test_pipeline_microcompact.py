@@ -6,7 +6,8 @@ import re
 import pytest
 
 from ctxgate.pipeline.config import MicrocompactConfig
-from ctxgate.pipeline.microcompact import MicrocompactStrategy, is_microcompacted
+from ctxgate.pipeline.microcompact import SEPARATOR, MicrocompactStrategy, is_microcompacted
+from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter
 from ctxgate.pipeline.turns import first_user_index, newest_user_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
@@ -108,9 +109,25 @@ async def test_budget_scaled_threshold_keeps_3_to_1_split() -> None:
     h = one_tool("execute_bash", 1200)
     assert await run(h) is None
     result = await run(h, effective_budget=20_000)  # threshold 1000 < 1500 + 500
-    head, n, tail = split_cut(result.compressed_messages[3]["content"])
-    assert counter().count(head) == 750 and counter().count(tail) == 250
-    assert n == 1200 - 750 - 250
+    cut = result.compressed_messages[3]["content"]
+    head, n, tail = split_cut(cut)
+    kept = 1000 - counter().count(SEPARATOR.format(n=1200))
+    assert counter().count(head) == kept * 3 // 4 and counter().count(tail) == kept // 4
+    assert n == 1200 - kept * 3 // 4 - kept // 4
+    assert counter().count(cut) <= 1000, "the separator counts against a budget-scaled threshold"
+
+
+async def test_one_steps_results_share_the_budget_cap() -> None:
+    """Four parallel reads must not keep four times what one read may."""
+    h = [system(), user("task"),
+         calls(*(call(f"c{k}", "read_file", path=f"f{k}.py") for k in range(4))),
+         *(tool(f"c{k}", filler(900, k)) for k in range(4)),
+         user("newest"), assistant("ok")]
+    alone = one_tool("read_file", 900)
+    assert await run(alone, effective_budget=20_000) is None  # one result: 900 <= the cap of 1000
+    out = (await run(h, effective_budget=20_000)).compressed_messages
+    for m in out[3:7]:
+        assert counter().count(m["content"]) <= 1000 // 4
 
 
 async def test_every_result_of_a_unit_by_its_own_tool() -> None:
@@ -172,19 +189,50 @@ async def test_real_histories(effective_budget) -> None:
         assert_invariants(h, out)
         assert len(out) == len(h)
         protected = {newest_user_index(h), first_user_index(h)}
-        names = {tc["id"]: tc["function"]["name"] for m in h for tc in m.get("tool_calls") or []}
+        thresholds = {i: s.threshold_for(tool_name, in_step) for i, tool_name, in_step in s.candidates(h)}
         for i, (a, b) in enumerate(zip(h, out)):
             if a == b:
                 continue
             changed_total += 1
             assert a["role"] in ("tool", "user") and i not in protected, (name, i)
-            threshold = s.threshold_for(names.get(a.get("tool_call_id")) if a["role"] == "tool" else None)
+            threshold = thresholds[i]
             tokens = c.count(a["content"])
             assert tokens > threshold
             head, n, tail = split_cut(b["content"])
-            kept_head, kept_tail = (1500, 500) if threshold >= 2000 else (threshold * 3 // 4, threshold // 4)
+            kept = threshold - c.count(SEPARATOR.format(n=tokens))
+            kept_head, kept_tail = (1500, 500) if threshold >= 2000 else (kept * 3 // 4, kept // 4)
             assert n == tokens - kept_head - kept_tail, (name, i)
             assert a["content"].startswith(head) and a["content"].endswith(tail)
             assert c.count(head) <= kept_head and c.count(tail) <= kept_tail
             assert c.count_structured(b) < c.count_structured(a)
     assert changed_total > 0
+
+
+class CountingEncoder:
+    """tiktoken, counting how many tokens it encoded."""
+
+    def __init__(self) -> None:
+        self._enc = TiktokenEncoder("o200k_base")
+        self.tokens = 0
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._enc.encode(text)
+        self.tokens += len(ids)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
+
+
+async def test_resent_outputs_are_not_tokenized_again() -> None:
+    """An agent resends every output each turn: a second call counts them from the cache and
+    encodes only the one output it cuts, once for its head and tail together."""
+    h = [system(), user("task"), calls(call("c1", "execute_bash", command="x"), call("c2", "execute_bash")),
+         tool("c1", filler(5000, 1)), tool("c2", filler(1500, 2)), user("newest"), assistant("ok")]
+    enc = CountingEncoder()
+    c = TokenCounter("tiktoken:o200k_base(counting)", enc)
+    first = await strategy().compress(CompressionRequest(h, 1, c))
+    enc.tokens = 0
+    again = await strategy().compress(CompressionRequest(h, 1, c))
+    assert again.compressed_messages == first.compressed_messages
+    assert enc.tokens <= 5000 + 10

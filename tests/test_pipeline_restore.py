@@ -159,3 +159,18 @@ def test_real_histories() -> None:
                      if tc["function"]["name"] == "str_replace_editor"]
             assert newest.path == [p for p in paths if p][-1]
     assert with_files == 5
+
+
+def test_file_contents_take_only_the_room_left() -> None:
+    """State lists always come back within the restore budget; file contents only into the
+    room the compacted request has left (a content block with no room would only bring the
+    next compaction closer)."""
+    c = counter()
+    state = extract_working_state(transcript(), CFG)
+    roomy = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=10_000)
+    tight = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=0)
+    assert [b for b in roomy if "Latest content seen" not in b["content"]] == tight
+    assert any("Current files:" in b["content"] for b in tight)
+    some = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=80)
+    contents = [b for b in some if "Latest content seen" in b["content"]]
+    assert contents and sum(c.count_structured(b) for b in contents) <= 80

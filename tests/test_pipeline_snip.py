@@ -174,3 +174,17 @@ async def test_real_histories(name, h) -> None:
     assert out[-6:] == h[-6:]
     assert result.steps[0].messages_affected >= 5
     assert counter().count_messages(out) < total
+
+
+@pytest.mark.parametrize("over", [200, 400, 800, 1600])
+async def test_the_note_counts_against_the_target(over: int) -> None:
+    """Snip cuts enough to make room for its own note: with history left to cut, the result
+    fits (cutting exactly what the target asks for leaves the note over it)."""
+    h = agent_history(60, 30)
+    budget = counter().count_messages(h) - over
+    result = await snip(h, budget)
+    assert result is not None and result.fits, (result.tokens_after, budget)
+    assert result.tokens_after <= budget
+    note = next(m for m in result.compressed_messages if is_compaction_note(m))
+    n = int(note["content"].split("] ", 1)[1].split(" ", 1)[0])
+    assert n == len(dropped_of(h, result.compressed_messages))

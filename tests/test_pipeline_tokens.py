@@ -130,3 +130,19 @@ def test_estimate_counter_is_conservative() -> None:
     text = "def main():\n    print('hello world')\n" * 20
     assert est.count(text) >= counter().count(text)
     assert est.count(est.head(text, 10)) <= 10 and est.count(est.tail(text, 10)) <= 10
+
+
+@pytest.mark.parametrize("text", ["plain ascii text " * 50, "héllo wörld ✓ 日本語のテキスト " * 40, "x"])
+@pytest.mark.parametrize("head,tail", [(0, 0), (1, 1), (7, 3), (100, 40), (10_000, 10_000)])
+def test_head_and_tail_from_one_encoding_match_head_and_tail(text: str, head: int, tail: int) -> None:
+    c = counter()
+    assert c.head_and_tail(text, head, tail) == (c.head(text, head), c.tail(text, tail))
+
+
+def test_count_cached_matches_count_and_hits_the_cache() -> None:
+    c = TokenizerRegistry().for_model("gpt-4o")
+    text = "some long tool output " * 100
+    hits = c.hits
+    assert c.count_cached(text) == c.count(text)
+    assert c.count_cached(text) == c.count(text)
+    assert c.hits == hits + 1

@@ -1,0 +1,115 @@
+"""The compactor over a stateless client's turns: the forwarded prefix stays byte-identical
+from one request to the next except at a compaction point."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.fingerprint import prefix_hashes
+from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
+from ctxgate.proxy.state import CompactionRecord, SessionState
+from pipeline_builders import Message, counter, filler, system, tool_turn, user
+
+BUDGET = 4000
+
+
+async def _never(_: list[Message]) -> str:
+    raise AssertionError("no summary should be needed")
+
+
+def _turn(messages: list[Message], summarize: Any = _never) -> Turn:
+    return Turn(messages=messages, fingerprints=fingerprints_of(messages), tools=None, counter=counter(),
+                config=PipelineConfig(), max_input_tokens=BUDGET, summarize=summarize)
+
+
+def _near_trigger() -> list[Message]:
+    """A history just below the trigger, so any new output of some size crosses it."""
+    trigger = 0.85 * PipelineConfig().effective_budget(BUDGET)
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    i = 0
+    for size in (200, 10):
+        while counter().count_messages(history + tool_turn(i, size=size)) < trigger:
+            history += tool_turn(i, size=size)
+            i += 1
+    return history
+
+
+async def _forward(compactor: Compactor, state: SessionState, messages: list[Message]) -> list[Message]:
+    plan = await compactor.prepare(state, _turn(messages))
+    state.has_attempted_reactive_compact = False  # the upstream answered
+    return plan.messages
+
+
+async def test_a_long_output_arriving_is_cut_without_touching_the_prefix() -> None:
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    for i in range(6):
+        history += tool_turn(i, size=150)
+    compactor, state = Compactor(), SessionState("t", "s")
+    before = await _forward(compactor, state, history)
+    assert before == history  # below the trigger: transparent
+
+    grown = history + tool_turn(6, size=3000)
+    after = await _forward(compactor, state, grown)
+    assert after[:len(before)] == before  # only the new output was cut
+    assert "tokens truncated" in after[-1]["content"]
+    assert counter().count_messages(after) <= 0.85 * PipelineConfig().effective_budget(BUDGET)
+
+    nxt = grown + tool_turn(7, size=100)
+    again = await _forward(compactor, state, nxt)
+    assert again[:len(after)] == after  # the record reproduces the cut next turn
+    assert again[-1] == nxt[-1]
+
+
+async def test_arrivals_too_big_for_the_room_fall_through_to_the_chain() -> None:
+    history = _near_trigger()
+    summaries = 0
+
+    async def summarize(_: list[Message]) -> str:
+        nonlocal summaries
+        summaries += 1
+        return "1. goal\n2. steps\n3. decisions\n4. open\n5. files\n6. tools"
+
+    compactor, state = Compactor(), SessionState("t", "s")
+    grown = history + tool_turn(99, size=3000)
+    plan = await compactor.prepare(state, _turn(grown, summarize))
+    assert "autocompact" in plan.levels and summaries == 1
+    assert filler(200, 0) not in str(plan.messages)
+
+
+def _speculation(history: list[Message], k: int, replacement: list[Message]) -> dict[str, Any]:
+    """A background compaction of history[:k], as the speculator leaves it in the session."""
+    record = CompactionRecord(prefix_len=k, prefix_hash=prefix_hashes(fingerprints_of(history[:k]))[-1],
+                              messages=replacement, levels=["autocompact"], tokens_before=0, tokens_after=0,
+                              created_at=0.0)
+    return {"record": asdict(record), "collapse": {}, "breaker": {}, "working": {}}
+
+
+async def test_a_speculation_that_no_longer_leaves_room_is_not_adopted() -> None:
+    history = _near_trigger()
+    grown = history + tool_turn(99, size=60)  # over the trigger, nothing long enough to cut on arrival
+    state = SessionState("t", "s")
+    state.speculative = _speculation(grown, 6, grown[:6])  # made long ago: it saves nothing now
+    summaries = 0
+
+    async def summarize(_: list[Message]) -> str:
+        nonlocal summaries
+        summaries += 1
+        return "1. goal\n2. steps\n3. decisions\n4. open\n5. files\n6. tools"
+
+    plan = await Compactor().prepare(state, _turn(grown, summarize))
+    assert summaries == 1 and state.speculation_wasted == 1 and not state.speculative
+    assert "autocompact" in plan.levels
+    assert counter().count_messages(plan.messages) < counter().count_messages(grown)
+
+
+async def test_a_speculation_that_still_leaves_room_is_adopted() -> None:
+    history = _near_trigger()
+    grown = history + tool_turn(99, size=60)
+    k = len(history) - 4
+    state = SessionState("t", "s")
+    state.speculative = _speculation(grown, k, grown[:2] + [{"role": "system", "content": "summary"}])
+    plan = await Compactor().prepare(state, _turn(grown))
+    assert any("speculative" in h for h in plan.hints) and state.speculation_wasted == 0
+    assert plan.messages[:3] == grown[:2] + [{"role": "system", "content": "summary"}]
+    assert len(plan.messages) == 3 + len(grown) - k  # the rest as sent (long outputs cut on arrival)

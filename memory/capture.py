@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import Any, Callable
@@ -40,7 +41,7 @@ _LANGUAGE = {"pyproject.toml": "python", "requirements.txt": "python", "package.
              "go.mod": "go", "Cargo.toml": "rust"}
 _FRAMEWORKS = ("django", "flask", "fastapi", "pytest", "react", "vue", "next", "express", "gin", "tokio",
                "numpy", "pandas", "sqlalchemy", "aiohttp", "spring", "rails")
-_LISTING_LINE = re.compile(r"^[\w.@+-][\w./@+-]*/?$")
+_LISTING_LINE = re.compile(r"^/?[\w.@+-][\w./@+-]*/?$")
 
 
 def text_of(content: Any) -> str:
@@ -166,7 +167,10 @@ def _listing(text: str) -> list[str]:
     if not 4 <= len(lines) <= 2000:
         return []
     names = [ln for ln in lines if _LISTING_LINE.match(ln)]
-    return names if len(names) >= 0.8 * len(lines) else []
+    if len(names) < 0.8 * len(lines):
+        return []
+    root = os.path.commonpath(names) if all(n.startswith("/") for n in names) and len(names) > 1 else ""
+    return [n[len(root):].lstrip("/") or n for n in names] if root and root != "/" else names
 
 
 _WORKSPACE = re.compile(r"(?<![\w.])(/(?:workspace|testbed|repo|repos|project|projects|src|app|code)(?:/[\w.@+-]+)?)(?=[/\s'\"`.,:;)]|$)")
@@ -179,5 +183,5 @@ def workspace_root(messages: list[dict[str, Any]]) -> str | None:
         if m.get("role") in ("system", "developer", "user"):
             found = _WORKSPACE.search(text_of(m.get("content"))[:20000])
             if found:
-                return found.group(1)
+                return found.group(1).rstrip(".")
     return None

@@ -41,6 +41,7 @@ class MemoryManager:
         self._clock = clock
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dreaming: dict[SessionKey, asyncio.Task[Any]] = {}
+        self._observing: dict[SessionKey, asyncio.Task[Any]] = {}
 
     def enabled(self, profile: str) -> bool:
         return self.config.enabled_for(profile)
@@ -54,10 +55,15 @@ class MemoryManager:
         """Capture in the background; the turn goes on at once."""
         if not self.short_term.unseen(key, fingerprints):
             return
-        self._spawn(self._observe(key, scope, messages, fingerprints, truncate))
+        previous = self._observing.get(key)
+        task = self._spawn(self._observe(key, scope, messages, fingerprints, truncate, previous))
+        self._observing[key] = task
+        task.add_done_callback(lambda t: self._observing.pop(key, None) if self._observing.get(key) is t else None)
 
     async def _observe(self, key: SessionKey, scope: BufferScope, messages: list[dict[str, Any]],
-                       fingerprints: list[str], truncate: Truncate) -> None:
+                       fingerprints: list[str], truncate: Truncate, previous: asyncio.Task[Any] | None) -> None:
+        if previous is not None:  # a session's turns are captured in order
+            await asyncio.gather(previous, return_exceptions=True)
         now = self._clock()
         found = capture(messages, self.short_term.unseen(key, fingerprints), truncate, now)
         buf, first = await self.short_term.add(key, scope, fingerprints, found, now)
@@ -90,9 +96,9 @@ class MemoryManager:
 
     async def end_session(self, key: SessionKey) -> dict[str, Any] | None:
         """Trigger B: the session ended; consolidate within `end_timeout_s`, then forget the buffer."""
-        running = self._dreaming.get(key)
-        if running is not None:
-            await asyncio.gather(running, return_exceptions=True)
+        for running in (self._observing.get(key), self._dreaming.get(key)):
+            if running is not None:
+                await asyncio.gather(running, return_exceptions=True)
         buf = self.short_term.get(key)
         event = None
         if buf is not None and buf.entries and "B" in self.config.triggers_for(buf.profile):

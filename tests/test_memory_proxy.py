@@ -1,0 +1,171 @@
+"""Memory through a running gateway: the API, injection (what the upstream receives),
+stability across turns, the budget cap, tenant isolation, auto-dream at session end
+through the scripted summarizer (and its timeout path), and persistence across a restart."""
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+from ctxgate.wal.paths import WalPaths
+from ctxgate.wal.reader import scan_file
+from clients import assert_error_shape, client, post
+from servers import KEYS, Gateway, launch, main_config, start_gateways, wait_until
+from upstream import ScriptedUpstream
+
+SYSTEM = {"role": "system", "content": "You are a coding agent."}
+
+
+@pytest.fixture(scope="module")
+def memgw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    config = main_config(upstream.url, "auto", memory={"dream_model": "summarizer", "end_timeout_s": 2})
+    gw = start_gateways({"mem": (tmp_path_factory.mktemp("memgw"), config)})["mem"]
+    yield gw
+    gw.stop()
+
+
+def _api(gw: Gateway, method: str, path: str, body: Any = None, key: str = KEYS["acme"]) -> httpx.Response:
+    return httpx.request(method, gw.base + "/v1/ctx/memory" + path, json=body, timeout=30,
+                         headers={"Authorization": f"Bearer {key}"})
+
+
+def _memory_message(up: ScriptedUpstream) -> dict[str, Any] | None:
+    messages = [c for c in up.chats() if c.body.get("model") == "gpt-4o"][-1].body["messages"]
+    found = [m for m in messages if m["role"] == "system" and m["content"].startswith("Long-term memory")]
+    assert len(found) <= 1
+    if found:
+        assert messages.index(found[0]) == 1  # right after the client's own system prompt
+    return found[0] if found else None
+
+
+def _chat(gw: Gateway, content: str, session: str, key: str = KEYS["acme"], **headers: str) -> None:
+    client(gw, key).chat.completions.create(model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": content}],
+                                            user="u1", extra_headers={"X-Ctx-Session": session, **headers})
+
+
+def test_crud_for_the_callers_tenant_only(memgw: Gateway) -> None:
+    made = _api(memgw, "POST", "", {"category": "user", "content": "Likes short answers.", "scope": {"user": "u9"}})
+    assert made.status_code == 201, made.text
+    entry = made.json()
+    assert entry["id"].startswith("mem_") and entry["scope"] == {"user": "u9", "project": None}
+    assert "tenant" not in entry
+    listed = _api(memgw, "GET", "?category=user&user=u9").json()["data"]
+    assert [e["id"] for e in listed] == [entry["id"]]
+    changed = _api(memgw, "PATCH", f"/{entry['id']}", {"content": "Likes very short answers."})
+    assert changed.status_code == 200 and changed.json()["content"] == "Likes very short answers."
+
+    other = KEYS["relay"]
+    assert entry["id"] not in json.dumps(_api(memgw, "GET", "", key=other).json())
+    assert_error_shape(_api(memgw, "PATCH", f"/{entry['id']}", {"content": "x"}, key=other), 404, "memory_not_found")
+    assert_error_shape(_api(memgw, "DELETE", f"/{entry['id']}", key=other), 404, "memory_not_found")
+    assert _api(memgw, "GET", "?category=user&user=u9").json()["data"][0]["content"] == "Likes very short answers."
+
+    assert _api(memgw, "DELETE", f"/{entry['id']}").json() == {"id": entry["id"], "object": "memory.entry.deleted",
+                                                                "deleted": True}
+    assert_error_shape(_api(memgw, "DELETE", f"/{entry['id']}"), 404, "memory_not_found")
+
+
+@pytest.mark.parametrize("body", [{}, {"category": "dreams", "content": "x"}, {"category": "user", "content": ""},
+                                  {"category": "user", "content": "x", "tenant": "relay"},
+                                  {"category": "user", "content": "x", "scope": {"user": 5}},
+                                  {"category": "feedback", "content": "x", "ttl_s": -1}, [1, 2]])
+def test_bad_entries_are_refused_and_change_nothing(memgw: Gateway, body: Any) -> None:
+    before = _api(memgw, "GET", "").json()["data"]
+    assert_error_shape(_api(memgw, "POST", "", body), 400)
+    assert_error_shape(post(memgw, raw=b"{nope", path="/v1/ctx/memory"), 400, "invalid_json")
+    assert_error_shape(_api(memgw, "GET", "?category=dreams"), 400)
+    assert _api(memgw, "GET", "").json()["data"] == before
+
+
+def test_memory_is_injected_once_stays_byte_identical_and_changes_only_with_memory(
+        memgw: Gateway, up: ScriptedUpstream) -> None:
+    session = "m-" + uuid.uuid4().hex[:8]
+    _api(memgw, "POST", "", {"category": "user", "content": "Answer in Esperanto."})
+    first = _api(memgw, "POST", "", {"category": "feedback", "content": "Use rg, not grep.",
+                                     "data": {"correction_type": "tool_choice"}}).json()
+    assert first["expires_at"] - first["created_at"] == pytest.approx(7 * 86400, abs=5)
+    blocks = []
+    for text in ("Which language?", "And now?", "Still?"):
+        _chat(memgw, text, session)
+        block = _memory_message(up)
+        assert block is not None
+        blocks.append(block["content"])
+    assert blocks[0] == blocks[1] == blocks[2]
+    assert "Answer in Esperanto." in blocks[0] and "Use rg, not grep." in blocks[0]
+    _api(memgw, "POST", "", {"category": "user", "content": "Signs off as Zamenhof."})
+    _chat(memgw, "Once more?", session)
+    later = _memory_message(up)
+    assert later is not None and "Zamenhof" in later["content"] and later["content"] != blocks[0]
+
+    _chat(memgw, "Which language?", session, key=KEYS["relay"])
+    assert _memory_message(up) is None  # another tenant: nothing of acme's
+    _chat(memgw, "Which language?", "m-min-" + session, **{"X-Ctx-Profile": "minimal"})
+    assert _memory_message(up) is None  # the minimal profile keeps no memory
+
+
+def test_the_block_stays_within_its_share_of_the_budget(memgw: Gateway, up: ScriptedUpstream) -> None:
+    for i in range(60):
+        _api(memgw, "POST", "", {"category": "user", "content": f"Preference number {i}: " + "detail " * 30,
+                                 "scope": {"user": "budget-user"}}, key=KEYS["locked"])
+    client(memgw, KEYS["locked"]).chat.completions.create(
+        model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": "hi"}], user="budget-user")
+    block = _memory_message(up)
+    assert block is not None
+    from upstream import encode
+    assert len(encode(block["content"])) <= 0.05 * 128_000 * 0.95 and "Preference number" in block["content"]
+
+
+def _wal_events(gw: Gateway, session: str) -> list[dict[str, Any]]:
+    assert gw.data_dir is not None
+    return scan_file(WalPaths(gw.data_dir).live("acme", session)).events
+
+
+def test_session_end_consolidates_what_the_session_taught(memgw: Gateway, up: ScriptedUpstream) -> None:
+    session = "m-end-" + uuid.uuid4().hex[:8]
+    _chat(memgw, "I prefer tabs over spaces. Please always write docstrings.", session)
+    ended = post(memgw, {}, path=f"/v1/ctx/sessions/{session}/end")
+    assert ended.status_code == 200, ended.text
+    event = ended.json()["auto_dream"]
+    assert event["entries_count"] == 2 and event["consolidated"] is True and event["trigger"] == "B"
+    summaries = [c for c in up.chats() if c.body.get("model") == "summarizer"]
+    assert summaries and "Extract the new preferences" in summaries[-1].body["messages"][0]["content"]
+    dreams = [e for e in _wal_events(memgw, session) if e["type"] == "AUTO_DREAM"]
+    assert len(dreams) == 1 and dreams[0]["categories"] == ["user"]
+    users = _api(memgw, "GET", "?category=user&user=u1").json()["data"]
+    assert any(e["data"].get("consolidated_from") == 2 for e in users)
+
+
+def test_a_slow_dream_model_at_session_end_writes_the_raw_entries(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    config = main_config(upstream.url, "auto", memory={"dream_model": "slow", "end_timeout_s": 0.5})
+    gw = start_gateways({"slowdream": (tmp_path, config)})["slowdream"]
+    try:
+        _chat(gw, "From now on reply in French.", "s1")
+        event = post(gw, {}, path="/v1/ctx/sessions/s1/end").json()["auto_dream"]
+        assert event["consolidated"] is False and event["written"] == 1
+        saved = _api(gw, "GET", "?category=user").json()["data"]
+        assert [e["content"] for e in saved] == ["From now on reply in French."]
+        assert saved[0]["data"]["unconsolidated"] is True
+    finally:
+        gw.stop()
+
+
+def test_memory_outlives_a_restart(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    config = main_config(upstream.url, "auto", memory={"dream_model": "summarizer"})
+    gw = start_gateways({"persist": (tmp_path, config)})["persist"]
+    made = _api(gw, "POST", "", {"category": "reference", "content": "Checkout API takes a cart id."}).json()
+    gw.proc.send_signal(signal.SIGKILL)
+    gw.proc.wait(30)
+    gw = launch("persist", tmp_path, config).wait_ready()
+    try:
+        assert [e["id"] for e in _api(gw, "GET", "?category=reference").json()["data"]] == [made["id"]]
+        upstream.reset()
+        _chat(gw, "How does the checkout API work?", "p1")
+        block = _memory_message(upstream)
+        assert block is not None and "Checkout API takes a cart id." in block["content"]
+    finally:
+        gw.stop()

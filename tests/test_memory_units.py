@@ -1,0 +1,243 @@
+"""Memory on its own, over real files: capture rules (on hand-built and recorded runs),
+the loader's priority, relevance and budget, auto-dream with a scripted LLM (its timeout
+and failure paths), TTL expiry by a controllable clock, the project scan, and many
+concurrent captures feeding one buffer."""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxgate.memory.capture import capture, workspace_root
+from ctxgate.memory.config import MemoryConfig
+from ctxgate.memory.dream import auto_dream
+from ctxgate.memory.entries import Category, MemoryEntry
+from ctxgate.memory.file_store import FileMemoryStore
+from ctxgate.memory.loader import HEADER, MemoryContextLoader
+from ctxgate.memory.manager import MemoryManager
+from ctxgate.memory.project_scan import scan_project
+from ctxgate.memory.short_term import BufferScope, Candidate, SessionBuffer
+from ctxgate.pipeline.fingerprint import message_fingerprint
+from trajectories import openhands, swe_agent
+
+DAY = 86400.0
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _cut(text: str, tokens: int) -> str:
+    return " ".join(text.split()[:tokens])
+
+
+def _call(call_id: str, name: str, args: str = "{}") -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "You are an agent working in /workspace/acme-shop."},
+    {"role": "user", "content": "Fix the checkout bug. I prefer answers in Esperanto. Please always use type hints."},
+    _call("c1", "execute_bash", '{"command": "ls"}'),
+    {"role": "tool", "tool_call_id": "c1", "content": "src\nsetup.cfg\nREADME.md\ntests\npyproject.toml"},
+    _call("c2", "str_replace_editor", '{"path": "pyproject.toml"}'),
+    {"role": "tool", "tool_call_id": "c2", "content": "[project]\nname = 'shop'\ndependencies = ['fastapi', 'pytest']\n"},
+    _call("c3", "web_fetch", '{"url": "https://docs.example.com/checkout"}'),
+    {"role": "tool", "tool_call_id": "c3", "content": "# Checkout API\n" + "The checkout endpoint takes a cart id. " * 200},
+    {"role": "assistant", "content": "I used unittest for the new test."},
+    {"role": "user", "content": "No, use pytest instead of unittest, that is our code style."},
+]
+
+
+def test_capture_finds_preferences_corrections_project_facts_and_references() -> None:
+    found = capture(CONVERSATION, set(range(len(CONVERSATION))), _cut, now=1000.0)
+    by = {c: [cand for _, cand in found if cand.category == c] for c in Category}
+    assert [c.content for c in by[Category.USER]] == ["I prefer answers in Esperanto.", "Please always use type hints."]
+    feedback = by[Category.FEEDBACK][0]
+    assert feedback.data["correction_type"] == "code_style"
+    assert feedback.data["original_action"] == "I used unittest for the new test."
+    assert "use pytest instead of unittest" in feedback.data["corrected_action"]
+    assert [m["role"] for m in feedback.data["context_snippet"]][-1] == "user" and len(feedback.data["context_snippet"]) == 7
+    stacks = [c.data["tech_stack"] for c in by[Category.PROJECT] if "tech_stack" in c.data]
+    assert stacks == [{"language": "python", "manifest": "pyproject.toml", "frameworks": ["fastapi", "pytest"]}]
+    listing = next(c for c in by[Category.PROJECT] if "file_index" in c.data)
+    assert set(listing.data["file_index"]) == {"src", "setup.cfg", "README.md", "tests", "pyproject.toml"}
+    reference = by[Category.REFERENCE][0]
+    assert reference.data["source"] == "https://docs.example.com/checkout" and reference.data["topic"] == "Checkout API"
+    assert reference.data["original_length"] > 5000 and _words(reference.data["summary"]) == 500
+    assert workspace_root(CONVERSATION) == "/workspace/acme-shop"
+
+
+def test_capture_only_looks_at_the_messages_it_is_given() -> None:
+    assert capture(CONVERSATION, {0, 2, 4}, _cut) == []
+
+
+def test_capture_on_recorded_agent_runs_finds_the_project() -> None:
+    """OpenHands returns listings and manifests as tool messages; SWE-agent as user observations."""
+    for runs in (openhands(), swe_agent()):
+        found = [cand for t in runs for _, cand in capture(t.messages, set(range(len(t.messages))), _cut)]
+        assert any(c.category == Category.PROJECT for c in found), runs[0].source
+    roots = {workspace_root(t.messages) for t in openhands()}
+    assert any(r and r.startswith("/workspace") for r in roots), roots
+
+
+def _entry(category: Category, content: str, **kw: Any) -> MemoryEntry:
+    return MemoryEntry(category=category, tenant="t1", content=content, **kw)
+
+
+def test_the_loader_fills_its_budget_in_priority_order_and_by_relevance(tmp_path: Path) -> None:
+    store = FileMemoryStore(tmp_path)
+
+    async def run() -> tuple[str, str, str]:
+        for e in [_entry(Category.REFERENCE, "Checkout API: the endpoint takes a cart id"),
+                  _entry(Category.REFERENCE, "Payment webhooks retry three times"),
+                  _entry(Category.PROJECT, "Project uses fastapi and pytest", project="p1"),
+                  _entry(Category.PROJECT, "Another project entirely", project="p2"),
+                  _entry(Category.FEEDBACK, "Use pytest, not unittest", project="p1"),
+                  _entry(Category.USER, "Answers in Esperanto", user="u1"),
+                  _entry(Category.USER, "Someone else's preference", user="u2")]:
+            await store.put(e)
+        loader = MemoryContextLoader(store)
+        wide = await loader.block("t1", "u1", "p1", "why does checkout fail for this cart", 1000, _words, 0.0)
+        narrow = await loader.block("t1", "u1", "p1", "why does checkout fail for this cart", 25, _words, 0.0)
+        again = await loader.block("t1", "u1", "p1", "why does checkout fail for this cart", 1000, _words, 0.0)
+        return wide, narrow, again
+
+    wide, narrow, again = asyncio.run(run())
+    assert wide == again  # the same memory and turn give the same bytes
+    lines = wide.splitlines()
+    assert lines[0] == HEADER
+    assert lines.index("## User preferences") < lines.index("## Corrections to keep in mind") < \
+        lines.index("## Project") < lines.index("## Reference notes")
+    assert "- Answers in Esperanto" in lines and "Someone else's preference" not in wide
+    assert "Another project entirely" not in wide
+    assert "Checkout API" in wide and "webhooks" not in wide  # a reference only when the turn is about it
+    assert _words(narrow) <= 25 and "Esperanto" in narrow and "Checkout API" not in narrow
+
+
+def _llm(answer: str = "The user prefers Esperanto.", delay: float = 0.0, fail: bool = False) -> Any:
+    calls: list[list[dict[str, Any]]] = []
+
+    async def complete(messages: list[dict[str, Any]]) -> str:
+        calls.append(messages)
+        await asyncio.sleep(delay)
+        if fail:
+            raise RuntimeError("upstream 500")
+        return answer
+
+    complete.calls = calls  # type: ignore[attr-defined]
+    return complete
+
+
+def _buffered() -> tuple[SessionBuffer, list[Candidate]]:
+    buf = SessionBuffer("t1", "u1", "p1")
+    entries = [Candidate(Category.USER, "I prefer answers in Esperanto."),
+               Candidate(Category.FEEDBACK, "Correction (tool_choice): use rg, not grep",
+                         {"correction_type": "tool_choice"}),
+               Candidate(Category.PROJECT, "Tech stack: python", {"tech_stack": {"language": "python"}}),
+               Candidate(Category.REFERENCE, "Checkout API: takes a cart id", {"source": "inline", "topic": "x"})]
+    return buf, entries
+
+
+def test_auto_dream_consolidates_by_category_and_keeps_feedback_verbatim(tmp_path: Path) -> None:
+    store, llm = FileMemoryStore(tmp_path), _llm()
+    buf, entries = _buffered()
+    event = asyncio.run(auto_dream(buf, entries, store, llm, MemoryConfig().feedback_ttl_s(), 5.0, now=1000.0))
+    assert event == {"entries_count": 4, "categories": ["feedback", "project", "reference", "user"], "written": 4,
+                     "consolidated": True}
+    assert len(llm.calls) == 3  # reference, project, user; never feedback
+    prompts = sorted(call[0]["content"].split()[0] for call in llm.calls)
+    assert prompts == ["Extract", "Merge", "Merge"]
+    saved = asyncio.run(store.list("t1"))
+    feedback = next(e for e in saved if e.category == Category.FEEDBACK)
+    assert feedback.content == "Correction (tool_choice): use rg, not grep" and feedback.project == "p1"
+    assert feedback.expires_at == 1000.0 + 7 * DAY
+    user = next(e for e in saved if e.category == Category.USER)
+    assert user.user == "u1" and user.content == "The user prefers Esperanto."
+
+
+@pytest.mark.parametrize("llm", [_llm(delay=2.0), _llm(fail=True)], ids=["timeout", "failure"])
+def test_auto_dream_writes_the_raw_entries_when_the_llm_is_slow_or_fails(tmp_path: Path, llm: Any) -> None:
+    store = FileMemoryStore(tmp_path)
+    buf, entries = _buffered()
+    event = asyncio.run(auto_dream(buf, entries, store, llm, MemoryConfig().feedback_ttl_s(), 0.3, now=1000.0))
+    assert event["consolidated"] is False and event["written"] == 4
+    saved = {e.content: e for e in asyncio.run(store.list("t1"))}
+    assert set(saved) == {c.content for c in entries}  # nothing lost
+    assert saved["I prefer answers in Esperanto."].data["unconsolidated"] is True
+
+
+def test_feedback_expires_by_its_correction_type_on_a_controllable_clock(tmp_path: Path) -> None:
+    store = FileMemoryStore(tmp_path)
+    buf = SessionBuffer("t1", None, "p1")
+    entries = [Candidate(Category.FEEDBACK, "style", {"correction_type": "code_style"}),
+               Candidate(Category.FEEDBACK, "tool", {"correction_type": "tool_choice"})]
+    asyncio.run(auto_dream(buf, entries, store, None, MemoryConfig().feedback_ttl_s(), None, now=0.0))
+
+    def alive(now: float) -> set[str]:
+        return {e.content for e in asyncio.run(store.list("t1", now=now))}
+
+    assert alive(6 * DAY) == {"style", "tool"}
+    assert alive(8 * DAY) == {"style"}
+    assert asyncio.run(store.purge_expired("t1", 31 * DAY)) == 2
+    assert asyncio.run(store.list("t1")) == []
+
+
+def test_the_project_scan_is_incremental_and_stays_inside_the_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "repo", tmp_path / "secret"
+    (root / "src").mkdir(parents=True)
+    (root / "tests").mkdir()
+    outside.mkdir()
+    (outside / "key.txt").write_text("do not read")
+    (root / "pyproject.toml").write_text("[project]\nname='x'\ndependencies=['django']\n")
+    (root / "src" / "app.py").write_text("print(1)\n")
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    (root / "leak.txt").symlink_to(outside / "key.txt")
+    (root / "node_modules").mkdir()
+    (root / "node_modules" / "big.js").write_text("x")
+    first = scan_project(root, None, now=1000.0)
+    assert set(first["file_index"]) == {"pyproject.toml", "src/app.py"}
+    assert first["tech_stack"]["language"] == "python" and first["tech_stack"]["frameworks"] == ["django"]
+    assert "tests live in tests/" not in first["conventions"] and "sources live in src/" in first["conventions"]
+    old = 900.0
+    for f in (root / "pyproject.toml", root / "src" / "app.py"):
+        os.utime(f, (old, old))
+    again = scan_project(root, first, now=2000.0)
+    assert again["changed_files"] == 0 and again["last_scan"] == 2000.0
+    (root / "src" / "new.py").write_text("x = 1\n")
+    (root / "src" / "app.py").unlink()
+    later = scan_project(root, again, now=3000.0)
+    assert later["changed_files"] == 1 and later["removed_files"] == ["src/app.py"]
+
+
+def test_many_concurrent_captures_feed_one_buffer_without_loss_or_duplicates(tmp_path: Path) -> None:
+    async def dreamt(key: Any, event: dict[str, Any]) -> None:
+        events.append(event)
+
+    events: list[dict[str, Any]] = []
+
+    async def run() -> list[MemoryEntry]:
+        config = MemoryConfig(triggers=["B"], dream_model="scripted")
+        manager = MemoryManager(FileMemoryStore(tmp_path), config, lambda model, msgs: _llm()(msgs), dreamt)
+        history: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+        turns = []
+        for i in range(40):
+            history = history + [{"role": "user", "content": f"Please always use tabs number {i}."},
+                                 {"role": "assistant", "content": "ok"}]
+            turns.append(list(history))
+        scope = BufferScope("u1", "p1", "professional", None)
+        for messages in turns + turns:  # every request twice: resent history is captured once
+            manager.observe(("t1", "s1"), scope, messages, [message_fingerprint(m) for m in messages], _cut)
+        await manager.idle_tasks()
+        buffered = list(manager.short_term.get(("t1", "s1")).entries)  # type: ignore[union-attr]
+        assert sorted(c.content for c in buffered) == sorted(f"Please always use tabs number {i}." for i in range(40))
+        await manager.end_session(("t1", "s1"))
+        return await manager.store.list("t1")
+
+    saved = asyncio.run(run())
+    assert len(events) == 1 and events[0]["entries_count"] == 40 and events[0]["trigger"] == "B"
+    assert [e.category for e in saved] == [Category.USER]

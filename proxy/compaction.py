@@ -132,6 +132,8 @@ class Compactor:
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
         budget = budget_of(state, turn)
         tools_tokens = turn.fixed_tokens()
+        if state.speculation and self.speculator is not None:
+            self.speculator.resume(state, turn, lambda then: self._view(state, then, budget, tools_tokens)[0])
         view, tokens = self._view(state, turn, budget, tools_tokens)
         if tokens <= turn.config.trigger_ratio * budget:
             ratio = turn.config.autocompact.speculative_ratio

@@ -94,6 +94,10 @@ class Journal:
         before = (state.wal_logged, state.wal_logged_hash)
         events = self._message_events(state, turn)
         events += [_compression(step) for step in steps if step["level"] != "chain"]
+        if state.speculation and not state.speculation.get("logged"):
+            state.speculation["logged"] = True
+            events.append({"type": EventType.SPECULATION.value,
+                           **{k: v for k, v in state.speculation.items() if k != "logged"}})
         reason = "compaction" if steps else "periodic"
         try:
             await self._write(state, events, reason, tokens_out, budget, force_checkpoint=bool(steps))
@@ -237,6 +241,9 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
         kind = event["type"]
         if kind in (EventType.USER_INPUT.value, EventType.TOOL_RESULT.value) and "index" in event:
             state.wal_logged, state.wal_logged_hash = event["index"] + 1, event.get("prefix_hash", "")
+        elif kind == EventType.SPECULATION.value:
+            state.speculation = {k: event[k] for k in ("prefix_len", "prefix_hash", "target", "records")}
+            state.speculation["logged"] = True
         elif kind == EventType.RESPONSE.value:
             state.has_attempted_reactive_compact = False  # a reply arrived: the loop guard was reset
         state.turns = max(state.turns, int(event.get("turn") or 0))

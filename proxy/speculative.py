@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Awaitable, Callable
 
+from ..pipeline.fingerprint import prefix_hashes
 from .compaction import ChainRun, Turn, run_chain
 from .state import SessionState, SessionStore
 
@@ -37,9 +38,28 @@ class Speculator:
                                 learned_max_input_tokens=state.learned_max_input_tokens)
         chain = asyncio.create_task(run_chain(snapshot, turn, view, target, "proactive"))
         self._chains[state.key] = (chain, len(state.records))
+        # In the WAL (a SPECULATION event): a restart while it is in flight starts it again.
+        state.speculation = {"prefix_len": len(turn.messages), "prefix_hash": prefix_hashes(turn.fingerprints)[-1],
+                             "target": target, "records": len(state.records), "logged": False}
         task = asyncio.create_task(self._persist(snapshot.tenant, snapshot.session_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def resume(self, state: SessionState, turn: Turn, view_of: Callable[[Turn], list[dict[str, Any]]]) -> None:
+        """First turn after a restart: the speculation the log says was in flight runs again
+        over the same prefix, so the compaction it yields is the one a gateway that never
+        crashed would apply."""
+        pending = state.speculation
+        if not pending or state.speculative or state.key in self._chains:
+            return
+        k = pending["prefix_len"]
+        if (len(state.records) != pending["records"] or k > len(turn.fingerprints)
+                or prefix_hashes(turn.fingerprints[:k])[-1] != pending["prefix_hash"]):
+            state.speculation = {}  # the history moved on or was rewritten: nothing to redo
+            return
+        then = replace(turn, messages=turn.messages[:k], fingerprints=turn.fingerprints[:k])
+        self.start(state, then, view_of(then), pending["target"])
+        state.speculation["logged"] = True  # the same speculation, already in the log
 
     async def settle(self, state: SessionState) -> None:
         """Called with the session locked when the trigger is reached: a compaction still in
@@ -55,6 +75,7 @@ class Speculator:
         self._keep(state, run, records_at_start)
 
     def _keep(self, state: SessionState, run: ChainRun, records_at_start: int) -> bool:
+        state.speculation = {}
         if not run.result.steps or len(state.records) != records_at_start or state.speculative:
             return False  # nothing done, or the session compacted meanwhile: stale
         state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
@@ -76,9 +97,20 @@ class Speculator:
                     await self._sessions.save(state)
         except Exception as e:  # a background task: log, never raise into nowhere
             log.warning("speculative compaction of session %s failed: %s", session_id, e)
+            await self._forget(tenant, session_id)
         finally:
             # Only now: until the result is saved, a turn at the trigger must find it here.
             self._chains.pop((tenant, session_id), None)
+
+    async def _forget(self, tenant: str, session_id: str) -> None:
+        try:
+            async with self._sessions.lock(tenant, session_id):
+                state = await self._sessions.load(tenant, session_id)
+                if state is not None and state.speculation:
+                    state.speculation = {}
+                    await self._sessions.save(state)
+        except Exception as e:
+            log.warning("session %s: a failed speculation could not be cleared: %s", session_id, e)
 
     async def close(self) -> None:
         pending = [chain for chain, _ in self._chains.values()] + list(self._tasks)

@@ -52,6 +52,9 @@ class SessionState:
     speculative: dict[str, Any] = field(default_factory=dict)
     """A compaction made ahead of time (speculative Autocompact), applied once the trigger is
     reached: {"record": CompactionRecord as a dict, "collapse", "breaker", "working"}."""
+    speculation: dict[str, Any] = field(default_factory=dict)
+    """A background compaction started and not finished: {prefix_len, prefix_hash, target,
+    records, logged}. Kept in the WAL so a restart can run it again."""
     speculation_wasted: int = 0
     """Background compactions that did not fit when the trigger came: after one, this
     session grows too fast per turn for speculation to pay, so it stops."""

@@ -61,7 +61,10 @@ def gateway_config(upstream_url: str, upstream_key: str, **pipeline: Any) -> dic
     models.append({"model_name": "slow-summarizer", "model_info": {"max_input_tokens": 128_000}, "litellm_params": {
         "model": "openai/slow-summarizer", "api_base": f"{upstream_url}/v1", "api_key": upstream_key}})
     autocompact = {"model": "summarizer", "speculative_ratio": None, **pipeline.pop("autocompact", {})}
+    # Memory off: its short-term buffer lives in the process, so a killed gateway's would be
+    # consolidated by nobody while the control's is at shutdown: other summarizer calls.
     return {"model_list": models, "ctxgate": {"forwarding": "auto", "max_body_bytes": 4_000_000,
+                                               "memory": {"enabled": False},
                                                "pipeline": {"autocompact": autocompact, **pipeline}}}
 
 

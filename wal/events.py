@@ -25,6 +25,8 @@ class EventType(str, Enum):
     AUTO_DREAM = "AUTO_DREAM"
     RESPONSE = "RESPONSE"
     """The upstream call of a turn completed (what the last successful step was)."""
+    SPECULATION = "SPECULATION"
+    """A background compaction started over a prefix; a restart runs it again if it did not land."""
 
 
 class DamagedLine(ValueError):

@@ -241,3 +241,122 @@ def test_many_concurrent_captures_feed_one_buffer_without_loss_or_duplicates(tmp
     saved = asyncio.run(run())
     assert len(events) == 1 and events[0]["entries_count"] == 40 and events[0]["trigger"] == "B"
     assert [e.category for e in saved] == [Category.USER]
+
+
+def _manager(tmp_path: Path, events: list[dict[str, Any]], clock: Any = None, **config: Any) -> MemoryManager:
+    async def dreamt(key: Any, event: dict[str, Any]) -> None:
+        events.append(event)
+
+    llm = _llm()
+    return MemoryManager(FileMemoryStore(tmp_path / "mem"), MemoryConfig(dream_model="scripted", **config),
+                         lambda model, msgs: llm(msgs), dreamt, **({"clock": clock} if clock else {}))
+
+
+def _turns_saying(n: int) -> list[list[dict[str, Any]]]:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "s"}]
+    out = []
+    for i in range(n):
+        history = history + [{"role": "user", "content": f"From now on name branches feature-{i}."},
+                             {"role": "assistant", "content": "ok"}]
+        out.append(list(history))
+    return out
+
+
+def _feed(manager: MemoryManager, turns: list[list[dict[str, Any]]], profile: str) -> None:
+    for messages in turns:
+        manager.observe(("t1", "s1"), BufferScope("u1", "p1", profile, None), messages,
+                        [message_fingerprint(m) for m in messages], _cut)
+
+
+def test_trigger_a_consolidates_past_the_threshold_for_enterprise_only(tmp_path: Path) -> None:
+    async def run(profile: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        manager = _manager(tmp_path / profile, events, threshold_count=5)
+        for messages in _turns_saying(8):
+            _feed(manager, [messages], profile)
+            await manager.idle_tasks()
+        return events
+
+    enterprise = asyncio.run(run("enterprise"))
+    assert [e["trigger"] for e in enterprise] == ["A"] and enterprise[0]["entries_count"] == 6
+    assert asyncio.run(run("professional")) == []  # professional: session end only (trigger B)
+
+
+def test_trigger_c_consolidates_after_the_interval_with_more_than_five_entries(tmp_path: Path) -> None:
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+
+    async def run() -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        manager = _manager(tmp_path, events, clock, dream_interval_s=600, threshold_count=100)
+        turns = _turns_saying(8)
+        for messages in turns[:7]:
+            _feed(manager, [messages], "enterprise")
+            await manager.idle_tasks()
+        assert events == []  # six entries, but the interval has not passed
+        clock.now += 601
+        _feed(manager, [turns[7]], "enterprise")
+        await manager.idle_tasks()
+        return events
+
+    events = asyncio.run(run())
+    assert [(e["trigger"], e["entries_count"]) for e in events] == [("C", 8)]
+
+
+def test_an_idle_session_ends_and_is_consolidated(tmp_path: Path) -> None:
+    class Clock:
+        now = 1000.0
+
+        def __call__(self) -> float:
+            return self.now
+
+    clock = Clock()
+
+    async def run() -> tuple[int, int, list[dict[str, Any]]]:
+        events: list[dict[str, Any]] = []
+        manager = _manager(tmp_path, events, clock, idle_timeout_s=1800)
+        _feed(manager, _turns_saying(2)[-1:], "professional")
+        await manager.idle_tasks()
+        clock.now += 1000
+        early = await manager.sweep()
+        clock.now += 1000
+        late = await manager.sweep()
+        return early, late, events
+
+    early, late, events = asyncio.run(run())
+    assert (early, late) == (0, 1) and [e["trigger"] for e in events] == ["B"]
+
+
+def test_the_optional_classifier_places_what_the_rules_could_not(tmp_path: Path) -> None:
+    store = FileMemoryStore(tmp_path)
+    buf = SessionBuffer("t1", "u1", "p1")
+    entries = [Candidate(None, "The deploy script lives in ops/deploy.sh"), Candidate(None, "lunch was nice")]
+    classifier = _llm('["project", "drop"]')
+    event = asyncio.run(auto_dream(buf, entries, store, _llm("Deploy script: ops/deploy.sh"),
+                                   MemoryConfig().feedback_ttl_s(), 5.0, classify=classifier, now=1.0))
+    assert event["categories"] == ["project"] and event["entries_count"] == 2
+    assert [e.content for e in asyncio.run(store.list("t1"))] == ["Deploy script: ops/deploy.sh"]
+    assert "lunch was nice" in classifier.calls[0][1]["content"]
+
+
+def test_a_configured_workspace_is_scanned_when_a_session_starts(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "src").mkdir(parents=True)
+    (root / "package.json").write_text('{"name": "shop", "dependencies": {"react": "18"}}')
+    (root / "src" / "index.js").write_text("x")
+
+    async def run() -> list[MemoryEntry]:
+        manager = _manager(tmp_path, [], workspace_root=str(root))
+        _feed(manager, _turns_saying(1), "professional")
+        await manager.idle_tasks()
+        return await manager.store.list("t1", Category.PROJECT)
+
+    [project] = asyncio.run(run())
+    assert project.project == "p1" and set(project.data["file_index"]) == {"package.json", "src/index.js"}
+    assert project.data["tech_stack"]["language"] == "javascript" and "react" in project.data["tech_stack"]["frameworks"]
+    assert "2 files" in project.content

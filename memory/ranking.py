@@ -11,6 +11,10 @@ class TenantView:
     def __init__(self, version: int, entries: list[MemoryEntry]) -> None:
         self.version = version
         self.entries = {e.id: e for e in entries}
+        # Plain tuples per category: the scope and expiry filter runs over every entry of a query.
+        self._rows: dict[Category, list[tuple[MemoryEntry, str | None, str | None, float | None]]] = {}
+        for e in entries:
+            self._rows.setdefault(e.category, []).append((e, e.user, e.project, e.expires_at))
         self.index = LexicalIndex()
         for e in entries:
             self.index.add(e.id, e.content)
@@ -20,7 +24,15 @@ class TenantView:
         """Visible, unexpired entries of `categories`, best score first; entries that share no
         word with the query follow, newest first (user preferences apply whatever is asked)."""
         scores = self.index.scores(query)
-        found = [(e, scores.get(e.id, 0.0)) for e in self.entries.values()
-                 if e.category in categories and not e.expired(now) and e.visible_to(user, project)]
+        found: list[tuple[MemoryEntry, float]] = []
+        for category in categories:
+            by_user = category == Category.USER
+            scoped = category in (Category.PROJECT, Category.FEEDBACK)
+            for e, owner, where, expires in self._rows.get(category, ()):
+                if expires is not None and expires <= now:
+                    continue
+                if (by_user and owner is not None and owner != user) or (scoped and where is not None and where != project):
+                    continue
+                found.append((e, scores.get(e.id, 0.0)))
         found.sort(key=lambda pair: (-pair[1], -pair[0].updated_at, pair[0].id))
         return found[:limit]

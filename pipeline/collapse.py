@@ -9,6 +9,8 @@ and folded messages keeps a span from being folded twice.
 """
 from __future__ import annotations
 
+import base64
+
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -64,7 +66,7 @@ class CollapseStore:
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config.model_dump(), "entries": [asdict(e) for e in self.entries.values()],
-                "bloom": self.bloom.save_bytes().hex()}
+                "bloom_b64": base64.b64encode(self.bloom.save_bytes()).decode()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CollapseStore":
@@ -72,7 +74,9 @@ class CollapseStore:
         for raw in data.get("entries", []):
             entry = CollapseEntry(**{**raw, "original_span": tuple(raw["original_span"])})
             store.entries[entry.first_fingerprint] = entry
-        if data.get("bloom"):
+        if data.get("bloom_b64"):
+            store.bloom = Bloom.load_bytes(base64.b64decode(data["bloom_b64"]), _stable_hash)
+        elif data.get("bloom"):  # state saved before base64 (hex: a third larger)
             store.bloom = Bloom.load_bytes(bytes.fromhex(data["bloom"]), _stable_hash)
         return store
 

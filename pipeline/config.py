@@ -40,7 +40,9 @@ class CollapseConfig(_Strict):
     window: int = 15
     """Fold runs of at least this many consecutive non-decision-critical messages."""
     user_chars: int = 200
-    bloom_capacity: int = 100_000
+    bloom_capacity: int = 20_000
+    """Folded messages a session's filter is sized for (past it, false positives rise slowly).
+    It is part of every WAL checkpoint: 20,000 at 0.1% is 36 KB."""
     bloom_error_rate: float = 0.001
 
 

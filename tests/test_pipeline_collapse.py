@@ -155,7 +155,7 @@ async def test_store_round_trip_keeps_bloom_and_entries() -> None:
     again = await fold(s2, h)
     assert again.compressed_messages == first.compressed_messages
     assert list(restored.entries) == list(s.store.entries)
-    assert restored.to_dict()["bloom"] == s.store.to_dict()["bloom"]
+    assert restored.to_dict()["bloom_b64"] == s.store.to_dict()["bloom_b64"]
     # a store that lost its bloom filter would fold a span it has no entry for: the bloom stops it
     no_entries = CollapseStore.from_dict({**data, "entries": []})
     assert await fold(make(store=no_entries), h) is None

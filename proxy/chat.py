@@ -17,7 +17,7 @@ from .gateway import Gateway
 from .idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from .routing import Route
 from .tenancy import Caller, resolve_caller, resolve_session
-from .memory_turn import MemoryScope, block_tokens, inject, query_of, refresh_block, scope_of
+from .memory_turn import MemoryScope, block_tokens, inject, query_of, scope_of
 from .replies import ReplyFacts, SseReply, reply_facts
 from .state import SessionState
 from .upstream import ContextTooLong, Reply, UpstreamError
@@ -142,7 +142,7 @@ class ChatHandler:
         budget = int(budget_of(state, turn) * memory.config.budget_share)
         try:
             version = await memory.store.version(state.tenant)
-            return await refresh_block(state, version, scope, lambda: memory.context_block(
+            return await self.gw.memory_blocks.block(state, version, scope, lambda: memory.context_block(
                 state.tenant, scope.user, scope.project, query_of(turn.messages), budget, turn.counter.count))
         except Exception as e:
             log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)

@@ -18,7 +18,7 @@ from .demo import DemoForwarder
 from .errors import ApiError
 from .idempotency import IdempotencyStore, open_idempotency_store
 from .journal import Journal
-from .memory_turn import open_memory_store
+from .memory_turn import BlockRefresher, open_memory_store
 from ..memory.manager import MemoryManager
 from .metrics import Metrics
 from .routing import Route, Router
@@ -42,6 +42,7 @@ class Gateway:
     journal: Journal
     idempotency: IdempotencyStore
     memory: MemoryManager | None = None
+    memory_blocks: BlockRefresher = field(default_factory=BlockRefresher)
     demo: DemoForwarder = field(default_factory=DemoForwarder)
     compactor: Compactor = field(default_factory=Compactor)
     speculator: Speculator | None = None

@@ -2,6 +2,8 @@
 session injects (byte-identical until memory changes), and where it goes."""
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
@@ -15,6 +17,7 @@ from .errors import ApiError
 from .ids import InvalidId, validate_id
 from .state import SessionState
 
+log = logging.getLogger("ctxgate.memory")
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
 MAX_USER_LENGTH = 256
 _QUERY_CHARS = 2000
@@ -57,13 +60,41 @@ def query_of(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-async def refresh_block(state: SessionState, version: int, scope: MemoryScope,
-                        build: Callable[[], Awaitable[str]]) -> str:
-    """The session's block: rebuilt only when the tenant's memory or the session's scope changed."""
-    if state.memory_version != version or state.memory_scope != scope.key:
-        state.memory_block = await build()
-        state.memory_version, state.memory_scope = version, scope.key
-    return state.memory_block
+class BlockRefresher:
+    """The session's block, rebuilt only when the tenant's memory or the session's scope
+    changed. A session's first block is built before its first turn; a later change is
+    rebuilt in the background and taken up by the next turn, so no turn waits for a store
+    re-reading thousands of entries."""
+
+    def __init__(self) -> None:
+        self._ready: dict[tuple[str, str], tuple[int, str, str]] = {}
+        self._building: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    async def block(self, state: SessionState, version: int, scope: MemoryScope,
+                    build: Callable[[], Awaitable[str]]) -> str:
+        if state.memory_version == version and state.memory_scope == scope.key:
+            return state.memory_block
+        ready = self._ready.pop(state.key, None)
+        if ready is not None and ready[:2] == (version, scope.key):
+            state.memory_version, state.memory_scope, state.memory_block = ready
+        elif state.memory_version is None:
+            state.memory_block = await build()
+            state.memory_version, state.memory_scope = version, scope.key
+        elif state.key not in self._building:
+            self._building[state.key] = asyncio.create_task(self._build(state.key, version, scope.key, build))
+        return state.memory_block
+
+    async def _build(self, key: tuple[str, str], version: int, scope_key: str,
+                     build: Callable[[], Awaitable[str]]) -> None:
+        try:
+            self._ready[key] = (version, scope_key, await build())
+        except Exception as e:  # memory is an aid: the session keeps its last block
+            log.warning("session %s: memory block not rebuilt: %s", key[1], e)
+        finally:
+            self._building.pop(key, None)
+
+    async def idle(self) -> None:
+        await asyncio.gather(*list(self._building.values()), return_exceptions=True)
 
 
 def block_message(block: str) -> dict[str, Any]:

@@ -99,8 +99,15 @@ def test_memory_is_injected_once_stays_byte_identical_and_changes_only_with_memo
     assert "Answer in Esperanto." in blocks[0] and "Use rg, not grep." in blocks[0]
     _api(memgw, "POST", "", {"category": "user", "content": "Signs off as Zamenhof."})
     _chat(memgw, "Once more?", session)
-    later = _memory_message(up)
-    assert later is not None and "Zamenhof" in later["content"] and later["content"] != blocks[0]
+    same = _memory_message(up)
+    assert same is not None and same["content"] == blocks[0]  # the turn does not wait for the rebuild
+
+    def rebuilt() -> str | None:
+        _chat(memgw, "Once more?", session)
+        block = _memory_message(up)
+        return block["content"] if block and "Zamenhof" in block["content"] else None
+
+    assert wait_until(rebuilt, 10, "the rebuilt block") != blocks[0]
 
     _chat(memgw, "Which language?", session, key=KEYS["relay"])
     assert _memory_message(up) is None  # another tenant: nothing of acme's

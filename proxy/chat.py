@@ -32,9 +32,9 @@ class ChatHandler:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
+        caller = resolve_caller(self.gw.config, request.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(request)
         validate_chat_request(body)
-        caller = resolve_caller(self.gw.config, request.headers)
         route = self.gw.router.resolve(body["model"])
         session_id = resolve_session(caller.tenant, request.headers, body)
         headers = {"X-Ctx-Session": session_id}

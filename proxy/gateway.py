@@ -80,10 +80,33 @@ class Gateway:
         recovered = await self.journal.recover(tenant, session_id)
         return recovered or state or SessionState(tenant, session_id)
 
+    async def recover_recent(self) -> int:
+        """At start: the sessions whose logs were written last are rebuilt before they are asked
+        for (and their logs checked); the rest wait for their first request."""
+        limit = self.config.ctxgate.wal.recover_on_start
+        logs = await asyncio.to_thread(self.journal.paths.sessions) if limit else []
+        by_recency = sorted(logs, key=lambda found: _mtime(found[2]), reverse=True)[:limit]
+        recovered = 0
+        for tenant, session, _ in by_recency:
+            async with self.sessions.lock(tenant, session):
+                if await self.sessions.load(tenant, session) is not None:
+                    continue
+                state = await self.journal.recover(tenant, session)
+                if state is not None:
+                    await self.sessions.save(state)
+                    recovered += 1
+        if recovered:
+            log.info("recovered %d sessions from the WAL at start (of %d logs)", recovered, len(logs))
+        return recovered
+
     async def housekeeping(self, every_s: float = 60.0) -> None:
         """Runs for the life of the server: sessions idle past the memory idle timeout end
         (auto-dream trigger B), and WAL archives past their retention go, even for sessions
         that never write again."""
+        try:
+            await self.recover_recent()
+        except Exception as e:  # each session is still rebuilt on its first request
+            log.warning("recovery at start stopped: %s", e)
         while True:
             try:
                 if self.memory is not None:
@@ -153,3 +176,10 @@ class Gateway:
         if close_idempotency is not None:
             await close_idempotency()
         self.journal.close()
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

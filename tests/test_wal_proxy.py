@@ -196,6 +196,8 @@ def test_after_kill_9_the_session_and_the_idempotent_replies_carry_on(tmp_path: 
         before = post(crash, {"model": "gpt-4o", "messages": MESSAGES}, headers={"Idempotency-Key": key})
         assert before.status_code == 200
         crash = _restart(crash, signal.SIGKILL)
+        wait_until(lambda: "sessions from the WAL at start (of 2 logs)" in crash.text(), 20,
+                   "the sessions rebuilt at start")
         assert _compacting_run(crash, "s", turns[-1:], budget, trajectory.tools) == control_levels[-1:]
 
         def chats(name: str, model: str) -> list[Any]:

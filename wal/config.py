@@ -16,6 +16,9 @@ class WalConfig(BaseModel):
     archive_every: int = Field(default=10, gt=0)
     """Every this many checkpoints, the events before the latest one move to wal_archive/."""
     archive_retention_days: float = Field(default=7.0, gt=0)
+    recover_on_start: int = Field(default=256, ge=0)
+    """At start, rebuild this many sessions (the most recently written logs) in the background;
+    any other is rebuilt when it is first seen."""
     store_content: bool = False
     """Keep user content in USER_INPUT events; by default only its hash is kept."""
     idempotency_ttl_s: float = Field(default=24 * 3600.0, gt=0)

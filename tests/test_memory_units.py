@@ -26,6 +26,14 @@ from trajectories import openhands, swe_agent
 DAY = 86400.0
 
 
+class Clock:
+    """Time the tests move by hand."""
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _words(text: str) -> int:
     return len(text.split())
 
@@ -283,12 +291,6 @@ def test_trigger_a_consolidates_past_the_threshold_for_enterprise_only(tmp_path:
 
 
 def test_trigger_c_consolidates_after_the_interval_with_more_than_five_entries(tmp_path: Path) -> None:
-    class Clock:
-        now = 1000.0
-
-        def __call__(self) -> float:
-            return self.now
-
     clock = Clock()
 
     async def run() -> list[dict[str, Any]]:
@@ -309,12 +311,6 @@ def test_trigger_c_consolidates_after_the_interval_with_more_than_five_entries(t
 
 
 def test_an_idle_session_ends_and_is_consolidated(tmp_path: Path) -> None:
-    class Clock:
-        now = 1000.0
-
-        def __call__(self) -> float:
-            return self.now
-
     clock = Clock()
 
     async def run() -> tuple[int, int, list[dict[str, Any]]]:

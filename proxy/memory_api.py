@@ -2,8 +2,10 @@
 only. An entry of another tenant is answered exactly like one that does not exist (404)."""
 from __future__ import annotations
 
+import logging
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import orjson
 from aiohttp import web
@@ -14,6 +16,8 @@ from ..memory.store import LongTermStore
 from .errors import ApiError
 from .gateway import Gateway
 from .state import reachable
+
+log = logging.getLogger("ctxgate.memory")
 from .tenancy import resolve_caller
 
 MAX_CONTENT_CHARS = 20_000
@@ -54,6 +58,20 @@ async def _body(request: web.Request, model: type[BaseModel]) -> Any:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+
+
+@contextmanager
+def _store_reachable() -> Iterator[None]:
+    """A store that fails (Redis or a Qdrant server unreachable, a full disk) is a 503 the
+    client may retry, never a 500; the cause is in the server's log."""
+    try:
+        with reachable():
+            yield
+    except ApiError:
+        raise
+    except Exception as e:
+        log.exception("memory store call failed")
+        raise ApiError(503, f"the memory store is unavailable ({type(e).__name__})", code="memory_unavailable") from None
 
 
 def _public(entry: MemoryEntry) -> dict[str, Any]:
@@ -99,7 +117,7 @@ class MemoryApi:
         except ValueError:
             raise ApiError(400, f"category must be one of {', '.join(c.value for c in Category)}",
                            param="category", code="invalid_request") from None
-        with reachable():
+        with _store_reachable():
             entries = await store.list(tenant, category, now=time.time())
         user, project = request.query.get("user"), request.query.get("project")
         entries = [e for e in entries if (user is None or e.user == user) and (project is None or e.project == project)]
@@ -112,12 +130,12 @@ class MemoryApi:
         entry = MemoryEntry(category=new.category, tenant=tenant, content=new.content, data=new.data, created_at=now,
                             updated_at=now, expires_at=self._expiry(new.category, new.data, new.ttl_s, now))
         _place(entry, new.scope)
-        with reachable():
+        with _store_reachable():
             await store.put(entry)
         return _json(_public(entry), 201)
 
     async def _own(self, store: LongTermStore, tenant: str, entry_id: str) -> MemoryEntry:
-        with reachable():
+        with _store_reachable():
             entry = await store.get(tenant, entry_id)
         if entry is None or entry.tenant != tenant:
             raise ApiError(404, f"no memory entry {entry_id} for this tenant", code="memory_not_found")
@@ -137,14 +155,14 @@ class MemoryApi:
         if change.ttl_s is not None:
             entry.expires_at = now + change.ttl_s
         entry.updated_at = now
-        with reachable():
+        with _store_reachable():
             await store.put(entry)
         return _json(_public(entry))
 
     async def delete(self, request: web.Request) -> web.Response:
         store, tenant = self._store_and_tenant(request)
         entry = await self._own(store, tenant, request.match_info["entry_id"])
-        with reachable():
+        with _store_reachable():
             await store.delete(tenant, entry.id)
         return _json({"id": entry.id, "object": "memory.entry.deleted", "deleted": True})
 

@@ -176,3 +176,13 @@ def test_memory_outlives_a_restart(upstream: ScriptedUpstream, tmp_path: Path) -
         assert block is not None and "Checkout API takes a cart id." in block["content"]
     finally:
         gw.stop()
+
+
+def test_an_unreachable_memory_store_is_a_503_not_a_500(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+    config = main_config(upstream.url, "auto", state="redis://127.0.0.1:1/0")
+    gw = start_gateways({"deadmem": (tmp_path, config)})["deadmem"]
+    try:
+        assert_error_shape(_api(gw, "GET", ""), 503)
+        assert_error_shape(_api(gw, "POST", "", {"category": "user", "content": "x"}), 503)
+    finally:
+        gw.stop()

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+from pipeline_builders import CountingEncoder  # noqa: E402
 
 from ctxgate.pipeline.autocompact import AutocompactBreaker, AutocompactStrategy  # noqa: E402
 from ctxgate.pipeline.chain import build_pipeline  # noqa: E402
@@ -29,7 +30,7 @@ from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
 from ctxgate.pipeline.microcompact import MicrocompactStrategy  # noqa: E402
 from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
 from ctxgate.pipeline.snip import SnipStrategy  # noqa: E402
-from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter  # noqa: E402
+from ctxgate.pipeline.tokens import TokenCounter  # noqa: E402
 from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
 
 WINDOW = 200_000
@@ -40,22 +41,6 @@ SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explore
 
 async def instant_summary(_prompt: list[dict[str, Any]]) -> str:
     return SUMMARY
-
-
-class CountingEncoder:
-    """tiktoken, counting how many tokens it encoded: how many passes over the history a level makes."""
-
-    def __init__(self) -> None:
-        self._enc = TiktokenEncoder("o200k_base")
-        self.tokens = 0
-
-    def encode(self, text: str) -> list[int]:
-        ids = self._enc.encode(text)
-        self.tokens += len(ids)
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self._enc.decode(ids)
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ _MANIFESTS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("Cargo.toml", re.compile(r"(?m)^\[package\][\s\S]*^edition\s*=")),
     ("requirements.txt", re.compile(r"(?m)^(?:[A-Za-z0-9_.-]+(?:\[[^\]]+\])?\s*[=<>~!]=\s*[\w.*]+\s*\n){3,}")),
 )
-_LANGUAGE = {"pyproject.toml": "python", "requirements.txt": "python", "package.json": "javascript",
+MANIFEST_LANGUAGE = {"pyproject.toml": "python", "requirements.txt": "python", "package.json": "javascript",
              "go.mod": "go", "Cargo.toml": "rust"}
 _FRAMEWORKS = ("django", "flask", "fastapi", "pytest", "react", "vue", "next", "express", "gin", "tokio",
                "numpy", "pandas", "sqlalchemy", "aiohttp", "spring", "rails")
@@ -64,13 +64,13 @@ def capture(messages: list[dict[str, Any]], indices: set[int], truncate: Truncat
             continue
         if role == "user":
             found += [(i, c) for c in _from_user(messages, i, text, at)]
-            found += [(i, c) for c in _project_facts(text, at)]
+            found += [(i, c) for c in project_facts(text, at)]
         elif role == "tool":
             tool, args = _call_of(messages, i)
             if _FETCH_TOOL.search(tool or ""):
                 found.append((i, _reference(text, args, truncate, at)))
             else:
-                found += [(i, c) for c in _project_facts(text, at)]
+                found += [(i, c) for c in project_facts(text, at)]
     return found
 
 
@@ -139,19 +139,19 @@ def _reference(text: str, args: dict[str, Any], truncate: Truncate, at: float) -
         "source": source, "topic": topic, "summary": summary, "original_length": len(text)}, at)
 
 
-def _project_facts(text: str, at: float) -> list[Candidate]:
+def project_facts(text: str, at: float) -> list[Candidate]:
     out = []
     sample = text[:20000]
     for name, pattern in _MANIFESTS:
         if pattern.search(sample):
             lowered = sample.lower()
             frameworks = sorted({f for f in _FRAMEWORKS if re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", lowered)})
-            stack = {"language": _LANGUAGE[name], "manifest": name, "frameworks": frameworks}
+            stack = {"language": MANIFEST_LANGUAGE[name], "manifest": name, "frameworks": frameworks}
             if name == "pyproject.toml" and "poetry" in lowered:
                 stack["package_manager"] = "poetry"
             elif name == "package.json":
                 stack["package_manager"] = "npm"
-            out.append(Candidate(Category.PROJECT, f"Tech stack from {name}: {_LANGUAGE[name]}"
+            out.append(Candidate(Category.PROJECT, f"Tech stack from {name}: {MANIFEST_LANGUAGE[name]}"
                                  + (f" ({', '.join(frameworks)})" if frameworks else ""), {"tech_stack": stack}, at))
             break
     listing = _listing(sample)

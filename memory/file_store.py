@@ -112,8 +112,9 @@ class FileMemoryStore:
         return self._version(tenant)
 
     async def purge_expired(self, tenant: str, now: float) -> int:
+        expired = {e.category for e in self._view(tenant).entries.values() if e.expired(now)}
         removed = 0
-        for category in Category:
+        for category in expired:
             def purge(entries: dict[str, MemoryEntry]) -> bool:
                 nonlocal removed
                 gone = [k for k, e in entries.items() if e.expired(now)]
@@ -122,13 +123,8 @@ class FileMemoryStore:
                 removed += len(gone)
                 return bool(gone)
 
-            if any(e.category == category and e.expired(now) for e in self._view(tenant).entries.values()):
-                await self._change(tenant, category, purge)
+            await self._change(tenant, category, purge)
         return removed
 
     async def close(self) -> None:
         return None
-
-
-def tenants_on_disk(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

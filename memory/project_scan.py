@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .capture import _LANGUAGE, _project_facts
+from .capture import MANIFEST_LANGUAGE, project_facts
 
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", ".venv", "venv", "__pycache__", ".mypy_cache",
                        ".pytest_cache", "dist", "build", ".tox", "target", ".idea", ".ctxgate"})
 MAX_FILES = 5000
-_MANIFEST_NAMES = frozenset(_LANGUAGE)
+_MANIFEST_NAMES = frozenset(MANIFEST_LANGUAGE)
 
 
 def scan_project(root: str | Path, previous: dict[str, Any] | None = None, now: float | None = None) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def scan_project(root: str | Path, previous: dict[str, Any] | None = None, now: 
             changed += fresh
             if fresh and name in _MANIFEST_NAMES and st.st_size < 200_000:
                 try:
-                    facts = _project_facts(path.read_text(errors="replace"), at)
+                    facts = project_facts(path.read_text(errors="replace"), at)
                 except OSError:
                     facts = []
                 for fact in facts:

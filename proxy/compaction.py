@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..pipeline.autocompact import AutocompactBreaker
@@ -45,6 +46,11 @@ class Turn:
     reserved_tokens: int = 0
     """Forwarded besides the client's messages and tools (the memory block): kept out of the room compaction has."""
 
+    @cached_property
+    def prefix_hashes(self) -> list[str]:
+        """`[i]` names the client's first i + 1 messages; computed once per turn for every user."""
+        return prefix_hashes(self.fingerprints)
+
     def fixed_tokens(self) -> int:
         return self.counter.count_tools(self.tools) + self.reserved_tokens
 
@@ -63,7 +69,7 @@ def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]
     where the messages after the record start in that view (0: no record applies)."""
     if not state.records:
         return turn.messages, 0
-    hashes = prefix_hashes(turn.fingerprints)
+    hashes = turn.prefix_hashes
     for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
         k = record.prefix_len
         if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
@@ -115,7 +121,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     result = await pipeline.compact(CompressionRequest(messages=view, token_budget=max(1, target),
                                                        counter=turn.counter, reason=reason))
     record = CompactionRecord(
-        prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
+        prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
         tokens_before=turn.counter.count_messages(view),
         tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time())
@@ -181,7 +187,7 @@ class Compactor:
             return None
         state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
         before = turn.counter.count_messages(turn.messages, turn.fingerprints)
-        record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=prefix_hashes(turn.fingerprints)[-1],
+        record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
                                   messages=view, levels=["microcompact"], tokens_before=before,
                                   tokens_after=tokens - tools_tokens, created_at=time.time())
         state.add_record(record)
@@ -202,7 +208,7 @@ class Compactor:
         if not pending:
             return None
         record = CompactionRecord(**pending)
-        hashes = prefix_hashes(turn.fingerprints)
+        hashes = turn.prefix_hashes
         k = record.prefix_len
         if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
             state.speculative = {}
@@ -238,7 +244,7 @@ class Compactor:
             return await self._compact(state, turn, previous.messages, target - tools_tokens, "reactive"), False
         if turn.config.on_exhausted == "degrade" and not degraded:
             config = turn.config.model_copy(update={"levels": ["autocompact"]})
-            degrade_turn = Turn(**{**turn.__dict__, "config": config})
+            degrade_turn = replace(turn, config=config)
             return await self._compact(state, degrade_turn, previous.messages, target - tools_tokens, "degrade"), True
         raise context_exhausted(f"the upstream refused {previous.tokens_out} tokens as too long after a compaction "
                                 f"already ran: {upstream_message[:200]}")

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import orjson
 
-from ..pipeline.fingerprint import prefix_hashes
 from ..wal.archive import prune_archives
 from ..wal.config import WalConfig
 from ..wal.events import EventType, content_hash
@@ -156,7 +155,7 @@ class Journal:
     def _message_events(self, state: SessionState, turn: Turn) -> list[dict[str, Any]]:
         """USER_INPUT / TOOL_RESULT for each client message past what the log has seen."""
         messages = turn.messages
-        hashes = prefix_hashes(turn.fingerprints)
+        hashes = turn.prefix_hashes
         start = state.wal_logged
         if start > len(messages) or (start and hashes[start - 1] != state.wal_logged_hash):
             start = 0  # the client rewrote its history: log it again from the start
@@ -211,10 +210,8 @@ class Journal:
                                 f"(checkpoints: {', '.join(map(str, seqs)) or 'none'})")
         live = self.writer.open(tenant, session)
         state = SessionState.from_dict(target["state"])
-        state.wal_seq, state.wal_pending = live.last_seq, []
-        state.wal_since_checkpoint = 0
         state.log_compaction({"level": "rollback", "to_seq": to_seq, "at": time.time()})
-        state.wal_pending = []
+        state.wal_seq, state.wal_pending, state.wal_since_checkpoint = live.last_seq, [], 0
         event = self._checkpoint_event(state, "rollback", None, None)
         event["rolled_back_to"] = to_seq
         appended = await asyncio.to_thread(self.writer.append, tenant, session, [event], state.wal_seq, True)

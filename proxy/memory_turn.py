@@ -93,9 +93,6 @@ class BlockRefresher:
         finally:
             self._building.pop(key, None)
 
-    async def idle(self) -> None:
-        await asyncio.gather(*list(self._building.values()), return_exceptions=True)
-
 
 def block_message(block: str) -> dict[str, Any]:
     return {"role": "system", "content": block}

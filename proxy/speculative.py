@@ -14,7 +14,6 @@ import logging
 from dataclasses import asdict, replace
 from typing import Any, Awaitable, Callable
 
-from ..pipeline.fingerprint import prefix_hashes
 from .compaction import ChainRun, Turn, run_chain
 from .state import SessionState, SessionStore
 
@@ -39,7 +38,7 @@ class Speculator:
         chain = asyncio.create_task(run_chain(snapshot, turn, view, target, "proactive"))
         self._chains[state.key] = (chain, len(state.records))
         # In the WAL (a SPECULATION event): a restart while it is in flight starts it again.
-        state.speculation = {"prefix_len": len(turn.messages), "prefix_hash": prefix_hashes(turn.fingerprints)[-1],
+        state.speculation = {"prefix_len": len(turn.messages), "prefix_hash": turn.prefix_hashes[-1],
                              "target": target, "records": len(state.records), "logged": False}
         task = asyncio.create_task(self._persist(snapshot.tenant, snapshot.session_id))
         self._tasks.add(task)
@@ -54,7 +53,7 @@ class Speculator:
             return
         k = pending["prefix_len"]
         if (len(state.records) != pending["records"] or k > len(turn.fingerprints)
-                or prefix_hashes(turn.fingerprints[:k])[-1] != pending["prefix_hash"]):
+                or turn.prefix_hashes[k - 1] != pending["prefix_hash"]):
             state.speculation = {}  # the history moved on or was rewritten: nothing to redo
             return
         then = replace(turn, messages=turn.messages[:k], fingerprints=turn.fingerprints[:k])

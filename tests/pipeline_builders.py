@@ -6,10 +6,26 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry
+from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter, TokenizerRegistry
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions, newest_user_index, split_units
 
 Message = dict[str, Any]
+
+
+class CountingEncoder:
+    """tiktoken, counting how many tokens it encoded: how many passes over a history a strategy makes."""
+
+    def __init__(self) -> None:
+        self._enc = TiktokenEncoder("o200k_base")
+        self.tokens = 0
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._enc.encode(text)
+        self.tokens += len(ids)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._enc.decode(ids)
 
 
 @lru_cache(maxsize=1)

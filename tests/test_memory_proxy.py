@@ -16,7 +16,7 @@ from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
 from clients import assert_error_shape, client, post
 from servers import KEYS, Gateway, launch, main_config, start_gateways, wait_until
-from upstream import ScriptedUpstream
+from upstream import ScriptedUpstream, encode
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
@@ -123,7 +123,6 @@ def test_the_block_stays_within_its_share_of_the_budget(memgw: Gateway, up: Scri
         model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": "hi"}], user="budget-user")
     block = _memory_message(up)
     assert block is not None
-    from upstream import encode
     assert len(encode(block["content"])) <= 0.05 * 128_000 * 0.95 and "Preference number" in block["content"]
 
 

@@ -7,11 +7,11 @@ import pytest
 
 from ctxgate.pipeline.config import MicrocompactConfig
 from ctxgate.pipeline.microcompact import SEPARATOR, MicrocompactStrategy, is_microcompacted
-from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter
+from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.pipeline.turns import first_user_index, newest_user_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
-from pipeline_builders import (assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
+from pipeline_builders import (CountingEncoder, assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
                                system, tool, user)
 
 SEP_RE = re.compile(r"\n\.\.\. \[middle (\d+) tokens truncated\] \.\.\.\n")
@@ -206,22 +206,6 @@ async def test_real_histories(effective_budget) -> None:
             assert c.count(head) <= kept_head and c.count(tail) <= kept_tail
             assert c.count_structured(b) < c.count_structured(a)
     assert changed_total > 0
-
-
-class CountingEncoder:
-    """tiktoken, counting how many tokens it encoded."""
-
-    def __init__(self) -> None:
-        self._enc = TiktokenEncoder("o200k_base")
-        self.tokens = 0
-
-    def encode(self, text: str) -> list[int]:
-        ids = self._enc.encode(text)
-        self.tokens += len(ids)
-        return ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self._enc.decode(ids)
 
 
 async def test_resent_outputs_are_not_tokenized_again() -> None:

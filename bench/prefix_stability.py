@@ -24,7 +24,7 @@ import common  # noqa: F401  (sets up the tokenizer files and the import path)
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
-from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
+from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of, measured_offset
 from ctxgate.proxy.speculative import Speculator
 from ctxgate.proxy.state import MemorySessionStore, SessionState
 
@@ -78,8 +78,9 @@ class Forwarded:
 
 
 async def replay(ratio: float, speculate: bool = True) -> tuple[list[Forwarded], int, int]:
-    """The turns as proxy/chat.py runs them: session locked, prepared, saved; the loop guard
-    reset after each (the scripted upstream always answers)."""
+    """The turns as proxy/chat.py runs them: session locked, prepared, saved; after each, the
+    loop guard reset (the scripted upstream always answers) and the count offset measured
+    against the contract upstream's `usage.prompt_tokens` (messages only, no tools schema)."""
     msgs, tools = load(TRAJECTORY)
     budget = int(contract_tokens(msgs) * ratio)
     counter = common.gpt4o_counter()
@@ -102,10 +103,14 @@ async def replay(ratio: float, speculate: bool = True) -> tuple[list[Forwarded],
                     counter=counter, config=PipelineConfig(), max_input_tokens=budget, summarize=summarize)
         async with sessions.lock("bench", "prefix"):
             state = await sessions.load("bench", "prefix") or SessionState("bench", "prefix")
+            turn.count_offset = state.count_offset
             records_before = [r.prefix_len for r in state.records]
             plan = await compactor.prepare(state, turn)
             compacted = [r.prefix_len for r in state.records] != records_before
             state.has_attempted_reactive_compact = False
+            offset = measured_offset(turn, plan.tokens_out, contract_tokens(plan.messages))
+            if offset is not None:
+                state.count_offset = offset
             await sessions.save(state)
         await asyncio.sleep(0.01)  # the upstream's reply: a background compaction gets to run
         out.append(Forwarded(i, plan.messages, plan.levels, compacted, contract_tokens(plan.messages)))
@@ -117,14 +122,15 @@ async def replay(ratio: float, speculate: bool = True) -> tuple[list[Forwarded],
 def fewest_breaks(ratio: float) -> list[int]:
     """A lower bound on the compaction points, for comparison: the turns where a compaction
     is unavoidable even if every tool output were cut as it arrived (Microcompact's
-    thresholds) and every compaction left nothing but the instructions, the task, the tools
-    schema and the turn in progress (no summary, no restore blocks)."""
-    msgs, tools = load(TRAJECTORY)
+    thresholds) and every compaction left nothing but the instructions, the task and the turn
+    in progress (no summary, no restore blocks), in the contract upstream's count (which
+    leaves the tools schema out; ctxgate measures that difference on the first reply)."""
+    msgs, _ = load(TRAJECTORY)
     config, counter = PipelineConfig(), common.gpt4o_counter()
     budget = config.effective_budget(int(contract_tokens(msgs) * ratio))
     cut, _ = MicrocompactStrategy(config.microcompact, config.pin_first_user, budget).compact_from(msgs, 0, counter)
     sizes = [counter.count_structured(m) for m in cut]
-    room = config.trigger_ratio * budget - counter.count_tools(tools) - counter.count_messages(msgs[:2])
+    room = config.trigger_ratio * budget - contract_tokens(msgs[:2])
     points, start, previous = [], 2, 2
     for i in range(2, len(msgs)):
         if msgs[i]["role"] != "assistant":

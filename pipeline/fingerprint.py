@@ -19,6 +19,10 @@ def message_fingerprint(message: dict[str, Any]) -> str:
     return xxhash.xxh3_128_hexdigest(orjson.dumps(message, option=orjson.OPT_SORT_KEYS))
 
 
+def tools_fingerprint(tools: list[dict[str, Any]] | None) -> str:
+    return message_fingerprint({"tools": tools}) if tools else ""
+
+
 def extend_prefix(prefix_hash: str, fingerprint: str) -> str:
     return xxhash.xxh3_128_hexdigest((prefix_hash + fingerprint).encode())
 

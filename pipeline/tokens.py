@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 import orjson
 import xxhash
 
-from .fingerprint import message_fingerprint
+from .fingerprint import message_fingerprint, tools_fingerprint
 from .types import Message
 
 log = logging.getLogger("ctxgate.tokens")
@@ -249,7 +249,7 @@ class TokenCounter:
         if not tools:
             return 0
         # Agents resend the same schema every turn: cache it like a message.
-        key = "tools:" + message_fingerprint({"tools": tools})
+        key = "tools:" + tools_fingerprint(tools)
         with self._lock:
             cached = self._cache.get(key)
         if cached is not None:

@@ -11,7 +11,7 @@ import orjson
 from aiohttp import web
 
 from ..memory.short_term import BufferScope
-from .compaction import Plan, Turn, budget_of, fingerprints_of
+from .compaction import Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
 from .errors import ApiError
 from .gateway import Gateway
 from .idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
@@ -85,6 +85,8 @@ class ChatHandler:
         async with gw.sessions.lock(caller.tenant, session_id):
             state = await gw.load_session(caller.tenant, session_id)
             state.profile = caller.profile
+            offset_key = count_offset_key(route.model_name, turn.tools)
+            turn.count_offset = state.count_offset if state.count_offset_key == offset_key else 0
             if memory is not None and scope is not None:
                 block = await self._memory_block(state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
@@ -126,7 +128,7 @@ class ChatHandler:
                 raise e.to_api_error() from None
         upstream_ms += reply.upstream_ms
         headers.update({"X-Ctx-Tokens-Out": str(plan.tokens_out), "X-Ctx-Levels": ",".join(levels) or "none"})
-        done = _Done(caller, session_id, route, plan, guard_set, idempotency, headers)
+        done = _Done(caller, session_id, route, turn, plan, guard_set, idempotency, headers)
         if reply.chunks is None:
             overhead = (time.perf_counter() - started) * 1000 - upstream_ms
             headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
@@ -185,13 +187,18 @@ class ChatHandler:
         gw = self.gw
         gw.metrics.requests.labels(done.route.model_name, "200").inc()
         gw.metrics.overhead.observe(overhead_ms)
+        offset = None
         if facts.prompt_tokens is not None:
             gw.metrics.calibrate(done.route.model_name, done.plan.tokens_out, facts.prompt_tokens)
-        if done.guard_set or gw.journal.enabled(done.caller.profile):
+            offset = measured_offset(done.turn, done.plan.tokens_out, facts.prompt_tokens)
+        if done.guard_set or offset is not None or gw.journal.enabled(done.caller.profile):
             try:
                 async with gw.sessions.lock(done.caller.tenant, done.session_id):
                     state = await gw.load_session(done.caller.tenant, done.session_id)
                     state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
+                    if offset is not None:
+                        state.count_offset = offset
+                        state.count_offset_key = count_offset_key(done.route.model_name, done.turn.tools)
                     try:
                         await gw.journal.log_reply(state, reply.status, facts.prompt_tokens, facts.tool_calls)
                     finally:
@@ -222,6 +229,7 @@ class _Done:
     caller: Caller
     session_id: str
     route: Route
+    turn: Turn
     plan: Plan
     guard_set: bool
     idempotency: tuple[str, str] | None

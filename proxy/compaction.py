@@ -18,7 +18,7 @@ from ..pipeline.autocompact import AutocompactBreaker
 from ..pipeline.chain import build_pipeline
 from ..pipeline.collapse import CollapseStore
 from ..pipeline.config import PipelineConfig
-from ..pipeline.fingerprint import message_fingerprint, prefix_hashes
+from ..pipeline.fingerprint import message_fingerprint, prefix_hashes, tools_fingerprint
 from ..pipeline.microcompact import MicrocompactStrategy
 from ..pipeline.restore import extract_working_state
 from ..pipeline.tokens import TokenCounter
@@ -45,6 +45,10 @@ class Turn:
     summarize: Summarize
     reserved_tokens: int = 0
     """Forwarded besides the client's messages and tools (the memory block): kept out of the room compaction has."""
+    count_offset: int = 0
+    """The provider's count minus ctxgate's, measured on this session's last reply
+    (`usage.prompt_tokens`, see `provider_offset`): budget decisions are made in the tokens
+    the provider enforces its limit in. Counts reported to the client stay ctxgate's."""
 
     @cached_property
     def prefix_hashes(self) -> list[str]:
@@ -53,6 +57,14 @@ class Turn:
 
     def fixed_tokens(self) -> int:
         return self.counter.count_tools(self.tools) + self.reserved_tokens
+
+    def outside_tokens(self) -> int:
+        """What the provider counts besides the client's messages as ctxgate counts them."""
+        return self.fixed_tokens() + self.count_offset
+
+    def target(self, budget: int, ratio: float) -> int:
+        """The messages' share of `ratio` of the budget, in ctxgate's count."""
+        return int(budget * ratio) - self.outside_tokens()
 
 
 @dataclass
@@ -86,6 +98,31 @@ def _arrival_compact(view: list[dict[str, Any]], fresh_from: int, turn: Turn, bu
     strategy = MicrocompactStrategy(turn.config.microcompact, turn.config.pin_first_user, budget)
     compacted, changed = strategy.compact_from(view, fresh_from, turn.counter)
     return compacted if changed else view
+
+
+def provider_offset(reported: int, counted: int, tools_tokens: int) -> int:
+    """How many tokens more (or fewer) the provider counted than ctxgate for one request.
+    Providers differ in what they count (a scripted or self-hosted upstream may leave the
+    tools schema out, a provider's framing differs from the published formula, an estimate
+    is only an estimate): their own figure is the one their limit applies to. Bounded, so a
+    provider reporting nonsense cannot make ctxgate forward far more than it counts: at
+    most the tools schema and 5% fewer, at most 50% more."""
+    return max(-(tools_tokens + counted // 20), min(counted // 2, reported - counted))
+
+
+def measured_offset(turn: Turn, tokens_out: int, reported: int) -> int | None:
+    """The offset to keep once the provider counted `reported` tokens for a request ctxgate
+    counted `tokens_out`; None when it is the one in use, give or take (small variations
+    would only move the compaction points from turn to turn)."""
+    if reported <= 0:
+        return None
+    offset = provider_offset(reported, tokens_out, turn.counter.count_tools(turn.tools))
+    return None if abs(offset - turn.count_offset) <= max(8, tokens_out // 200) else offset
+
+
+def count_offset_key(model: str, tools: list[dict[str, Any]] | None) -> str:
+    """What a measured count offset holds for: the same model and the same tools schema."""
+    return f"{model}:{tools_fingerprint(tools)}"
 
 
 def budget_of(state: SessionState, turn: Turn) -> int:
@@ -137,39 +174,42 @@ class Compactor:
 
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
         budget = budget_of(state, turn)
-        tools_tokens = turn.fixed_tokens()
         if state.speculation and self.speculator is not None:
-            self.speculator.resume(state, turn, lambda then: self._view(state, then, budget, tools_tokens)[0])
-        view, tokens = self._view(state, turn, budget, tools_tokens)
-        if tokens <= turn.config.trigger_ratio * budget:
-            ratio = turn.config.autocompact.speculative_ratio
+            self.speculator.resume(state, turn, lambda then: self._view(state, then, budget)[0])
+        view, tokens = self._view(state, turn, budget)
+        cfg = turn.config
+        if tokens <= cfg.trigger_ratio * budget:
+            ratio = cfg.autocompact.speculative_ratio
             if ratio is not None and tokens > ratio * budget and self.speculator is not None:
-                self.speculator.start(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens)
-            return Plan(messages=view, tokens_out=tokens)
+                # Adopted turns later with what arrived since on top: it aims lower by the growth
+                # from the watermark to the trigger, to leave the room a compaction then would.
+                aim = max(cfg.target_ratio / 2, cfg.target_ratio - (cfg.trigger_ratio - ratio))
+                self.speculator.start(state, turn, view, turn.target(budget, aim))
+            return Plan(messages=view, tokens_out=tokens - turn.count_offset)
         if state.has_attempted_reactive_compact:
             raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
                                     "compaction already ran without a successful reply since")
         if self.speculator is not None:
             await self.speculator.settle(state)
-        arrived = self._compact_arrivals(state, turn, budget, tools_tokens)
+        arrived = self._compact_arrivals(state, turn, budget)
         if arrived is not None:
             return arrived
-        adopted = self._adopt_speculative(state, turn, budget, tools_tokens)
+        adopted = self._adopt_speculative(state, turn, budget)
         if adopted is not None:
             return adopted
-        return await self._compact(state, turn, view, int(budget * turn.config.target_ratio) - tools_tokens,
-                                   "proactive")
+        return await self._compact(state, turn, view, turn.target(budget, cfg.target_ratio), "proactive")
 
     @staticmethod
-    def _view(state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> tuple[list[dict[str, Any]], int]:
+    def _view(state: SessionState, turn: Turn, budget: int) -> tuple[list[dict[str, Any]], int]:
+        """What to forward as the records have it, and its size as the provider counts it."""
         view, fresh_from = _apply_records(state, turn)
         if fresh_from:
             view = _arrival_compact(view, fresh_from, turn, budget)
         # Counting by fingerprint hits the counter's cache: a turn costs O(new messages).
         fps = turn.fingerprints if view is turn.messages else fingerprints_of(view)
-        return view, turn.counter.count_messages(view, fps) + tools_tokens
+        return view, turn.counter.count_messages(view, fps) + turn.outside_tokens()
 
-    def _compact_arrivals(self, state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> Plan | None:
+    def _compact_arrivals(self, state: SessionState, turn: Turn, budget: int) -> Plan | None:
         """The first time a session crosses the trigger, try cutting only the tool outputs that
         arrived since the previous request: the upstream saw everything before them unchanged,
         so if that is enough the forwarded prefix stays byte-identical (the prompt cache keeps
@@ -182,24 +222,24 @@ class Compactor:
         view = _arrival_compact(turn.messages, fresh_from, turn, budget)
         if view is turn.messages:
             return None
-        tokens = turn.counter.count_messages(view) + tools_tokens
+        tokens = turn.counter.count_messages(view) + turn.outside_tokens()
         if tokens > turn.config.trigger_ratio * budget:
             return None
         state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
         before = turn.counter.count_messages(turn.messages, turn.fingerprints)
         record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
                                   messages=view, levels=["microcompact"], tokens_before=before,
-                                  tokens_after=tokens - tools_tokens, created_at=time.time())
+                                  tokens_after=tokens - turn.outside_tokens(), created_at=time.time())
         state.add_record(record)
         entry = {"level": "microcompact", "span": [fresh_from, len(view)], "tokens_before": before,
                  "tokens_after": record.tokens_after, "duration_ms": 0.0, "reason": "arrival", "at": record.created_at}
         state.log_compaction(entry)
         if self._on_step:
             self._on_step(entry)
-        return Plan(messages=view, tokens_out=tokens, levels=["microcompact"],
+        return Plan(messages=view, tokens_out=tokens - turn.count_offset, levels=["microcompact"],
                     hints=["microcompact: cut the tool outputs that arrived this turn; the prefix is unchanged"])
 
-    def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int, tools_tokens: int) -> Plan | None:
+    def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int) -> Plan | None:
         """Promote the background compaction to a record if it still matches the client's
         history and still brings the session below the watermark where a speculation starts.
         One made several turns ago that now leaves less room than that would only bring the
@@ -214,7 +254,7 @@ class Compactor:
             state.speculative = {}
             return None
         view = _arrival_compact(record.messages + turn.messages[k:], len(record.messages), turn, budget)
-        tokens = turn.counter.count_messages(view) + tools_tokens
+        tokens = turn.counter.count_messages(view) + turn.outside_tokens()
         cfg = turn.config
         if tokens > min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget:
             state.speculative = {}
@@ -227,7 +267,7 @@ class Compactor:
                               "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time()})
         state.speculative = {}
         state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
-        return Plan(messages=view, tokens_out=tokens, levels=list(dict.fromkeys(record.levels)),
+        return Plan(messages=view, tokens_out=tokens - turn.count_offset, levels=list(dict.fromkeys(record.levels)),
                     hints=["speculative: applied the compaction prepared in the background"])
 
     async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
@@ -237,15 +277,18 @@ class Compactor:
             limit = int(found.group(1))
             if 0 < limit < turn.max_input_tokens:
                 state.learned_max_input_tokens = limit
-        tools_tokens = turn.fixed_tokens()
+        if turn.count_offset < 0:
+            # The provider counted more than the measured difference said: trust ctxgate's count.
+            turn.count_offset = state.count_offset = 0
         budget = budget_of(state, turn)
-        target = min(int(budget * turn.config.target_ratio), int(previous.tokens_out * turn.config.target_ratio))
+        ratio = turn.config.target_ratio
+        target = min(turn.target(budget, ratio), int(previous.tokens_out * ratio) - turn.fixed_tokens())
         if not state.has_attempted_reactive_compact:
-            return await self._compact(state, turn, previous.messages, target - tools_tokens, "reactive"), False
+            return await self._compact(state, turn, previous.messages, target, "reactive"), False
         if turn.config.on_exhausted == "degrade" and not degraded:
             config = turn.config.model_copy(update={"levels": ["autocompact"]})
             degrade_turn = replace(turn, config=config)
-            return await self._compact(state, degrade_turn, previous.messages, target - tools_tokens, "degrade"), True
+            return await self._compact(state, degrade_turn, previous.messages, target, "degrade"), True
         raise context_exhausted(f"the upstream refused {previous.tokens_out} tokens as too long after a compaction "
                                 f"already ran: {upstream_message[:200]}")
 

@@ -49,6 +49,10 @@ class SessionState:
     has_attempted_reactive_compact: bool = False
     learned_max_input_tokens: int | None = None
     """A smaller limit the upstream itself reported in a context-length error."""
+    count_offset: int = 0
+    """The provider's count of the last forwarded request minus ctxgate's (`provider_offset`),
+    valid for requests with the same model and tools schema (`count_offset_key`)."""
+    count_offset_key: str = ""
     speculative: dict[str, Any] = field(default_factory=dict)
     """A compaction made ahead of time (speculative Autocompact), applied once the trigger is
     reached: {"record": CompactionRecord as a dict, "collapse", "breaker", "working"}."""

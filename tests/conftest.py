@@ -26,7 +26,7 @@ def upstream() -> Iterator[ScriptedUpstream]:
 def up(upstream: ScriptedUpstream) -> ScriptedUpstream:
     """The upstream with an empty log and its default behaviour, for one test."""
     upstream.reset()
-    upstream.limit, upstream.slow_s = 0, 3.0
+    upstream.limit, upstream.slow_s, upstream.framing_tokens = 0, 3.0, 0
     return upstream
 
 

@@ -98,6 +98,8 @@ class ScriptedUpstream:
     def __init__(self, limit: int = 0, slow_s: float = 3.0, host: str = "127.0.0.1", port: int = 0) -> None:
         self.limit = limit
         """Context limit in prompt tokens; 0: none."""
+        self.framing_tokens = 0
+        """Tokens counted per message beyond OpenAI's formula: a provider whose framing differs."""
         self.slow_s = slow_s
         self.host, self.port = host, port
         self.log: list[Received] = []
@@ -193,7 +195,9 @@ class ScriptedUpstream:
         if not isinstance(body, dict):
             return self._error(entry, 400, "The body must be a JSON object.", "invalid_json")
         model = body.get("model") if isinstance(body.get("model"), str) else ""
-        entry.prompt_tokens = used = prompt_tokens(body.get("messages"))
+        messages = body.get("messages")
+        framing = self.framing_tokens * (len(messages) if isinstance(messages, list) else 0)
+        entry.prompt_tokens = used = prompt_tokens(messages) + framing
         if found := re.fullmatch(r"error-(\d{3})", model):
             status = int(found.group(1))
             return self._error(entry, status, f"scripted upstream error {status}", f"scripted_{status}")

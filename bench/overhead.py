@@ -415,7 +415,7 @@ def write_results(args, scenarios, targets, results, proxy_ok: bool, proxy_why: 
     lines = [common.section_header("Overhead: latency added over a direct call"), ""]
     lines.append(
         "ctxgate (`.venv/bin/ctxgate serve`, one process each for `forwarding: auto` and `forwarding: litellm`) in "
-        "front of `bench/upstream.py` (a fixed 'ok' completion; `usage.prompt_tokens` = body bytes / 4), all on "
+        "front of `bench/upstream.py` (a fixed 'ok' completion, no `usage`), all on "
         "127.0.0.1. The client is this script: one pooled aiohttp session, the same bytes sent to every target, "
         "targets in a shuffled order each iteration. `direct` is a plain aiohttp POST to the upstream; "
         "`litellm.acompletion (in-process)` is the litellm SDK called in the client process against the same "

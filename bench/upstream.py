@@ -1,9 +1,9 @@
 """A minimal scripted OpenAI-compatible upstream for the benchmarks.
 
 `POST /v1/chat/completions` (non-stream only) parses the JSON body and answers a fixed
-small `chat.completion` ("ok"). `usage.prompt_tokens` is an estimate, the body's bytes / 4:
-counting 200K tokens exactly would add ~60 ms of upstream time to every call and only
-widen the spread of the figures (ctxgate uses the value for its calibration metric only).
+small `chat.completion` ("ok") without `usage.prompt_tokens`: counting 200K tokens exactly
+would add ~60 ms of upstream time to every call and widen the spread of the figures, and
+an estimate would steer ctxgate, which anchors its budget decisions on the provider's count.
 
     .venv/bin/python bench/upstream.py --port 8999
 
@@ -31,13 +31,11 @@ async def chat(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "bench upstream: stream not supported",
                                             "type": "invalid_request_error", "param": "stream", "code": None}},
                                  status=400)
-    prompt = max(1, len(raw) // 4)
     reply = {
         "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
         "model": body.get("model", "bench"), "system_fingerprint": "fp_bench",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": REPLY}, "logprobs": None,
                      "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1},
     }
     return web.Response(body=orjson.dumps(reply), content_type="application/json")
 

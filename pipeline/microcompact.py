@@ -106,12 +106,14 @@ class MicrocompactStrategy:
                 out.append((i, None, 1))
         return out
 
-    def compact_from(self, messages: list[Message], start: int, counter: TokenCounter) -> tuple[list[Message], list[int]]:
-        """Messages with every tool output from index `start` on cut; and the indices cut."""
+    def compact_from(self, messages: list[Message], start: int, counter: TokenCounter,
+                     observations: bool = True) -> tuple[list[Message], list[int]]:
+        """Messages with every tool output from index `start` on cut; and the indices cut.
+        `observations=False` leaves tool output in user messages alone (see `_arrival_compact`)."""
         out = list(messages)
         changed: list[int] = []
         for i, tool_name, results_in_step in self.candidates(messages):
-            if i < start:
+            if i < start or (not observations and messages[i].get("role") == "user"):
                 continue
             cut = self.compact_message(out[i], tool_name, counter, results_in_step)
             if cut is not out[i]:

@@ -92,11 +92,13 @@ def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]
 def _arrival_compact(view: list[dict[str, Any]], fresh_from: int, turn: Turn, budget: int) -> list[dict[str, Any]]:
     """In a compacted session, cut long tool outputs as they arrive (Microcompact, by the
     same per-tool thresholds), not later: a message is forwarded in its final form the
-    first time, so the forwarded prefix never has to change for it."""
+    first time, so the forwarded prefix never has to change for it. Not an observation in
+    a user message (SWE-agent): it arrives as the newest user message, which is forwarded
+    untouched, so cutting it a turn later would change what the upstream already saw."""
     if fresh_from >= len(view) or "microcompact" not in turn.config.levels:
         return view
     strategy = MicrocompactStrategy(turn.config.microcompact, turn.config.pin_first_user, budget)
-    compacted, changed = strategy.compact_from(view, fresh_from, turn.counter)
+    compacted, changed = strategy.compact_from(view, fresh_from, turn.counter, observations=False)
     return compacted if changed else view
 
 

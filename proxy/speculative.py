@@ -44,6 +44,10 @@ class Speculator:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def running(self, tenant: str, session_id: str) -> bool:
+        """A background compaction of this session is in flight."""
+        return (tenant, session_id) in self._chains
+
     def resume(self, state: SessionState, turn: Turn, view_of: Callable[[Turn], list[dict[str, Any]]]) -> None:
         """First turn after a restart: the speculation the log says was in flight runs again
         over the same prefix, so the compaction it yields is the one a gateway that never

@@ -9,7 +9,7 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import prefix_hashes
 from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
 from ctxgate.proxy.state import CompactionRecord, SessionState
-from pipeline_builders import Message, counter, filler, system, tool_turn, user
+from pipeline_builders import Message, assistant, counter, filler, system, tool_turn, user
 
 BUDGET = 4000
 
@@ -59,6 +59,27 @@ async def test_a_long_output_arriving_is_cut_without_touching_the_prefix() -> No
     again = await _forward(compactor, state, nxt)
     assert again[:len(after)] == after  # the record reproduces the cut next turn
     assert again[-1] == nxt[-1]
+
+
+async def test_an_observation_forwarded_whole_as_the_newest_message_stays_whole() -> None:
+    """SWE-agent style: tool output comes back in a user message, forwarded untouched while
+    it is the newest; in a compacted session it must not be cut on the next turn (the
+    upstream saw it whole: cutting it then would break the prefix outside a compaction)."""
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    for i in range(6):
+        history += tool_turn(i, size=150)
+    compactor, state = Compactor(), SessionState("t", "s")
+    await _forward(compactor, state, history)
+    history += tool_turn(6, size=3000)
+    await _forward(compactor, state, history)
+    assert state.records  # the arrival cut made this a compacted session
+
+    history += [assistant("Let me look at the file."), user(filler(1500, 77))]
+    before = await _forward(compactor, state, history)
+    assert before[-1] == history[-1]  # the newest user message is never compressed
+    history += [assistant("Now I run the tests."), user("OBSERVATION: 3 passed")]
+    after = await _forward(compactor, state, history)
+    assert after[:len(before)] == before
 
 
 async def test_arrivals_too_big_for_the_room_fall_through_to_the_chain() -> None:

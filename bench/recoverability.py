@@ -31,8 +31,10 @@ write a better prose summary and might list fewer paths; treat the ctxgate figur
 "the chain with a competent summariser", and the no-summarizer row as its floor.
 
 Scores (per trajectory and budget; a score is left out of a mean when it does not apply):
-- task: the first user message's text is in some output message, or ≥ 90% of its first
-  500 characters (20 pieces of 25, whitespace collapsed) are in one output message;
+- task: the task statement's text is in some output message, or ≥ 90% of its first 500
+  characters (20 pieces of 25, whitespace collapsed) are in one output message; the task
+  statement is the first user message, or, when that is a SWE-agent demonstration of
+  another task ("Here is a demonstration…"), the user message after it;
 - files: share of the files the agent touched (paths in tool-call arguments, in SWE-agent
   command blocks, and in `[File: …]` / `(Open file: …)` observation headers) that appear
   anywhere in the output; n/a when the run touched no file;
@@ -214,19 +216,24 @@ class Needs:
     error: str | None
     latest: list[tuple]
     system: tuple | None
-    issue: str | None = None
-    """When the first user message is a SWE-agent demonstration, the issue statement after it."""
+    demonstration: bool = False
+    """The first user message is a SWE-agent demonstration; the task is the user message after it."""
+
+
+def task_statement_index(messages: list[Message]) -> int | None:
+    """The scorer's own reading (see the module doc), independent of ctxgate's."""
+    fu = first_user_index(messages)
+    if fu is not None and text_of(messages[fu]).startswith("Here is a demonstration"):
+        return next((i for i in range(fu + 1, len(messages)) if messages[i].get("role") == "user"), fu)
+    return fu
 
 
 def needs_of(messages: list[Message]) -> Needs:
-    fu = first_user_index(messages)
+    task = task_statement_index(messages)
     system = norm(messages[0]) if messages and messages[0].get("role") in ("system", "developer") else None
-    issue = None
-    if fu is not None and text_of(messages[fu]).startswith("Here is a demonstration"):
-        issue = next((text_of(m) for m in messages[fu + 1:] if m.get("role") == "user"), None)
-    return Needs(task=text_of(messages[fu]) if fu is not None else "", files=touched_files(messages),
+    return Needs(task=text_of(messages[task]) if task is not None else "", files=touched_files(messages),
                  error=last_error_line(messages), latest=[norm(m) for m in messages[-3:]], system=system,
-                 issue=issue)
+                 demonstration=task != first_user_index(messages))
 
 
 # ---------------------------------------------------------------------------------------
@@ -260,8 +267,6 @@ class Score:
     note: str = ""
     pairs: bool = True
     system_kept: bool = True
-    issue: float | None = None
-    """Not in the means: the issue statement after a demonstration (see Needs.issue)."""
 
     def values(self) -> list[float]:
         return [v for v in (self.task, self.files, self.error, self.latest, self.valid, self.within) if v is not None]
@@ -282,9 +287,8 @@ def score(needs: Needs, out: list[Message], budget: int, counter) -> Score:
     pairs = is_valid_sequence(out)
     valid = 1.0 if (pairs and system_kept) else 0.0
     tokens = counter.count_messages(out)
-    issue = None if needs.issue is None else (1.0 if task_present(needs.issue, out) else 0.0)
     return Score(task=1.0 if task_present(needs.task, out) else 0.0, files=files, error=error, latest=latest,
-                 valid=valid, within=1.0 if tokens <= budget else 0.0, tokens=tokens, issue=issue,
+                 valid=valid, within=1.0 if tokens <= budget else 0.0, tokens=tokens,
                  pairs=pairs, system_kept=system_kept)
 
 
@@ -393,6 +397,7 @@ class Case:
     floor: int
     core: int = 0
     """system + task + the last unit (the turn in progress, which ctxgate never cuts)."""
+    demonstration: bool = False
     scores: dict[str, Score] = field(default_factory=dict)
     ctxgate_levels: str = ""
     ctxgate_fits: bool = True
@@ -450,7 +455,7 @@ def main() -> None:
     for k, (name, traj, messages) in enumerate(trajectories):
         needs = needs_of(messages)
         size = counter.count_messages(messages)
-        fu = first_user_index(messages)
+        fu = task_statement_index(messages)
         floor_msgs = [m for i, m in enumerate(messages) if i == fu or (i == 0 and m.get("role") == "system")]
         floor = counter.count_messages(floor_msgs)
         last = split_units(messages)[-1]
@@ -458,7 +463,7 @@ def main() -> None:
                                                     if i != fu])
         for ratio in RATIOS:
             budget = int(size * ratio)
-            case = Case(name, traj.source, ratio, budget, size, floor, core)
+            case = Case(name, traj.source, ratio, budget, size, floor, core, needs.demonstration)
             for meth in names:
                 t0 = time.perf_counter()
                 try:
@@ -541,15 +546,10 @@ def write(cases: list[Case], names: list[str], errors: list[str], timing: dict[s
                    + "; ".join(f"{common.short_name(c.name, 50)} @ {c.ratio:.0%} ({c.scores['ctxgate'].tokens:,} "
                                f"of {c.budget:,} tokens)" for c in not_fit[:12])
                    + (" …" if len(not_fit) > 12 else "") + "\n")
-    demo = [c for c in cases if c.scores["ctxgate"].issue is not None]
-    if demo:
-        out.append(f"**Demonstrations.** In {len({c.name for c in demo})} SWE-agent runs the first user message is a "
-                   "demonstration of another task and the issue to solve is the next user message; the *task* score "
-                   "above follows the definition (first user message). Whether the issue statement itself (same "
-                   "test) is in the output: "
-                   + "; ".join(f"{m}: " + ", ".join(f"{common.short_name(c.name, 40)} @ {c.ratio:.0%} "
-                                                      f"{'yes' if c.scores[m].issue else 'no'}" for c in demo)
-                               for m in names) + ".\n")
+    demo_runs = len({c.name for c in cases if c.demonstration})
+    if demo_runs:
+        out.append(f"**Demonstrations.** In {demo_runs} SWE-agent runs the first user message is a demonstration of "
+                   "another task; their *task* score is for the issue statement after it (the task to solve).\n")
     # weakest
     feas = [c for c in cases if c.feasible]
     weakest = sorted(feas, key=lambda c: (c.scores["ctxgate"].mean, c.name))[:10]

@@ -18,6 +18,7 @@ from typing import Any
 from rbloom import Bloom
 
 from .config import CollapseConfig, RestoreConfig
+from .failures import reports_error
 from .fingerprint import message_fingerprint, span_hash
 from .notes import COLLAPSE_MARKER, is_ctxgate_message, system_note
 from .strategy import Stopwatch, level_result
@@ -26,7 +27,6 @@ from .turns import shape_of, split_units
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 
-ERROR_MARKERS = ("Traceback", "Error", "error:")
 
 
 def _stable_hash(item: Any) -> int:
@@ -104,13 +104,6 @@ def context_keys(fingerprints: list[str]) -> list[str]:
     repeated elsewhere (an agent's stock "Please continue" nudge) is not, so it does not
     keep a new run from being folded."""
     return [span_hash((fingerprints[i - 1] if i else "", fp)) for i, fp in enumerate(fingerprints)]
-
-
-def reports_error(message: Message) -> bool:
-    """A tool result or an observation (SWE-agent style, in a user message) that reports a failure."""
-    content = message.get("content")
-    return (message.get("role") in ("tool", "user") and isinstance(content, str)
-            and any(marker in content for marker in ERROR_MARKERS))
 
 
 def note_text(entry: CollapseEntry) -> str:

@@ -82,7 +82,8 @@ class PipelineConfig(_Strict):
     """Compact down to this share of the effective budget (spec: Autocompact target 50%)."""
     on_exhausted: Literal["error", "degrade"] = "error"
     pin_first_user: bool = True
-    """Keep the first user message (the task statement) through every level."""
+    """Keep the task statement (the first user message, or the one after a SWE-agent
+    demonstration) through every level."""
     snip: SnipConfig = Field(default_factory=SnipConfig)
     microcompact: MicrocompactConfig = Field(default_factory=MicrocompactConfig)
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)

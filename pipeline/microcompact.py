@@ -16,7 +16,7 @@ import re
 from .config import MicrocompactConfig
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
-from .turns import first_user_index, newest_user_index, split_units
+from .turns import newest_user_index, split_units, task_index
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
@@ -96,7 +96,7 @@ class MicrocompactStrategy:
         names = tool_names_by_call_id(messages)
         protected = {newest_user_index(messages)}
         if self.pin_first_user:
-            protected.add(first_user_index(messages))
+            protected.add(task_index(messages))
         step_size = {i: u.end - u.start - 1 for u in split_units(messages) for i in range(u.start + 1, u.end)}
         out: list[tuple[int, str | None, int]] = []
         for i, m in enumerate(messages):
@@ -145,7 +145,7 @@ class NewestObservationCut:
         watch = Stopwatch()
         messages, counter = request.messages, request.counter
         newest = newest_user_index(messages)
-        if newest is None or newest == first_user_index(messages):
+        if newest is None or newest == task_index(messages):
             return None  # the task statement is not an observation
         content = messages[newest].get("content")
         if not isinstance(content, str):

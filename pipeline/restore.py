@@ -3,8 +3,9 @@
 A proxy cannot call the agent's `read_file`, so it restores from the transcript it has
 seen: the current files (paths from read/edit/write tool calls, with the latest content
 seen for each), the active skill, the active plan and the pending tasks (from plan and
-todo tools such as `update_plan`, `TodoWrite`, `task_tracker`). They come back as system
-blocks, within a restore budget.
+todo tools such as `update_plan`, `TodoWrite`, `task_tracker`), and the key line of the
+last error a tool reported when the compaction took it out of view. They come back as
+system blocks, within a restore budget.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 
 from .config import RestoreConfig
+from .failures import latest_error_line
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
@@ -36,6 +38,8 @@ class WorkingState:
     active_skill: str = ""
     active_plan: str = ""
     pending_tasks: list[str] = field(default_factory=list)
+    last_error: str = ""
+    """The key line of the newest observation that reported a failure."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,10 +48,12 @@ class WorkingState:
     def from_dict(cls, data: dict[str, Any]) -> "WorkingState":
         files = [CurrentFile(**f) for f in data.get("current_files", [])]
         return cls(current_files=files, active_skill=data.get("active_skill", ""),
-                   active_plan=data.get("active_plan", ""), pending_tasks=list(data.get("pending_tasks", [])))
+                   active_plan=data.get("active_plan", ""), pending_tasks=list(data.get("pending_tasks", [])),
+                   last_error=data.get("last_error", ""))
 
     def is_empty(self) -> bool:
-        return not (self.current_files or self.active_skill or self.active_plan or self.pending_tasks)
+        return not (self.current_files or self.active_skill or self.active_plan or self.pending_tasks
+                    or self.last_error)
 
 
 def _arguments(call: dict[str, Any]) -> dict[str, Any]:
@@ -130,6 +136,7 @@ def extract_working_state(messages: list[Message], config: RestoreConfig) -> Wor
             if _matches(name, config.skill_tools):
                 state.active_skill = result or orjson.dumps(args).decode()
     state.current_files = [CurrentFile(p, c) for p, c in reversed(list(files.items()))][:config.max_files]
+    state.last_error = latest_error_line(messages)
     return state
 
 
@@ -154,6 +161,8 @@ class ActiveRestore:
             parts.append("Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks))
         if s.active_plan:
             parts.append("Active plan:\n" + s.active_plan)
+        if s.last_error and s.last_error not in shown:
+            parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error)
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:

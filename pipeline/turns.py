@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from .types import Message
 
 INSTRUCTION_ROLES = ("system", "developer")
+DEMONSTRATION_PREFIX = "Here is a demonstration of how to correctly accomplish this task"
+"""How SWE-agent opens the worked example of another task it sends as the first user
+message, before the real task."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,20 @@ def first_user_index(messages: list[Message]) -> int | None:
     return None
 
 
+def task_index(messages: list[Message]) -> int | None:
+    """The task statement: the first user message, or the user message right after it when
+    the first is a demonstration of another task (SWE-agent)."""
+    first = first_user_index(messages)
+    if first is None:
+        return None
+    content = messages[first].get("content")
+    following = first + 1
+    if (isinstance(content, str) and content.startswith(DEMONSTRATION_PREFIX) and following < len(messages)
+            and messages[following].get("role") == "user"):
+        return following
+    return first
+
+
 def newest_user_index(messages: list[Message]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
@@ -61,11 +78,12 @@ def newest_user_index(messages: list[Message]) -> int | None:
 class Shape:
     """Where a strategy may work: messages[head:tail], minus the pinned ones."""
     head: int
-    """Leading instructions, plus the first user message when it is pinned and follows them."""
+    """Leading instructions, plus the task statement when it is pinned and follows them."""
     tail: int
     """Start of the turn in progress (the last unit): never dropped."""
     pinned: frozenset[int]
-    """Indices inside [head, tail) that are never dropped or altered (the newest user message)."""
+    """Indices inside [head, tail) that are never dropped or altered: the newest user message,
+    and a pinned task statement that comes after a demonstration."""
     units: tuple[Unit, ...]
 
     def droppable_units(self) -> list[Unit]:
@@ -76,15 +94,15 @@ class Shape:
 def shape_of(messages: list[Message], pin_first_user: bool = True) -> Shape:
     units = split_units(messages)
     head = leading_instructions(messages)
-    first_user = first_user_index(messages)
-    if pin_first_user and first_user == head and head < len(messages):
+    task = task_index(messages)
+    if pin_first_user and task == head and head < len(messages):
         head += 1
     tail = units[-1].start if units else 0
     tail = max(tail, head)
     pinned = set()
-    newest = newest_user_index(messages)
-    if newest is not None and head <= newest < tail:
-        pinned.add(newest)
+    for index in (newest_user_index(messages), task if pin_first_user else None):
+        if index is not None and head <= index < tail:
+            pinned.add(index)
     return Shape(head=head, tail=tail, pinned=frozenset(pinned), units=tuple(units))
 
 

@@ -246,3 +246,21 @@ async def test_a_newest_observation_over_the_whole_budget_is_cut_as_a_last_resor
     assert "tokens truncated] ..." in cut
     assert out[:2] == h[:2]
     assert result.steps[-1].level is Level.MICROCOMPACT
+
+
+async def test_the_task_after_a_demonstration_is_kept_not_the_demonstration() -> None:
+    """SWE-agent sends a worked example of another task first; the real task is the next
+    user message, and that is what every level pins."""
+    demo = user("Here is a demonstration of how to correctly accomplish this task.\n" + filler(1500, 9))
+    task = user("We're currently solving the following issue within our repository: TASK-42 " + filler(200, 8))
+    h = [system(), demo, task]
+    for i in range(30):
+        h += [assistant(f"step {i}"), user(f"OBSERVATION {i}: " + filler(120, i))]
+    pipeline = build_pipeline(PipelineConfig(), summarize=Scripted(), effective_budget=6000,
+                              working_state=extract_working_state(h, PipelineConfig().restore))
+    result = await compact(pipeline, h, 3000)
+    out = result.compressed_messages
+    assert result.fits
+    assert task in out, "the task statement is pinned"
+    assert demo not in out, "the demonstration is history like any other"
+    assert out[0] == h[0] and out[-1] == h[-1]

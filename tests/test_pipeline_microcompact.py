@@ -8,7 +8,7 @@ import pytest
 from ctxgate.pipeline.config import MicrocompactConfig
 from ctxgate.pipeline.microcompact import SEPARATOR, MicrocompactStrategy, is_microcompacted
 from ctxgate.pipeline.tokens import TokenCounter
-from ctxgate.pipeline.turns import first_user_index, newest_user_index
+from ctxgate.pipeline.turns import newest_user_index, task_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
 from pipeline_builders import (CountingEncoder, assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
@@ -188,7 +188,7 @@ async def test_real_histories(effective_budget) -> None:
         out = result.compressed_messages
         assert_invariants(h, out)
         assert len(out) == len(h)
-        protected = {newest_user_index(h), first_user_index(h)}
+        protected = {newest_user_index(h), task_index(h)}
         thresholds = {i: s.threshold_for(tool_name, in_step) for i, tool_name, in_step in s.candidates(h)}
         for i, (a, b) in enumerate(zip(h, out)):
             if a == b:

@@ -174,3 +174,28 @@ def test_file_contents_take_only_the_room_left() -> None:
     some = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=80)
     contents = [b for b in some if "Latest content seen" in b["content"]]
     assert contents and sum(c.count_structured(b) for b in contents) <= 80
+
+
+def test_the_last_error_is_restored_when_out_of_view() -> None:
+    h = [system(), user("task"),
+         *turn("1", "execute_bash", "Traceback (most recent call last):\n  File \"t.py\", line 3\nKeyError: 'x'",
+               command="python t.py"),
+         *turn("2", "execute_bash", "Error:\nmodule 'app' has no attribute 'run'", command="python -m app"),
+         *turn("3", "str_replace_editor", "    12:    raise ValueError(msg)\n    13:  return", command="view",
+               path="/w/app.py"),
+         user("newest")]
+    state = extract_working_state(h, CFG)
+    # The newest failure; a line too short to say anything comes with the next; a file
+    # view that shows `raise ValueError` is code, not a failure.
+    assert state.last_error == "Error:\nmodule 'app' has no attribute 'run'"
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000)
+    assert any(state.last_error in b["content"] for b in blocks)
+    # Still in the kept messages: not restored again.
+    kept = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=h)
+    assert not any("Last error" in b["content"] for b in kept)
+
+
+def test_a_run_without_failures_restores_no_error() -> None:
+    state = extract_working_state(transcript(), CFG)
+    assert state.last_error == ""
+    assert not any("Last error" in b["content"] for b in ActiveRestore(CFG, state).blocks(counter(), 10_000))

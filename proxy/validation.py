@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import ApiError
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")
+"""OpenAI requires `content` for these (an assistant message may carry tool calls instead)."""
 
 
 class _Open(BaseModel):
@@ -80,6 +82,9 @@ def validate_chat_request(body: dict[str, Any]) -> None:
         where = ".".join(str(p) for p in first["loc"])
         raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
     for i, m in enumerate(body["messages"]):
+        if m["role"] in CONTENT_REQUIRED and m.get("content") is None:
+            raise ApiError(400, f"messages.{i}.content: required for a {m['role']} message",
+                           param=f"messages.{i}.content", code="invalid_request")
         if m["role"] == "tool" and not m.get("tool_call_id"):
             raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
                            param=f"messages.{i}.tool_call_id", code="invalid_request")

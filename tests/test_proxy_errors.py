@@ -112,6 +112,8 @@ BAD_BODIES: dict[str, Any] = {
     "n a float": {**BODY, "n": 1.5},
     "tools not a list": {**BODY, "tools": {"type": "function"}},
     "tool message without id": {"model": "gpt-4o", "messages": [{"role": "tool", "content": "out"}]},
+    "developer message without content": {"model": "gpt-4o", "messages": [{"role": "developer"}]},
+    "user content null": {"model": "gpt-4o", "messages": [{"role": "user", "content": None}]},
     "tool_calls without function": {"model": "gpt-4o", "messages": [
         {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}]}]},
     "stream_options not an object": {**BODY, "stream": True, "stream_options": "usage"},

@@ -61,9 +61,11 @@ class CompressionPipeline:
 
     async def compact(self, request: CompressionRequest) -> CompressionResult:
         counter = request.counter
-        # Restore blocks are regenerated at every compaction, never stacked.
+        # Restore blocks are regenerated at every compaction, never stacked. The state lists
+        # (tasks, plan, last error, skill, file names) are reserved up front; file contents
+        # only take what the compacted request leaves (below), never room from kept messages.
         messages = [m for m in request.messages if not is_restore_block(m)]
-        blocks = self._restore_blocks(messages, request)
+        blocks = self._restore_blocks(messages, request, contents_room=0)
         reserve = sum(counter.count_structured(b) for b in blocks)
         target = max(1, request.token_budget - reserve)
         steps, hints = [], []
@@ -87,9 +89,10 @@ class CompressionPipeline:
                 current, steps, hints = result.compressed_messages, steps + result.steps, hints + result.recovery_hints
         if steps:
             # Recompute against what is kept, so a file still on show is not restored twice,
-            # and give file contents only the room the compacted request has left.
-            room = max(0, request.token_budget - counter.count_messages(current))
-            blocks = self._restore_blocks(current, request, visible=current, contents_room=room)
+            # and give file contents only the room the compacted request and the lists leave.
+            lists = self._restore_blocks(current, request, visible=current, contents_room=0)
+            room = request.token_budget - counter.count_messages(current) - sum(counter.count_structured(b) for b in lists)
+            blocks = self._restore_blocks(current, request, visible=current, contents_room=max(0, room))
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
         after = counter.count_messages(current)

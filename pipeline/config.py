@@ -62,6 +62,9 @@ class RestoreConfig(_Strict):
     budget_ratio: float = 0.10
     """activeRestore may add at most this share of the effective budget."""
     max_files: int = 5
+    """Files whose latest content is restored (the newest first)."""
+    max_file_names: int = 20
+    """Files listed by name (what the agent has been working on)."""
     skill_tokens: int = 1500
     read_tools: list[str] = Field(default_factory=lambda: [
         "read_file", "view", "open", "cat", "str_replace_editor", "edit_file", "write_file",

@@ -1,14 +1,15 @@
 """activeRestore, the mandatory step after every compaction (the spec's pitfall 1).
 
 A proxy cannot call the agent's `read_file`, so it restores from the transcript it has
-seen: the current files (paths from read/edit/write tool calls, with the latest content
-seen for each), the active skill, the active plan and the pending tasks (from plan and
+seen: the current files (paths from read/edit/write tool calls and SWE-agent's file
+windows and open-file line, with the latest content seen for each), the active skill, the active plan and the pending tasks (from plan and
 todo tools such as `update_plan`, `TodoWrite`, `task_tracker`), and the key line of the
 last error a tool reported when the compaction took it out of view. They come back as
 system blocks, within a restore budget.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +24,10 @@ from .types import Message
 _PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file")
 _CONTENT_KEYS = ("file_text", "content", "contents", "new_content", "text")
 _DONE = ("completed", "complete", "done", "cancelled", "canceled")
+_WINDOW_HEADER = re.compile(r"\[File: (\S+) \(\d+ lines total\)\]")
+"""SWE-agent shows a file as a window under this header (its `open`, `goto`, `edit`)."""
+_OPEN_FILE = re.compile(r"\(Open file: ([^)\n]+)\)")
+"""SWE-agent's status line after every observation."""
 
 
 @dataclass
@@ -115,6 +120,8 @@ def extract_working_state(messages: list[Message], config: RestoreConfig) -> Wor
     files: dict[str, str] = {}
     state = WorkingState()
     for m in messages:
+        if m.get("role") in ("user", "tool"):
+            _observed_files(_text(m), files)
         for call in m.get("tool_calls") or []:
             if not isinstance(call, dict):
                 continue
@@ -135,9 +142,22 @@ def extract_working_state(messages: list[Message], config: RestoreConfig) -> Wor
                     state.pending_tasks = tasks
             if _matches(name, config.skill_tools):
                 state.active_skill = result or orjson.dumps(args).decode()
-    state.current_files = [CurrentFile(p, c) for p, c in reversed(list(files.items()))][:config.max_files]
+    state.current_files = [CurrentFile(p, c) for p, c in reversed(list(files.items()))][:config.max_file_names]
     state.last_error = latest_error_line(messages)
     return state
+
+
+def _observed_files(text: str, files: dict[str, str]) -> None:
+    """Files an observation shows (SWE-agent: a window under `[File: path (N lines total)]`)
+    or names as the open one (its status line), newest last."""
+    window = _WINDOW_HEADER.search(text)
+    if window:
+        files.pop(window.group(1), None)
+        files[window.group(1)] = text[window.start():]
+    opened = _OPEN_FILE.search(text)
+    path = opened.group(1).strip() if opened else ""
+    if path and path != "n/a":
+        files[path] = files.pop(path, "")
 
 
 class ActiveRestore:
@@ -177,7 +197,7 @@ class ActiveRestore:
             out.append(block)
             used += cost
         limit = budget if contents_room is None else min(budget, used + contents_room)
-        for f in s.current_files:
+        for f in s.current_files[:self.config.max_files]:
             if not f.content or f.content in shown:
                 continue  # still in the kept messages: restoring it again only costs tokens
             header = f"{RESTORE_MARKER} Latest content seen of {f.path}:\n"

@@ -80,9 +80,9 @@ def test_skill_without_result_keeps_its_arguments_and_bad_json_is_ignored() -> N
     assert state.current_files == [] and state.pending_tasks == []
 
 
-def test_max_files_keeps_the_newest() -> None:
+def test_max_file_names_keeps_the_newest() -> None:
     h = [m for i in range(8) for m in turn(str(i), "read_file", f"content {i}", path=f"/f{i}.py")]
-    state = extract_working_state(h, CFG)
+    state = extract_working_state(h, RestoreConfig(max_file_names=5))
     assert [f.path for f in state.current_files] == [f"/f{i}.py" for i in (7, 6, 5, 4, 3)]
     assert extract_working_state(h, RestoreConfig(max_files=2)).current_files[1] == CurrentFile("/f6.py", "content 6")
 
@@ -199,3 +199,29 @@ def test_a_run_without_failures_restores_no_error() -> None:
     state = extract_working_state(transcript(), CFG)
     assert state.last_error == ""
     assert not any("Last error" in b["content"] for b in ActiveRestore(CFG, state).blocks(counter(), 10_000))
+
+
+def test_swe_agent_windows_and_the_open_file_are_current_files() -> None:
+    window = ("[File: /repo/src/fields.py (1000 lines total)]\n(400 more lines above)\n401:    def round(self):\n"
+              "(Open file: /repo/src/fields.py)\n(Current directory: /repo)\nbash-$")
+    h = [system(), user("TASK: fix rounding"),
+         {"role": "assistant", "content": "```\nopen src/fields.py 401\n```"}, user(window),
+         {"role": "assistant", "content": "```\ncreate reproduce.py\n```"},
+         user("[File: /repo/reproduce.py (1 lines total)]\n1:\n(Open file: /repo/reproduce.py)"),
+         {"role": "assistant", "content": "```\nls\n```"}, user("setup.py src tests\n(Open file: /repo/src/fields.py)")]
+    state = extract_working_state(h, CFG)
+    assert [f.path for f in state.current_files] == ["/repo/src/fields.py", "/repo/reproduce.py"]
+    assert state.current_files[0].content.startswith("[File: /repo/src/fields.py (1000 lines total)]")
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000)
+    assert any(b["content"].endswith("Current files: /repo/src/fields.py, /repo/reproduce.py") for b in blocks)
+
+
+def test_names_beyond_the_restored_contents_are_listed() -> None:
+    h = [system(), user("task")]
+    for i in range(8):
+        h += turn(str(i), "read_file", f"content {i}", path=f"/f{i}.py")
+    state = extract_working_state(h, RestoreConfig(max_files=2))
+    blocks = ActiveRestore(RestoreConfig(max_files=2), state).blocks(counter(), 10_000)
+    names = next(b["content"] for b in blocks if "Current files:" in b["content"])
+    assert all(f"/f{i}.py" in names for i in range(8))
+    assert sum("Latest content seen of" in b["content"] for b in blocks) == 2

@@ -65,7 +65,7 @@ class CompressionPipeline:
         # (tasks, plan, last error, skill, file names) are reserved up front; file contents
         # only take what the compacted request leaves (below), never room from kept messages.
         messages = [m for m in request.messages if not is_restore_block(m)]
-        blocks = self._restore_blocks(messages, request, contents_room=0)
+        blocks = self._restore_blocks(messages, request, room=0)
         reserve = sum(counter.count_structured(b) for b in blocks)
         target = max(1, request.token_budget - reserve)
         steps, hints = [], []
@@ -90,9 +90,8 @@ class CompressionPipeline:
         if steps:
             # Recompute against what is kept, so a file still on show is not restored twice,
             # and give file contents only the room the compacted request and the lists leave.
-            lists = self._restore_blocks(current, request, visible=current, contents_room=0)
-            room = request.token_budget - counter.count_messages(current) - sum(counter.count_structured(b) for b in lists)
-            blocks = self._restore_blocks(current, request, visible=current, contents_room=max(0, room))
+            room = max(0, request.token_budget - counter.count_messages(current))
+            blocks = self._restore_blocks(current, request, visible=current, room=room)
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
         after = counter.count_messages(current)
@@ -103,11 +102,11 @@ class CompressionPipeline:
                                  fits=after <= request.token_budget)
 
     def _restore_blocks(self, messages: list[Message], request: CompressionRequest,
-                        visible: list[Message] | None = None, contents_room: int | None = None) -> list[Message]:
+                        visible: list[Message] | None = None, room: int | None = None) -> list[Message]:
         if self.restore is None or self.restore.state.is_empty():
             return []
         kept = [m for m in visible or [] if not is_compaction_note(m)]
-        return self.restore.blocks(request.counter, self.restore_budget, kept or None, contents_room)
+        return self.restore.blocks(request.counter, self.restore_budget, kept or None, room)
 
 
 def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | None = None,

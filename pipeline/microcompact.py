@@ -78,7 +78,7 @@ class MicrocompactStrategy:
             kept = threshold - counter.count(SEPARATOR.format(n=tokens))
             head, tail = kept * 3 // 4, kept // 4
         middle = tokens - head - tail
-        start, end = counter.head_and_tail(text, head, tail)
+        start, end = counter.head_and_tail_cached(text, head, tail)
         cut = start + SEPARATOR.format(n=middle) + end
         return cut if counter.count_cached(cut) < tokens else None  # just over the threshold: the separator costs more
 

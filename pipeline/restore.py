@@ -168,12 +168,13 @@ class ActiveRestore:
         self.state = state
 
     def blocks(self, counter: TokenCounter, budget: int, visible: list[Message] | None = None,
-               contents_room: int | None = None) -> list[Message]:
+               room: int | None = None) -> list[Message]:
         """The restore blocks, most important first, skipping what `visible` still shows.
-        The state lists (tasks, plan, skill, file names) take up to `budget`; file contents
-        take what is left of it, but no more than `contents_room`: a content block the
-        request has no room for only brings the next compaction closer, and the agent can
-        read the file again (the recovery message says so)."""
+        The state lists (tasks, plan, last error, skill, file names) take up to `budget`;
+        file contents take what is left of it, but no more than what the lists leave of
+        `room` (what the request has left for restore blocks): a content block the request
+        has no room for only brings the next compaction closer, and the agent can read the
+        file again (the recovery message says so)."""
         s = self.state
         shown = "\n".join(_text(m) for m in visible or [])
         parts: list[str] = []
@@ -196,7 +197,7 @@ class ActiveRestore:
                 break
             out.append(block)
             used += cost
-        limit = budget if contents_room is None else min(budget, used + contents_room)
+        limit = budget if room is None else min(budget, room)
         for f in s.current_files[:self.config.max_files]:
             if not f.content or f.content in shown:
                 continue  # still in the kept messages: restoring it again only costs tokens

@@ -38,6 +38,8 @@ TOKENS_PER_TOOL_CALL = 3
 TOKENS_PER_TOOL = 8
 TOOLS_OVERHEAD = 12
 _CACHE_SIZE = 200_000
+_CUTS_SIZE = 1024
+"""Cut outputs kept (head and tail, at most a few thousand tokens each)."""
 
 
 def _litellm_tokenizer_dir() -> Path | None:
@@ -120,6 +122,7 @@ class TokenCounter:
         self.exact = exact
         self._encoder = encoder
         self._cache: OrderedDict[str, int] = OrderedDict()
+        self._cuts: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -167,6 +170,22 @@ class TokenCounter:
         while end and end.startswith("\ufffd") and not text.endswith(end):
             end = end[1:]
         return start, end
+
+    def head_and_tail_cached(self, text: str, head: int, tail: int) -> tuple[str, str]:
+        """head_and_tail(), kept under the text's hash: Microcompact cuts the same long
+        outputs again on every turn, and encoding them is what a cut costs."""
+        key = f"{xxhash.xxh3_128_hexdigest(text.encode())}:{head}:{tail}"
+        with self._lock:
+            cut = self._cuts.get(key)
+            if cut is not None:
+                self._cuts.move_to_end(key)
+                return cut
+        cut = self.head_and_tail(text, head, tail)
+        with self._lock:
+            self._cuts[key] = cut
+            if len(self._cuts) > _CUTS_SIZE:
+                self._cuts.popitem(last=False)
+        return cut
 
     def head(self, text: str, tokens: int) -> str:
         """The longest start of `text` that is at most `tokens` tokens."""

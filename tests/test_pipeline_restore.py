@@ -167,11 +167,12 @@ def test_file_contents_take_only_the_room_left() -> None:
     next compaction closer)."""
     c = counter()
     state = extract_working_state(transcript(), CFG)
-    roomy = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=10_000)
-    tight = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=0)
+    roomy = ActiveRestore(CFG, state).blocks(c, 10_000, room=10_000)
+    tight = ActiveRestore(CFG, state).blocks(c, 10_000, room=0)
     assert [b for b in roomy if "Latest content seen" not in b["content"]] == tight
     assert any("Current files:" in b["content"] for b in tight)
-    some = ActiveRestore(CFG, state).blocks(c, 10_000, contents_room=80)
+    lists = sum(c.count_structured(b) for b in tight)
+    some = ActiveRestore(CFG, state).blocks(c, 10_000, room=lists + 80)
     contents = [b for b in some if "Latest content seen" in b["content"]]
     assert contents and sum(c.count_structured(b) for b in contents) <= 80
 

@@ -2,10 +2,11 @@
 
 A proxy cannot call the agent's `read_file`, so it restores from the transcript it has
 seen: the current files (paths from read/edit/write tool calls and SWE-agent's file
-windows and open-file line, with the latest content seen for each), the active skill, the active plan and the pending tasks (from plan and
-todo tools such as `update_plan`, `TodoWrite`, `task_tracker`), and the key line of the
-last error a tool reported when the compaction took it out of view. They come back as
-system blocks, within a restore budget.
+windows and open-file line, with the latest content seen for each), the active skill,
+the active plan and the pending tasks (from plan and todo tools such as `update_plan`,
+`TodoWrite`, `task_tracker`), and the key line of the last error a tool reported when
+the compaction took it out of view. They come back as system blocks, within a restore
+budget.
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ import common
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
-from ctxgate.pipeline.turns import first_user_index
+from ctxgate.pipeline.turns import leading_instructions, task_index
 from turn_replay import Message, Replay, agent_turns, replay
 
 TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"
@@ -132,9 +132,9 @@ def _feasible(msgs: list[Message], tools: list[dict[str, Any]] | None, budget: i
     """The system prompt, task and tools schema fit the compaction target: otherwise no
     compaction can bring the session under it, and every turn is a compaction point."""
     config, counter = PipelineConfig(), common.gpt4o_counter()
-    task = first_user_index(msgs)
-    head = counter.count_request(msgs[:(task or 0) + 1], tools)
-    return head <= config.target_ratio * config.effective_budget(budget)
+    task = task_index(msgs)
+    pinned = msgs[:leading_instructions(msgs)] + ([msgs[task]] if task is not None else [])
+    return counter.count_request(pinned, tools) <= config.target_ratio * config.effective_budget(budget)
 
 
 def _ms(values: list[float]) -> str:

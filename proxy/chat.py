@@ -82,10 +82,10 @@ class ChatHandler:
         scope = scope_of(request.headers, body) if memory is not None else None
         plan: Plan | None = None
         block = ""
+        offset_key = count_offset_key(route.model_name, turn.tools)
         async with gw.sessions.lock(caller.tenant, session_id):
             state = await gw.load_session(caller.tenant, session_id)
             state.profile = caller.profile
-            offset_key = count_offset_key(route.model_name, turn.tools)
             turn.count_offset = state.count_offset if state.count_offset_key == offset_key else 0
             if memory is not None and scope is not None:
                 block = await self._memory_block(state, scope, turn)
@@ -128,7 +128,7 @@ class ChatHandler:
                 raise e.to_api_error() from None
         upstream_ms += reply.upstream_ms
         headers.update({"X-Ctx-Tokens-Out": str(plan.tokens_out), "X-Ctx-Levels": ",".join(levels) or "none"})
-        done = _Done(caller, session_id, route, turn, plan, guard_set, idempotency, headers)
+        done = _Done(caller, session_id, route, turn, offset_key, plan, guard_set, idempotency, headers)
         if reply.chunks is None:
             overhead = (time.perf_counter() - started) * 1000 - upstream_ms
             headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
@@ -198,7 +198,7 @@ class ChatHandler:
                     state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
                     if offset is not None:
                         state.count_offset = offset
-                        state.count_offset_key = count_offset_key(done.route.model_name, done.turn.tools)
+                        state.count_offset_key = done.offset_key
                     try:
                         await gw.journal.log_reply(state, reply.status, facts.prompt_tokens, facts.tool_calls)
                     finally:
@@ -230,6 +230,8 @@ class _Done:
     session_id: str
     route: Route
     turn: Turn
+    offset_key: str
+    """What a count offset measured on this reply holds for (`count_offset_key`)."""
     plan: Plan
     guard_set: bool
     idempotency: tuple[str, str] | None

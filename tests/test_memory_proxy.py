@@ -107,7 +107,8 @@ def test_memory_is_injected_once_stays_byte_identical_and_changes_only_with_memo
         block = _memory_message(up)
         return block["content"] if block and "Zamenhof" in block["content"] else None
 
-    assert wait_until(rebuilt, 10, "the rebuilt block") != blocks[0]
+    block = wait_until(rebuilt, 10, "the rebuilt block")
+    assert "Answer in Esperanto." in block and "Use rg, not grep." in block  # the rest is kept
 
     _chat(memgw, "Which language?", session, key=KEYS["relay"])
     assert _memory_message(up) is None  # another tenant: nothing of acme's
@@ -116,14 +117,15 @@ def test_memory_is_injected_once_stays_byte_identical_and_changes_only_with_memo
 
 
 def test_the_block_stays_within_its_share_of_the_budget(memgw: Gateway, up: ScriptedUpstream) -> None:
-    for i in range(60):
-        _api(memgw, "POST", "", {"category": "user", "content": f"Preference number {i}: " + "detail " * 30,
+    for i in range(60):  # about 18,000 tokens in all: three times the block's share
+        _api(memgw, "POST", "", {"category": "user", "content": f"Preference number {i}: " + "detail " * 300,
                                  "scope": {"user": "budget-user"}}, key=KEYS["locked"])
     client(memgw, KEYS["locked"]).chat.completions.create(
         model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": "hi"}], user="budget-user")
     block = _memory_message(up)
     assert block is not None
     assert len(encode(block["content"])) <= 0.05 * 128_000 * 0.95 and "Preference number" in block["content"]
+    assert block["content"].count("Preference number") < 60  # the cap left some out
 
 
 def _wal_events(gw: Gateway, session: str) -> list[dict[str, Any]]:

@@ -146,9 +146,13 @@ async def test_scope_visibility(backend: Backend) -> None:
                    entry("reference doc", Category.REFERENCE, user="bob", project="p2")]
         for e in entries:
             await store.put(e)
-        for user, project in [("alice", "p1"), ("bob", "p2"), (None, None), ("carol", "p3")]:
+        everyone = {"user wide", "every project", "any correction", "reference doc"}
+        expected = {("alice", "p1"): everyone | {"alice only", "p1 layout", "p1 correction"},
+                    ("bob", "p2"): everyone | {"bob only", "p2 layout", "p2 correction"},
+                    (None, None): everyone, ("carol", "p3"): everyone}
+        for (user, project), contents in expected.items():
             found = await store.search("acme", "layout correction", tuple(Category), user, project, 100, NOW)
-            assert {e.id for e, _ in found} == {e.id for e in entries if e.visible_to(user, project)}
+            assert {e.content for e, _ in found} == contents, (user, project)
         only_user = await store.search("acme", "alice", (Category.USER,), "alice", "p1", 100, NOW)
         assert {e.content for e, _ in only_user} == {"user wide", "alice only"}
     finally:

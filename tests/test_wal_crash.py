@@ -39,6 +39,7 @@ import pytest
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import message_fingerprint, prefix_hashes
+from clients import client
 from servers import LIVE, Gateway, launch, model_list, run_ctxgate, start_gateways, stop_all, wait_until
 from trajectories import Trajectory, openhands
 from upstream import ScriptedUpstream
@@ -165,7 +166,7 @@ class Replay:
         return sum(1 for a in self.attempts if a.ok)
 
     def send(self, gw: Gateway, k: int) -> dict[str, str]:
-        cli = openai.OpenAI(base_url=gw.url, api_key="sk-client", max_retries=0, timeout=30)
+        cli = client(gw, "sk-client")
         raw = cli.chat.completions.with_raw_response.create(
             model="gpt-4o", messages=self.turns[k], tools=self.tools, user=f"{self.name}:{k}", stream=self.stream,
             extra_headers={"X-Ctx-Budget": str(BUDGET), "X-Ctx-Session": self.name, "X-Ctx-Tenant": self.tenant})
@@ -288,6 +289,7 @@ def test_sigkill_under_load_loses_no_turn_and_changes_no_payload(upstream: Scrip
     failures = [s.failure for s in [*crash_sessions, *control_sessions] if s.failure]
     assert not failures, failures
     assert all(s.completed == len(s.turns) for s in [*crash_sessions, *control_sessions])
+    assert all(a.ok for s in control_sessions for a in s.attempts), "the control, never killed, lost a reply"
     assert len(kills) >= 6, f"only {len(kills)} kills happened: the run was too short to test anything"
 
     # (b) the torn lines were reported (above) and set aside by the restarted gateway: none is left.
@@ -374,7 +376,7 @@ def test_simultaneous_requests_in_one_session_get_unique_seqs_and_each_input_log
     headers = {"X-Ctx-Session": "together", "X-Ctx-Tenant": "many"}
 
     def request(messages: list[dict[str, Any]], stream: bool) -> None:
-        cli = openai.OpenAI(base_url=gw.url, api_key="sk-client", max_retries=0, timeout=60)
+        cli = client(gw, "sk-client").with_options(timeout=60)
         if stream:
             chunks = list(cli.chat.completions.create(model="gpt-4o", messages=messages, tools=tools, stream=True,
                                                       extra_headers=headers))
@@ -405,6 +407,7 @@ def test_simultaneous_requests_in_one_session_get_unique_seqs_and_each_input_log
                 w.start()
             for w in workers:
                 w.join(120)
+            assert not any(w.is_alive() for w in workers), "a request never finished"
     finally:
         gw.stop()
     assert not errors, errors
@@ -450,7 +453,7 @@ def test_every_streamed_reply_the_sdk_read_is_logged(upstream: ScriptedUpstream,
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
     try:
         for i in range(turns):
-            cli = openai.OpenAI(base_url=gw.url, api_key="sk-client", max_retries=0, timeout=60)
+            cli = client(gw, "sk-client").with_options(timeout=60)
             messages = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": f"Step {i}."}]
             chunks = list(cli.chat.completions.create(model="gpt-4o", messages=messages, stream=True,
                                                       extra_headers={"X-Ctx-Session": "streamed", "X-Ctx-Tenant": "s"}))

@@ -3,6 +3,7 @@ Idempotency-Key replies, a log that cannot be written, profiles and tenants."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 import signal
 import uuid
 from pathlib import Path
@@ -206,6 +207,7 @@ def test_after_kill_9_the_session_and_the_idempotent_replies_carry_on(tmp_path: 
         assert chats("crash", "gpt-4o")[-1].body["messages"] == chats("control", "gpt-4o")[-1].body["messages"]
         wait_until(lambda: len(chats("crash", "summarizer")) == len(chats("control", "summarizer")), 10,
                    "the same number of summaries with and without the crash")
+        assert Counter(c.raw for c in chats("crash", "summarizer")) == Counter(c.raw for c in chats("control", "summarizer"))
 
         calls = len(ups["crash"].chats())
         after = post(crash, {"model": "gpt-4o", "messages": MESSAGES}, headers={"Idempotency-Key": key})

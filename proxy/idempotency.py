@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Protocol
 import orjson
 import xxhash
 
+from ..pipeline.fingerprint import message_fingerprint
 from ..wal.archive import write_atomically
 from ..wal.paths import safe_name
 from .errors import ApiError
@@ -58,7 +59,7 @@ def key_of(headers: Any) -> str | None:
 
 
 def request_hash(body: dict[str, Any]) -> str:
-    return xxhash.xxh3_128_hexdigest(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+    return message_fingerprint(body)  # the canonical JSON hash messages are named by
 
 
 class IdempotencyStore(Protocol):
@@ -70,17 +71,24 @@ class _InFlight:
     """One request per key at a time in this process: a retry racing the original waits for it."""
 
     def __init__(self) -> None:
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks: dict[tuple[str, str], tuple[asyncio.Lock, int]] = {}
+        """The lock of each key, and how many requests hold or wait for it."""
 
     @asynccontextmanager
     async def hold(self, tenant: str, key: str) -> AsyncIterator[None]:
-        lock = self._locks.setdefault((tenant, key), asyncio.Lock())
+        # Counted, not `lock.locked()`: a waiter being woken does not hold it yet, and
+        # dropping the lock then would let a third request run beside it.
+        lock, users = self._locks.get((tenant, key), (asyncio.Lock(), 0))
+        self._locks[(tenant, key)] = (lock, users + 1)
         try:
             async with lock:
                 yield
         finally:
-            if not lock.locked():
-                self._locks.pop((tenant, key), None)
+            lock, users = self._locks[(tenant, key)]
+            if users == 1:
+                del self._locks[(tenant, key)]
+            else:
+                self._locks[(tenant, key)] = (lock, users - 1)
 
 
 class FileIdempotencyStore:

@@ -93,15 +93,19 @@ class Journal:
         before = (state.wal_logged, state.wal_logged_hash)
         events = self._message_events(state, turn)
         events += [_compression(step) for step in steps if step["level"] != "chain"]
-        if state.speculation and not state.speculation.get("logged"):
+        logged_speculation = bool(state.speculation.get("logged"))
+        if state.speculation and not logged_speculation:
             state.speculation["logged"] = True
             events.append({"type": EventType.SPECULATION.value,
                            **{k: v for k, v in state.speculation.items() if k != "logged"}})
         reason = "compaction" if steps else "periodic"
         try:
             await self._write(state, events, reason, tokens_out, budget, force_checkpoint=bool(steps))
-        except ApiError:
+        except ApiError:  # nothing was written: the next write carries it all
             state.wal_logged, state.wal_logged_hash = before
+            state.wal_pending = steps + state.wal_pending
+            if state.speculation:
+                state.speculation["logged"] = logged_speculation
             raise
 
     async def log_reply(self, state: SessionState, status: int, prompt_tokens: int | None,

@@ -46,12 +46,17 @@ class SseReply:
     def __init__(self, keep_all: bool = False) -> None:
         self._tail = b""
         self._calls = bytearray()
+        self._partial = b""
+        """The end of the last chunk after its last newline: a network chunk may end mid-event."""
         self._all: bytearray | None = bytearray() if keep_all else None
 
     def feed(self, data: bytes) -> None:
         self._tail = (self._tail + data)[-_USAGE_TAIL:]
-        if b'"tool_calls"' in data:
-            self._calls += data
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if b'"tool_calls"' in line:
+                self._calls += line + b"\n"
         if self._all is not None:
             self._all += data
 

@@ -2,6 +2,7 @@
 Idempotency-Key replies, a log that cannot be written, profiles and tenants."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 import signal
@@ -11,6 +12,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from ctxgate.proxy.idempotency import _InFlight
+from ctxgate.proxy.replies import SseReply
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
 from clients import MESSAGES, TOOLS, assert_error_shape, client, post
@@ -245,3 +248,32 @@ def test_enterprise_mirrors_into_sqlite_and_ctxgate_stats_reads_it(upstream: Scr
     rows = json.loads(done.stdout)
     assert sum(r["compressions"] for r in rows) == len(compressions)
     assert {r["tenant"] for r in rows} == {"acme"}
+
+
+# -- units of the reply bookkeeping ---------------------------------------------------------
+
+def test_a_tool_call_event_split_across_network_chunks_is_still_logged() -> None:
+    event = (b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_9","type":"function",'
+             b'"function":{"name":"read_file","arguments":"{}"}}]}}]}\n\n')
+    whole, split = SseReply(), SseReply()
+    whole.feed(event + b"data: [DONE]\n\n")
+    for piece in (event[:40], event[40:90], event[90:], b"data: [DONE]\n\n"):
+        split.feed(piece)
+    assert split.facts().tool_calls == whole.facts().tool_calls
+    assert [c["id"] for c in split.facts().tool_calls] == ["call_9"]
+
+
+async def test_one_request_per_idempotency_key_at_a_time() -> None:
+    in_flight, inside, most = _InFlight(), 0, 0
+
+    async def request(delay: float) -> None:
+        nonlocal inside, most
+        await asyncio.sleep(delay)
+        async with in_flight.hold("t", "k"):
+            inside += 1
+            most = max(most, inside)
+            await asyncio.sleep(0.02)
+            inside -= 1
+
+    await asyncio.gather(*(request(i * 0.01) for i in range(4)))
+    assert most == 1

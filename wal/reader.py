@@ -83,24 +83,21 @@ class Recovery:
     """Intact events after the checkpoint, in seq order."""
     last_seq: int
     damaged: list[Damage]
-    torn: bytes
 
 
 def recover(scans: Iterable[WalScan]) -> Recovery:
     """Replay over a session's files, oldest first (archive segments, then the live file)."""
     events: list[dict[str, Any]] = []
     damaged: list[Damage] = []
-    torn = b""
     for scan in scans:
         last = events[-1]["seq"] if events else 0
         events += [e for e in scan.events if e["seq"] > last]  # a seq already applied is skipped
         damaged += scan.damaged
-        torn = scan.torn or torn
     at = next((i for i in range(len(events) - 1, -1, -1)
                if events[i]["type"] == EventType.CHECKPOINT.value and isinstance(events[i].get("state"), dict)), None)
     checkpoint = events[at] if at is not None else None
     after = events[at + 1:] if at is not None else events
-    return Recovery(checkpoint, after, events[-1]["seq"] if events else 0, damaged, torn)
+    return Recovery(checkpoint, after, events[-1]["seq"] if events else 0, damaged)
 
 
 def find_checkpoint(scans: Iterable[WalScan], seq: int) -> dict[str, Any] | None:

@@ -73,6 +73,9 @@ async def _classify(entries: list[Candidate], classify: Complete | None) -> dict
                                                   {"role": "user", "content": listing}]))
         except Exception as e:  # a classifier that fails leaves them unclassified, dropped below
             log.warning("memory classifier failed: %s", e)
+        if not isinstance(labels, list):  # any other JSON is a failed answer too: the batch is kept
+            log.warning("memory classifier answered %s, not a list of labels", type(labels).__name__)
+            labels = []
     for i, c in enumerate(unknown):
         label = labels[i] if i < len(labels) and isinstance(labels[i], str) else "drop"
         if label in {x.value for x in Category}:

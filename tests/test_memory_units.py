@@ -356,3 +356,13 @@ def test_a_configured_workspace_is_scanned_when_a_session_starts(tmp_path: Path)
     assert project.project == "p1" and set(project.data["file_index"]) == {"package.json", "src/index.js"}
     assert project.data["tech_stack"]["language"] == "javascript" and "react" in project.data["tech_stack"]["frameworks"]
     assert "2 files" in project.content
+
+
+def test_a_classifier_answering_other_json_loses_nothing_the_rules_placed(tmp_path: Path) -> None:
+    store = FileMemoryStore(tmp_path)
+    buf = SessionBuffer("t1", "u1", "p1")
+    entries = [Candidate(Category.PROJECT, "The deploy script lives in ops/deploy.sh"), Candidate(None, "lunch")]
+    event = asyncio.run(auto_dream(buf, entries, store, _llm("Deploy script: ops/deploy.sh"),
+                                   MemoryConfig().feedback_ttl_s(), 5.0, classify=_llm('{"1": "project"}'), now=1.0))
+    assert event["categories"] == ["project"]
+    assert [e.content for e in asyncio.run(store.list("t1"))] == ["Deploy script: ops/deploy.sh"]

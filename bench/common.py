@@ -28,7 +28,11 @@ RESULTS = BENCH / "RESULTS.md"
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry  # noqa: E402
-from ctxgate.pipeline.turns import is_valid_sequence, split_units  # noqa: E402
+try:
+    from ctxgate.pipeline.conversation import split_units  # noqa: E402
+except ImportError:  # the package as it was before pipeline/conversation.py (a "before" run of a benchmark)
+    from ctxgate.pipeline.turns import split_units  # type: ignore[attr-defined,no-redef]  # noqa: E402
+from ctxgate.pipeline.turns import is_valid_sequence  # noqa: E402
 from trajectories import Trajectory, all_trajectories  # noqa: E402
 
 Message = dict[str, Any]

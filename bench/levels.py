@@ -64,7 +64,7 @@ def main() -> None:
         return CompressionRequest(history, budget, c)
 
     primed_store = CollapseStore(cfg.collapse)
-    loop.run_until_complete(CollapseStrategy(cfg.collapse, primed_store, cfg.restore, cfg.pin_first_user)
+    loop.run_until_complete(CollapseStrategy(cfg.collapse, primed_store, cfg.pin_first_user)
                             .compress(request()))
 
     def chain(c: TokenCounter):
@@ -79,10 +79,10 @@ def main() -> None:
         ("Microcompact", "~1 ms",
          lambda c: MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, effective).compress(request(c))),
         ("Collapse (first fold, empty store)", "~5 ms",
-         lambda c: CollapseStrategy(cfg.collapse, CollapseStore(cfg.collapse), cfg.restore,
+         lambda c: CollapseStrategy(cfg.collapse, CollapseStore(cfg.collapse),
                                     cfg.pin_first_user).compress(request(c))),
         ("Collapse (re-projection, store holds the folds)", "~5 ms",
-         lambda c: CollapseStrategy(cfg.collapse, primed_store, cfg.restore, cfg.pin_first_user).compress(request(c))),
+         lambda c: CollapseStrategy(cfg.collapse, primed_store, cfg.pin_first_user).compress(request(c))),
         ("Autocompact (instant scripted summary)", "LLM call",
          lambda c: AutocompactStrategy(cfg.autocompact, instant_summary, AutocompactBreaker(),
                                        cfg.pin_first_user).compress(request(c))),

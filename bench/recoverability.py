@@ -72,7 +72,8 @@ import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
 from ctxgate.pipeline.chain import build_pipeline  # noqa: E402
 from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
 from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
-from ctxgate.pipeline.turns import first_user_index, is_valid_sequence, split_units  # noqa: E402
+from ctxgate.pipeline.turns import first_user_index, is_valid_sequence  # noqa: E402
+from common import split_units  # noqa: E402  (wherever the package under test keeps it)
 from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
 
 Message = dict[str, Any]
@@ -84,6 +85,8 @@ PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]
 _PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
 _HEADER_RE = re.compile(r"\[File: ([^\s\]]+)|\(Open file: ([^)\n]+)\)")
 _ERROR_MARKERS = ("Error", "Traceback", "error:")
+_FUNCTION_RE = re.compile(r"<function=[\w.\-]+>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER_RE = re.compile(r"<parameter=([\w\-]+)>(.*?)</parameter>", re.S)
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,9 +136,12 @@ def is_text_mode(messages: list[Message]) -> bool:
     return not any(m.get("role") == "tool" for m in messages)
 
 
-def touched_files(messages: list[Message]) -> list[str]:
-    """Paths in tool-call arguments, in SWE-agent command blocks (text mode), and in the
-    `[File: X` / `(Open file: X)` headers of observations."""
+def touched_files(messages: list[Message], text_mode: bool | None = None) -> list[str]:
+    """Paths in tool-call arguments, in OpenHands' text-protocol `<function=…>` parameters,
+    in SWE-agent / mini-swe-agent command blocks (text mode), and in the `[File: X` /
+    `(Open file: X)` headers of observations. `text_mode`: the run's protocol when known
+    (default: read from `messages`, which for a tool-calling run's first turns, before any
+    tool result, says text)."""
     found: dict[str, None] = {}
 
     def add_from(text: str) -> None:
@@ -143,7 +149,15 @@ def touched_files(messages: list[Message]) -> list[str]:
             if p not in ("/dev/null",):
                 found.setdefault(p, None)
 
-    text_mode = is_text_mode(messages)
+    def add_args(args: dict[str, Any]) -> None:
+        for k, v in args.items():
+            if isinstance(v, str) and (k in _PATH_KEYS or k in ("command", "cmd", "code")):
+                if k in _PATH_KEYS and v.strip():
+                    found.setdefault(v.strip(), None)
+                else:
+                    add_from(v)
+
+    text_mode = is_text_mode(messages) if text_mode is None else text_mode
     for m in messages:
         for tc in m.get("tool_calls") or []:
             raw = (tc.get("function") or {}).get("arguments") or ""
@@ -152,19 +166,18 @@ def touched_files(messages: list[Message]) -> list[str]:
             except ValueError:
                 args = None
             if isinstance(args, dict):
-                for k, v in args.items():
-                    if isinstance(v, str) and (k in _PATH_KEYS or k in ("command", "cmd", "code")):
-                        if k in _PATH_KEYS and v.strip():
-                            found.setdefault(v.strip(), None)
-                        else:
-                            add_from(v)
+                add_args(args)
             else:
                 add_from(str(raw))
         if text_mode and m.get("role") == "assistant":
-            blocks = re.findall(r"```[^\n]*\n(.*?)```", text_of(m), re.S)
+            text = text_of(m)
+            calls = _FUNCTION_RE.findall(text)
+            for body in calls:  # OpenHands text protocol: the same arguments as its tool calls
+                add_args({k: v.strip("\n") for k, v in _PARAMETER_RE.findall(body)})
+            blocks = [] if calls else re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
             if blocks:
                 add_from(blocks[-1])
-    for m in observations(messages):
+    for m in observations(messages, text_mode):
         if True:
             for a, b in _HEADER_RE.findall(text_of(m)):
                 path = (a or b).strip()
@@ -173,9 +186,9 @@ def touched_files(messages: list[Message]) -> list[str]:
     return list(found)
 
 
-def observations(messages: list[Message]) -> list[Message]:
+def observations(messages: list[Message], text_mode: bool | None = None) -> list[Message]:
     """Tool results; for text-mode agents (observations in user turns) the user turns after the task."""
-    if not is_text_mode(messages):
+    if not (is_text_mode(messages) if text_mode is None else text_mode):
         return [m for m in messages if m.get("role") == "tool"]
     first = first_user_index(messages)
     return [m for i, m in enumerate(messages) if m.get("role") == "user" and i != first]
@@ -190,11 +203,11 @@ def _error_lines(text: str) -> list[str]:
             if any(k in ln for k in _ERROR_MARKERS) and not _LISTING_RE.match(ln)]
 
 
-def last_error_line(messages: list[Message]) -> str | None:
+def last_error_line(messages: list[Message], text_mode: bool | None = None) -> str | None:
     """The key line of the last observation that reports an error: its last line with a
     marker, numbered file-view lines excluded (a view of code that says `ValueError` is
     not an error); a marker line under 12 characters ("Error:") gets the next line too."""
-    for m in reversed(observations(messages)):
+    for m in reversed(observations(messages, text_mode)):
         text = text_of(m)
         found = _error_lines(text)
         if not found:

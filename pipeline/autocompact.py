@@ -1,7 +1,8 @@
 """Level 4, Autocompact: an LLM summary of the old history, with a recovery message.
 
 As the spec says: scan from the tail towards the head to find the smallest span to
-compress, keep at least the last 10 messages, ask for the six-field structured summary,
+compress, keep at least the last 10 messages (the recent window, which also keeps the
+last two complete steps), ask for the six-field structured summary,
 and put a recovery message in the span's place. A proxy adds: the call has a timeout;
 three failures in a row open a circuit breaker for the session; a summary computed in
 the background (speculative Autocompact) is used when it covers the span, so the turn
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from .config import AutocompactConfig
@@ -19,8 +20,7 @@ from .fingerprint import message_fingerprint, span_hash
 from .notes import AUTOCOMPACT_MARKER, system_note
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
-from .turns import Shape, shape_of
-from .types import CompressionRequest, CompressionResult, Level, Message
+from .types import CompressionRequest, CompressionResult, Level, Message, RecentWindow
 
 Summarize = Callable[[list[Message]], Awaitable[str]]
 
@@ -157,12 +157,12 @@ class AutocompactStrategy:
         self.precomputed = precomputed or {}
         """Summaries made ahead of time (speculative Autocompact): plan key -> {summary, length}."""
 
-    def plan(self, messages: list[Message], budget: int, counter: TokenCounter,
-             keep_at_most: int | None = None) -> SummaryPlan | None:
-        """The tail-to-head scan: keep the newest units while they fit what the budget leaves
-        after the head and the recovery message (so at least the last 10 whenever 10 fit),
+    def plan(self, request: CompressionRequest, window_only: bool = False) -> SummaryPlan | None:
+        """The tail-to-head scan: keep the recent window, then (unless `window_only`) the newest
+        units while they fit what the budget leaves after the head and the recovery message,
         and summarise everything older. None when there is nothing older."""
-        shape = shape_of(messages, self.pin_first_user)
+        messages, budget, counter = request.messages, request.token_budget, request.counter
+        shape = request.conversation.shape(self.pin_first_user, request.window)
         fixed = counter.count_messages(messages[:shape.head]) + self.summary_tokens(budget) + 80
         fixed += sum(counter.count_structured(messages[i]) for i in shape.pinned)
         room = budget - fixed
@@ -173,7 +173,7 @@ class AutocompactStrategy:
                 continue
             cost = sum(counter.count_structured(messages[i]) for i in range(unit.start, unit.end)
                        if i not in shape.pinned)
-            if kept + cost > room or (keep_at_most is not None and len(messages) - unit.start > keep_at_most):
+            if kept + cost > room or window_only:
                 break
             kept += cost
             start = unit.start
@@ -207,8 +207,10 @@ class AutocompactStrategy:
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
         counter = request.counter
-        keep = DEGRADE_KEEP if request.reason == "degrade" else None
-        plan = self.plan(request.messages, request.token_budget, counter, keep)
+        degrade = request.reason == "degrade"
+        if degrade:
+            request = replace(request, window=RecentWindow(messages=DEGRADE_KEEP, steps=0))
+        plan = self.plan(request, window_only=degrade)
         if plan is None:
             return None
         summary = self._ready_summary(plan)
@@ -221,7 +223,7 @@ class AutocompactStrategy:
                 summary = await self.summarise(plan)
             except Exception:
                 return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
-        shape: Shape = shape_of(request.messages, self.pin_first_user)
+        shape = request.conversation.shape(self.pin_first_user, request.window)
         pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end]
 
         def compacted(text: str) -> list[Message]:
@@ -240,10 +242,7 @@ class AutocompactStrategy:
         if 0 < over and allowance > MIN_SUMMARY_TOKENS:
             # Tokens can merge across the summary's edges: take off what that added.
             out = compacted(shorten(summary, max(MIN_SUMMARY_TOKENS, allowance - over), counter))
-        hints = [f"autocompact: summarised {end - plan.start} messages"]
-        kept = len(request.messages) - end
-        if keep is None and kept < self.config.keep_recent:
-            hints.append(f"autocompact: only the last {kept} messages fit the budget (spec keeps {self.config.keep_recent})")
+        hints = [f"autocompact: summarised {end - plan.start} messages, kept the last {len(request.messages) - end}"]
         return level_result(self.level, request, out, (plan.start, end), watch, end - plan.start, hints)
 
     def _ready_summary(self, plan: SummaryPlan) -> str | None:

@@ -11,12 +11,12 @@ from typing import Any, Callable
 from .autocompact import AutocompactBreaker, AutocompactStrategy, Summarize
 from .collapse import CollapseStore, CollapseStrategy
 from .config import PipelineConfig
-from .microcompact import MicrocompactStrategy, NewestObservationCut
+from .microcompact import MicrocompactStrategy, RecentWindowCut
 from .notes import is_compaction_note, is_restore_block
 from .restore import ActiveRestore, WorkingState
 from .snip import SnipStrategy
 from .strategy import Strategy
-from .turns import shape_of
+from .turns import leading_instructions, task_index
 from .types import CompressionRequest, CompressionResult, Message
 
 
@@ -37,8 +37,7 @@ STRATEGIES: dict[str, Callable[[PipelineParts], Strategy]] = {
     "snip": lambda p: SnipStrategy(p.config.snip, p.config.pin_first_user),
     "microcompact": lambda p: MicrocompactStrategy(p.config.microcompact, p.config.pin_first_user,
                                                    p.effective_budget),
-    "collapse": lambda p: CollapseStrategy(p.config.collapse, p.collapse_store, p.config.restore,
-                                           p.config.pin_first_user),
+    "collapse": lambda p: CollapseStrategy(p.config.collapse, p.collapse_store, p.config.pin_first_user),
     "autocompact": lambda p: AutocompactStrategy(p.config.autocompact, p.summarize, p.breaker,
                                                  p.config.pin_first_user, p.precomputed),
 }
@@ -46,7 +45,8 @@ STRATEGIES: dict[str, Callable[[PipelineParts], Strategy]] = {
 
 def restore_position(messages: list[Message], pin_first_user: bool) -> int:
     """Right after the leading instructions and the pinned task, before any compaction note."""
-    return shape_of(messages, pin_first_user).head
+    head = leading_instructions(messages)
+    return head + 1 if pin_first_user and head < len(messages) and task_index(messages) == head else head
 
 
 class CompressionPipeline:
@@ -65,6 +65,7 @@ class CompressionPipeline:
         # (tasks, plan, last error, skill, file names) are reserved up front; file contents
         # only take what the compacted request leaves (below), never room from kept messages.
         messages = [m for m in request.messages if not is_restore_block(m)]
+        request = request.with_messages(messages) if len(messages) != len(request.messages) else request
         blocks = self._restore_blocks(messages, request, room=0)
         reserve = sum(counter.count_structured(b) for b in blocks)
         target = max(1, request.token_budget - reserve)
@@ -74,7 +75,7 @@ class CompressionPipeline:
         for strategy in self.strategies:
             if fits:
                 break
-            result = await strategy.compress(CompressionRequest(current, target, counter, request.reason))
+            result = await strategy.compress(request.with_messages(current, target))
             if result is None:
                 continue
             hints += result.recovery_hints
@@ -84,7 +85,7 @@ class CompressionPipeline:
                 steps += result.steps
             fits = result.fits
         if not fits and self.last_resort is not None:
-            result = await self.last_resort.compress(CompressionRequest(current, target, counter, request.reason))
+            result = await self.last_resort.compress(request.with_messages(current, target))
             if result is not None:
                 current, steps, hints = result.compressed_messages, steps + result.steps, hints + result.recovery_hints
         if steps:
@@ -120,4 +121,4 @@ def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | No
     restore = ActiveRestore(config.restore, working_state) if working_state is not None else None
     microcompact = next((s for s in strategies if isinstance(s, MicrocompactStrategy)), None)
     return CompressionPipeline(strategies, restore, int(effective_budget * config.restore.budget_ratio),
-                               config.pin_first_user, NewestObservationCut(microcompact) if microcompact else None)
+                               config.pin_first_user, RecentWindowCut(microcompact) if microcompact else None)

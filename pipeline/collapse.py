@@ -17,16 +17,13 @@ from typing import Any
 
 from rbloom import Bloom
 
-from .config import CollapseConfig, RestoreConfig
-from .failures import reports_error
+from .config import CollapseConfig
+from .conversation import Conversation, Kind
 from .fingerprint import message_fingerprint, span_hash
-from .notes import COLLAPSE_MARKER, is_ctxgate_message, system_note
+from .notes import COLLAPSE_MARKER, system_note
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
-from .turns import shape_of, split_units
 from .types import CompressionRequest, CompressionResult, Level, Message
-
-
 
 
 def _stable_hash(item: Any) -> int:
@@ -110,14 +107,16 @@ def note_text(entry: CollapseEntry) -> str:
     return f"{COLLAPSE_MARKER} ({entry.length} messages)\n{entry.summary}"
 
 
-def is_decision_critical(message: Message, restore: RestoreConfig) -> bool:
-    """The spec: tool calls, plan changes and task status changes are decision-critical."""
-    if message.get("tool_calls") or is_ctxgate_message(message):
-        return True
-    if message.get("role") == "tool":
-        return True  # it answers a tool call: they are kept or folded together
-    name = message.get("name") or ""
-    return name in restore.plan_tools or name in restore.task_tools
+CRITICAL_KINDS = frozenset({Kind.ACTION, Kind.PLAN, Kind.NOTE})
+
+
+def is_decision_critical(conversation: Conversation, index: int) -> bool:
+    """The spec: tool calls, plan changes and task status changes are decision-critical. In
+    any dialect that is every action (a tool call, or a command in a text protocol), every
+    plan or todo update, a failed observation, and ctxgate's own notes. An observation that
+    succeeded goes with its action: they are one unit, kept or folded together."""
+    info = conversation.infos[index]
+    return info.kind in CRITICAL_KINDS or any(o.failed for o in info.observations)
 
 
 def collapse_summary(messages: list[Message], counter: TokenCounter, user_chars: int) -> str:
@@ -142,25 +141,21 @@ def collapse_summary(messages: list[Message], counter: TokenCounter, user_chars:
 class CollapseStrategy:
     level = Level.COLLAPSE
 
-    def __init__(self, config: CollapseConfig, store: CollapseStore, restore: RestoreConfig | None = None,
-                 pin_first_user: bool = True) -> None:
+    def __init__(self, config: CollapseConfig, store: CollapseStore, pin_first_user: bool = True) -> None:
         self.config = config
         self.store = store
-        self.restore = restore or RestoreConfig()
         self.pin_first_user = pin_first_user
 
-    def _runs(self, messages: list[Message]) -> list[tuple[int, int]]:
+    def _runs(self, request: CompressionRequest) -> list[tuple[int, int]]:
         """Runs of at least `window` consecutive non-critical messages inside the workable range."""
-        shape = shape_of(messages, self.pin_first_user)
-        # The latest failure stays in view: what went wrong last is what the agent acts on.
-        latest_error = next((i for i in range(len(messages) - 1, -1, -1) if reports_error(messages[i])), None)
-        keep = shape.pinned | {latest_error}
+        conversation = request.conversation
+        shape = conversation.shape(self.pin_first_user, request.window)
         runs: list[tuple[int, int]] = []
         start: int | None = None
-        for unit in split_units(messages):
+        for unit in conversation.units:
             ok = (shape.head <= unit.start and unit.end <= shape.tail
-                  and not any(i in keep for i in range(unit.start, unit.end))
-                  and not any(is_decision_critical(messages[i], self.restore) for i in range(unit.start, unit.end)))
+                  and not any(i in shape.pinned for i in range(unit.start, unit.end))
+                  and not any(is_decision_critical(conversation, i) for i in range(unit.start, unit.end)))
             if ok and start is None:
                 start = unit.start
             elif not ok and start is not None:
@@ -177,7 +172,8 @@ class CollapseStrategy:
         messages = self.store.project(request.messages, original)
         fps = [message_fingerprint(m) for m in messages]
         keys = context_keys(fps)
-        for a, b in self._runs(messages):
+        projected_request = request if messages is request.messages else request.with_messages(messages)
+        for a, b in self._runs(projected_request):
             span = fps[a:b]
             if self.store.already_folded(span_hash(span)) or any(self.store.already_folded(k) for k in keys[a:b]):
                 continue  # folded before: project() below shows it folded, never folds it again

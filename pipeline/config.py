@@ -5,14 +5,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .conversation import PLAN_TOOLS, TODO_TOOLS
+from .types import RecentWindow
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class SnipConfig(_Strict):
-    keep_recent: int = 20
-    """Snip never cuts into the newest this-many messages (the spec's Snip threshold)."""
+    keep_recent: int = 10
+    """Snip never cuts into the newest this-many messages (nor into the recent window)."""
     min_block: int = 5
     """Cut nothing smaller than this many messages (spec: N < 5 -> no Snip)."""
     min_messages: int = 10
@@ -49,7 +52,6 @@ class CollapseConfig(_Strict):
 class AutocompactConfig(_Strict):
     model: str | None = None
     """A `model_name` of `model_list` that writes summaries; default: the request's model."""
-    keep_recent: int = 10
     timeout_s: float = 60.0
     max_failures: int = 3
     """After this many failures in a row Autocompact stops for the session (circuit breaker)."""
@@ -69,8 +71,8 @@ class RestoreConfig(_Strict):
     read_tools: list[str] = Field(default_factory=lambda: [
         "read_file", "view", "open", "cat", "str_replace_editor", "edit_file", "write_file",
         "create_file", "str_replace", "edit", "write", "apply_patch", "insert"])
-    plan_tools: list[str] = Field(default_factory=lambda: ["update_plan", "plan", "set_plan"])
-    task_tools: list[str] = Field(default_factory=lambda: ["TodoWrite", "todo_write", "task_tracker", "todo"])
+    plan_tools: list[str] = Field(default_factory=lambda: list(PLAN_TOOLS))
+    task_tools: list[str] = Field(default_factory=lambda: list(TODO_TOOLS))
     skill_tools: list[str] = Field(default_factory=lambda: ["Skill", "skill", "load_skill", "use_skill"])
 
 
@@ -83,6 +85,11 @@ class PipelineConfig(_Strict):
     trigger_ratio: float = 0.85
     target_ratio: float = 0.50
     """Compact down to this share of the effective budget (spec: Autocompact target 50%)."""
+    recent_messages: int = Field(default=10, ge=1)
+    """Every level leaves the newest this-many messages byte-identical (the spec's Autocompact
+    keeps the last 10; here no level touches them)."""
+    recent_steps: int = Field(default=2, ge=0)
+    """...and never fewer than this many complete steps (an action with its observation)."""
     on_exhausted: Literal["error", "degrade"] = "error"
     pin_first_user: bool = True
     """Keep the task statement (the first user message, or the one after a SWE-agent
@@ -92,6 +99,9 @@ class PipelineConfig(_Strict):
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)
     autocompact: AutocompactConfig = Field(default_factory=AutocompactConfig)
     restore: RestoreConfig = Field(default_factory=RestoreConfig)
+
+    def window(self) -> RecentWindow:
+        return RecentWindow(self.recent_messages, self.recent_steps)
 
     def effective_budget(self, max_input_tokens: int) -> int:
         return max(1, int(max_input_tokens * self.safety_ratio) - self.reserve_tokens)

@@ -1,31 +1,26 @@
-"""Failures in tool output: which observations report one, and the line that says what.
+"""The line of an observation that says what failed.
 
-Collapse keeps the latest failing observation in view, and activeRestore brings its key
-line back when a compaction took the observation away: what went wrong last is what the
+The conversation model judges every observation with it (`protocols.base.observation`):
+Collapse never folds a failed observation, and activeRestore brings the key line of the
+latest one back when a compaction took it out of view: what went wrong last is what the
 agent acts on next.
 """
 from __future__ import annotations
 
 import re
 
-from .types import Message
-
 ERROR_MARKERS = ("Traceback", "Error", "error:")
-_LISTING_LINE = re.compile(r"^\s*\d+(?::|\t|\s{2,})")
-"""A numbered line of a file view (`317:    raise ValueError(`, `cat -n` output): code, not a failure."""
+_LISTING_LINE = re.compile(r"^\s*\d+(?::|\t|\s{2,}|\|)")
+"""A numbered line of a file view (`317:    raise ValueError(`, `cat -n` output, OpenHands'
+`12|`): code, not a failure."""
 KEY_LINE_CHARS = 300
-
-
-def reports_error(message: Message) -> bool:
-    """A tool result or an observation (SWE-agent style, in a user message) that reports a failure."""
-    content = message.get("content")
-    return (message.get("role") in ("tool", "user") and isinstance(content, str)
-            and any(marker in content for marker in ERROR_MARKERS))
 
 
 def key_error_line(text: str) -> str:
     """The last line of `text` with an error marker, file-view lines excluded; a marker line
     too short to say anything ("Error:") comes with the line after it. Empty if none."""
+    if not any(marker in text for marker in ERROR_MARKERS):
+        return ""
     lines = [line.strip() for line in text.splitlines()]
     found = [i for i, line in enumerate(lines) if any(m in line for m in ERROR_MARKERS)
              and not _LISTING_LINE.match(line)]
@@ -37,13 +32,3 @@ def key_error_line(text: str) -> str:
         following = next((line for line in lines[at + 1:] if line), "")
         key = f"{key}\n{following}" if following else key
     return key[:KEY_LINE_CHARS]
-
-
-def latest_error_line(messages: list[Message]) -> str:
-    """The key line of the newest observation that reports a failure."""
-    for message in reversed(messages):
-        if reports_error(message):
-            line = key_error_line(message["content"])
-            if line:
-                return line
-    return ""

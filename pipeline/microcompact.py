@@ -6,17 +6,23 @@ As the spec says: a tool result over its tool's threshold keeps its first 1,500 
 `microcompacted: true` mark: a proxy cannot add fields to messages a provider validates,
 and a message that carries the separator is never truncated again.
 
-SWE-agent style agents return observations in `user` messages; those are treated as
-tool output too, except the task statement and the newest user message.
+What counts as tool output is the conversation model's observations, in any dialect: a
+`tool` message, a user turn answering a text-protocol action (SWE-agent, OpenHands,
+mini-swe-agent) or carrying `tool_result` blocks, each under its action's tool's threshold.
+A user-turn observation is cut as a whole, so it keeps its header (`EXECUTION RESULT of
+[…]:`, `<returncode>`) in the head and stays a user turn. Nothing in the recent window is
+cut, but by `RecentWindowCut` when the window alone is over the budget.
 """
 from __future__ import annotations
 
 import re
 
 from .config import MicrocompactConfig
+from .conversation import Conversation, Kind
+from .protocols.anthropic import map_result_texts
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
-from .turns import newest_user_index, split_units, task_index
+from .turns import newest_user_index
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
@@ -25,15 +31,6 @@ _SEPARATOR_RE = re.compile(r"\.\.\. \[middle \d+ tokens truncated\] \.\.\.")
 
 def is_microcompacted(text: str) -> bool:
     return _SEPARATOR_RE.search(text) is not None
-
-
-def tool_names_by_call_id(messages: list[Message]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for m in messages:
-        for tc in m.get("tool_calls") or []:
-            if isinstance(tc, dict):
-                names[tc.get("id")] = (tc.get("function") or {}).get("name") or ""
-    return names
 
 
 class MicrocompactStrategy:
@@ -83,39 +80,37 @@ class MicrocompactStrategy:
         return cut if counter.count_cached(cut) < tokens else None  # just over the threshold: the separator costs more
 
     def compact_message(self, message: Message, tool_name: str | None, counter: TokenCounter,
-                        results_in_step: int = 1) -> Message:
-        """One message with its long text content cut; the same message when nothing to cut."""
+                        results_in_step: int = 1, threshold: int | None = None) -> Message:
+        """One message with its long tool output cut, in the message's own form (a string
+        content, or the `tool_result` blocks of a content list); the same object when
+        nothing was cut, so an untouched message stays byte-identical."""
+        limit = self.threshold_for(tool_name, results_in_step) if threshold is None else threshold
         content = message.get("content")
-        if not isinstance(content, str):
-            return message
-        cut = self.truncate(content, self.threshold_for(tool_name, results_in_step), counter)
-        return message if cut is None else {**message, "content": cut}
+        if isinstance(content, str):
+            cut = self.truncate(content, limit, counter)
+            return message if cut is None else {**message, "content": cut}
+        return map_result_texts(message, lambda text: self.truncate(text, limit, counter))
 
-    def candidates(self, messages: list[Message]) -> list[tuple[int, str | None, int]]:
-        """(index, tool name, results in its step) of every message that holds tool output."""
-        names = tool_names_by_call_id(messages)
-        protected = {newest_user_index(messages)}
-        if self.pin_first_user:
-            protected.add(task_index(messages))
-        step_size = {i: u.end - u.start - 1 for u in split_units(messages) for i in range(u.start + 1, u.end)}
+    def candidates(self, conversation: Conversation, start: int, end: int,
+                   protected: frozenset[int] = frozenset()) -> list[tuple[int, str | None, int]]:
+        """(index, tool name, results in its step) of every observation in [start, end)."""
         out: list[tuple[int, str | None, int]] = []
-        for i, m in enumerate(messages):
-            if m.get("role") == "tool":
-                out.append((i, names.get(m.get("tool_call_id")), step_size.get(i, 1)))
-            elif m.get("role") == "user" and i not in protected:
-                out.append((i, None, 1))
+        for unit in conversation.units:
+            members = [i for i in range(unit.start, unit.end) if conversation.kind(i) is Kind.OBSERVATION]
+            in_step = sum(len(conversation.infos[i].observations) for i in members)
+            for i in members:
+                if start <= i < end and i not in protected:
+                    out.append((i, conversation.infos[i].observations[0].tool, max(1, in_step)))
         return out
 
-    def compact_from(self, messages: list[Message], start: int, counter: TokenCounter,
-                     observations: bool = True) -> tuple[list[Message], list[int]]:
-        """Messages with every tool output from index `start` on cut; and the indices cut.
-        `observations=False` leaves tool output in user messages alone (see `_arrival_compact`)."""
-        out = list(messages)
+    def compact_range(self, request: CompressionRequest, start: int, end: int) -> tuple[list[Message], list[int]]:
+        """The request's messages with every observation in [start, end) cut; and the indices cut."""
+        conversation = request.conversation
+        shape = conversation.shape(self.pin_first_user, request.window)
+        out = list(request.messages)
         changed: list[int] = []
-        for i, tool_name, results_in_step in self.candidates(messages):
-            if i < start or (not observations and messages[i].get("role") == "user"):
-                continue
-            cut = self.compact_message(out[i], tool_name, counter, results_in_step)
+        for i, tool_name, results_in_step in self.candidates(conversation, start, end, shape.pinned):
+            cut = self.compact_message(out[i], tool_name, request.counter, results_in_step)
             if cut is not out[i]:
                 out[i] = cut
                 changed.append(i)
@@ -123,19 +118,20 @@ class MicrocompactStrategy:
 
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
-        messages, changed = self.compact_from(request.messages, 0, request.counter)
+        shape = request.conversation.shape(self.pin_first_user, request.window)
+        messages, changed = self.compact_range(request, shape.head, shape.tail)
         if not changed:
             return None
         return level_result(self.level, request, messages, (changed[0], changed[-1] + 1), watch, len(changed),
                             [f"microcompact: truncated {len(changed)} tool outputs"])
 
 
-class NewestObservationCut:
+class RecentWindowCut:
     """The chain's last resort, run when every level has and the request still does not fit:
-    cut the newest user message, if it is an observation (SWE-agent style, tool output in a
-    user message) rather than the task statement, to the room the rest leaves, head and tail
-    around Microcompact's separator. Every level protects that message, but a turn whose
-    newest observation alone is over the budget fails otherwise."""
+    the recent window alone is over the budget. Its observations are cut oldest first, each
+    to its tool's threshold or, when that is not enough, to what the budget leaves it,
+    before anything newer is touched; the last message and the newest user message are
+    never changed."""
     level = Level.MICROCOMPACT
 
     def __init__(self, microcompact: MicrocompactStrategy) -> None:
@@ -143,19 +139,27 @@ class NewestObservationCut:
 
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
-        messages, counter = request.messages, request.counter
-        newest = newest_user_index(messages)
-        if newest is None or newest == task_index(messages):
-            return None  # the task statement is not an observation
-        content = messages[newest].get("content")
-        if not isinstance(content, str):
+        counter, conversation = request.counter, request.conversation
+        shape = conversation.shape(self.microcompact.pin_first_user, request.window)
+        out = list(request.messages)
+        total = counter.count_messages(out)
+        changed: list[int] = []
+        last = len(out) - 1
+        floor = self.microcompact.config.min_threshold
+        protected = shape.pinned | {newest_user_index(out)}  # the newest user message is never compressed
+        for i, tool_name, in_step in self.microcompact.candidates(conversation, shape.tail, last, protected):
+            if total <= request.token_budget:
+                break
+            before = counter.count_structured(out[i])
+            threshold = self.microcompact.threshold_for(tool_name, in_step)
+            threshold = min(threshold, max(floor, before - (total - request.token_budget)))
+            cut = self.microcompact.compact_message(out[i], tool_name, counter, in_step, threshold)
+            if cut is not out[i]:
+                out[i] = cut
+                changed.append(i)
+                total += counter.count_structured(cut) - before
+        if not changed:
             return None
-        others = counter.count_messages(messages) - counter.count_structured(messages[newest])
-        bare = counter.count_structured({**messages[newest], "content": ""})
-        room = max(self.microcompact.config.min_threshold, request.token_budget - others - bare)
-        cut = self.microcompact.truncate(content, room, counter)
-        if cut is None:
-            return None
-        out = [*messages[:newest], {**messages[newest], "content": cut}, *messages[newest + 1:]]
-        return level_result(self.level, request, out, (newest, newest + 1), watch, 1,
-                            ["microcompact: cut the newest observation, alone over the budget"])
+        return level_result(self.level, request, out, (changed[0], changed[-1] + 1), watch, len(changed),
+                            [f"microcompact: the recent window alone was over the budget; cut {len(changed)} "
+                             "of its oldest tool outputs"])

@@ -1,12 +1,13 @@
 """activeRestore, the mandatory step after every compaction (the spec's pitfall 1).
 
 A proxy cannot call the agent's `read_file`, so it restores from the transcript it has
-seen: the current files (paths from read/edit/write tool calls and SWE-agent's file
-windows and open-file line, with the latest content seen for each), the active skill,
-the active plan and the pending tasks (from plan and todo tools such as `update_plan`,
-`TodoWrite`, `task_tracker`), and the key line of the last error a tool reported when
-the compaction took it out of view. They come back as system blocks, within a restore
-budget.
+seen, read through the conversation model (so in any dialect): the current files (every
+path an action named, and SWE-agent's file windows and open-file line; with the latest
+content seen for files a read or write tool or command showed), the active skill, the
+active plan and the pending tasks (from plan and todo tools such as `update_plan`,
+`TodoWrite`, `task_tracker`), and the key line of the last error an observation reported
+when the compaction took it out of view. They come back as system blocks, within a
+restore budget.
 """
 from __future__ import annotations
 
@@ -17,12 +18,11 @@ from typing import Any
 import orjson
 
 from .config import RestoreConfig
-from .failures import latest_error_line
+from .conversation import read_conversation
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
 
-_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file")
 _CONTENT_KEYS = ("file_text", "content", "contents", "new_content", "text")
 _DONE = ("completed", "complete", "done", "cancelled", "canceled")
 _WINDOW_HEADER = re.compile(r"\[File: (\S+) \(\d+ lines total\)\]")
@@ -60,17 +60,6 @@ class WorkingState:
     def is_empty(self) -> bool:
         return not (self.current_files or self.active_skill or self.active_plan or self.pending_tasks
                     or self.last_error)
-
-
-def _arguments(call: dict[str, Any]) -> dict[str, Any]:
-    raw = (call.get("function") or {}).get("arguments")
-    if isinstance(raw, dict):
-        return raw
-    try:
-        parsed = orjson.loads(raw or "{}")
-    except orjson.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
 
 
 def _matches(name: str, names: list[str]) -> bool:
@@ -115,37 +104,49 @@ def _plan_of(args: dict[str, Any]) -> str:
     return f"{explanation}\n{text}" if isinstance(explanation, str) and explanation else text
 
 
-def extract_working_state(messages: list[Message], config: RestoreConfig) -> WorkingState:
-    """Walk the transcript once, oldest to newest; later calls override earlier ones."""
-    results = {m.get("tool_call_id"): m for m in messages if m.get("role") == "tool"}
+def extract_working_state(messages: list[Message], config: RestoreConfig, dialect: str | None = None) -> WorkingState:
+    """Walk the conversation once, oldest to newest; later actions override earlier ones."""
+    conversation = read_conversation(messages, dialect, [*config.plan_tools, *config.task_tools])
+    answers = {(i, id(action)): answer for i, action, answer in conversation.steps()}
     files: dict[str, str] = {}
     state = WorkingState()
-    for m in messages:
-        if m.get("role") in ("user", "tool"):
-            _observed_files(_text(m), files)
-        for call in m.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                continue
-            name = (call.get("function") or {}).get("name") or ""
-            args = _arguments(call)
-            result = _text(results.get(call.get("id")))
-            if _matches(name, config.read_tools):
-                path = next((args[k] for k in _PATH_KEYS if isinstance(args.get(k), str)), None)
-                if path:
-                    written = next((args[k] for k in _CONTENT_KEYS if isinstance(args.get(k), str)), None)
-                    files.pop(path, None)  # re-insert: newest last
-                    files[path] = written if written is not None else result
-            if _matches(name, config.plan_tools):
-                state.active_plan = _plan_of(args)
-            if _matches(name, config.task_tools):
-                tasks = _tasks_of(args)
+    for i, message in enumerate(messages):
+        if message.get("role") in ("user", "tool"):
+            _observed_files(_text(message), files)
+        for action in conversation.infos[i].actions:
+            answer = answers.get((i, id(action)))
+            result = answer.output if answer is not None else ""
+            for path in action.paths:  # every file an action names is one the agent works on
+                _touch(files, path)
+            if action.paths and (_matches(action.tool, config.read_tools) or _matches(action.program, config.read_tools)):
+                path = _touch(files, action.paths[0])
+                written = next((action.arguments[k] for k in _CONTENT_KEYS
+                                if isinstance(action.arguments.get(k), str)), None)
+                files.pop(path, None)  # re-insert: newest last
+                files[path] = written if written is not None else result
+            if _matches(action.tool, config.plan_tools):
+                state.active_plan = _plan_of(action.arguments)
+            if _matches(action.tool, config.task_tools):
+                tasks = _tasks_of(action.arguments)
                 if tasks is not None:
                     state.pending_tasks = tasks
-            if _matches(name, config.skill_tools):
-                state.active_skill = result or orjson.dumps(args).decode()
+            if _matches(action.tool, config.skill_tools):
+                state.active_skill = result or orjson.dumps(action.arguments).decode()
     state.current_files = [CurrentFile(p, c) for p, c in reversed(list(files.items()))][:config.max_file_names]
-    state.last_error = latest_error_line(messages)
+    failure = conversation.latest_failure()
+    state.last_error = failure[1].error_line if failure else ""
     return state
+
+
+def _touch(files: dict[str, str], path: str) -> str:
+    """Move `path` to the newest end of `files`, keeping what is known of its content. A
+    relative path and the absolute one it ends (`src/a.py`, `/repo/src/a.py`) are one file,
+    under the longer name. Returns the name the file is kept under."""
+    same = next((known for known in files if known == path or known.endswith("/" + path.lstrip("./"))
+                 or path.endswith("/" + known.lstrip("./"))), None)
+    name = path if same is None or len(path) > len(same) else same
+    files[name] = files.pop(same, "") if same is not None else ""
+    return name
 
 
 def _observed_files(text: str, files: dict[str, str]) -> None:
@@ -153,12 +154,11 @@ def _observed_files(text: str, files: dict[str, str]) -> None:
     or names as the open one (its status line), newest last."""
     window = _WINDOW_HEADER.search(text)
     if window:
-        files.pop(window.group(1), None)
-        files[window.group(1)] = text[window.start():]
+        files[_touch(files, window.group(1))] = text[window.start():]
     opened = _OPEN_FILE.search(text)
     path = opened.group(1).strip() if opened else ""
     if path and path != "n/a":
-        files[path] = files.pop(path, "")
+        _touch(files, path)
 
 
 class ActiveRestore:

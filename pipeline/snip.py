@@ -4,7 +4,8 @@ As the spec says: take the oldest N messages whose tokens cover what must be fre
 put a system note in their place with an 80-character preview of each, so the model
 knows the context was cut. No Snip when N < 5 or the conversation has fewer than 10
 messages. A proxy adds: cuts fall on unit boundaries (a tool call and its results go
-together), the leading instructions and the pinned task statement stay, and the newest
+together; in a text protocol, an action and the user turn that answers it), the leading
+instructions, the pinned task statement and the recent window stay, and the newest
 `keep_recent` messages are never cut.
 """
 from __future__ import annotations
@@ -13,7 +14,6 @@ from .config import SnipConfig
 from .notes import SNIP_MARKER, system_note
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
-from .turns import shape_of
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 NOTE_SHARE = 0.05
@@ -86,7 +86,7 @@ class SnipStrategy:
         need = counter.count_messages(messages) - request.token_budget
         if need <= 0:
             return None
-        shape = shape_of(messages, self.pin_first_user)
+        shape = request.conversation.shape(self.pin_first_user, request.window)
         limit = min(shape.tail, max(shape.head, len(messages) - cfg.keep_recent))
         note = SnipNote(counter, request.token_budget, cfg.preview_chars)
         dropped: list[int] = []

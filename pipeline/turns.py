@@ -1,12 +1,7 @@
-"""The shape of a conversation: which messages must stay together and which must stay.
-
-A *unit* is the smallest piece a strategy may drop: an assistant message with
-`tool_calls` together with the `tool` results that answer it, or any other single
-message. Cutting only between units keeps every tool call with its result.
-"""
+"""Where the fixed points of a conversation are: its leading instructions, its task
+statement, its newest user message; and whether a provider accepts a message sequence.
+How messages group into steps is the conversation model's (`conversation.py`)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from .types import Message
 
@@ -14,28 +9,6 @@ INSTRUCTION_ROLES = ("system", "developer")
 DEMONSTRATION_PREFIX = "Here is a demonstration of how to correctly accomplish this task"
 """How SWE-agent opens the worked example of another task it sends as the first user
 message, before the real task."""
-
-
-@dataclass(frozen=True)
-class Unit:
-    start: int
-    end: int
-    """Half-open: messages[start:end]."""
-
-
-def split_units(messages: list[Message]) -> list[Unit]:
-    units: list[Unit] = []
-    i, n = 0, len(messages)
-    while i < n:
-        m = messages[i]
-        j = i + 1
-        if m.get("role") == "assistant" and m.get("tool_calls"):
-            ids = {tc.get("id") for tc in m["tool_calls"] if isinstance(tc, dict)}
-            while j < n and messages[j].get("role") == "tool" and messages[j].get("tool_call_id") in ids:
-                j += 1
-        units.append(Unit(i, j))
-        i = j
-    return units
 
 
 def leading_instructions(messages: list[Message]) -> int:
@@ -72,38 +45,6 @@ def newest_user_index(messages: list[Message]) -> int | None:
         if messages[i].get("role") == "user":
             return i
     return None
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Where a strategy may work: messages[head:tail], minus the pinned ones."""
-    head: int
-    """Leading instructions, plus the task statement when it is pinned and follows them."""
-    tail: int
-    """Start of the turn in progress (the last unit): never dropped."""
-    pinned: frozenset[int]
-    """Indices inside [head, tail) that are never dropped or altered: the newest user message,
-    and a pinned task statement that comes after a demonstration."""
-    units: tuple[Unit, ...]
-
-    def droppable_units(self) -> list[Unit]:
-        return [u for u in self.units if u.start >= self.head and u.end <= self.tail
-                and not any(p in self.pinned for p in range(u.start, u.end))]
-
-
-def shape_of(messages: list[Message], pin_first_user: bool = True) -> Shape:
-    units = split_units(messages)
-    head = leading_instructions(messages)
-    task = task_index(messages)
-    if pin_first_user and task == head and head < len(messages):
-        head += 1
-    tail = units[-1].start if units else 0
-    tail = max(tail, head)
-    pinned = set()
-    for index in (newest_user_index(messages), task if pin_first_user else None):
-        if index is not None and head <= index < tail:
-            pinned.add(index)
-    return Shape(head=head, tail=tail, pinned=frozenset(pinned), units=tuple(units))
 
 
 def is_valid_sequence(messages: list[Message]) -> bool:

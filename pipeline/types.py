@@ -2,11 +2,13 @@
 CompressionResult out. The pipeline never mutates the caller's messages."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from .conversation import Conversation
     from .tokens import TokenCounter
 
 Message = dict[str, Any]
@@ -21,12 +23,34 @@ class Level(str, Enum):
 
 
 @dataclass(frozen=True)
+class RecentWindow:
+    """What every level leaves byte-identical: the newest `messages` messages, and never
+    fewer than the last `steps` complete steps (an action with its observation)."""
+    messages: int = 10
+    steps: int = 2
+
+
+@dataclass(frozen=True)
 class CompressionRequest:
     messages: list[Message]
     token_budget: int
     """What the compressed messages may count at most (tools schema already deducted)."""
     counter: "TokenCounter"
     reason: Reason = "proactive"
+    dialect: str | None = None
+    """The protocol the session's agent speaks (`protocols.detect_dialect`); None: detect it."""
+    window: RecentWindow = RecentWindow()
+
+    @cached_property
+    def conversation(self) -> "Conversation":
+        """The messages as the conversation model reads them (read once per request)."""
+        from .conversation import read_conversation  # the model reads notes and turns, which use these types
+        return read_conversation(self.messages, self.dialect)
+
+    def with_messages(self, messages: list[Message], token_budget: int | None = None) -> "CompressionRequest":
+        """The same request settings over other messages."""
+        return replace(self, messages=messages,
+                       token_budget=self.token_budget if token_budget is None else token_budget)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from ..pipeline.chain import build_pipeline
 from ..pipeline.collapse import CollapseStore
 from ..pipeline.config import PipelineConfig
 from ..pipeline.fingerprint import message_fingerprint, prefix_hashes, tools_fingerprint
-from ..pipeline.microcompact import MicrocompactStrategy
+from ..pipeline.protocols import PLAIN, detect_dialect
 from ..pipeline.restore import extract_working_state
 from ..pipeline.tokens import TokenCounter
-from ..pipeline.types import CompressionRequest, Reason
+from ..pipeline.turns import leading_instructions, task_index
+from ..pipeline.types import CompressionRequest, Reason, RecentWindow
 from .errors import context_exhausted
 from .state import CompactionRecord, SessionState
 
@@ -45,6 +46,8 @@ class Turn:
     summarize: Summarize
     reserved_tokens: int = 0
     """Forwarded besides the client's messages and tools (the memory block): kept out of the room compaction has."""
+    dialect: str = PLAIN
+    """The protocol the session's agent speaks, as detected and remembered (`SessionState.dialect`)."""
     count_offset: int = 0
     """The provider's count minus ctxgate's, measured on this session's last reply
     (`usage.prompt_tokens`, see `provider_offset`): budget decisions are made in the tokens
@@ -62,9 +65,22 @@ class Turn:
         """What the provider counts besides the client's messages as ctxgate counts them."""
         return self.fixed_tokens() + self.count_offset
 
+    @cached_property
+    def pinned_tokens(self) -> int:
+        """What no level removes: the leading instructions and the task statement."""
+        keep = leading_instructions(self.messages)
+        task = task_index(self.messages)
+        pinned = self.messages[:keep] + ([self.messages[task]] if task is not None and task >= keep else [])
+        return self.counter.count_messages(pinned)
+
     def target(self, budget: int, ratio: float) -> int:
-        """The messages' share of `ratio` of the budget, in ctxgate's count."""
-        return int(budget * ratio) - self.outside_tokens()
+        """Where a compaction lands, in ctxgate's count of the messages: what nothing can
+        remove (the tools schema, the memory block, the instructions and the task), plus
+        `ratio` of what the budget leaves beside it. For a small fixed part that is about
+        `ratio` of the budget; a large one still leaves the history room to grow before the
+        trigger, rather than a target no compaction can reach."""
+        fixed = self.pinned_tokens + self.outside_tokens()
+        return int(fixed + ratio * max(0, budget - fixed)) - self.outside_tokens()
 
 
 @dataclass
@@ -76,30 +92,15 @@ class Plan:
     hints: list[str] = field(default_factory=list)
 
 
-def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
-    """The client's messages with the longest matching record's replacement in front, and
-    where the messages after the record start in that view (0: no record applies)."""
-    if not state.records:
-        return turn.messages, 0
+def _apply_records(state: SessionState, turn: Turn) -> list[dict[str, Any]]:
+    """The client's messages with the longest matching record's replacement in front. What
+    arrived since is forwarded as the client sent it: it is the recent window."""
     hashes = turn.prefix_hashes
     for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
         k = record.prefix_len
         if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
-            return record.messages + turn.messages[k:], len(record.messages)
-    return turn.messages, 0
-
-
-def _arrival_compact(view: list[dict[str, Any]], fresh_from: int, turn: Turn, budget: int) -> list[dict[str, Any]]:
-    """In a compacted session, cut long tool outputs as they arrive (Microcompact, by the
-    same per-tool thresholds), not later: a message is forwarded in its final form the
-    first time, so the forwarded prefix never has to change for it. Not an observation in
-    a user message (SWE-agent): it arrives as the newest user message, which is forwarded
-    untouched, so cutting it a turn later would change what the upstream already saw."""
-    if fresh_from >= len(view) or "microcompact" not in turn.config.levels:
-        return view
-    strategy = MicrocompactStrategy(turn.config.microcompact, turn.config.pin_first_user, budget)
-    compacted, changed = strategy.compact_from(view, fresh_from, turn.counter, observations=False)
-    return compacted if changed else view
+            return record.messages + turn.messages[k:]
+    return turn.messages
 
 
 def provider_offset(reported: int, counted: int, tools_tokens: int) -> int:
@@ -127,11 +128,32 @@ def count_offset_key(model: str, tools: list[dict[str, Any]] | None) -> str:
     return f"{model}:{tools_fingerprint(tools)}"
 
 
-def budget_of(state: SessionState, turn: Turn) -> int:
+def limit_of(state: SessionState, turn: Turn) -> int:
+    """The context limit: the model's (or `X-Ctx-Budget`), or a smaller one the upstream reported."""
     limit = turn.max_input_tokens
     if state.learned_max_input_tokens:
         limit = min(limit, state.learned_max_input_tokens)
-    return turn.config.effective_budget(limit)
+    return limit
+
+
+def budget_of(state: SessionState, turn: Turn) -> int:
+    return turn.config.effective_budget(limit_of(state, turn))
+
+
+def _refuse_infeasible(state: SessionState, turn: Turn) -> None:
+    """No compaction can bring a request under the limit when what every level keeps (the
+    leading instructions, the task statement and the last message) is over it alone: say so
+    before any upstream call, rather than forward what the provider will refuse."""
+    messages = turn.messages
+    essential = set(range(leading_instructions(messages))) | {len(messages) - 1}
+    task = task_index(messages)
+    if task is not None:
+        essential.add(task)
+    tokens = turn.counter.count_messages([messages[i] for i in sorted(essential)]) + turn.outside_tokens()
+    limit = limit_of(state, turn)
+    if tokens > limit:
+        raise context_exhausted(f"the system prompt, the task and the last message alone need {tokens} tokens, over "
+                                f"the context limit of {limit}: no compaction can make this request fit")
 
 
 @dataclass
@@ -150,15 +172,21 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     """The chain over `view`, as a record for the client's whole message list. Reads the
     session's stores but changes nothing in `state` (the speculator runs it in the background)."""
     cfg = turn.config
-    working = extract_working_state(turn.messages, cfg.restore)
+    working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
     collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
     breaker = (AutocompactBreaker.from_dict(state.breaker) if state.breaker
                else AutocompactBreaker(max_failures=cfg.autocompact.max_failures))
     pipeline = build_pipeline(cfg, collapse_store=collapse, breaker=breaker, summarize=turn.summarize,
                               working_state=working, effective_budget=budget_of(state, turn))
     started = time.perf_counter()
-    result = await pipeline.compact(CompressionRequest(messages=view, token_budget=max(1, target),
-                                                       counter=turn.counter, reason=reason))
+    request = CompressionRequest(messages=view, token_budget=max(1, target), counter=turn.counter, reason=reason,
+                                 dialect=turn.dialect, window=cfg.window())
+    result = await pipeline.compact(request)
+    if result.tokens_after + turn.outside_tokens() > budget_of(state, turn):
+        # The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
+        # it verbatim would only forward a request the provider refuses. Only the turn in
+        # progress is kept whole then.
+        result = await pipeline.compact(replace(request, window=RecentWindow(messages=1, steps=0)))
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
@@ -176,9 +204,13 @@ class Compactor:
 
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
         budget = budget_of(state, turn)
+        if not state.dialect:  # detected once, then stable: a session does not change protocol
+            found = detect_dialect(turn.messages, task_index(turn.messages))
+            state.dialect = "" if found == PLAIN else found
+        turn.dialect = state.dialect or PLAIN
         if state.speculation and self.speculator is not None:
-            self.speculator.resume(state, turn, lambda then: self._view(state, then, budget)[0])
-        view, tokens = self._view(state, turn, budget)
+            self.speculator.resume(state, turn, lambda then: self._view(state, then)[0])
+        view, tokens = self._view(state, turn)
         cfg = turn.config
         if tokens <= cfg.trigger_ratio * budget:
             ratio = cfg.autocompact.speculative_ratio
@@ -191,55 +223,21 @@ class Compactor:
         if state.has_attempted_reactive_compact:
             raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
                                     "compaction already ran without a successful reply since")
+        _refuse_infeasible(state, turn)
         if self.speculator is not None:
             await self.speculator.settle(state)
-        arrived = self._compact_arrivals(state, turn, budget)
-        if arrived is not None:
-            return arrived
         adopted = self._adopt_speculative(state, turn, budget)
         if adopted is not None:
             return adopted
         return await self._compact(state, turn, view, turn.target(budget, cfg.target_ratio), "proactive")
 
     @staticmethod
-    def _view(state: SessionState, turn: Turn, budget: int) -> tuple[list[dict[str, Any]], int]:
+    def _view(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
         """What to forward as the records have it, and its size as the provider counts it."""
-        view, fresh_from = _apply_records(state, turn)
-        if fresh_from:
-            view = _arrival_compact(view, fresh_from, turn, budget)
+        view = _apply_records(state, turn)
         # Counting by fingerprint hits the counter's cache: a turn costs O(new messages).
         fps = turn.fingerprints if view is turn.messages else fingerprints_of(view)
         return view, turn.counter.count_messages(view, fps) + turn.outside_tokens()
-
-    def _compact_arrivals(self, state: SessionState, turn: Turn, budget: int) -> Plan | None:
-        """The first time a session crosses the trigger, try cutting only the tool outputs that
-        arrived since the previous request: the upstream saw everything before them unchanged,
-        so if that is enough the forwarded prefix stays byte-identical (the prompt cache keeps
-        hitting) and no summary is paid for. Kept as a record, so later turns reproduce it."""
-        if state.records and _apply_records(state, turn)[1]:
-            return None  # a compacted session cuts its arrivals in _view already
-        fresh_from = last_reply_index(turn.messages)
-        if fresh_from is None:
-            return None
-        view = _arrival_compact(turn.messages, fresh_from, turn, budget)
-        if view is turn.messages:
-            return None
-        tokens = turn.counter.count_messages(view) + turn.outside_tokens()
-        if tokens > turn.config.trigger_ratio * budget:
-            return None
-        state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
-        before = turn.counter.count_messages(turn.messages, turn.fingerprints)
-        record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
-                                  messages=view, levels=["microcompact"], tokens_before=before,
-                                  tokens_after=tokens - turn.outside_tokens(), created_at=time.time())
-        state.add_record(record)
-        entry = {"level": "microcompact", "span": [fresh_from, len(view)], "tokens_before": before,
-                 "tokens_after": record.tokens_after, "duration_ms": 0.0, "reason": "arrival", "at": record.created_at}
-        state.log_compaction(entry)
-        if self._on_step:
-            self._on_step(entry)
-        return Plan(messages=view, tokens_out=tokens - turn.count_offset, levels=["microcompact"],
-                    hints=["microcompact: cut the tool outputs that arrived this turn; the prefix is unchanged"])
 
     def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int) -> Plan | None:
         """Promote the background compaction to a record if it still matches the client's
@@ -255,7 +253,7 @@ class Compactor:
         if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
             state.speculative = {}
             return None
-        view = _arrival_compact(record.messages + turn.messages[k:], len(record.messages), turn, budget)
+        view = record.messages + turn.messages[k:]
         tokens = turn.counter.count_messages(view) + turn.outside_tokens()
         cfg = turn.config
         if tokens > min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget:
@@ -296,9 +294,15 @@ class Compactor:
 
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
                        reason: Reason) -> Plan:
+        run = await run_chain(state, turn, view, target, reason)
+        if not run.result.steps and reason == "proactive":
+            # Nothing could be removed (all of it is pinned or recent): forwarded as it is, with
+            # no record and the loop guard untouched, so the upstream's verdict can still be acted on.
+            state.collapse, state.breaker = run.collapse, run.breaker
+            return Plan(messages=view, tokens_out=turn.counter.count_messages(view) + turn.fixed_tokens(),
+                        hints=run.result.recovery_hints)
         # The loop guard: set by any compaction, reset only after a successful reply.
         state.has_attempted_reactive_compact = True
-        run = await run_chain(state, turn, view, target, reason)
         state.collapse, state.breaker, state.working = run.collapse, run.breaker, run.working
         state.speculative = {}
         state.add_record(run.record)
@@ -318,15 +322,6 @@ class Compactor:
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
-
-
-def last_reply_index(messages: list[dict[str, Any]]) -> int | None:
-    """The assistant message that answered the previous request: what follows it (and it)
-    is what the client added since."""
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "assistant":
-            return i
-    return None
 
 
 def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:

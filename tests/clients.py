@@ -65,3 +65,18 @@ def assert_error_shape(resp: httpx.Response, status: int | tuple[int, ...], code
 
 def ctx_headers(headers: Any) -> dict[str, str]:
     return {k: headers[k] for k in CTX_HEADERS if k in headers}
+
+
+def agent_turns(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The request a recorded agent sent before each of its replies."""
+    return [messages[:i] for i, m in enumerate(messages) if i >= 2 and m["role"] == "assistant"]
+
+
+def feasible_turns(turns: list[list[dict[str, Any]]], limit: int) -> list[list[dict[str, Any]]]:
+    """The turns a gateway can serve under `limit`: no compaction changes the instructions,
+    the task or the last message, so a turn where they alone are over the limit (with a
+    tenth to spare for ctxgate's notes) is refused with CONTEXT_EXHAUSTED, by design."""
+    def pinned(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
+        return messages[:first_user + 1] + messages[-1:]
+    return [t for t in turns if prompt_tokens(pinned(t)) <= 0.9 * limit]

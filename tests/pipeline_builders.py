@@ -7,9 +7,17 @@ from functools import lru_cache
 from typing import Any
 
 from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter, TokenizerRegistry
-from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions, newest_user_index, split_units
+from ctxgate.pipeline.conversation import split_units
+from ctxgate.pipeline.types import RecentWindow
+from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions, newest_user_index
 
 Message = dict[str, Any]
+
+LAST_UNIT = RecentWindow(messages=1, steps=0)
+"""A recent window of just the turn in progress: tests of one level's mechanism use it, so
+what they build is not all inside the default window of 10 messages."""
+NO_WINDOW = RecentWindow(messages=0, steps=0)
+"""No recent window at all: Microcompact's mechanism tests cut every output but the pinned ones."""
 
 
 class CountingEncoder:

@@ -10,10 +10,10 @@ from ctxgate.pipeline.autocompact import (DEGRADE_KEEP, SUMMARY_PROMPT, Autocomp
                                           serialise, shorten)
 from ctxgate.pipeline.config import AutocompactConfig
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER
-from ctxgate.pipeline.turns import shape_of, split_units
+from ctxgate.pipeline.conversation import shape_of, split_units
 from ctxgate.pipeline.types import CompressionRequest, Level
 
-from pipeline_builders import (agent_history, assert_invariants, assistant, counter, filler, real_histories,
+from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, assistant, counter, filler, real_histories,
                                snapshot, system, tool_turn, user)
 
 SIX_FIELDS = ("core goal", "steps completed", "Key decision points", "Unresolved problems and pending tasks",
@@ -42,7 +42,7 @@ def make(summarize=None, breaker=None, precomputed=None, **cfg) -> AutocompactSt
 
 
 async def run(s: AutocompactStrategy, messages, budget: int, reason="proactive"):
-    return await s.compress(CompressionRequest(messages, budget, counter(), reason))
+    return await s.compress(CompressionRequest(messages, budget, counter(), reason, window=LAST_UNIT))
 
 
 async def test_summary_replaces_the_old_history() -> None:
@@ -61,7 +61,7 @@ async def test_summary_replaces_the_old_history() -> None:
     for field in SIX_FIELDS:
         assert field in prompt[0]["content"]
     assert [line[:2] for line in SUMMARY_PROMPT.split("\n")[1:7]] == ["1.", "2.", "3.", "4.", "5.", "6."]
-    plan = s.plan(h, budget, counter())
+    plan = s.plan(CompressionRequest(h, budget, counter(), window=LAST_UNIT))
     assert prompt[1] == {"role": "user", "content": "Conversation history:\n\n" + serialise(h[2:plan.end], counter())}
     assert "[assistant] \n[called execute_bash(" in prompt[1]["content"]
     assert "[tool] line0x0 line0x1" in prompt[1]["content"]
@@ -82,8 +82,8 @@ async def test_tail_to_head_scan_keeps_the_newest_units_that_fit() -> None:
     c = counter()
     s = make(Scripted())
     for budget in (1500, 2500, 4000, 7000):
-        plan = s.plan(h, budget, c)
-        shape = shape_of(h)
+        plan = s.plan(CompressionRequest(h, budget, c, window=LAST_UNIT))
+        shape = shape_of(h, window=LAST_UNIT)
         room = budget - (c.count_messages(h[:shape.head]) + s.summary_tokens(budget) + 80
                          + sum(c.count_structured(h[i]) for i in shape.pinned))
         kept = sum(c.count_structured(m) for i, m in enumerate(h) if i >= plan.end and i not in shape.pinned)
@@ -173,7 +173,7 @@ async def test_precomputed_summary_is_used_without_a_call() -> None:
     h = agent_history(40, 200)
     fake = Scripted(error=AssertionError("must not be called"))
     probe = make(fake)
-    plan = probe.plan(h, 4000, counter())
+    plan = probe.plan(CompressionRequest(h, 4000, counter(), window=LAST_UNIT))
     pre = {plan.key: {"summary": "PRECOMPUTED SUMMARY", "length": plan.length}}
     s = make(fake, precomputed=pre)
     result = await run(s, h, 4000)
@@ -191,11 +191,11 @@ async def test_precomputed_summary_is_used_without_a_call() -> None:
 async def test_plan_key_depends_only_on_the_span() -> None:
     h = agent_history(40, 200)
     s = make(Scripted())
-    p1, p2 = s.plan(h, 4000, counter()), s.plan(snapshot(h), 4000, counter())
+    p1, p2 = s.plan(CompressionRequest(h, 4000, counter(), window=LAST_UNIT)), s.plan(CompressionRequest(snapshot(h), 4000, counter(), window=LAST_UNIT))
     assert p1 == p2
     changed = snapshot(h)
     changed[3] = {**changed[3], "content": "different"}
-    assert s.plan(changed, 4000, counter()).key != p1.key
+    assert s.plan(CompressionRequest(changed, 4000, counter(), window=LAST_UNIT)).key != p1.key
 
 
 async def test_degrade_keeps_only_the_last_three() -> None:

@@ -12,7 +12,7 @@ from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.strategy import Stopwatch, level_result
 from ctxgate.pipeline.types import CompressionRequest, CompressionResult, Level
 
-from pipeline_builders import (agent_history, assert_invariants, assistant, call, calls, chat_history, counter,
+from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, assistant, call, calls, chat_history, counter,
                                filler, snapshot, system, tool, tool_turn, user)
 from test_pipeline_autocompact import Scripted
 
@@ -220,7 +220,7 @@ async def test_a_level_that_would_grow_the_context_is_not_applied() -> None:
     what it cut (62 -> 73 tokens); Collapse and Autocompact did the same on tiny spans."""
     h = [system("You are an agent.")] + [user("ok") for _ in range(9)]
     snip = SnipStrategy(PipelineConfig(snip={"keep_recent": 2}).snip, pin_first_user=False)
-    alone = await snip.compress(CompressionRequest(h, 20, counter()))
+    alone = await snip.compress(CompressionRequest(h, 20, counter(), window=LAST_UNIT))
     assert alone is not None and alone.tokens_after > counter().count_messages(h)
     result = await compact(CompressionPipeline([snip], pin_first_user=False), h, 20)
     assert result.steps == [] and result.compressed_messages == h and not result.fits
@@ -231,20 +231,23 @@ async def test_a_level_that_would_grow_the_context_is_not_applied() -> None:
     assert r2.steps == [] and r2.compressed_messages == tiny
 
 
-async def test_a_newest_observation_over_the_whole_budget_is_cut_as_a_last_resort() -> None:
-    """SWE-agent style: the observation is the newest user message, which every level
-    protects; alone over the budget, it is cut head and tail, or the turn would fail."""
+async def test_a_recent_window_over_the_budget_is_cut_oldest_first_never_the_last_message() -> None:
+    """SWE-agent style: observations are user messages inside the recent window, which every
+    level leaves alone; when the window alone is over the budget, its oldest observation is
+    cut head and tail first, and the last message is never changed."""
     observation = "OBSERVATION START\n" + filler(6000, 5) + "\nFINAL LINE: 3 tests failed"
-    h = [system(), user("TASK: fix the failing test"), assistant("ls"), user("a.py b.py"), assistant("cat a.py"),
-         user(observation)]
+    newest = "OBSERVATION 2\n" + filler(600, 6)
+    h = [system(), user("TASK: fix the failing test"), assistant("```\nls\n```"), user(observation),
+         assistant("```\ncat a.py\n```"), user(newest)]
     budget = 2000
     result = await compact(build_pipeline(config(), summarize=Scripted(), effective_budget=budget), h, budget)
     out = result.compressed_messages
     assert result.fits and result.tokens_after <= budget
-    cut = out[-1]["content"]
-    assert out[-1]["role"] == "user" and cut.startswith("OBSERVATION START") and cut.endswith("3 tests failed")
+    assert out[-1] == h[-1], "the last message is never changed"
+    cut = out[3]["content"]
+    assert out[3]["role"] == "user" and cut.startswith("OBSERVATION START") and cut.endswith("3 tests failed")
     assert "tokens truncated] ..." in cut
-    assert out[:2] == h[:2]
+    assert out[:3] == h[:3] and out[4] == h[4]
     assert result.steps[-1].level is Level.MICROCOMPACT
 
 

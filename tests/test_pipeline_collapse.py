@@ -7,12 +7,13 @@ import pytest
 
 from ctxgate.pipeline.collapse import (CollapseStore, CollapseStrategy, collapse_summary, context_keys,
                                        is_decision_critical)
-from ctxgate.pipeline.config import CollapseConfig, RestoreConfig
+from ctxgate.pipeline.config import CollapseConfig
+from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint, span_hash
 from ctxgate.pipeline.notes import COLLAPSE_MARKER, SNIP_MARKER, system_note
 from ctxgate.pipeline.types import CompressionRequest, Level
 
-from pipeline_builders import (assert_invariants, assistant, call, calls, chat_history, counter, filler,
+from pipeline_builders import (LAST_UNIT, assert_invariants, assistant, call, calls, chat_history, counter, filler,
                                real_histories, snapshot, system, tool, tool_turn, user)
 
 
@@ -21,8 +22,9 @@ def make(window: int = 15, store: CollapseStore | None = None) -> CollapseStrate
     return CollapseStrategy(cfg, store or CollapseStore(cfg))
 
 
-async def fold(strategy: CollapseStrategy, messages, budget: int = 1):
-    return await strategy.compress(CompressionRequest(messages, budget, counter()))
+async def fold(strategy: CollapseStrategy, messages, budget: int = 1, dialect: str = "tool_calls"):
+    """Chats read as a tool-calling agent's (no text protocol: every text turn is talk of its own)."""
+    return await strategy.compress(CompressionRequest(messages, budget, counter(), dialect=dialect, window=LAST_UNIT))
 
 
 def chat(n: int, seed: int) -> list[dict]:
@@ -71,18 +73,33 @@ async def test_only_runs_of_at_least_window_are_folded() -> None:
     assert await fold(make(), h_short) is None
 
 
+def critical(message: dict, dialect: str = "tool_calls", before: list | None = None) -> bool:
+    """Whether `message` is decision-critical where it stands after `before`."""
+    h = [system(), user("task"), *(before or []), message]
+    return is_decision_critical(read_conversation(h, dialect), len(h) - 1)
+
+
 async def test_decision_critical_messages_break_runs() -> None:
-    cfg = RestoreConfig()
-    assert is_decision_critical(calls(call("x", "bash")), cfg)
-    assert is_decision_critical(tool("x", "out"), cfg)
-    assert is_decision_critical({"role": "assistant", "name": "update_plan", "content": "step 2"}, cfg)
-    assert is_decision_critical({"role": "assistant", "name": "TodoWrite", "content": "[x] a"}, cfg)
-    assert is_decision_critical(system_note(SNIP_MARKER + " cut"), cfg)
-    assert not is_decision_critical(assistant("sure, I will do that"), cfg)
-    assert not is_decision_critical(user("thanks"), cfg)
+    assert critical(calls(call("x", "bash")))
+    assert critical(calls(call("p", "update_plan")))
+    assert critical(calls(call("t", "TodoWrite")))
+    assert critical(system_note(SNIP_MARKER + " cut"))
+    assert not critical(tool("x", "out"), before=[calls(call("x", "bash"))]), "it goes with its call, in one unit"
+    assert critical(tool("x", "Traceback (most recent call last):\nValueError: no"), before=[calls(call("x", "bash"))])
+    assert not critical(assistant("sure, I will do that"))
+    assert not critical(user("thanks"))
+    # in every text protocol an action is decision-critical, and so is an observation reporting a failure
+    assert critical(assistant("<function=execute_bash>\n<parameter=command>\nls\n</parameter>\n</function>"),
+                    "openhands_text")
+    assert critical(assistant("THOUGHT: look\n\n```bash\nls\n```"), "mini_swe_agent")
+    assert critical(assistant("Let us look.\n```\nopen a.py\n```"), "swe_agent_text")
+    assert critical(user("<returncode>1</returncode>\n<output>\nboom\n</output>"), "mini_swe_agent",
+                    [assistant("THOUGHT: x\n\n```bash\nfalse\n```")])
+    assert not critical(user("<returncode>0</returncode>\n<output>\nfine\n</output>"), "mini_swe_agent",
+                        [assistant("THOUGHT: x\n\n```bash\ntrue\n```")])
     # a plan change in the middle of 30 chat messages leaves two runs of 15 and 14
-    plan = {"role": "assistant", "name": "update_plan", "content": "1. read 2. fix"}
-    h = [system(), user("task"), *chat(15, 0), plan, *chat(14, 50), user("newest"), assistant("ok")]
+    plan = calls(call("p1", "update_plan"))
+    h = [system(), user("task"), *chat(15, 0), plan, tool("p1", "ok"), *chat(14, 50), user("newest"), assistant("ok")]
     out = (await fold(make(), h)).compressed_messages
     assert out[2]["content"].startswith(f"{COLLAPSE_MARKER} (15 messages)")
     assert out[3] == plan and out[4:] == h[18:]
@@ -190,15 +207,16 @@ async def test_real_histories(window: int) -> None:
     for name, h in real_histories():
         before = snapshot(h)
         s = make(window=window)
-        result = await fold(s, h)
+        result = await fold(s, h, dialect=None)
         assert h == before, name
         if result is None:
             continue
         folded_any += 1
         out = result.compressed_messages
         assert_invariants(h, out)
-        gone = [m for m in h if m not in out]
-        assert gone and not any(is_decision_critical(m, RestoreConfig()) for m in gone), name
+        gone = [i for i, m in enumerate(h) if m not in out]
+        conversation = read_conversation(h)
+        assert gone and not any(is_decision_critical(conversation, i) for i in gone), name
         assert s.store.project(h) == out
         again = await fold(make(window=window, store=CollapseStore.from_dict(s.store.to_dict())), h)
         assert again.compressed_messages == out, name
@@ -217,14 +235,16 @@ async def test_a_repeated_message_does_not_block_a_new_fold() -> None:
     assert len(s.store.entries) == 2
 
 
-async def test_the_latest_error_stays_visible() -> None:
-    """SWE-agent style: observations come in user messages; the latest failing one is not
-    folded away (the agent acts on what went wrong last), older ones may be."""
+async def test_errors_stay_visible() -> None:
+    """SWE-agent style: observations come in user messages; one that reports a failure is
+    decision-critical, with the command it answers, and never folded; talk around it is."""
+    run = assistant("Let us run it.\n```\npython a.py\n```")
     old_error = user("Traceback (most recent call last):\n  File 'a.py'\nKeyError: 'x'")
     new_error = user("Traceback (most recent call last):\n  File 'b.py'\nValueError: bad input")
-    h = [system(), user("task"), *chat(8, 0), old_error, *chat(8, 100), new_error, *chat(8, 200),
+    h = [system(), user("task"), *chat(16, 0), run, old_error, *chat(16, 100), run, new_error, *chat(16, 200),
          user("newest"), assistant("x")]
-    out = (await fold(make(), h)).compressed_messages
-    assert new_error in out
-    assert old_error not in out
+    out = (await fold(make(), h, dialect="swe_agent_text")).compressed_messages
+    assert new_error in out and old_error in out
+    assert out.index(old_error) == out.index(run) + 1
+    assert sum(m["content"].startswith(COLLAPSE_MARKER) for m in out if m["role"] == "system") == 3
     assert_invariants(h, out)

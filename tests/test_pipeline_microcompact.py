@@ -8,10 +8,11 @@ import pytest
 from ctxgate.pipeline.config import MicrocompactConfig
 from ctxgate.pipeline.microcompact import SEPARATOR, MicrocompactStrategy, is_microcompacted
 from ctxgate.pipeline.tokens import TokenCounter
+from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.turns import newest_user_index, task_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
-from pipeline_builders import (CountingEncoder, assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
+from pipeline_builders import (NO_WINDOW, CountingEncoder, assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
                                system, tool, user)
 
 SEP_RE = re.compile(r"\n\.\.\. \[middle (\d+) tokens truncated\] \.\.\.\n")
@@ -22,7 +23,7 @@ def strategy(effective_budget=None, pin_first_user=True, **cfg) -> MicrocompactS
 
 
 async def run(messages, budget=1, **kw):
-    return await strategy(**kw).compress(CompressionRequest(messages, budget, counter()))
+    return await strategy(**kw).compress(CompressionRequest(messages, budget, counter(), window=NO_WINDOW))
 
 
 def one_tool(name: str, tokens: int, seed: int = 7) -> list[dict]:
@@ -154,7 +155,7 @@ async def test_swe_agent_observations_in_user_messages() -> None:
     for i in (3, 5):
         assert split_cut(out[i]["content"])[1] == 6000 - 2000
     unpinned = await run(h, pin_first_user=False)
-    assert split_cut(unpinned.compressed_messages[1]["content"])[1] == 4000
+    assert unpinned.compressed_messages[1] == h[1], "the task is not tool output, pinned or not"
     assert unpinned.compressed_messages[7] == h[7]
 
 
@@ -164,14 +165,33 @@ async def test_non_text_content_is_left_alone() -> None:
     assert await run(h) is None
 
 
-async def test_compact_from_only_cuts_from_start() -> None:
+async def test_compact_range_only_cuts_inside_it() -> None:
     h = [system(), user("task")]
     for i in range(4):
         h += [calls(call(f"c{i}", "bash")), tool(f"c{i}", filler(3000, i))]
     h.append(user("newest"))
-    out, changed = strategy().compact_from(h, 6, counter())
-    assert changed == [7, 9]
-    assert out[:6] == h[:6]
+    out, changed = strategy().compact_range(CompressionRequest(h, 1, counter(), window=NO_WINDOW), 6, 9)
+    assert changed == [7]
+    assert out[:6] == h[:6] and out[8:] == h[8:]
+
+
+async def test_the_recent_window_is_never_cut() -> None:
+    """The newest 10 messages and the last two complete steps reach the upstream as they are."""
+    h = [system(), user("task")]
+    for i in range(8):
+        h += [calls(call(f"c{i}", "bash")), tool(f"c{i}", filler(3000, i))]
+    h.append(user("newest"))
+    result = await strategy().compress(CompressionRequest(h, 1, counter()))
+    out = result.compressed_messages
+    assert out[-11:] == h[-11:], "the last 10, widened to the step the 10th belongs to"
+    assert [i for i, (a, b) in enumerate(zip(h, out)) if a != b] == [3, 5, 7]
+    long_steps = [system(), user("task")]
+    for i in range(3):
+        long_steps += [calls(*[call(f"c{i}{k}", "bash") for k in range(6)]),
+                       *[tool(f"c{i}{k}", filler(3000, 10 * i + k)) for k in range(6)]]
+    result = await strategy().compress(CompressionRequest(long_steps, 1, counter()))
+    assert result.compressed_messages[-14:] == long_steps[-14:], "the last two steps, though over 10 messages"
+    assert result.compressed_messages[3] != long_steps[3]
 
 
 @pytest.mark.parametrize("effective_budget", [None, 20_000, 4_000])
@@ -181,7 +201,7 @@ async def test_real_histories(effective_budget) -> None:
     changed_total = 0
     for name, h in real_histories():
         before = snapshot(h)
-        result = await s.compress(CompressionRequest(h, 1, c))
+        result = await s.compress(CompressionRequest(h, 1, c, window=NO_WINDOW))
         assert h == before, name
         if result is None:
             continue
@@ -189,7 +209,8 @@ async def test_real_histories(effective_budget) -> None:
         assert_invariants(h, out)
         assert len(out) == len(h)
         protected = {newest_user_index(h), task_index(h)}
-        thresholds = {i: s.threshold_for(tool_name, in_step) for i, tool_name, in_step in s.candidates(h)}
+        thresholds = {i: s.threshold_for(tool_name, in_step)
+                      for i, tool_name, in_step in s.candidates(read_conversation(h), 0, len(h))}
         for i, (a, b) in enumerate(zip(h, out)):
             if a == b:
                 continue
@@ -215,8 +236,8 @@ async def test_resent_outputs_are_not_tokenized_again() -> None:
          tool("c1", filler(5000, 1)), tool("c2", filler(1500, 2)), user("newest"), assistant("ok")]
     enc = CountingEncoder()
     c = TokenCounter("tiktoken:o200k_base(counting)", enc)
-    first = await strategy().compress(CompressionRequest(h, 1, c))
+    first = await strategy().compress(CompressionRequest(h, 1, c, window=NO_WINDOW))
     enc.tokens = 0
-    again = await strategy().compress(CompressionRequest(h, 1, c))
+    again = await strategy().compress(CompressionRequest(h, 1, c, window=NO_WINDOW))
     assert again.compressed_messages == first.compressed_messages
     assert enc.tokens <= 5000 + 10

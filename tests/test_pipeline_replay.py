@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from ctxgate.pipeline.turns import is_valid_sequence
+from clients import agent_turns, feasible_turns
 from servers import KEYS, Gateway, main_config, start_gateways
 from trajectories import Trajectory, openhands, swe_agent, tau_bench
 from upstream import ScriptedUpstream, prompt_tokens
@@ -41,8 +42,8 @@ def _head_tokens(t: Trajectory) -> int:
 
 
 def _turns(t: Trajectory) -> list[list[dict[str, Any]]]:
-    """The request the agent sent before each of its replies."""
-    return [t.messages[:i] for i, m in enumerate(t.messages) if i >= 2 and m["role"] == "assistant"]
+    """The requests the agent sent before its replies, those the replay's limit can serve."""
+    return feasible_turns(agent_turns(t.messages), int(prompt_tokens(t.messages) * LIMIT_SHARE))
 
 
 TRAJECTORIES = _pick()

@@ -7,6 +7,7 @@ import pytest
 
 from ctxgate.pipeline.config import RestoreConfig
 from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block
+from ctxgate.pipeline.protocols.base import paths_in
 from ctxgate.pipeline.restore import ActiveRestore, CurrentFile, WorkingState, extract_working_state
 
 from pipeline_builders import call, calls, counter, filler, real_histories, system, tool, user
@@ -154,10 +155,10 @@ def test_real_histories() -> None:
             assert state.current_files, name
             with_files += 1
             newest = state.current_files[0]
-            # the newest file is the path of the last editor call that named one
-            paths = [json.loads(tc["function"]["arguments"]).get("path") for m in h for tc in m.get("tool_calls") or []
-                     if tc["function"]["name"] == "str_replace_editor"]
-            assert newest.path == [p for p in paths if p][-1]
+            # the newest file is one the last call that named a file named (an editor's path, a path in a command)
+            named = [paths_in(tc["function"]["arguments"].replace("\\n", " ")) for m in h
+                     for tc in m.get("tool_calls") or []]
+            assert newest.path in [p for p in named if p][-1], name
     assert with_files == 5
 
 

@@ -6,16 +6,17 @@ import pytest
 from ctxgate.pipeline.config import SnipConfig
 from ctxgate.pipeline.notes import SNIP_MARKER, is_compaction_note
 from ctxgate.pipeline.snip import SnipStrategy, preview
-from ctxgate.pipeline.turns import first_user_index, split_units
+from ctxgate.pipeline.conversation import split_units
+from ctxgate.pipeline.turns import first_user_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
-from pipeline_builders import (agent_history, assert_invariants, counter, real_histories, snapshot, system,
+from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, counter, real_histories, snapshot, system,
                                tool_turn, user)
 
 
 async def snip(messages, budget, pin_first_user=True, **cfg):
     return await SnipStrategy(SnipConfig(**cfg), pin_first_user).compress(
-        CompressionRequest(messages, budget, counter()))
+        CompressionRequest(messages, budget, counter(), window=LAST_UNIT))
 
 
 def unit_cost(messages, unit):

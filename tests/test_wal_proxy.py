@@ -16,7 +16,7 @@ from ctxgate.proxy.idempotency import _InFlight
 from ctxgate.proxy.replies import SseReply
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
-from clients import MESSAGES, TOOLS, assert_error_shape, client, post
+from clients import MESSAGES, TOOLS, agent_turns, assert_error_shape, client, feasible_turns, post
 from servers import KEYS, Gateway, launch, main_config, run_ctxgate, start_gateways, wait_until
 from trajectories import openhands
 from upstream import ScriptedUpstream, prompt_tokens
@@ -39,10 +39,6 @@ def _events(gw: Gateway, session: str, tenant: str = "acme") -> list[dict[str, A
     scan = scan_file(WalPaths(gw.data_dir).live(tenant, session))
     assert scan.ok, (scan.damaged, scan.torn)
     return scan.events
-
-
-def _turns(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    return [messages[:i] for i, m in enumerate(messages) if i >= 2 and m["role"] == "assistant"]
 
 
 def test_a_turn_logs_its_input_the_reply_and_its_tool_calls(walgw: Gateway, up: ScriptedUpstream) -> None:
@@ -97,8 +93,8 @@ def trajectory() -> Any:
 def test_rollback_to_a_checkpoint_forwards_what_the_session_forwarded_then(
         walgw: Gateway, up: ScriptedUpstream, trajectory: Any) -> None:
     session = _session()
-    turns = _turns(trajectory.messages)[:30]
-    budget = int(prompt_tokens(trajectory.messages) * 0.3)
+    budget = int(prompt_tokens(trajectory.messages) * 0.25)
+    turns = feasible_turns(agent_turns(trajectory.messages), budget)
     levels = _compacting_run(walgw, session, turns, budget, trajectory.tools)
     forwarded = [c.body["messages"] for c in up.chats() if c.body.get("model") == "gpt-4o"]
     assert len(forwarded) == len(turns)
@@ -192,8 +188,8 @@ def test_after_kill_9_the_session_and_the_idempotent_replies_carry_on(tmp_path: 
     gws = start_gateways({name: (tmp_path / name, main_config(up.url, "auto")) for name, up in ups.items()})
     crash, control = gws["crash"], gws["control"]
     try:
-        turns = _turns(trajectory.messages)[:24]
         budget = int(prompt_tokens(trajectory.messages) * 0.3)
+        turns = feasible_turns(agent_turns(trajectory.messages), budget)[:24]
         control_levels = _compacting_run(control, "s", turns, budget, trajectory.tools)
         _compacting_run(crash, "s", turns[:-1], budget, trajectory.tools)
         key = "idem-" + uuid.uuid4().hex
@@ -235,8 +231,9 @@ def test_enterprise_mirrors_into_sqlite_and_ctxgate_stats_reads_it(upstream: Scr
     config = main_config(upstream.url, "auto", profile="enterprise", wal={"store_content": True})
     gw = start_gateways({"ent": (tmp_path, config)})["ent"]
     try:
-        turns = _turns(trajectory.messages)[:16]
-        _compacting_run(gw, "ent-1", turns, int(prompt_tokens(trajectory.messages) * 0.3), trajectory.tools)
+        budget = int(prompt_tokens(trajectory.messages) * 0.3)
+        _compacting_run(gw, "ent-1", feasible_turns(agent_turns(trajectory.messages), budget)[:16], budget,
+                        trajectory.tools)
         events = _events(gw, "ent-1")
         assert events[0]["type"] == "USER_INPUT" and isinstance(events[0]["content"], str)  # store_content
         compressions = [e for e in events if e["type"] == "COMPRESSION"]

@@ -1,0 +1,398 @@
+"""Recoverability per dialect, over a multi-turn replay against an upstream that enforces
+the limit: ctxgate (with the stand-in summary, and with a summary that carries nothing)
+next to drop-oldest and middle-out, in the same table (issue 11, item 6).
+
+Runs: every recorded run (tests/trajectories.py: every_dialect), as request_ready makes
+it, grouped by the dialect its file format uses: *tool calls* (SWE-Gym OpenHands, the
+function-calling SWE-agent runs, tau-bench's 200 runs), *OpenHands text*, *SWE-agent
+text*, *mini-swe-agent*. Tool calls are also shown by source: tau-bench's customer-service
+chats outnumber the coding runs. A whole run takes seconds (everything is in process and
+the token counts are cached), so nothing is sampled; `--tau-every N` keeps every Nth
+tau-bench run (by position in the file) for a quicker look.
+
+For each run and each ratio (50%, 25%): the final size F is ctxgate's o200k count of the
+whole request-ready run, messages plus its `tools` schema (what X-Ctx-Tokens-In reports);
+the limit is L = int(ratio × F), given to ctxgate as its max_input_tokens (X-Ctx-Budget)
+and enforced by the upstream. Each agent turn is replayed as its agent sent it
+(bench/dialect_replay.py says how each method is run and when a turn is refused).
+
+Summaries are scripted, not an LLM:
+- *stand-in*: bench/recoverability.py's scripted_summary_text (quotes the span's first
+  user message, the tools called, the last assistant remark, the last error line and every
+  file path it sees): "the chain with a competent summariser";
+- *empty*: the six headings with nothing under them, so what survives is what the
+  machinery alone keeps (pinned messages, restore blocks, the recent messages).
+
+Probes, on each turn's forwarded request against that turn's whole request messages[:i]
+(the scorer's helpers of bench/recoverability.py, reading the run's protocol as its
+dialect says): task line present; touched files (the paths the agent named so far) present
+anywhere; the last error line present (n/a while there is none); the last 6 messages of
+the request present verbatim (share); valid pairing (is_valid_sequence). A refused turn
+scores 0 on all of them: the agent got no reply. Each is a mean over a run's turns, then
+over the dialect's runs. Per run: summary calls; prefix-stable turns, the share of pairs
+of consecutive answered turns whose second request starts with the first byte for byte,
+strictly and (ctxgate) leaving out the pairs whose second turn is a compaction point;
+cache-aware cost (below); refused turns (share; by ctxgate before the upstream / by the
+upstream).
+
+Cache-aware cost: every turn's request is priced at 1 per input token, except its longest
+common prefix in whole messages (with the tools schema) with the previous *answered*
+request of the same method, at 0.1 when that prefix is at least 1,024 tokens. A refused
+turn is priced as if it had been processed: the request the upstream refused, or, when
+ctxgate refused it first, the client's whole request. The sum is divided by that of *no
+compaction*: the whole history every turn, each priced the same way against the previous
+turn's (refusals ignored: it is what the turns would cost with no limit).
+
+    .venv/bin/python bench/dialects.py                        # writes its section of RESULTS.md
+    .venv/bin/python bench/dialects.py --only "OpenHands text" --limit 2 --out /tmp/x.md
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import common
+from ctxgate.pipeline.turns import is_valid_sequence
+from dialect_replay import (
+    ProviderCount,
+    baseline_replay,
+    ctxgate_replay,
+    drop_oldest,
+    middle_out,
+)
+from dialect_scores import PROBES, RunScore, floor_of, mean, needs_of, priced, score_run
+from recoverability import scripted_summary_text
+from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of, every_dialect
+from turn_replay import agent_turns
+
+Message = dict[str, Any]
+RATIOS = (0.50, 0.25)
+TAU_BENCH_EVERY = 1
+EMPTY_SUMMARY = ("1. Goal:\n2. Completed steps:\n3. Key decisions:\n4. Open problems:\n5. Current files:\n"
+                 "6. Tool context:")
+STAND_IN, EMPTY = "ctxgate, stand-in summary", "ctxgate, empty summary"
+BASELINES = {"drop-oldest": drop_oldest, "middle-out": middle_out}
+METHODS = (STAND_IN, EMPTY, *BASELINES)
+SUMMARIES: dict[str, Callable[[list[Message]], str]] = {STAND_IN: scripted_summary_text,
+                                                       EMPTY: lambda _: EMPTY_SUMMARY}
+
+
+@dataclass
+class RunResult:
+    name: str
+    source: str
+    dialect: str
+    scores: dict[float, dict[str, RunScore] | None]
+    """Per ratio, each method's scores; None when the limit is below the run's floor."""
+    floor_share: dict[float, float]
+    """Per ratio, the run's floor (system prompt + task + tools schema) as a share of the limit."""
+
+
+def runs(only: str | None, limit: int | None, tau_every: int) -> list[tuple[str, Trajectory, str, list[Message]]]:
+    """(name, trajectory, dialect, request-ready messages) of the chosen runs."""
+    out: list[tuple[str, Trajectory, str, list[Message]]] = []
+    per_dialect: collections.Counter[str] = collections.Counter()
+    tau = 0
+    for t in every_dialect():
+        name = t.name
+        if t.source == "tau-bench":
+            tau += 1
+            if (tau - 1) % tau_every:
+                continue
+            name = f"{t.name}#{tau - 1}"
+        dialect = dialect_of(t)
+        if only and slug(only) != slug(dialect):
+            continue
+        msgs = common.request_ready(t.messages)
+        if len(msgs) < 3 or not is_valid_sequence(msgs) or not agent_turns(msgs):
+            continue
+        if limit is not None and per_dialect[dialect] >= limit:
+            continue
+        per_dialect[dialect] += 1
+        out.append((name, t, dialect, msgs))
+    return out
+
+
+def slug(text: str) -> str:
+    return "-".join(text.lower().replace("-", " ").split())
+
+
+def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], counter: Any,
+             loop: asyncio.AbstractEventLoop) -> RunResult:
+    provider = ProviderCount(counter, t.tools)
+    needs = needs_of(messages, dialect != TOOL_CALLS, provider)
+    reference = priced([(messages[:i], True) for i in agent_turns(messages)], provider)
+    final, floor = provider(messages), floor_of(messages, provider)
+    out: dict[float, dict[str, RunScore] | None] = {}
+    for ratio in RATIOS:
+        limit = int(ratio * final)
+        if floor > limit:
+            out[ratio] = None
+            continue
+        scores = {}
+        for method in METHODS:
+            if method in SUMMARIES:
+                run = loop.run_until_complete(ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter))
+            else:
+                run = baseline_replay(messages, t.tools, limit, BASELINES[method], counter)
+            scores[method] = score_run(run, needs, limit, provider, messages, reference, method in SUMMARIES)
+        out[ratio] = scores
+    return RunResult(name, t.source, dialect, out, {ratio: floor / max(1, int(ratio * final)) for ratio in RATIOS})
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def fmt(v: float | None, digits: int = 3) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def summary(rs: list[RunScore]) -> dict[str, float | None]:
+    """A method's figures over runs: the mean of the per-run figures."""
+    out = {k: mean([r.probes[k] for r in rs]) for k in PROBES}
+    out.update({f"over_{k}": mean([r.over_probes[k] for r in rs if r.over]) for k in PROBES})
+    out.update(summaries=mean([float(r.summaries) for r in rs]), stable=mean([r.stable for r in rs]),
+               stable_outside=mean([r.stable_outside for r in rs]), cost=mean([r.cost for r in rs]),
+               refused=mean([r.refused_ctxgate + r.refused_upstream for r in rs]),
+               refused_ctxgate=mean([r.refused_ctxgate for r in rs]),
+               refused_upstream=mean([r.refused_upstream for r in rs]))
+    return out
+
+
+def method_rows(scored: list[dict[str, RunScore]], label: str = "") -> list[list[str]]:
+    rows = []
+    for m in METHODS:
+        rs = [s[m] for s in scored]
+        f = summary(rs)
+        n_files = sum(r.probes["files"] is not None for r in rs)
+        n_err = sum(r.probes["error"] is not None for r in rs)
+        stable = pct(f["stable"]) + (f" / {pct(f['stable_outside'])}" if m in SUMMARIES else "")
+        rows.append(([label] if label else []) + [
+            m, fmt(f["task"]), f"{fmt(f['files'])} ({n_files})", f"{fmt(f['error'])} ({n_err})", fmt(f["latest"]),
+            fmt(f["valid"]), fmt(f["summaries"], 1), stable, fmt(f["cost"]),
+            f"{pct(f['refused'])} ({pct(f['refused_ctxgate'])} / {pct(f['refused_upstream'])})"])
+    return rows
+
+
+HEADERS = ["method", "task", "files (runs)", "last error (runs)", "last 6 verbatim", "valid pairing",
+           "summary calls / run", "prefix-stable (strict / outside compaction points)", "cost vs no compaction",
+           "refused (by ctxgate / by the upstream)"]
+
+
+def feasible(results: list[RunResult], dialect: str, ratio: float) -> list[tuple[RunResult, dict[str, RunScore]]]:
+    """The dialect's runs whose floor fits the limit, with their scores at that ratio."""
+    out = []
+    for r in results:
+        scores = r.scores[ratio]
+        if r.dialect == dialect and scores is not None:
+            out.append((r, scores))
+    return out
+
+
+def dialect_section(results: list[RunResult], dialect: str, ratio: float) -> str:
+    total = sum(r.dialect == dialect for r in results)
+    ok = feasible(results, dialect, ratio)
+    scored = [s for _, s in ok]
+    lines = [f"#### {dialect} at {ratio:.0%}"]
+    if len(ok) < total:
+        lines.append(f"\n{total - len(ok)} of {total} runs left out: their system prompt + task (+ tools schema) alone "
+                     f"exceed the limit, so every method is refused on every turn.")
+    if not scored:
+        return "\n".join(lines) + "\n"
+    ours = [s[STAND_IN] for s in scored]
+    turns, over = sum(r.turns for r in ours), sum(r.over for r in ours)
+    shares = [r.floor_share[ratio] for r, _ in ok]
+    lines.append(f"\n{plural(len(ok), 'run')}, {plural(turns, 'turn')}, {over} of them with a whole request over "
+                 f"the limit. The system prompt + task (+ tools schema) take {100 * common.median(shares):.0f}% of "
+                 f"the limit (median); more than ctxgate's compaction target (47.5% of it) in "
+                 f"{sum(x > 0.475 for x in shares)} runs.\n")
+    lines.append(common.table(HEADERS, method_rows(scored)))
+    sources = sorted({r.source for r, _ in ok})
+    if len(sources) > 1:
+        rows = []
+        for src in sources:
+            mine = [s for r, s in ok if r.source == src]
+            rows += method_rows(mine, f"{src} ({len(mine)})")
+        lines.append("\nBy source:\n")
+        lines.append(common.table(["source (runs)", *HEADERS], rows, "ll" + "r" * (len(HEADERS) - 1)))
+    if 0 < over < turns:
+        rows = []
+        for m in METHODS:
+            f = summary([s[m] for s in scored])
+            rows.append([m, *(fmt(f[f"over_{k}"]) for k in PROBES)])
+        lines.append(f"\nThe probes over the {over} turns whose whole request is over the limit only (mean over the "
+                     f"{sum(1 for r in ours if r.over)} runs that have such turns):\n")
+        lines.append(common.table(["method", "task", "files", "last error", "last 6 verbatim", "valid pairing"], rows))
+    levels: collections.Counter[str] = collections.Counter()
+    for r in ours:
+        levels.update(r.levels)
+    guard = sum(r.guard_refusals for r in ours)
+    lines.append("\nctxgate (stand-in) levels at its compaction points: "
+                 + (", ".join(f"{lv} ×{n}" for lv, n in levels.most_common()) or "none")
+                 + (f"; {guard} of its refusals before the upstream came with the loop guard still set by an "
+                    "earlier refused turn" if guard else "") + ".\n")
+    return "\n".join(lines)
+
+
+SCOREBOARD = (("task", "task", 1), ("files", "files", 1), ("error", "last error", 1), ("latest", "last 6", 1),
+              ("valid", "valid", 1), ("stable", "prefix-stable", 1), ("cost", "cost", -1),
+              ("refused", "refused", -1))
+"""(summary key, label, +1 when higher is better / -1 when lower is)."""
+
+
+def versus(scored: list[dict[str, RunScore]]) -> dict[str, tuple[float, float, int] | None]:
+    """Per scoreboard probe: (ctxgate stand-in, the best baseline, +1 ahead / 0 level / -1 behind)."""
+    figs = {m: summary([s[m] for s in scored]) for m in METHODS}
+    out: dict[str, tuple[float, float, int] | None] = {}
+    for key, _, sign in SCOREBOARD:
+        ours = figs[STAND_IN][key]
+        theirs = [v for v in (figs[b][key] for b in BASELINES) if v is not None]
+        if ours is None or not theirs:
+            out[key] = None
+            continue
+        best = max(theirs) if sign > 0 else min(theirs)
+        out[key] = (ours, best, 0 if abs(ours - best) < 5e-4 else (1 if (ours - best) * sign > 0 else -1))
+    return out
+
+
+def scoreboard(results: list[RunResult]) -> str:
+    """ctxgate (stand-in) against the best baseline on every probe, per dialect and ratio."""
+    rows = []
+    marks = {1: "ahead", 0: "=", -1: "**behind**"}
+    for ratio in RATIOS:
+        for d in DIALECTS:
+            scored = [s for _, s in feasible(results, d, ratio)]
+            if scored:
+                cells = versus(scored)
+                rows.append([f"{d} at {ratio:.0%} ({len(scored)})"] + [
+                    "n/a" if c is None else f"{fmt(c[0])} vs {fmt(c[1])} {marks[c[2]]}"
+                    for c in (cells[key] for key, _, _ in SCOREBOARD)])
+    return common.table(["dialect at limit (runs)", *(label for _, label, _ in SCOREBOARD)], rows)
+
+
+def aims(results: list[RunResult]) -> str:
+    """The issue's aims, checked: ahead of the best baseline on every probe in every
+    dialect; at 50%, task, files and last error at 0.95 or more."""
+    behind, low = [], []
+    for ratio in RATIOS:
+        for d in DIALECTS:
+            scored = [s for _, s in feasible(results, d, ratio)]
+            if not scored:
+                continue
+            cells = versus(scored)
+            for key, label, _ in SCOREBOARD:
+                c = cells[key]
+                if c is not None and c[2] < 0:
+                    behind.append(f"{d} {ratio:.0%} {label}")
+                if c is not None and ratio == 0.50 and key in ("task", "files", "error") and c[0] < 0.95:
+                    low.append(f"{d} {label} {fmt(c[0])}")
+    return ("Against the issue's aims (ctxgate with the stand-in summary): behind the best baseline in "
+            + (f"{len(behind)} dialect × limit × probe cells: {'; '.join(behind)}" if behind else "no cell")
+            + ". At 50%, task / files / last error under 0.95: " + ("; ".join(low) if low else "none") + ".\n")
+
+
+def package_state() -> str:
+    """Where ctxgate was imported from, and at which commit (a worktree for a 'before' run)."""
+    import ctxgate.pipeline
+    where = Path(os.path.realpath(ctxgate.pipeline.__file__)).parent.parent
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, check=False).stdout
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=all", "--", "proxy", "pipeline",
+                                      "memory", "wal").splitlines() if line.strip()]
+    return f"`{where}` at git {git('rev-parse', '--short', 'HEAD').strip() or '?'}" + (
+        f" + uncommitted changes in {', '.join(dirty)}" if dirty else " (no uncommitted changes)")
+
+
+def report(results: list[RunResult], elapsed: float, note: str, tau_every: int) -> str:
+    header = common.section_header("Recoverability per dialect: multi-turn replay, the upstream enforcing the limit")
+    # The code measured is the package imported (a worktree for a 'before' run), not this checkout.
+    header = "\n".join(f"- code: ctxgate imported from {package_state()}" if line.startswith("- code:") else line
+                       for line in header.splitlines())
+    out = [header + f"\n- wall time {elapsed:.0f}s{note}\n"]
+    out.append(
+        "Every run is replayed turn by turn as its agent sent it, at limits of 50% and 25% of its final size "
+        "(messages + tools schema, o200k): the upstream refuses a request over the limit and otherwise answers "
+        "with the recorded reply. ctxgate runs in process as the gateway does (prepare under the session lock, "
+        "max_input_tokens = the limit, one reactive compaction and retry on a refusal, the loop guard reset by an "
+        "answered turn only, speculation on). **The summaries are scripted, not an LLM**: *stand-in* quotes the "
+        "span's task, tools, last remark, last error line and file paths; *empty* is the six headings with nothing "
+        "under them (what the machinery alone keeps). Scores are means over each run's turns, then over the "
+        "dialect's runs (*(runs)*: runs where the probe applies); a refused turn scores 0 on every probe. "
+        "*prefix-stable*: pairs of consecutive answered turns whose second request starts with the first; after "
+        "the slash, leaving out the pairs at ctxgate's compaction points. *cost*: cached prefixes (≥ 1,024 tokens, "
+        "whole messages, against the previous answered request) at 0.1, refused turns priced as if processed, "
+        "relative to sending the whole history every turn with the same caching. Definitions: "
+        "`bench/dialects.py`, `bench/dialect_replay.py`.\n")
+    count = collections.Counter(r.dialect for r in results)
+    out.append("Runs: " + ", ".join(f"{d} {count[d]}" for d in DIALECTS if count[d])
+               + (f" (tau-bench: every {tau_every}th of its 200 runs, by position in the file)" if tau_every > 1
+                  else "") + ".\n")
+    out.append("### ctxgate (stand-in summary) against the best baseline, per probe\n")
+    out.append(scoreboard(results) + "\n")
+    out.append(aims(results))
+    for ratio in RATIOS:
+        out.append(f"### Limit {ratio:.0%} of the final size\n")
+        out += [dialect_section(results, d, ratio) for d in DIALECTS if count[d]]
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="per-dialect multi-turn recoverability, ctxgate vs trimming baselines")
+    p.add_argument("--limit", type=int, default=None, help="at most N runs per dialect")
+    p.add_argument("--only", default=None, help="one dialect: 'tool calls', 'OpenHands text', 'SWE-agent text' or "
+                                                "'mini-swe-agent' (case and dashes ignored)")
+    p.add_argument("--tau-every", type=int, default=TAU_BENCH_EVERY, help="every Nth tau-bench run (1: all 200)")
+    p.add_argument("--out", default=None, help="write the markdown to this file, not to bench/RESULTS.md")
+    args = p.parse_args()
+
+    counter = common.gpt4o_counter()
+    chosen = runs(args.only, args.limit, max(1, args.tau_every))
+    if not chosen:
+        sys.exit(f"no runs for --only {args.only!r} (dialects: {', '.join(DIALECTS)})")
+    loop = asyncio.new_event_loop()
+    started = time.perf_counter()
+    results = []
+    for k, (name, t, dialect, msgs) in enumerate(chosen):
+        t0 = time.perf_counter()
+        result = evaluate(name, t, dialect, msgs, counter, loop)
+        results.append(result)
+        half = result.scores[RATIOS[0]]
+        ours = half[STAND_IN] if half is not None else None
+        brief = ("system prompt + task over the limit" if ours is None else
+                 f"task {fmt(ours.probes['task'], 2)}, refused {pct(ours.refused_ctxgate + ours.refused_upstream)}")
+        print(f"[{k + 1}/{len(chosen)}] {dialect}: {common.short_name(name, 70)} ({len(agent_turns(msgs))} turns, "
+              f"{time.perf_counter() - t0:.1f}s; ctxgate at 50%: {brief})", file=sys.stderr, flush=True)
+    note = "" if args.limit is None and args.only is None and args.tau_every == TAU_BENCH_EVERY else (
+        f" (a partial run: --limit {args.limit}, --only {args.only}, --tau-every {args.tau_every})")
+    markdown = report(results, time.perf_counter() - started, note, max(1, args.tau_every))
+    print(markdown)
+    if args.out:
+        Path(args.out).write_text(markdown + "\n")
+        print(f"dialects: wrote {args.out}", file=sys.stderr)
+    else:
+        common.write_section("dialects", markdown)
+        print(f"dialects: wrote {common.RESULTS.relative_to(common.ROOT)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

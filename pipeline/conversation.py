@@ -1,0 +1,240 @@
+"""One model of an agent conversation, whatever protocol the agent speaks.
+
+A read-only view over the wire messages: for each message what it is (the agent's
+instructions, the task, an action, an observation, a plan or todo update, plain talk,
+or a note ctxgate added), the actions and observations in it, and how messages group
+into *units*, the smallest pieces a strategy may drop: an action with the observation
+that answers it (a *step*), or any other single message. Every strategy reads the
+conversation through this view and nothing else, so a text-protocol agent is compacted
+by the same rules as a tool-calling one.
+
+The *recent window* is what every level leaves byte-identical: the newest
+`RecentWindow.messages` messages, and never fewer than the last `RecentWindow.steps`
+complete steps, widened to a unit boundary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Collection, Iterator
+
+from .notes import is_ctxgate_message
+from .protocols import STRUCTURAL_DIALECTS, detect_dialect, text_reader
+from .protocols.anthropic import has_results, results_of, uses_of
+from .protocols.base import Action, Observation
+from .protocols.tool_calls import calls_of, result_of
+from .turns import INSTRUCTION_ROLES, leading_instructions, newest_user_index, task_index
+from .types import RecentWindow
+
+Message = dict[str, Any]
+PLAN_TOOLS = ("update_plan", "plan", "set_plan")
+TODO_TOOLS = ("TodoWrite", "todo_write", "task_tracker", "todo")
+"""Tools whose calls update the plan or the todo list (restore's defaults too)."""
+
+__all__ = ["Action", "Conversation", "Kind", "MessageInfo", "Observation", "RecentWindow", "Shape", "Unit",
+           "read_conversation", "shape_of", "split_units"]
+
+
+class Kind(str, Enum):
+    INSTRUCTIONS = "instructions"
+    TASK = "task"
+    ACTION = "action"
+    OBSERVATION = "observation"
+    PLAN = "plan"
+    """An action that updates the plan or the todo list."""
+    TALK = "talk"
+    NOTE = "note"
+    """A note or restore block ctxgate itself added."""
+
+
+@dataclass(frozen=True)
+class MessageInfo:
+    kind: Kind
+    actions: tuple[Action, ...] = ()
+    observations: tuple[Observation, ...] = ()
+    answers: int | None = None
+    """For an observation: the index of the message whose action it answers."""
+
+
+@dataclass(frozen=True)
+class Unit:
+    start: int
+    end: int
+    """Half-open: messages[start:end]."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a strategy may work: messages[head:tail], minus the pinned ones."""
+    head: int
+    """Leading instructions, plus the task statement when it is pinned and follows them."""
+    tail: int
+    """Start of the recent window: nothing from here on is dropped or altered."""
+    pinned: frozenset[int]
+    """Indices inside [head, tail) that are never dropped or altered: the newest user message,
+    and a pinned task statement that comes after a demonstration."""
+    units: tuple[Unit, ...]
+
+    def droppable_units(self) -> list[Unit]:
+        return [u for u in self.units if u.start >= self.head and u.end <= self.tail
+                and not any(p in self.pinned for p in range(u.start, u.end))]
+
+
+class Conversation:
+    def __init__(self, messages: list[Message], dialect: str, infos: list[MessageInfo], units: list[Unit]) -> None:
+        self.messages = messages
+        self.dialect = dialect
+        self.infos = infos
+        self.units = units
+        self.task = task_index(messages)
+
+    def kind(self, index: int) -> Kind:
+        return self.infos[index].kind
+
+    def is_complete_step(self, unit: Unit) -> bool:
+        """An action together with an observation that answers it."""
+        return (bool(self.infos[unit.start].actions)
+                and any(self.infos[i].kind is Kind.OBSERVATION for i in range(unit.start + 1, unit.end)))
+
+    def recent_start(self, window: RecentWindow) -> int:
+        """Where the recent window begins (0 for a conversation shorter than it)."""
+        start = max(0, len(self.messages) - window.messages)
+        if window.steps > 0:
+            steps = [u for u in self.units if self.is_complete_step(u)]
+            if steps:
+                start = min(start, steps[-min(window.steps, len(steps))].start)
+        return next((u.start for u in self.units if u.start <= start < u.end), start)
+
+    def shape(self, pin_first_user: bool = True, window: RecentWindow | None = None) -> Shape:
+        head = leading_instructions(self.messages)
+        if pin_first_user and self.task == head and head < len(self.messages):
+            head += 1
+        tail = max(self.recent_start(window or RecentWindow()), head)
+        pinned = set()
+        for index in (newest_user_index(self.messages), self.task if pin_first_user else None):
+            if index is not None and head <= index < tail:
+                pinned.add(index)
+        return Shape(head=head, tail=tail, pinned=frozenset(pinned), units=tuple(self.units))
+
+    def observations(self) -> Iterator[tuple[int, Observation]]:
+        for i, info in enumerate(self.infos):
+            for found in info.observations:
+                yield i, found
+
+    def steps(self) -> Iterator[tuple[int, Action, Observation | None]]:
+        """Every action, oldest first, with the observation that answers it (if any yet)."""
+        by_call: dict[str, Observation] = {}
+        by_answer: dict[int, Observation] = {}
+        for i, info in enumerate(self.infos):
+            for found in info.observations:
+                if found.call_id:
+                    by_call[found.call_id] = found
+                elif info.answers is not None:
+                    by_answer.setdefault(info.answers, found)
+        for i, info in enumerate(self.infos):
+            for action in info.actions:
+                yield i, action, by_call.get(action.call_id or "") if action.call_id else by_answer.get(i)
+
+    def latest_failure(self) -> tuple[int, Observation] | None:
+        """The newest observation that reports a failure."""
+        for i in range(len(self.infos) - 1, -1, -1):
+            for found in reversed(self.infos[i].observations):
+                if found.failed:
+                    return i, found
+        return None
+
+
+def _text(message: Message) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def read_conversation(messages: list[Message], dialect: str | None = None,
+                      plan_tools: Collection[str] = PLAN_TOOLS + TODO_TOOLS) -> Conversation:
+    """Read `messages` in `dialect` (detected from the messages when None). `plan_tools`
+    names the tools whose calls update the plan or the todo list."""
+    task = task_index(messages)
+    dialect = dialect or detect_dialect(messages, task)
+    reader = text_reader(dialect)
+    plan = {name.lower() for name in plan_tools}
+    call_tools: dict[str, str] = {}
+    call_owner: dict[str, int] = {}
+    infos: list[MessageInfo] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if is_ctxgate_message(m):
+            infos.append(MessageInfo(Kind.NOTE))
+        elif role in INSTRUCTION_ROLES:
+            infos.append(MessageInfo(Kind.INSTRUCTIONS))
+        elif i == task:
+            infos.append(MessageInfo(Kind.TASK))
+        elif role == "assistant":
+            actions = calls_of(m) or uses_of(m) or (reader.actions(_text(m)) if reader else [])
+            for action in actions:
+                if action.call_id:
+                    call_tools[action.call_id], call_owner[action.call_id] = action.tool, i
+            kind = (Kind.PLAN if any(a.tool.lower() in plan for a in actions)
+                    else Kind.ACTION if actions else Kind.TALK)
+            infos.append(MessageInfo(kind, tuple(actions)))
+        elif role == "tool":
+            call_id = m.get("tool_call_id") or ""
+            infos.append(MessageInfo(Kind.OBSERVATION, observations=(result_of(m, call_tools.get(call_id)),),
+                                     answers=call_owner.get(call_id)))
+        elif role == "user" and has_results(m):
+            found = results_of(m, call_tools)
+            owner = next((call_owner[o.call_id] for o in found if o.call_id in call_owner), None)
+            infos.append(MessageInfo(Kind.OBSERVATION, observations=tuple(found), answers=owner))
+        elif role == "user" and reader is not None:
+            infos.append(_text_turn(m, i, messages, infos, reader))
+        else:
+            infos.append(MessageInfo(Kind.TALK))
+    return Conversation(messages, dialect, infos, _units(messages, infos, dialect))
+
+
+def _text_turn(message: Message, i: int, messages: list[Message], infos: list[MessageInfo], reader: Any) -> MessageInfo:
+    """A user turn in a text protocol: the observation of the action just before it, or one
+    the protocol's header makes plain, or (the fallback) whatever answers an assistant turn."""
+    text = _text(message)
+    after_assistant = i > 0 and messages[i - 1].get("role") == "assistant"
+    previous = infos[i - 1] if after_assistant else None
+    if previous is not None and previous.actions:
+        return MessageInfo(Kind.OBSERVATION, observations=(reader.observation(text, previous.actions[-1].tool),),
+                           answers=i - 1)
+    if reader.signals(text, "user") or (after_assistant and reader.name == "plain"):
+        return MessageInfo(Kind.OBSERVATION, observations=(reader.observation(text, None),),
+                           answers=i - 1 if after_assistant else None)
+    return MessageInfo(Kind.TALK)
+
+
+def _units(messages: list[Message], infos: list[MessageInfo], dialect: str) -> list[Unit]:
+    """An assistant message with what answers it (its `tool` results, the user turn of
+    `tool_result` blocks, or in a text protocol the user turn after it); else one message."""
+    units: list[Unit] = []
+    i, n = 0, len(messages)
+    paired_text = dialect not in STRUCTURAL_DIALECTS
+    while i < n:
+        m = messages[i]
+        j = i + 1
+        if m.get("role") == "assistant":
+            ids = {a.call_id for a in infos[i].actions if a.call_id}
+            if m.get("tool_calls"):
+                while j < n and messages[j].get("role") == "tool" and messages[j].get("tool_call_id") in ids:
+                    j += 1
+            elif j < n and infos[j].answers == i and messages[j].get("role") == "user":
+                j += 1
+            elif paired_text and j < n and messages[j].get("role") == "user" and infos[j].kind is not Kind.TASK:
+                j += 1  # feedback on a turn that took no action (a format error) goes with it
+        units.append(Unit(i, j))
+        i = j
+    return units
+
+
+def split_units(messages: list[Message], dialect: str | None = None) -> list[Unit]:
+    return read_conversation(messages, dialect).units
+
+
+def shape_of(messages: list[Message], pin_first_user: bool = True, dialect: str | None = None,
+             window: RecentWindow | None = None) -> Shape:
+    return read_conversation(messages, dialect).shape(pin_first_user, window)

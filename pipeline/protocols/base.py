@@ -1,0 +1,102 @@
+"""What a protocol reader produces: the actions an assistant message takes and the
+observation a message reports, whatever the wire form."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..failures import key_error_line
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing the agent did: a tool call, or a command written in its text."""
+    tool: str
+    """The tool's name (`str_replace_editor`, `read_file`); for SWE-agent, whose tools are
+    commands, the command (`open`, `edit`); for mini-swe-agent, `bash`."""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    command: str = ""
+    """The shell command it runs, if it runs one."""
+    paths: tuple[str, ...] = ()
+    """Files it names, in order."""
+    call_id: str | None = None
+    """The id its result answers (tool calls); None in text protocols."""
+
+    @property
+    def program(self) -> str:
+        """The program its shell command starts with (`cat`, `python`), else ''."""
+        return program_of(self.command)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the environment answered to an action."""
+    tool: str | None
+    output: str
+    exit_status: int | None = None
+    error_line: str = ""
+    """The line that says what failed, if the output reports a failure."""
+    call_id: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error_line)
+
+
+def observation(tool: str | None, output: str, exit_status: int | None = None,
+                call_id: str | None = None, is_error: bool = False) -> Observation:
+    """An observation with its failure judged: an error marker's line, else, for a non-zero
+    exit status or a result flagged as an error, the output's last line."""
+    line = key_error_line(output)
+    if not line and (is_error or exit_status not in (None, 0)):
+        line = next((x.strip() for x in reversed(output.splitlines()) if x.strip()), f"exit status {exit_status}")
+    return Observation(tool=tool, output=output, exit_status=exit_status, error_line=line, call_id=call_id)
+
+
+class TextReader(Protocol):
+    """A text protocol: actions in assistant text, observations in the user turn after."""
+
+    name: str
+
+    def actions(self, text: str) -> list[Action]:
+        """The actions an assistant message's text takes (none: it is talk)."""
+        ...
+
+    def signals(self, text: str, role: str) -> bool:
+        """The text is unmistakably in this protocol (used to detect a session's dialect)."""
+        ...
+
+    def observation(self, text: str, tool: str | None) -> Observation:
+        """The observation a user turn after an action reports."""
+        ...
+
+
+def program_of(command: str) -> str:
+    """The first program a shell command runs, past `cd DIR &&` and variable assignments."""
+    first = command.strip().split("\n", 1)[0]
+    for segment in _SEGMENT.split(first):
+        words = [w for w in segment.split() if "=" not in w.split("/", 1)[0]]
+        if words and words[0] != "cd":
+            return words[0].rsplit("/", 1)[-1]
+    return ""
+
+
+_SEGMENT = re.compile(r"&&|\|\||;|\|")
+_EXT = (r"py|pyi|pyx|js|mjs|cjs|ts|tsx|jsx|json|yaml|yml|toml|cfg|ini|txt|md|rst|c|h|cc|cpp|hpp|go|rs|java|kt|rb|"
+        r"php|sh|html|css|scss|sql|xml|csv|lock|patch|diff|ipynb|conf|env|lua|swift|scala|r|pl|ex|exs|vue|svelte")
+PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:" + _EXT + r"))(?![\w/\-])")
+"""A file path: words and slashes ending in a known file extension."""
+
+
+def paths_in(text: str) -> tuple[str, ...]:
+    """File paths named in `text`, in order, each once."""
+    return tuple(dict.fromkeys(m.group(1) for m in PATH_RE.finditer(text) if "://" not in text[max(0, m.start() - 8):m.start()]))
+
+
+def shell_action(command: str, tool: str) -> Action:
+    """An action that runs `command`; its paths come from the command line itself (the first
+    line: an `edit` or a heredoc's body below it is content, not a list of files)."""
+    command = command.strip()
+    first = command.split("\n", 1)[0]
+    return Action(tool=tool or program_of(command), command=command, paths=paths_in(first))

@@ -105,7 +105,7 @@ class ChatHandler:
                                                                     summarizer), messages, fps, counter.head)
         stream = bool(body.get("stream"))
         api_key = caller.bearer if caller.tenant_config.pass_through_key else route.api_key
-        upstream_ms, levels, degraded = 0.0, list(plan.levels), False
+        upstream_ms, levels, degraded = 0.0, list(plan.levels), plan.degraded
         while True:
             payload = {**route.call_params, **body, "model": route.upstream_model,
                        "messages": inject(plan.messages, block)}

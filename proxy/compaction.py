@@ -74,13 +74,15 @@ class Turn:
         return self.counter.count_messages(pinned)
 
     def target(self, budget: int, ratio: float) -> int:
-        """Where a compaction lands, in ctxgate's count of the messages: what nothing can
-        remove (the tools schema, the memory block, the instructions and the task), plus
-        `ratio` of what the budget leaves beside it. For a small fixed part that is about
-        `ratio` of the budget; a large one still leaves the history room to grow before the
-        trigger, rather than a target no compaction can reach."""
+        """Where a compaction lands, in ctxgate's count of the messages. `ratio` of the budget
+        when what nothing can remove (the tools schema, the memory block, the instructions
+        and the task) is small; when it is large, that fixed part plus the same share of the
+        room it leaves below the trigger, so the history still has room to grow before the
+        next compaction rather than a target no compaction can reach."""
         fixed = self.pinned_tokens + self.outside_tokens()
-        return int(fixed + ratio * max(0, budget - fixed)) - self.outside_tokens()
+        trigger = self.config.trigger_ratio * budget
+        share = ratio / self.config.trigger_ratio
+        return int(max(ratio * budget, fixed + share * max(0.0, trigger - fixed))) - self.outside_tokens()
 
 
 @dataclass
@@ -90,6 +92,8 @@ class Plan:
     tokens_out: int
     levels: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
+    degraded: bool = False
+    """Made in the degraded mode (the loop guard was set): a refusal of it ends the turn."""
 
 
 def _apply_records(state: SessionState, turn: Turn) -> list[dict[str, Any]]:
@@ -220,10 +224,14 @@ class Compactor:
                 aim = max(cfg.target_ratio / 2, cfg.target_ratio - (cfg.trigger_ratio - ratio))
                 self.speculator.start(state, turn, view, turn.target(budget, aim))
             return Plan(messages=view, tokens_out=tokens - turn.count_offset)
+        _refuse_infeasible(state, turn)
         if state.has_attempted_reactive_compact:
+            # The loop guard: a compaction already ran without a successful reply since. Not a
+            # second ordinary compaction: the profile's degraded mode, or CONTEXT_EXHAUSTED.
+            if cfg.on_exhausted == "degrade":
+                return await self._degrade(state, turn, view, turn.target(budget, cfg.target_ratio))
             raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
                                     "compaction already ran without a successful reply since")
-        _refuse_infeasible(state, turn)
         if self.speculator is not None:
             await self.speculator.settle(state)
         adopted = self._adopt_speculative(state, turn, budget)
@@ -286,11 +294,16 @@ class Compactor:
         if not state.has_attempted_reactive_compact:
             return await self._compact(state, turn, previous.messages, target, "reactive"), False
         if turn.config.on_exhausted == "degrade" and not degraded:
-            config = turn.config.model_copy(update={"levels": ["autocompact"]})
-            degrade_turn = replace(turn, config=config)
-            return await self._compact(state, degrade_turn, previous.messages, target, "degrade"), True
+            return await self._degrade(state, turn, previous.messages, target), True
         raise context_exhausted(f"the upstream refused {previous.tokens_out} tokens as too long after a compaction "
                                 f"already ran: {upstream_message[:200]}")
+
+    async def _degrade(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> Plan:
+        """The spec's degraded mode: one forced Autocompact keeping only the newest messages."""
+        config = turn.config.model_copy(update={"levels": ["autocompact"]})
+        plan = await self._compact(state, replace(turn, config=config), view, target, "degrade")
+        plan.degraded = True
+        return plan
 
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
                        reason: Reason) -> Plan:
@@ -298,7 +311,9 @@ class Compactor:
         if not run.result.steps and reason == "proactive":
             # Nothing could be removed (all of it is pinned or recent): forwarded as it is, with
             # no record and the loop guard untouched, so the upstream's verdict can still be acted on.
-            state.collapse, state.breaker = run.collapse, run.breaker
+            # A fold that was not applied is forgotten (no checkpoint follows to keep it); a failed
+            # summary still counts towards the breaker.
+            state.breaker = run.breaker
             return Plan(messages=view, tokens_out=turn.counter.count_messages(view) + turn.fixed_tokens(),
                         hints=run.result.recovery_hints)
         # The loop guard: set by any compaction, reset only after a successful reply.

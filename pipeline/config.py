@@ -90,10 +90,10 @@ class PipelineConfig(_Strict):
     keeps the last 10; here no level touches them)."""
     recent_steps: int = Field(default=2, ge=0)
     """...and never fewer than this many complete steps (an action with its observation)."""
-    on_exhausted: Literal["error", "degrade"] = "degrade"
+    on_exhausted: Literal["error", "degrade"] = "error"
     """When a compaction already ran and the context still does not fit (the loop guard is
-    set): the spec's degraded mode for professional and enterprise (one forced Autocompact
-    keeping the newest 3 messages), or CONTEXT_EXHAUSTED (minimal)."""
+    set): CONTEXT_EXHAUSTED, or the spec's degraded mode (one forced Autocompact keeping the
+    newest 3 messages) before it."""
     pin_first_user: bool = True
     """Keep the task statement (the first user message, or the one after a SWE-agent
     demonstration) through every level."""
@@ -111,7 +111,7 @@ class PipelineConfig(_Strict):
 
 
 PROFILE_DEFAULTS: dict[str, dict] = {
-    "minimal": {"levels": ["snip"], "snip": {"keep_recent": 50}, "on_exhausted": "error"},
+    "minimal": {"levels": ["snip"], "snip": {"keep_recent": 50}},
     "professional": {},
     "enterprise": {"reserve_tokens": 1000},
 }

@@ -163,3 +163,30 @@ class RecentWindowCut:
         return level_result(self.level, request, out, (changed[0], changed[-1] + 1), watch, len(changed),
                             [f"microcompact: the recent window alone was over the budget; cut {len(changed)} "
                              "of its oldest tool outputs"])
+
+
+class LastObservationCut:
+    """What is left when even a request cut down to the turn in progress is over the budget:
+    its last message, if it is an observation (a tool's output, in any dialect), cut head and
+    tail to the room the rest leaves. The one exception to "the last message is never
+    changed": without it the provider refuses the turn, and the agent loses the whole output
+    rather than its middle. A last message that is not an observation is never cut."""
+    level = Level.MICROCOMPACT
+
+    def __init__(self, microcompact: MicrocompactStrategy) -> None:
+        self.microcompact = microcompact
+
+    async def compress(self, request: CompressionRequest) -> CompressionResult | None:
+        watch = Stopwatch()
+        messages, counter = request.messages, request.counter
+        last = len(messages) - 1
+        if last < 0 or request.conversation.kind(last) is not Kind.OBSERVATION:
+            return None
+        others = counter.count_messages(messages) - counter.count_structured(messages[last])
+        bare = counter.count_structured({**messages[last], "content": ""})
+        room = max(self.microcompact.config.min_threshold, request.token_budget - others - bare)
+        cut = self.microcompact.compact_message(messages[last], None, counter, threshold=room)
+        if cut is messages[last]:
+            return None
+        return level_result(self.level, request, [*messages[:last], cut], (last, last + 1), watch, 1,
+                            ["microcompact: the last observation alone did not fit; its middle was cut"])

@@ -19,6 +19,8 @@ from ..pipeline.chain import build_pipeline
 from ..pipeline.collapse import CollapseStore
 from ..pipeline.config import PipelineConfig
 from ..pipeline.fingerprint import message_fingerprint, prefix_hashes, tools_fingerprint
+from ..pipeline.conversation import Kind, read_conversation
+from ..pipeline.microcompact import LastObservationCut, MicrocompactStrategy
 from ..pipeline.protocols import PLAIN, detect_dialect
 from ..pipeline.restore import extract_working_state
 from ..pipeline.tokens import TokenCounter
@@ -132,6 +134,16 @@ def count_offset_key(model: str, tools: list[dict[str, Any]] | None) -> str:
     return f"{model}:{tools_fingerprint(tools)}"
 
 
+def _set_guard(state: SessionState, turn: Turn) -> None:
+    """The loop guard: set by any compaction, reset by a successful reply, and owned by the
+    request that set it. The same request again (a client retrying what was refused) meets
+    it set: no compaction, CONTEXT_EXHAUSTED at once, never a loop. A request with other
+    messages is a new turn of the agent, not a retry: it is compacted afresh, rather than
+    one refusal ending the session for good."""
+    state.has_attempted_reactive_compact = True
+    state.guard_request = turn.prefix_hashes[-1]
+
+
 def limit_of(state: SessionState, turn: Turn) -> int:
     """The context limit: the model's (or `X-Ctx-Budget`), or a smaller one the upstream reported."""
     limit = turn.max_input_tokens
@@ -147,9 +159,12 @@ def budget_of(state: SessionState, turn: Turn) -> int:
 def _refuse_infeasible(state: SessionState, turn: Turn) -> None:
     """No compaction can bring a request under the limit when what every level keeps (the
     leading instructions, the task statement and the last message) is over it alone: say so
-    before any upstream call, rather than forward what the provider will refuse."""
+    before any upstream call, rather than forward what the provider will refuse. A last
+    message that is an observation can still be cut (`LastObservationCut`)."""
     messages = turn.messages
-    essential = set(range(leading_instructions(messages))) | {len(messages) - 1}
+    essential = set(range(leading_instructions(messages)))
+    if read_conversation(messages, turn.dialect).kind(len(messages) - 1) is not Kind.OBSERVATION:
+        essential.add(len(messages) - 1)
     task = task_index(messages)
     if task is not None:
         essential.add(task)
@@ -186,11 +201,17 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     request = CompressionRequest(messages=view, token_budget=max(1, target), counter=turn.counter, reason=reason,
                                  dialect=turn.dialect, window=cfg.window())
     result = await pipeline.compact(request)
-    if result.tokens_after + turn.outside_tokens() > budget_of(state, turn):
+    hard = budget_of(state, turn) - turn.outside_tokens()
+    if result.tokens_after > hard:
         # The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
         # it verbatim would only forward a request the provider refuses. Only the turn in
-        # progress is kept whole then.
+        # progress is kept whole then; and if even that is over, its last observation is cut.
         result = await pipeline.compact(replace(request, window=RecentWindow(messages=1, steps=0)))
+        if result.tokens_after > hard and "microcompact" in cfg.levels:
+            cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
+                replace(request, messages=result.compressed_messages, token_budget=hard))
+            if cut is not None:
+                result = replace(cut, steps=result.steps + cut.steps, recovery_hints=result.recovery_hints + cut.recovery_hints)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
@@ -212,6 +233,8 @@ class Compactor:
             found = detect_dialect(turn.messages, task_index(turn.messages))
             state.dialect = "" if found == PLAIN else found
         turn.dialect = state.dialect or PLAIN
+        if state.has_attempted_reactive_compact and state.guard_request != turn.prefix_hashes[-1]:
+            state.has_attempted_reactive_compact = False  # a new turn, not a retry of the refused one
         if state.speculation and self.speculator is not None:
             self.speculator.resume(state, turn, lambda then: self._view(state, then)[0])
         view, tokens = self._view(state, turn)
@@ -226,8 +249,8 @@ class Compactor:
             return Plan(messages=view, tokens_out=tokens - turn.count_offset)
         _refuse_infeasible(state, turn)
         if state.has_attempted_reactive_compact:
-            # The loop guard: a compaction already ran without a successful reply since. Not a
-            # second ordinary compaction: the profile's degraded mode, or CONTEXT_EXHAUSTED.
+            # The loop guard: this very request was compacted already, without a successful
+            # reply since. Not a second ordinary compaction: the degraded mode, or CONTEXT_EXHAUSTED.
             if cfg.on_exhausted == "degrade":
                 return await self._degrade(state, turn, view, turn.target(budget, cfg.target_ratio))
             raise context_exhausted(f"the request needs {tokens} tokens of an effective budget of {budget}, and a "
@@ -274,7 +297,7 @@ class Compactor:
         state.log_compaction({"level": "speculative", "tokens_before": record.tokens_before,
                               "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time()})
         state.speculative = {}
-        state.has_attempted_reactive_compact = True  # a compaction was applied: the loop guard is set
+        _set_guard(state, turn)  # a compaction was applied
         return Plan(messages=view, tokens_out=tokens - turn.count_offset, levels=list(dict.fromkeys(record.levels)),
                     hints=["speculative: applied the compaction prepared in the background"])
 
@@ -316,8 +339,7 @@ class Compactor:
             state.breaker = run.breaker
             return Plan(messages=view, tokens_out=turn.counter.count_messages(view) + turn.fixed_tokens(),
                         hints=run.result.recovery_hints)
-        # The loop guard: set by any compaction, reset only after a successful reply.
-        state.has_attempted_reactive_compact = True
+        _set_guard(state, turn)
         state.collapse, state.breaker, state.working = run.collapse, run.breaker, run.working
         state.speculative = {}
         state.add_record(run.record)

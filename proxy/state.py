@@ -47,6 +47,8 @@ class SessionState:
     breaker: dict[str, Any] = field(default_factory=dict)
     working: dict[str, Any] = field(default_factory=dict)
     has_attempted_reactive_compact: bool = False
+    guard_request: str = ""
+    """The prefix hash of the request that set the loop guard (see `compaction._set_guard`)."""
     dialect: str = ""
     """The protocol the agent speaks (`pipeline.protocols.detect_dialect`), once detected."""
     learned_max_input_tokens: int | None = None

@@ -111,7 +111,7 @@ def test_replay_fails_without_ctxgate_and_completes_through_it(
     assert len(summaries) <= compaction_turns + 1, "one summary per compaction point (plus one speculative)"
 
 
-def test_overflowing_model_gets_context_exhausted_after_the_degraded_retry(limited: tuple[ScriptedUpstream, Gateway]) -> None:
+def test_overflowing_model_gets_context_exhausted_after_one_retry(limited: tuple[ScriptedUpstream, Gateway]) -> None:
     upstream, gw = limited
     upstream.limit = 0
     upstream.reset()
@@ -124,7 +124,7 @@ def test_overflowing_model_gets_context_exhausted_after_the_degraded_retry(limit
     assert body["code"] == "context_exhausted"
     assert body["message"].startswith("CONTEXT_EXHAUSTED")
     calls = [r for r in upstream.chats() if r.body and r.body.get("model") == "overflow"]
-    assert len(calls) <= 3, "one try, one reactive retry and one in the degraded mode, never a loop"
+    assert len(calls) <= 2, "one try and one reactive retry, never a loop"
 
 
 def test_compacted_prefix_is_reapplied_byte_identically(limited: tuple[ScriptedUpstream, Gateway],

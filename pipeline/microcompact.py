@@ -151,8 +151,9 @@ class RecentWindowCut:
             if total <= request.token_budget:
                 break
             before = counter.count_structured(out[i])
+            content = before - counter.count_structured({**out[i], "content": ""})  # thresholds are on the text
             threshold = self.microcompact.threshold_for(tool_name, in_step)
-            threshold = min(threshold, max(floor, before - (total - request.token_budget)))
+            threshold = min(threshold, max(floor, content - (total - request.token_budget)))
             cut = self.microcompact.compact_message(out[i], tool_name, counter, in_step, threshold)
             if cut is not out[i]:
                 out[i] = cut

@@ -239,9 +239,12 @@ class Compactor:
             self.speculator.resume(state, turn, lambda then: self._view(state, then)[0])
         view, tokens = self._view(state, turn)
         cfg = turn.config
-        if tokens <= cfg.trigger_ratio * budget:
+        retried = bool(state.records) and state.records[-1].prefix_hash == turn.prefix_hashes[-1]
+        if tokens <= cfg.trigger_ratio * budget or retried:
+            # Under the trigger; or exactly the request compacted last (a client's retry):
+            # forwarded as compacted then, over the trigger or not, with no second compaction.
             ratio = cfg.autocompact.speculative_ratio
-            if ratio is not None and tokens > ratio * budget and self.speculator is not None:
+            if ratio is not None and tokens > ratio * budget and self.speculator is not None and not retried:
                 # Adopted turns later with what arrived since on top: it aims lower by the growth
                 # from the watermark to the trigger, to leave the room a compaction then would.
                 aim = max(cfg.target_ratio / 2, cfg.target_ratio - (cfg.trigger_ratio - ratio))

@@ -22,6 +22,8 @@ run: $(VENV)/.installed
 	$(BIN)/ctxgate serve $(ARGS)
 
 test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(ARGS)
 
 bench: $(VENV)/.installed-dev

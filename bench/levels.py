@@ -111,7 +111,8 @@ def main() -> None:
             affected = sum(s.messages_affected for s in result.steps)
             did = (f"{lv}: {affected} messages affected, {size:,} → {result.tokens_after:,} tokens, "
                    f"fits={result.fits}")
-        rows.append([name, f"{med:.1f}", f"{p95:.1f}", f"{lo:.1f}", f"{common.median(cpu):.1f}", spec, f"{probe.tokens / size:.1f}×", did])
+        rows.append([name, f"{med:.1f}", f"{p95:.1f}", f"{lo:.1f}", f"{common.median(cpu):.1f}", spec,
+                     f"{probe.tokens / size:.1f}×", did])
         common.progress(f"  {name}: median {med:.1f} ms (p95 {p95:.1f}, min {lo:.1f}); "
                         f"encoded {probe.tokens / size:.1f}× the history; {did}")
     loop.close()

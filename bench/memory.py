@@ -185,7 +185,8 @@ def report(args: argparse.Namespace, results: list[dict[str, object]]) -> str:
             + "What a turn pays: while the tenant's memory is unchanged the session's block is reused and the "
               "loader costs one `store.version()` (*steady turn*); a search (*warm*, or *cold* right after a "
               "write) runs when memory changed or a session starts.\n\n"
-            + common.table(["backend", "steady turn p50 / p99 ms", "warm search p50 / p99 ms", "cold after a write p50 / p99 ms",
+            + common.table(["backend", "steady turn p50 / p99 ms", "warm search p50 / p99 ms",
+                            "cold after a write p50 / p99 ms",
                             "put with the store full p50 / p99 ms", "fill s"], rows)
             + "\n")
 

@@ -246,7 +246,7 @@ def fmt(x: float, digits: int = 2) -> str:
 
 def summarise(sc: Scenario, targets: list[Target], samples: dict[str, list[Sample]]) -> tuple[str, dict[str, dict]]:
     direct = [s.ms for s in samples["direct"]]
-    d50, d95 = common.pct(direct, 0.5), common.pct(direct, 0.95)
+    d50 = common.pct(direct, 0.5)
     rows, stats = [], {}
     cold = dict(zip([t.name for t in targets], samples["_cold"]))
     for t in targets:

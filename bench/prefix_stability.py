@@ -32,7 +32,7 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.pipeline.turns import leading_instructions, task_index
-from turn_replay import Message, Replay, agent_turns, replay
+from turn_replay import Message, agent_turns, replay
 
 TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"
 RATIOS = (0.50, 0.25)
@@ -95,7 +95,8 @@ def describe_break(a: list[Message], b: list[Message]) -> str:
 
     x, y = a[k], b[k]
     if x.get("role") == y.get("role") and x.get("tool_call_id") == y.get("tool_call_id") and x.get("role") != "system":
-        return f"message {k} ({kind(x)}) changed in place: {len(str(x.get('content')))} -> {len(str(y.get('content')))} chars"
+        return (f"message {k} ({kind(x)}) changed in place: "
+                f"{len(str(x.get('content')))} -> {len(str(y.get('content')))} chars")
     return f"message {k}: {kind(x)} -> {kind(y)}"
 
 
@@ -204,7 +205,8 @@ def results() -> int:
                                "requests over budget"], rows))
     lines.append("")
     lines.append(
-        f"Speculative Autocompact, the same replays at 50% ({len(runs)}): the summary now takes {SUMMARY_S * 1000:.0f} ms, and the "
+        f"Speculative Autocompact, the same replays at 50% ({len(runs)}): "
+        f"the summary now takes {SUMMARY_S * 1000:.0f} ms, and the "
         f"upstream {UPSTREAM_S * 1000:.0f} ms per reply (slept only while a background compaction runs). Time in "
         "`Compactor.prepare` per turn, median ms; a compaction point with speculation off waits for the summary, "
         "with it on the summary was made during an earlier turn's upstream time.\n")

@@ -49,7 +49,8 @@ class Replay:
     @property
     def breaks(self) -> list[tuple[Forwarded, Forwarded]]:
         """Consecutive requests a, b where b does not start with a."""
-        return [(a, b) for a, b in zip(self.forwarded, self.forwarded[1:]) if b.messages[:len(a.messages)] != a.messages]
+        return [(a, b) for a, b in zip(self.forwarded, self.forwarded[1:])
+                if b.messages[:len(a.messages)] != a.messages]
 
     @property
     def points(self) -> int:

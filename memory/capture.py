@@ -21,12 +21,16 @@ from .short_term import Candidate
 Truncate = Callable[[str, int], str]
 
 _PREFERENCE = re.compile(
-    r"(?i)\b(i (?:always |really )?prefer|i(?:'d| would) (?:rather|like you to)|please always|always (?:use|answer|write|reply|respond)|"
-    r"never (?:use|answer|write|reply)|from now on|my (?:preferred|favourite|favorite)|i like (?:my|it when)|call me)\b[^.\n!?]*[.!?]?")
+    r"(?i)\b(i (?:always |really )?prefer|i(?:'d| would) (?:rather|like you to)|please always|"
+    r"always (?:use|answer|write|reply|respond)|"
+    r"never (?:use|answer|write|reply)|from now on|my (?:preferred|favourite|favorite)|i like (?:my|it when)|"
+    r"call me)\b[^.\n!?]*[.!?]?")
 _CORRECTION = re.compile(
     r"(?i)\b(no,? (?:use|do|don't|not)|don't use|do not use|instead of|rather than|that's wrong|that is wrong|"
-    r"not what i (?:asked|wanted)|you should(?:n't| not)? have|stop (?:using|doing)|wrong (?:tool|approach|file))\b[^\n]*")
-_CODE_STYLE = re.compile(r"(?i)\b(style|format|indent|naming|pep ?8|camel|snake|type hints?|docstring|lint|black|prettier|quotes?)\b")
+    r"not what i (?:asked|wanted)|you should(?:n't| not)? have|stop (?:using|doing)|"
+    r"wrong (?:tool|approach|file))\b[^\n]*")
+_CODE_STYLE = re.compile(r"(?i)\b(style|format|indent|naming|pep ?8|camel|snake|type hints?|docstring|lint|black|"
+                         r"prettier|quotes?)\b")
 _APPROACH = re.compile(r"(?i)\b(approach|instead|async|sync|design|architecture|pattern|algorithm)\b")
 _FETCH_TOOL = re.compile(r"(?i)fetch|browse|browser|web|http|curl|wget|url|read_url|search_docs")
 _URL = re.compile(r"https?://[^\s\"'<>)]+")
@@ -79,7 +83,8 @@ def _from_user(messages: list[dict[str, Any]], i: int, text: str, at: float) -> 
     head = text[:4000]
     for match in _PREFERENCE.finditer(head):
         sentence = match.group(0).strip()
-        out.append(Candidate(Category.USER, sentence, {"preferences": {"statement": sentence}, "source": "user message"},
+        out.append(Candidate(Category.USER, sentence,
+                             {"preferences": {"statement": sentence}, "source": "user message"},
                              at))
     correction = _CORRECTION.search(head)
     if correction and i > 0:
@@ -173,7 +178,8 @@ def _listing(text: str) -> list[str]:
     return [n[len(root):].lstrip("/") or n for n in names] if root and root != "/" else names
 
 
-_WORKSPACE = re.compile(r"(?<![\w.])(/(?:workspace|testbed|repo|repos|project|projects|src|app|code)(?:/[\w.@+-]+)?)(?=[/\s'\"`.,:;)]|$)")
+_WORKSPACE = re.compile(r"(?<![\w.])(/(?:workspace|testbed|repo|repos|project|projects|src|app|code)(?:/[\w.@+-]+)?)"
+                        r"(?=[/\s'\"`.,:;)]|$)")
 
 
 def workspace_root(messages: list[dict[str, Any]]) -> str | None:

@@ -8,6 +8,7 @@ per-tenant view rebuilt only when a file changed (its mtime and size).
 from __future__ import annotations
 
 import asyncio
+import builtins
 from pathlib import Path
 
 import orjson
@@ -99,13 +100,14 @@ class FileMemoryStore:
             return False
         return await self._change(tenant, entry.category, lambda entries: entries.pop(entry_id, None) is not None)
 
-    async def list(self, tenant: str, category: Category | None = None, now: float | None = None) -> list[MemoryEntry]:
+    async def list(self, tenant: str, category: Category | None = None,
+                   now: float | None = None) -> builtins.list[MemoryEntry]:
         entries = self._view(tenant).entries.values()
         return sorted((e for e in entries if (category is None or e.category == category)
                        and (now is None or not e.expired(now))), key=lambda e: (e.created_at, e.id))
 
     async def search(self, tenant: str, query: str, categories: tuple[Category, ...], user: str | None,
-                     project: str | None, limit: int, now: float) -> list[tuple[MemoryEntry, float]]:
+                     project: str | None, limit: int, now: float) -> builtins.list[tuple[MemoryEntry, float]]:
         return self._view(tenant).search(query, categories, user, project, limit, now)
 
     async def version(self, tenant: str) -> int:

@@ -31,7 +31,8 @@ class TenantView:
             for e, owner, where, expires in self._rows.get(category, ()):
                 if expires is not None and expires <= now:
                     continue
-                if (by_user and owner is not None and owner != user) or (scoped and where is not None and where != project):
+                if ((by_user and owner is not None and owner != user)
+                        or (scoped and where is not None and where != project)):
                     continue
                 found.append((e, scores.get(e.id, 0.0)))
         found.sort(key=lambda pair: (-pair[1], -pair[0].updated_at, pair[0].id))

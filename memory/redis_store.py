@@ -20,6 +20,7 @@ raise `redis.exceptions.ConnectionError` or `redis.exceptions.TimeoutError` (bot
 from __future__ import annotations
 
 import asyncio
+import builtins
 
 import orjson
 import redis.asyncio as redis
@@ -121,13 +122,14 @@ class RedisMemoryStore:
     async def delete(self, tenant: str, entry_id: str) -> bool:
         return bool(await self._delete(keys=self._keys(tenant), args=[entry_id]))
 
-    async def list(self, tenant: str, category: Category | None = None, now: float | None = None) -> list[MemoryEntry]:
+    async def list(self, tenant: str, category: Category | None = None,
+                   now: float | None = None) -> builtins.list[MemoryEntry]:
         entries = (await self._view(tenant)).entries.values()
         return sorted((e for e in entries if (category is None or e.category == category)
                        and (now is None or not e.expired(now))), key=lambda e: (e.created_at, e.id))
 
     async def search(self, tenant: str, query: str, categories: tuple[Category, ...], user: str | None,
-                     project: str | None, limit: int, now: float) -> list[tuple[MemoryEntry, float]]:
+                     project: str | None, limit: int, now: float) -> builtins.list[tuple[MemoryEntry, float]]:
         return (await self._view(tenant)).search(query, categories, user, project, limit, now)
 
     async def version(self, tenant: str) -> int:

@@ -6,6 +6,7 @@ byte-identical until then (the provider's prompt cache keeps hitting).
 """
 from __future__ import annotations
 
+import builtins
 from typing import Protocol
 
 from .entries import Category, MemoryEntry
@@ -19,11 +20,12 @@ class LongTermStore(Protocol):
 
     async def delete(self, tenant: str, entry_id: str) -> bool: ...
 
-    async def list(self, tenant: str, category: Category | None = None, now: float | None = None) -> list[MemoryEntry]:
+    async def list(self, tenant: str, category: Category | None = None,
+                   now: float | None = None) -> builtins.list[MemoryEntry]:
         """The tenant's entries (of one category), expired ones left out when `now` is given."""
 
     async def search(self, tenant: str, query: str, categories: tuple[Category, ...], user: str | None,
-                     project: str | None, limit: int, now: float) -> list[tuple[MemoryEntry, float]]:
+                     project: str | None, limit: int, now: float) -> builtins.list[tuple[MemoryEntry, float]]:
         """The entries visible to (user, project), most relevant to `query` first, with scores."""
 
     async def version(self, tenant: str) -> int: ...

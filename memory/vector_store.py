@@ -20,6 +20,7 @@ transport error); the embedding callable raises whatever its provider raises.
 """
 from __future__ import annotations
 
+import builtins
 import secrets
 import uuid
 from pathlib import Path
@@ -150,7 +151,8 @@ class QdrantMemoryStore:
             if offset is None:
                 return records
 
-    async def list(self, tenant: str, category: Category | None = None, now: float | None = None) -> list[MemoryEntry]:
+    async def list(self, tenant: str, category: Category | None = None,
+                   now: float | None = None) -> builtins.list[MemoryEntry]:
         must: list[Any] = [_match("tenant", tenant)] + ([] if now is None else [_lasting(now)])
         out = []
         for _, name in await self._existing(tuple(Category) if category is None else (category,)):
@@ -159,7 +161,7 @@ class QdrantMemoryStore:
         return sorted(out, key=lambda e: (e.created_at, e.id))
 
     async def search(self, tenant: str, query: str, categories: tuple[Category, ...], user: str | None,
-                     project: str | None, limit: int, now: float) -> list[tuple[MemoryEntry, float]]:
+                     project: str | None, limit: int, now: float) -> builtins.list[tuple[MemoryEntry, float]]:
         """Nearest entries by cosine similarity, per category collection, merged."""
         collections = await self._existing(categories)
         if not collections or limit <= 0:
@@ -188,13 +190,14 @@ class QdrantMemoryStore:
         expired = models.FieldCondition(key="expires_at", range=models.Range(lte=now))
         removed = 0
         for _, name in await self._existing():
-            flt = models.Filter(must=[_match("tenant", tenant), expired])
+            must: list[models.Condition] = [_match("tenant", tenant), expired]
+            flt = models.Filter(must=must)
             ids = [r.id for r in await self._scroll(name, flt)]
             if ids:
                 # Deleted by ids *and* the expiry condition: an entry replaced meanwhile by a
                 # lasting one stays.
                 await self._client.delete(name, points_selector=models.FilterSelector(filter=models.Filter(
-                    must=[models.HasIdCondition(has_id=ids), *flt.must])))
+                    must=[models.HasIdCondition(has_id=ids), *must])))
                 removed += len(ids)
         if removed:
             await self._bump(tenant)

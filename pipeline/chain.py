@@ -24,7 +24,8 @@ class PipelineParts:
     """What a strategy may need besides its own settings."""
 
     def __init__(self, config: PipelineConfig, collapse_store: CollapseStore, breaker: AutocompactBreaker,
-                 summarize: Summarize | None, effective_budget: int, precomputed: dict[str, dict[str, Any]] | None) -> None:
+                 summarize: Summarize | None, effective_budget: int,
+                 precomputed: dict[str, dict[str, Any]] | None) -> None:
         self.config = config
         self.collapse_store = collapse_store
         self.breaker = breaker

@@ -188,6 +188,6 @@ class CollapseStrategy:
         if len(projected) == len(request.messages):
             return None
         changed = [i for i, fp in enumerate(original) if fp in self.store.entries]
-        span = (changed[0], changed[-1] + 1) if changed else (0, 0)
-        return level_result(self.level, request, projected, span, watch, len(request.messages) - len(projected),
+        changed_span = (changed[0], changed[-1] + 1) if changed else (0, 0)
+        return level_result(self.level, request, projected, changed_span, watch, len(request.messages) - len(projected),
                             [f"collapse: folded {len(request.messages) - len(projected)} messages"])

@@ -76,9 +76,12 @@ class RestoreConfig(_Strict):
     skill_tools: list[str] = Field(default_factory=lambda: ["Skill", "skill", "load_skill", "use_skill"])
 
 
+_Level = Literal["snip", "microcompact", "collapse", "autocompact"]
+_ALL_LEVELS: tuple[_Level, ...] = ("snip", "microcompact", "collapse", "autocompact")
+
+
 class PipelineConfig(_Strict):
-    levels: list[Literal["snip", "microcompact", "collapse", "autocompact"]] = Field(
-        default_factory=lambda: ["snip", "microcompact", "collapse", "autocompact"])
+    levels: list[_Level] = Field(default_factory=lambda: list(_ALL_LEVELS))
     safety_ratio: float = 0.95
     """effectiveBudget = max_input_tokens x safety_ratio - reserve_tokens."""
     reserve_tokens: int = 0

@@ -146,7 +146,8 @@ class RecentWindowCut:
         changed: list[int] = []
         last = len(out) - 1
         floor = self.microcompact.config.min_threshold
-        protected = shape.pinned | {newest_user_index(out)}  # the newest user message is never compressed
+        newest = newest_user_index(out)  # the newest user message is never compressed
+        protected = shape.pinned | ({newest} if newest is not None else set())
         for i, tool_name, in_step in self.microcompact.candidates(conversation, shape.tail, last, protected):
             if total <= request.token_budget:
                 break

@@ -118,7 +118,8 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
             result = answer.output if answer is not None else ""
             for path in action.paths:  # every file an action names is one the agent works on
                 _touch(files, path)
-            if action.paths and (_matches(action.tool, config.read_tools) or _matches(action.program, config.read_tools)):
+            if action.paths and (_matches(action.tool, config.read_tools)
+                                 or _matches(action.program, config.read_tools)):
                 path = _touch(files, action.paths[0])
                 written = next((action.arguments[k] for k in _CONTENT_KEYS
                                 if isinstance(action.arguments.get(k), str)), None)

@@ -92,7 +92,9 @@ class HuggingFaceEncoder:
         if path.is_file():
             tok = PreTrainedTokenizerFast(tokenizer_file=str(path))
         else:
-            tok = AutoTokenizer.from_pretrained(str(path) if path.is_dir() else source, local_files_only=True)
+            # Typed as fast-or-SentencePiece; only a fast (Rust-backed) tokenizer has the backend_tokenizer used below.
+            tok = AutoTokenizer.from_pretrained(  # type: ignore[assignment]
+                str(path) if path.is_dir() else source, local_files_only=True)
         # The Rust tokenizer underneath: same ids, without transformers' per-call overhead.
         self._tok = tok.backend_tokenizer
 
@@ -322,7 +324,8 @@ class TokenizerRegistry:
         kind, _, arg = spec.partition(":")
         if kind == "tiktoken":
             if arg not in _BUNDLED_ENCODINGS:
-                raise ValueError(f"tiktoken encoding {arg!r} is not bundled offline (have {', '.join(_BUNDLED_ENCODINGS)})")
+                raise ValueError(f"tiktoken encoding {arg!r} is not bundled offline"
+                                 f" (have {', '.join(_BUNDLED_ENCODINGS)})")
             made = TokenCounter(spec, TiktokenEncoder(arg))
         elif kind == "hf":
             made = TokenCounter(spec, HuggingFaceEncoder(arg))

@@ -38,7 +38,8 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return ApiError(e.status, e.reason or "request failed", code="not_found" if e.status == 404 else None).response()
+        return ApiError(e.status, e.reason or "request failed",
+                        code="not_found" if e.status == 404 else None).response()
     except (ConnectionResetError, OSError) as e:
         if request.transport is None or request.transport.is_closing():
             raise
@@ -62,7 +63,8 @@ async def readyz(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     created = int(request.app["started"])
-    data = [{"id": name, "object": "model", "created": created, "owned_by": "ctxgate"} for name in gw.router.model_names()]
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "ctxgate"}
+            for name in gw.router.model_names()]
     return _json({"object": "list", "data": data})
 
 

@@ -116,7 +116,8 @@ class ChatHandler:
                 async with gw.sessions.lock(caller.tenant, session_id):
                     state = await gw.load_session(caller.tenant, session_id)
                     try:
-                        plan, degraded = await gw.compactor.reactive(state, turn, plan, e.body["error"]["message"], degraded)
+                        plan, degraded = await gw.compactor.reactive(state, turn, plan, e.body["error"]["message"],
+                                                                     degraded)
                     finally:
                         guard_set = state.has_attempted_reactive_compact
                         try:
@@ -134,7 +135,8 @@ class ChatHandler:
             headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
             facts = reply_facts(reply.body)
             await _uncancellable(self._after_reply(done, reply, reply.body or b"", facts, overhead))
-            return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type, **headers})
+            return web.Response(status=reply.status, body=reply.body,
+                                headers={"Content-Type": reply.content_type, **headers})
         return await self._stream(request, reply, done, started, upstream_ms)
 
     async def _memory_block(self, state: SessionState, scope: MemoryScope, turn: Turn) -> str:
@@ -152,6 +154,7 @@ class ChatHandler:
 
     async def _stream(self, request: web.Request, reply: Reply, done: "_Done", started: float,
                       upstream_ms: float) -> web.StreamResponse:
+        assert reply.chunks is not None  # _turn answers a reply without chunks itself
         overhead = (time.perf_counter() - started) * 1000 - upstream_ms
         done.headers["X-Ctx-Overhead-Ms"] = f"{max(0.0, overhead):.2f}"
         response = web.StreamResponse(status=reply.status, headers={

@@ -211,7 +211,8 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
             cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
                 replace(request, messages=result.compressed_messages, token_budget=hard))
             if cut is not None:
-                result = replace(cut, steps=result.steps + cut.steps, recovery_hints=result.recovery_hints + cut.recovery_hints)
+                result = replace(cut, steps=result.steps + cut.steps,
+                                 recovery_hints=result.recovery_hints + cut.recovery_hints)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],

@@ -20,6 +20,7 @@ from .ids import validate_id
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
 Override = Literal["profile", "budget"]
+_ALL_OVERRIDES: tuple[Override, ...] = ("profile", "budget")
 
 
 class ConfigError(Exception):
@@ -55,7 +56,7 @@ class TenantConfig(_Strict):
     profile: ProfileName | None = None
     budget: int | None = Field(default=None, gt=0)
     """max_input_tokens for this tenant's requests (otherwise the model's own limit)."""
-    allow_overrides: list[Override] = Field(default_factory=lambda: ["profile", "budget"])
+    allow_overrides: list[Override] = Field(default_factory=lambda: list(_ALL_OVERRIDES))
     pass_through_key: bool = False
     """Send the tenant's own bearer key upstream instead of the configured upstream key."""
     pipeline: dict[str, Any] = Field(default_factory=dict)

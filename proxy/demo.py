@@ -25,7 +25,8 @@ class DemoForwarder:
         usage = {"prompt_tokens": 0, "completion_tokens": len(text.split()), "total_tokens": len(text.split())}
         if not stream:
             body = {"id": rid, "object": "chat.completion", "created": created, "model": route.model_name,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": "stop"}],
                     "usage": usage}
             return Reply(status=200, content_type="application/json", body=orjson.dumps(body))
         include_usage = bool((payload.get("stream_options") or {}).get("include_usage"))

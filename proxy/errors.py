@@ -44,7 +44,8 @@ def upstream_error_object(status: int, payload: Any, fallback: str) -> dict[str,
     """The upstream's own error object when it has one, else one in OpenAI's shape."""
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         err = payload["error"]
-        return {"error": {"message": str(err.get("message") or fallback), "type": err.get("type") or _TYPES.get(status, "api_error"),
-                          "param": err.get("param"), "code": err.get("code"), **{k: v for k, v in err.items()
-                                                                                  if k not in ("message", "type", "param", "code")}}}
+        return {"error": {"message": str(err.get("message") or fallback),
+                          "type": err.get("type") or _TYPES.get(status, "api_error"),
+                          "param": err.get("param"), "code": err.get("code"),
+                          **{k: v for k, v in err.items() if k not in ("message", "type", "param", "code")}}}
     return ApiError(status, fallback).body()

@@ -42,7 +42,7 @@ class StoredReply:
         return orjson.dumps({**asdict(self), "body": base64.b64encode(self.body).decode()})
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "StoredReply":
+    def from_bytes(cls, raw: bytes | str) -> "StoredReply":
         data = orjson.loads(raw)
         data["body"] = base64.b64decode(data["body"])
         return cls(**data)
@@ -63,6 +63,7 @@ def request_hash(body: dict[str, Any]) -> str:
 
 
 class IdempotencyStore(Protocol):
+    in_flight: _InFlight
     async def get(self, tenant: str, key: str) -> StoredReply | None: ...
     async def put(self, tenant: str, key: str, reply: StoredReply) -> None: ...
 

@@ -16,9 +16,9 @@ from ..memory.store import LongTermStore
 from .errors import ApiError
 from .gateway import Gateway
 from .state import reachable
+from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate.memory")
-from .tenancy import resolve_caller
 
 MAX_CONTENT_CHARS = 20_000
 
@@ -71,7 +71,8 @@ def _store_reachable() -> Iterator[None]:
         raise
     except Exception as e:
         log.exception("memory store call failed")
-        raise ApiError(503, f"the memory store is unavailable ({type(e).__name__})", code="memory_unavailable") from None
+        raise ApiError(503, f"the memory store is unavailable ({type(e).__name__})",
+                       code="memory_unavailable") from None
 
 
 def _public(entry: MemoryEntry) -> dict[str, Any]:

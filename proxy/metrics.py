@@ -29,13 +29,17 @@ class CalibrationFigures:
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("ctxgate_requests", "Chat requests by outcome", ["model", "status"], registry=self.registry)
+        self.requests = Counter("ctxgate_requests", "Chat requests by outcome", ["model", "status"],
+                                registry=self.registry)
         self.estimated = Counter("ctxgate_token_estimates", "Requests counted with the conservative estimate (no "
                                  "known tokenizer)", ["model"], registry=self.registry)
-        self.compactions = Counter("ctxgate_compactions", "Compaction steps by level", ["level"], registry=self.registry)
-        self.tokens_saved = Counter("ctxgate_tokens_saved", "Tokens removed by compaction", ["level"], registry=self.registry)
+        self.compactions = Counter("ctxgate_compactions", "Compaction steps by level", ["level"],
+                                   registry=self.registry)
+        self.tokens_saved = Counter("ctxgate_tokens_saved", "Tokens removed by compaction", ["level"],
+                                    registry=self.registry)
         self.calibration_diff = Histogram("ctxgate_calibration_diff_tokens", "upstream prompt_tokens minus ctxgate's "
-                                          "count", ["model"], buckets=(-1000, -100, -20, -5, -1, 0, 1, 5, 20, 100, 1000),
+                                          "count", ["model"],
+                                          buckets=(-1000, -100, -20, -5, -1, 0, 1, 5, 20, 100, 1000),
                                           registry=self.registry)
         self.overhead = Histogram("ctxgate_overhead_ms", "Time spent in ctxgate per request, upstream excluded",
                                   buckets=(0.5, 1, 2, 5, 10, 20, 50, 100, 500), registry=self.registry)

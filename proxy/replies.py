@@ -84,7 +84,8 @@ class SseReply:
                     if not isinstance(part, dict):
                         continue
                     call = merged.setdefault(int(part.get("index") or 0),
-                                             {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                                             {"id": None, "type": "function",
+                                              "function": {"name": "", "arguments": ""}})
                     call["id"] = part.get("id") or call["id"]
                     fn = part.get("function") or {}
                     call["function"]["name"] += fn.get("name") or ""

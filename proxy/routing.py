@@ -78,7 +78,8 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
         upstream_model, provider, dynamic_key, resolved_base = litellm.get_llm_provider(
             model=lp["model"], custom_llm_provider=lp.get("custom_llm_provider"), api_base=api_base)
     except Exception as e:
-        raise ApiError(400, f"model_list entry {entry.model_name!r}: litellm cannot route {lp['model']!r}: {e}") from None
+        raise ApiError(400, f"model_list entry {entry.model_name!r}: "
+                            f"litellm cannot route {lp['model']!r}: {e}") from None
     api_base = api_base or resolved_base
     api_key = lp.get("api_key") or dynamic_key
     if provider == "openai":
@@ -86,7 +87,8 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
         api_key = api_key or os.environ.get("OPENAI_API_KEY")
     limit, source = _max_input_tokens(entry, upstream_model, provider, config.ctxgate.default_max_input_tokens)
     if source == "default":
-        log.warning("no context limit known for %s; using %d (set model_info.max_input_tokens)", entry.model_name, limit)
+        log.warning("no context limit known for %s; using %d (set model_info.max_input_tokens)",
+                    entry.model_name, limit)
     direct = forwarding == "auto" and provider in OPENAI_COMPATIBLE and bool(api_base)
     return Route(model_name=entry.model_name, litellm_params=lp, provider=provider, upstream_model=upstream_model,
                  api_base=api_base.rstrip("/") if api_base else None, api_key=api_key, max_input_tokens=limit,

@@ -106,7 +106,7 @@ class SessionState:
         return orjson.dumps(asdict(self))
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "SessionState":
+    def from_bytes(cls, raw: bytes | str) -> "SessionState":
         return cls.from_dict(orjson.loads(raw))
 
 

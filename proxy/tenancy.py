@@ -58,7 +58,7 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
         except InvalidId as e:
             raise ApiError(400, f"X-Ctx-Tenant: {e}", param="X-Ctx-Tenant", code="invalid_tenant") from None
     tcfg = config.ctxgate.tenants.get(tenant) or TenantConfig()
-    profile = tcfg.profile or config.ctxgate.profile
+    profile: str = tcfg.profile or config.ctxgate.profile
     budget = tcfg.budget
     if (raw := headers.get("X-Ctx-Profile")) is not None:
         _allowed(tcfg, "profile", tenant)

@@ -103,7 +103,8 @@ class DirectForwarder:
             except asyncio.TimeoutError:
                 raise ApiError(504, f"upstream {route.api_base} timed out mid-reply", code="upstream_timeout") from None
             except aiohttp.ClientError as e:
-                raise ApiError(502, f"upstream {route.api_base} broke off its reply: {e}", code="upstream_unreachable") from None
+                raise ApiError(502, f"upstream {route.api_base} broke off its reply: {e}",
+                               code="upstream_unreachable") from None
             finally:
                 resp.release()
             elapsed = (time.perf_counter() - started) * 1000
@@ -112,7 +113,8 @@ class DirectForwarder:
                     parsed = orjson.loads(raw)
                 except orjson.JSONDecodeError:
                     parsed = None
-                raise_for_error(resp.status, parsed, raw[:500].decode("utf-8", "replace") or f"upstream HTTP {resp.status}")
+                raise_for_error(resp.status, parsed,
+                                raw[:500].decode("utf-8", "replace") or f"upstream HTTP {resp.status}")
             return Reply(status=resp.status, content_type=ctype, body=raw, upstream_ms=elapsed)
         return Reply(status=resp.status, content_type=ctype, chunks=_sse_bytes(resp),
                      upstream_ms=(time.perf_counter() - started) * 1000, close=resp.release)
@@ -181,7 +183,8 @@ class LitellmForwarder:
         if not stream:
             return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
                          upstream_ms=elapsed)
-        return Reply(status=200, content_type="text/event-stream", chunks=_litellm_sse(result, route), upstream_ms=elapsed)
+        return Reply(status=200, content_type="text/event-stream", chunks=_litellm_sse(result, route),
+                     upstream_ms=elapsed)
 
     async def close(self) -> None:
         return None

@@ -37,7 +37,8 @@ def post(gw: Gateway, body: Any = None, *, raw: bytes | None = None, headers: di
     """POST a body (JSON-encoded, or `raw` bytes as they are) and read the whole answer."""
     sent = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
             **(headers or {})}
-    return httpx.post(gw.base + path, content=raw if raw is not None else json.dumps(body).encode(), headers=sent, timeout=30)
+    return httpx.post(gw.base + path, content=raw if raw is not None else json.dumps(body).encode(), headers=sent,
+                      timeout=30)
 
 
 def reference_tokens(messages: list[dict[str, Any]]) -> int:

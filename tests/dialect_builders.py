@@ -300,7 +300,8 @@ OPENHANDS_SYSTEM = """You are OpenHands agent, a helpful AI assistant that can i
 
 <ROLE>
 Your primary role is to assist users by executing commands, modifying code, and solving technical problems effectively.
-* If the user asks a question, like "why is X happening", don't try to fix the problem. Just give an answer to the question.
+* If the user asks a question, like "why is X happening", don't try to fix the problem. \
+Just give an answer to the question.
 </ROLE>
 
 <EFFICIENCY>
@@ -338,9 +339,11 @@ Parameters:
 ---- BEGIN FUNCTION #2: str_replace_editor ----
 Description: Custom editing tool for viewing, creating and editing files in plain-text format
 Parameters:
-  (1) command (string, required): The commands to run. Allowed options are: `view`, `create`, `str_replace`, `insert`, `undo_edit`.
+  (1) command (string, required): The commands to run. \
+Allowed options are: `view`, `create`, `str_replace`, `insert`, `undo_edit`.
   (2) path (string, required): Absolute path to file or directory, e.g. `/workspace/file.py` or `/workspace`.
-  (3) old_str (string, optional): Required parameter of `str_replace` command containing the string in `path` to replace.
+  (3) old_str (string, optional): \
+Required parameter of `str_replace` command containing the string in `path` to replace.
   (4) new_str (string, optional): Optional parameter of `str_replace` command containing the new string.
 ---- END FUNCTION #2 ----
 
@@ -441,14 +444,16 @@ def _openhands_text(steps: list[Step], root: str) -> list[tuple[Message, str]]:
     return out
 
 
-SWE_SYSTEM = """SETTING: You are an autonomous programmer, and you're working directly in the command line with a special interface.
+SWE_SYSTEM = """SETTING: You are an autonomous programmer, \
+and you're working directly in the command line with a special interface.
 
 The special interface consists of a file editor that shows you 100 lines of a file at a time.
 In addition to typical bash commands, you can also use the following commands to help you navigate and edit files.
 
 COMMANDS:
 open:
-  docstring: opens the file at the given path in the editor. If line_number is provided, the window will be move to include that line
+  docstring: opens the file at the given path in the editor. \
+If line_number is provided, the window will be move to include that line
   signature: open <path> [<line_number>]
 
 goto:
@@ -478,12 +483,14 @@ Your shell prompt is formatted as follows:
 You need to format your output using two fields; discussion and command.
 Your output should always include _one_ discussion and _one_ command field EXACTLY as in the following example:
 DISCUSSION
-First I'll start by using ls to see what files are in the current directory. Then maybe we can look at some relevant files to see what they look like.
+First I'll start by using ls to see what files are in the current directory. \
+Then maybe we can look at some relevant files to see what they look like.
 ```
 ls -a
 ```
 
-You should only include a *SINGLE* command in the command section and then wait for a response from the shell before continuing with more discussion and commands."""
+You should only include a *SINGLE* command in the command section and then wait for a response from the shell \
+before continuing with more discussion and commands."""
 SWE_DEMONSTRATION = ("Here is a demonstration of how to correctly accomplish this task.\nIt is included to show you "
                      "how to correctly use the interface.\nYou do not need to follow exactly what is done in the "
                      "demonstration.\n--- DEMONSTRATION ---\nWe're currently solving the following issue within our "
@@ -496,7 +503,8 @@ SWE_TASK = (f"We're currently solving the following issue within our repository.
             "command.\nWhen you're satisfied with all of the changes you've made, you can submit your changes to the "
             "code base by simply running the submit command.\n\n(Open file: n/a)\n(Current directory: /repo)\nbash-$")
 SWE_FORMAT_ERROR = ("Your output was not formatted correctly. You must always include one discussion and one command "
-                    "as part of your response. Make sure you do not have multiple discussion/command tags.\nPlease make "
+                    "as part of your response. Make sure you do not have multiple discussion/command tags.\n"
+                    "Please make "
                     "sure your output precisely matches the following format:\nDISCUSSION\nDiscuss here with yourself "
                     "about what your planning and what you're going to do in this step.\n\n```\ncommand(s) that "
                     "you're going to run\n```")
@@ -542,7 +550,8 @@ def _swe_agent_text(steps: list[Step], root: str, seed: int) -> list[tuple[Messa
     return out
 
 
-MINI_SYSTEM = """You are a helpful assistant that can interact multiple times with a computer shell to solve programming tasks.
+MINI_SYSTEM = """You are a helpful assistant that can interact multiple times with a computer shell \
+to solve programming tasks.
 Your response must contain exactly ONE bash code block with ONE command (or commands connected with && or ||).
 
 Include a THOUGHT section before your command where you explain your reasoning process.

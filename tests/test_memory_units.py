@@ -53,9 +53,11 @@ CONVERSATION: list[dict[str, Any]] = [
     _call("c1", "execute_bash", '{"command": "ls"}'),
     {"role": "tool", "tool_call_id": "c1", "content": "src\nsetup.cfg\nREADME.md\ntests\npyproject.toml"},
     _call("c2", "str_replace_editor", '{"path": "pyproject.toml"}'),
-    {"role": "tool", "tool_call_id": "c2", "content": "[project]\nname = 'shop'\ndependencies = ['fastapi', 'pytest']\n"},
+    {"role": "tool", "tool_call_id": "c2",
+     "content": "[project]\nname = 'shop'\ndependencies = ['fastapi', 'pytest']\n"},
     _call("c3", "web_fetch", '{"url": "https://docs.example.com/checkout"}'),
-    {"role": "tool", "tool_call_id": "c3", "content": "# Checkout API\n" + "The checkout endpoint takes a cart id. " * 200},
+    {"role": "tool", "tool_call_id": "c3",
+     "content": "# Checkout API\n" + "The checkout endpoint takes a cart id. " * 200},
     {"role": "assistant", "content": "I used unittest for the new test."},
     {"role": "user", "content": "No, use pytest instead of unittest, that is our code style."},
 ]
@@ -69,7 +71,8 @@ def test_capture_finds_preferences_corrections_project_facts_and_references() ->
     assert feedback.data["correction_type"] == "code_style"
     assert feedback.data["original_action"] == "I used unittest for the new test."
     assert "use pytest instead of unittest" in feedback.data["corrected_action"]
-    assert [m["role"] for m in feedback.data["context_snippet"]][-1] == "user" and len(feedback.data["context_snippet"]) == 7
+    assert ([m["role"] for m in feedback.data["context_snippet"]][-1] == "user"
+            and len(feedback.data["context_snippet"]) == 7)
     stacks = [c.data["tech_stack"] for c in by[Category.PROJECT] if "tech_stack" in c.data]
     assert stacks == [{"language": "python", "manifest": "pyproject.toml", "frameworks": ["fastapi", "pytest"]}]
     listing = next(c for c in by[Category.PROJECT] if "file_index" in c.data)
@@ -354,7 +357,8 @@ def test_a_configured_workspace_is_scanned_when_a_session_starts(tmp_path: Path)
 
     [project] = asyncio.run(run())
     assert project.project == "p1" and set(project.data["file_index"]) == {"package.json", "src/index.js"}
-    assert project.data["tech_stack"]["language"] == "javascript" and "react" in project.data["tech_stack"]["frameworks"]
+    assert (project.data["tech_stack"]["language"] == "javascript"
+            and "react" in project.data["tech_stack"]["frameworks"])
     assert "2 files" in project.content
 
 

@@ -191,7 +191,8 @@ async def test_precomputed_summary_is_used_without_a_call() -> None:
 async def test_plan_key_depends_only_on_the_span() -> None:
     h = agent_history(40, 200)
     s = make(Scripted())
-    p1, p2 = s.plan(CompressionRequest(h, 4000, counter(), window=LAST_UNIT)), s.plan(CompressionRequest(snapshot(h), 4000, counter(), window=LAST_UNIT))
+    p1, p2 = (s.plan(CompressionRequest(h, 4000, counter(), window=LAST_UNIT)),
+              s.plan(CompressionRequest(snapshot(h), 4000, counter(), window=LAST_UNIT)))
     assert p1 == p2
     changed = snapshot(h)
     changed[3] = {**changed[3], "content": "different"}

@@ -12,8 +12,8 @@ from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.strategy import Stopwatch, level_result
 from ctxgate.pipeline.types import CompressionRequest, CompressionResult, Level
 
-from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, assistant, call, calls, chat_history, counter,
-                               filler, snapshot, system, tool, tool_turn, user)
+from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, assistant, call, calls, chat_history,
+                               counter, filler, snapshot, system, tool, tool_turn, user)
 from test_pipeline_autocompact import Scripted
 
 

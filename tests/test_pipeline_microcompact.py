@@ -12,8 +12,8 @@ from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.turns import newest_user_index, task_index
 from ctxgate.pipeline.types import CompressionRequest, Level
 
-from pipeline_builders import (NO_WINDOW, CountingEncoder, assert_invariants, assistant, call, calls, counter, filler, real_histories, snapshot,
-                               system, tool, user)
+from pipeline_builders import (NO_WINDOW, CountingEncoder, assert_invariants, assistant, call, calls, counter, filler,
+                               real_histories, snapshot, system, tool, user)
 
 SEP_RE = re.compile(r"\n\.\.\. \[middle (\d+) tokens truncated\] \.\.\.\n")
 
@@ -81,7 +81,8 @@ async def test_head_1500_tail_500_and_the_separator() -> None:
 
 
 @pytest.mark.parametrize("name,tokens,cut", [
-    ("execute_bash", 2000, False), ("execute_bash", 2005, False), ("execute_bash", 2030, True), ("read_file", 7000, False),
+    ("execute_bash", 2000, False), ("execute_bash", 2005, False), ("execute_bash", 2030, True),
+    ("read_file", 7000, False),
     ("read_file", 8001, True), ("fs_read_file", 9000, True), ("lookup", 4000, False), ("lookup", 4500, True)])
 async def test_threshold_decides(name, tokens, cut) -> None:
     h = one_tool(name, tokens)

@@ -45,7 +45,8 @@ def tool_args(name: str, i: int) -> dict:
 
 @st.composite
 def histories(draw) -> list[dict]:
-    msgs: list[dict] = [{"role": "system", "content": "You are an agent. " + filler(draw(st.sampled_from([5, 300])), 1)}]
+    msgs: list[dict] = [{"role": "system",
+                         "content": "You are an agent. " + filler(draw(st.sampled_from([5, 300])), 1)}]
     if draw(st.booleans()):
         msgs.append({"role": "developer", "content": "Be terse."})
     if draw(st.integers(0, 5)) > 0:

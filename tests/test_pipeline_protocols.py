@@ -53,7 +53,8 @@ def test_openhands_text_actions_and_observations() -> None:
 
 
 def test_swe_agent_commands_fenced_tagged_and_bare() -> None:
-    window = "[File: /repo/src/fields.py (1000 lines total)]\n401:    def round(self):\n(Open file: /repo/src/fields.py)\n" \
+    window = "[File: /repo/src/fields.py (1000 lines total)]\n401:    def round(self):\n" \
+             "(Open file: /repo/src/fields.py)\n" \
              "(Current directory: /repo)\nbash-$"
     h = [system(), user("We're currently solving the following issue within our repository."),
          assistant("Let us look at the file.\n```\nopen src/fields.py 401\n```"), user(window),
@@ -191,7 +192,8 @@ async def test_an_observation_is_cut_in_its_own_form_and_nothing_else_changes(di
     big = filler(6000, 3)
     action, observation = {
         "openhands_text": (openhands_action("execute_bash", command="cat big.log"),
-                           user("EXECUTION RESULT of [execute_bash]:\n" + big + "\n[The command completed with exit code 0.]")),
+                           user("EXECUTION RESULT of [execute_bash]:\n" + big
+                                + "\n[The command completed with exit code 0.]")),
         "swe_agent_text": (assistant("```\npython big.py\n```"),
                            user(big + "\n(Open file: n/a)\n(Current directory: /repo)\nbash-$")),
         "mini_swe_agent": (assistant("THOUGHT: read\n\n```bash\ncat big.log\n```"),

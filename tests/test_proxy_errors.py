@@ -21,7 +21,8 @@ BODY = {"model": "gpt-4o", "messages": MESSAGES}
 
 
 @pytest.fixture(scope="module")
-def timeout_gateways(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Gateway]]:
+def timeout_gateways(upstream: ScriptedUpstream,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Gateway]]:
     """Gateways that give the upstream half a second to answer."""
     base = tmp_path_factory.mktemp("timeouts")
     gateways = start_gateways({f"timeout-{f}": (base / f, main_config(upstream.url, f, upstream_timeout_s=0.5))
@@ -187,9 +188,11 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 TEXT = st.text(max_size=40)
 ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool", "function"])
 CALL = st.fixed_dictionaries({"id": TEXT | JSON, "type": st.just("function") | JSON,
-                              "function": st.fixed_dictionaries({"name": TEXT | JSON, "arguments": TEXT | JSON}) | JSON})
+                              "function": st.fixed_dictionaries({"name": TEXT | JSON,
+                                                                 "arguments": TEXT | JSON}) | JSON})
 MESSAGE = st.fixed_dictionaries({"role": ROLES | JSON}, optional={
-    "content": TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT | JSON}), max_size=2) | JSON,
+    "content": TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT | JSON}),
+                               max_size=2) | JSON,
     "name": TEXT | JSON, "tool_call_id": TEXT | JSON, "tool_calls": st.lists(CALL, max_size=2) | JSON})
 BODIES = st.fixed_dictionaries({}, optional={
     "model": st.sampled_from(["gpt-4o", "gpt-4o-tools", "mystery-model", "no-such-model"]) | JSON,

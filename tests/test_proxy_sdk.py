@@ -170,7 +170,8 @@ def test_response_format(gateway: Gateway, up: ScriptedUpstream) -> None:
     assert json.loads(reply.choices[0].message.content or "") == {"ok": True}
     assert up.chats()[-1].body["response_format"] == {"type": "json_object"}
     schema = {"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
-        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}}}
     reply = cli.chat.completions.create(model="gpt-4o", messages=MESSAGES, response_format=schema)  # type: ignore[arg-type]
     assert json.loads(reply.choices[0].message.content or "") == {"ok": True}
     assert up.chats()[-1].body["response_format"] == schema

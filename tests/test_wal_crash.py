@@ -59,7 +59,8 @@ STREAMING = {"Project-MONAI__MONAI-6849_1", "getmoto__moto-6387_0"}
 
 def gateway_config(upstream_url: str, upstream_key: str, **pipeline: Any) -> dict[str, Any]:
     """The config both gateways share, but for the key they present upstream."""
-    models = [{**m, "litellm_params": {**m["litellm_params"], "api_key": upstream_key}} for m in model_list(upstream_url)]
+    models = [{**m, "litellm_params": {**m["litellm_params"], "api_key": upstream_key}}
+              for m in model_list(upstream_url)]
     models.append({"model_name": "slow-summarizer", "model_info": {"max_input_tokens": 128_000}, "litellm_params": {
         "model": "openai/slow-summarizer", "api_base": f"{upstream_url}/v1", "api_key": upstream_key}})
     autocompact = {"model": "summarizer", "speculative_ratio": None, **pipeline.pop("autocompact", {})}
@@ -313,7 +314,8 @@ def test_sigkill_under_load_loses_no_turn_and_changes_no_payload(upstream: Scrip
                                   f"unknown: {sorted(set(logged) - set(wanted))}")
         responses = sum(1 for e in events if e["type"] == "RESPONSE")
         # A streamed reply reaches the client before its RESPONSE is logged (see the streaming test below).
-        assert s.stream or responses >= len(s.turns), (f"{s.name}: {responses} RESPONSE events for {len(s.turns)} turns answered; "
+        assert s.stream or responses >= len(s.turns), (f"{s.name}: {responses} RESPONSE events for "
+                                           f"{len(s.turns)} turns answered; "
                                            f"attempts (turn, generation, ok): "
                                            f"{[(a.turn, a.generation, a.ok) for a in s.attempts]}")
 
@@ -480,7 +482,8 @@ def test_a_kill_around_a_speculative_summary_changes_no_payload(upstream: Script
     upstream.reset()
     name = "python__mypy-15976_0"
     t = trajectory(name)
-    crash_cfg = gateway_config(upstream.url, CRASH_KEY, autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
+    crash_cfg = gateway_config(upstream.url, CRASH_KEY,
+                               autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
     control_cfg = gateway_config(upstream.url, CONTROL_KEY,
                                  autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
     started = start_gateways({"crash": (tmp_path / "crash", crash_cfg), "control": (tmp_path / "control", control_cfg)})

@@ -34,8 +34,9 @@ class Clock:
 
 def _state(tenant: str = "t1", session: str = "s1", turns: int = 0, tokens_after: int = 100) -> SessionState:
     state = SessionState(tenant, session, turns=turns, profile="professional")
-    state.records = [CompactionRecord(prefix_len=4, prefix_hash="ab" * 16, messages=[{"role": "system", "content": "x"}],
-                                      levels=["snip"], tokens_before=500, tokens_after=tokens_after, created_at=1.0)]
+    state.records = [CompactionRecord(prefix_len=4, prefix_hash="ab" * 16,
+                                      messages=[{"role": "system", "content": "x"}], levels=["snip"],
+                                      tokens_before=500, tokens_after=tokens_after, created_at=1.0)]
     return state
 
 

@@ -159,7 +159,8 @@ def test_an_idempotent_stream_is_replayed_to_the_sdk(walgw: Gateway, up: Scripte
     assert len(up.chats()) == 1
 
 
-def test_a_log_that_cannot_be_written_refuses_the_turn_and_forwards_nothing(walgw: Gateway, up: ScriptedUpstream) -> None:
+def test_a_log_that_cannot_be_written_refuses_the_turn_and_forwards_nothing(walgw: Gateway,
+                                                                            up: ScriptedUpstream) -> None:
     assert walgw.data_dir is not None
     blocker = walgw.data_dir / "wal" / "locked"
     blocker.parent.mkdir(parents=True, exist_ok=True)
@@ -206,14 +207,16 @@ def test_after_kill_9_the_session_and_the_idempotent_replies_carry_on(tmp_path: 
         assert chats("crash", "gpt-4o")[-1].body["messages"] == chats("control", "gpt-4o")[-1].body["messages"]
         wait_until(lambda: len(chats("crash", "summarizer")) == len(chats("control", "summarizer")), 10,
                    "the same number of summaries with and without the crash")
-        assert Counter(c.raw for c in chats("crash", "summarizer")) == Counter(c.raw for c in chats("control", "summarizer"))
+        assert (Counter(c.raw for c in chats("crash", "summarizer"))
+                == Counter(c.raw for c in chats("control", "summarizer")))
 
         calls = len(ups["crash"].chats())
         after = post(crash, {"model": "gpt-4o", "messages": MESSAGES}, headers={"Idempotency-Key": key})
         assert after.content == before.content and after.headers["idempotent-replayed"] == "true"
         assert len(ups["crash"].chats()) == calls
         auth = {"Authorization": f"Bearer {KEYS['acme']}"}
-        (status, summary), (_, reference) = crash.get("/v1/ctx/sessions/s", auth), control.get("/v1/ctx/sessions/s", auth)
+        (status, summary), (_, reference) = (crash.get("/v1/ctx/sessions/s", auth),
+                                             control.get("/v1/ctx/sessions/s", auth))
         assert status == 200, summary
         assert summary["turns"] == reference["turns"] and summary["records"] == reference["records"]
         # The upstream leaves the tools schema out of its count: the measured offset came back too.

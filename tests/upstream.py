@@ -25,7 +25,7 @@ import json
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -226,7 +226,8 @@ class ScriptedUpstream:
         tools = body.get("tools")
         if "tools" in model and isinstance(tools, list) and tools and isinstance(tools[0], dict):
             name = (tools[0].get("function") or {}).get("name", "tool")
-            call = {"id": f"call_up_{i}", "type": "function", "function": {"name": name, "arguments": '{"path": "a.py"}'}}
+            call = {"id": f"call_up_{i}", "type": "function",
+                    "function": {"name": name, "arguments": '{"path": "a.py"}'}}
             return {"index": i, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
                     "logprobs": None, "finish_reason": "tool_calls"}
         fmt = body.get("response_format")

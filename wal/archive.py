@@ -50,7 +50,7 @@ def _seq_of(line: bytes) -> int:
 
 def prune_archives(archive_root: Path, retention_s: float, now: float) -> list[Path]:
     """Remove archive segments last written more than `retention_s` before `now`."""
-    removed = []
+    removed: list[Path] = []
     if not archive_root.is_dir():
         return removed
     for segment in archive_root.glob("*/wal_*.jsonl"):

@@ -91,7 +91,8 @@ PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]
 
 def paths_in(text: str) -> tuple[str, ...]:
     """File paths named in `text`, in order, each once."""
-    return tuple(dict.fromkeys(m.group(1) for m in PATH_RE.finditer(text) if "://" not in text[max(0, m.start() - 8):m.start()]))
+    return tuple(dict.fromkeys(m.group(1) for m in PATH_RE.finditer(text)
+                               if "://" not in text[max(0, m.start() - 8):m.start()]))
 
 
 def shell_action(command: str, tool: str) -> Action:

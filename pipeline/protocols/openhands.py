@@ -11,7 +11,8 @@ from .base import Action, Observation, observation, paths_in, shell_action
 _FUNCTION = re.compile(r"<function=([\w.\-]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([\w.\-]+)>(.*?)(?:</parameter>|\Z)", re.DOTALL)
 _RESULT = re.compile(r"EXECUTION RESULT of \[([^\]\n]+)\]:\n?")
-EXIT_CODE = re.compile(r"\[(?:The command completed|Command finished|The command (?:has )?exited) with exit code (-?\d+)")
+EXIT_CODE = re.compile(r"\[(?:The command completed|Command finished|The command (?:has )?exited)"
+                       r" with exit code (-?\d+)")
 """How OpenHands ends a shell observation (text and tool-call modes alike)."""
 _PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file")
 _SHELL_HINTS = ("bash", "shell", "terminal", "cmd", "run", "exec")

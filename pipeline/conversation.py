@@ -21,7 +21,7 @@ from typing import Any, Collection, Iterator
 from .notes import is_ctxgate_message
 from .protocols import STRUCTURAL_DIALECTS, detect_dialect, text_reader
 from .protocols.anthropic import has_results, results_of, uses_of
-from .protocols.base import Action, Observation
+from .protocols.base import Action, Observation, text_of
 from .protocols.tool_calls import calls_of, result_of
 from .turns import INSTRUCTION_ROLES, leading_instructions, newest_user_index, task_index
 from .types import RecentWindow
@@ -144,13 +144,6 @@ class Conversation:
         return None
 
 
-def _text(message: Message) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
-
-
 def read_conversation(messages: list[Message], dialect: str | None = None,
                       plan_tools: Collection[str] = PLAN_TOOLS + TODO_TOOLS) -> Conversation:
     """Read `messages` in `dialect` (detected from the messages when None). `plan_tools`
@@ -171,7 +164,7 @@ def read_conversation(messages: list[Message], dialect: str | None = None,
         elif i == task:
             infos.append(MessageInfo(Kind.TASK))
         elif role == "assistant":
-            actions = calls_of(m) or uses_of(m) or (reader.actions(_text(m)) if reader else [])
+            actions = calls_of(m) or uses_of(m) or (reader.actions(text_of(m)) if reader else [])
             for action in actions:
                 if action.call_id:
                     call_tools[action.call_id], call_owner[action.call_id] = action.tool, i
@@ -196,7 +189,7 @@ def read_conversation(messages: list[Message], dialect: str | None = None,
 def _text_turn(message: Message, i: int, messages: list[Message], infos: list[MessageInfo], reader: Any) -> MessageInfo:
     """A user turn in a text protocol: the observation of the action just before it, or one
     the protocol's header makes plain, or (the fallback) whatever answers an assistant turn."""
-    text = _text(message)
+    text = text_of(message)
     after_assistant = i > 0 and messages[i - 1].get("role") == "assistant"
     previous = infos[i - 1] if after_assistant else None
     if previous is not None and previous.actions:

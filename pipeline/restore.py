@@ -19,6 +19,7 @@ import orjson
 
 from .config import RestoreConfig
 from .conversation import read_conversation
+from .protocols.base import text_of
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
@@ -66,13 +67,6 @@ def _matches(name: str, names: list[str]) -> bool:
     return name in names or name.lower() in (n.lower() for n in names)
 
 
-def _text(message: Message | None) -> str:
-    content = (message or {}).get("content")
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
-
-
 def _tasks_of(args: dict[str, Any]) -> list[str] | None:
     items = args.get("todos") or args.get("task_list") or args.get("tasks")
     if not isinstance(items, list):
@@ -112,7 +106,7 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
     state = WorkingState()
     for i, message in enumerate(messages):
         if message.get("role") in ("user", "tool"):
-            _observed_files(_text(message), files)
+            _observed_files(text_of(message), files)
         for action in conversation.infos[i].actions:
             answer = answers.get((i, id(action)))
             result = answer.output if answer is not None else ""
@@ -178,7 +172,7 @@ class ActiveRestore:
         has no room for only brings the next compaction closer, and the agent can read the
         file again (the recovery message says so)."""
         s = self.state
-        shown = "\n".join(_text(m) for m in visible or [])
+        shown = "\n".join(text_of(m) for m in visible or [])
         parts: list[str] = []
         if s.pending_tasks:
             parts.append("Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks))

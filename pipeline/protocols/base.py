@@ -101,3 +101,26 @@ def shell_action(command: str, tool: str) -> Action:
     command = command.strip()
     first = command.split("\n", 1)[0]
     return Action(tool=tool or program_of(command), command=command, paths=paths_in(first))
+
+
+PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
+"""Argument names that hold a file's path, in any tool's schema."""
+
+
+def named_action(tool: str, arguments: dict[str, Any], command: str = "", call_id: str | None = None) -> Action:
+    """An action with named arguments (a tool call, an OpenHands function block): the files
+    its path arguments name, then those its shell command names; failing both, any path in
+    its short string arguments."""
+    named = [v for k, v in arguments.items() if k in PATH_KEYS and isinstance(v, str)]
+    paths = tuple(dict.fromkeys([*named, *(shell_action(command, tool).paths if command else ())]))
+    if not paths:
+        paths = paths_in(" ".join(v for v in arguments.values() if isinstance(v, str) and len(v) < 500))
+    return Action(tool=tool, arguments=arguments, command=command, paths=paths, call_id=call_id)
+
+
+def text_of(message: dict[str, Any] | None) -> str:
+    """A message's text: its string content, or the text parts of a content list."""
+    content = (message or {}).get("content")
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))

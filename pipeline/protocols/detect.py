@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import TextReader
+from .base import TextReader, text_of
 from .mini_swe_agent import MiniSweAgentReader
 from .openhands import OpenHandsReader
 from .plain import PlainReader
@@ -25,13 +25,6 @@ def text_reader(dialect: str) -> TextReader | None:
     return None if dialect in STRUCTURAL_DIALECTS else TEXT_READERS.get(dialect, TEXT_READERS[PLAIN])
 
 
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
-
-
 def detect_dialect(messages: list[dict[str, Any]], task: int | None = None) -> str:
     """The text protocol most of the recent turns are unmistakably in; else the structural
     one they use (`tool_calls`, `anthropic_blocks`); else `plain`. The task statement and
@@ -49,7 +42,7 @@ def detect_dialect(messages: list[dict[str, Any]], task: int | None = None) -> s
         if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result")
                                              for b in content):
             votes["anthropic_blocks"] += 1
-        text = _text(m)
+        text = text_of(m)
         for name, reader in TEXT_READERS.items():
             if text and reader.signals(text, str(role)):
                 votes[name] += 1

@@ -6,7 +6,7 @@ import re
 
 import orjson
 
-from .base import Action, Observation, observation, paths_in, shell_action
+from .base import Action, Observation, named_action, observation
 
 _FUNCTION = re.compile(r"<function=([\w.\-]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([\w.\-]+)>(.*?)(?:</parameter>|\Z)", re.DOTALL)
@@ -14,7 +14,6 @@ _RESULT = re.compile(r"EXECUTION RESULT of \[([^\]\n]+)\]:\n?")
 EXIT_CODE = re.compile(r"\[(?:The command completed|Command finished|The command (?:has )?exited)"
                        r" with exit code (-?\d+)")
 """How OpenHands ends a shell observation (text and tool-call modes alike)."""
-_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file")
 _SHELL_HINTS = ("bash", "shell", "terminal", "cmd", "run", "exec")
 
 
@@ -40,11 +39,7 @@ def function_actions(text: str) -> list[Action]:
         args = {k: _value(v) for k, v in _PARAMETER.findall(body)}
         command = args.get("command") if any(h in name.lower() for h in _SHELL_HINTS) else args.get("code")
         command = command if isinstance(command, str) else ""
-        named = [v for k, v in args.items() if k in _PATH_KEYS and isinstance(v, str)]
-        paths = tuple(dict.fromkeys([*named, *(shell_action(command, name).paths if command else ())]))
-        if not paths:
-            paths = paths_in(" ".join(v for v in args.values() if isinstance(v, str) and len(v) < 500))
-        out.append(Action(tool=name, arguments=args, command=command, paths=paths))
+        out.append(named_action(name, args, command))
     return out
 
 

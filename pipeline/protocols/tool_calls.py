@@ -6,11 +6,10 @@ from typing import Any
 
 import orjson
 
-from .base import Action, Observation, observation, paths_in, shell_action
+from .base import Action, Observation, named_action, observation
 from .openhands import EXIT_CODE
 
 Message = dict[str, Any]
-_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
 _COMMAND_KEYS = ("command", "cmd", "code", "script")
 
 
@@ -28,13 +27,8 @@ def arguments_of(call: dict[str, Any]) -> dict[str, Any]:
 def action_of(name: str, args: dict[str, Any], call_id: str | None) -> Action:
     """A named call with JSON arguments (OpenAI or Anthropic): the files its arguments name,
     and the shell command, when one of its arguments is one."""
-    named = [v for k, v in args.items() if k in _PATH_KEYS and isinstance(v, str)]
     command = next((v for k, v in args.items() if k in _COMMAND_KEYS and isinstance(v, str) and " " in v.strip()), "")
-    from_command = shell_action(command, name).paths if command else ()
-    paths = tuple(dict.fromkeys([*named, *from_command]))
-    if not paths:
-        paths = paths_in(" ".join(v for v in args.values() if isinstance(v, str) and len(v) < 500))
-    return Action(tool=name, arguments=args, command=command, paths=paths, call_id=call_id)
+    return named_action(name, args, command, call_id)
 
 
 def calls_of(message: Message) -> list[Action]:

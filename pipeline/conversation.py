@@ -21,7 +21,7 @@ from typing import Any, Collection, Iterator
 from .notes import is_ctxgate_message
 from .protocols import STRUCTURAL_DIALECTS, detect_dialect, text_reader
 from .protocols.anthropic import has_results, results_of, uses_of
-from .protocols.base import Action, Observation, text_of
+from .protocols.base import Action, Observation, id_of, text_of
 from .protocols.tool_calls import calls_of, result_of
 from .turns import INSTRUCTION_ROLES, leading_instructions, newest_user_index, task_index
 from .types import RecentWindow
@@ -172,7 +172,7 @@ def read_conversation(messages: list[Message], dialect: str | None = None,
                     else Kind.ACTION if actions else Kind.TALK)
             infos.append(MessageInfo(kind, tuple(actions)))
         elif role == "tool":
-            call_id = m.get("tool_call_id") or ""
+            call_id = id_of(m.get("tool_call_id")) or ""
             infos.append(MessageInfo(Kind.OBSERVATION, observations=(result_of(m, call_tools.get(call_id)),),
                                      answers=call_owner.get(call_id)))
         elif role == "user" and has_results(m):
@@ -213,7 +213,7 @@ def _units(messages: list[Message], infos: list[MessageInfo], dialect: str) -> l
         if m.get("role") == "assistant":
             ids = {a.call_id for a in infos[i].actions if a.call_id}
             if m.get("tool_calls"):
-                while j < n and messages[j].get("role") == "tool" and messages[j].get("tool_call_id") in ids:
+                while j < n and messages[j].get("role") == "tool" and id_of(messages[j].get("tool_call_id")) in ids:
                     j += 1
             elif j < n and infos[j].answers == i and messages[j].get("role") == "user":
                 j += 1

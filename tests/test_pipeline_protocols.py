@@ -4,14 +4,16 @@ message's own form and leaves every other message byte-identical."""
 from __future__ import annotations
 
 import json
+import random
 
 import orjson
 import pytest
 
-from ctxgate.pipeline.config import MicrocompactConfig
+from ctxgate.pipeline.config import MicrocompactConfig, RestoreConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.protocols import detect_dialect
+from ctxgate.pipeline.restore import extract_working_state
 from ctxgate.pipeline.types import CompressionRequest
 
 from pipeline_builders import NO_WINDOW, assistant, call, calls, counter, filler, system, tool, user
@@ -220,3 +222,36 @@ async def test_an_observation_is_cut_in_its_own_form_and_nothing_else_changes(di
     assert text[:40] == original[:40] and text[-12:] == original[-12:], "head and tail, so header and footer stay"
     if dialect == "anthropic_blocks":
         assert cut["content"][0]["type"] == "tool_result" and cut["content"][0]["tool_use_id"] == "t1"
+
+
+def test_any_json_shaped_messages_read_without_error() -> None:
+    """The readers run on whatever passed validation, before a compaction decides anything:
+    no shape of content, call ids or blocks may make them raise (seeded, so it reproduces)."""
+    rng = random.Random(20261204)
+    leaves = [None, 1, 2.5, True, "", "x", "<function=a>", "```bash\nls\n```", "<returncode>1</returncode>",
+              "EXECUTION RESULT of [x]:\nError: e", "[File: /a.py (3 lines total)]", "Traceback\nValueError: x"]
+    keys = ["type", "text", "id", "name", "input", "content", "tool_use_id", "is_error", "function", "arguments"]
+
+    def value(depth: int = 0) -> object:
+        r = rng.random()
+        if depth > 2 or r < 0.3:
+            return rng.choice(leaves)
+        if r < 0.6:
+            return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(keys): value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+    for _ in range(1500):
+        h = []
+        for _ in range(rng.randint(1, 8)):
+            m = {"role": rng.choice(["system", "user", "assistant", "tool", "developer"]), "content": value()}
+            if rng.random() < 0.3:
+                m["tool_calls"] = value()
+            if rng.random() < 0.3:
+                m["tool_call_id"] = value()
+            h.append(m)
+        for dialect in (None, "openhands_text", "swe_agent_text", "mini_swe_agent", "plain", "tool_calls"):
+            c = read_conversation(h, dialect)
+            c.shape()
+            list(c.steps())
+            c.latest_failure()
+            extract_working_state(h, RestoreConfig(), dialect)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .base import Action, Observation, observation
+from .base import Action, Observation, id_of, observation, text_of
 from .tool_calls import action_of
 
 Message = dict[str, Any]
@@ -18,20 +18,14 @@ def _blocks(message: Message, kind: str) -> list[dict[str, Any]]:
 
 
 def uses_of(message: Message) -> list[Action]:
-    return [action_of(str(b.get("name") or ""), b["input"] if isinstance(b.get("input"), dict) else {}, b.get("id"))
+    return [action_of(b["name"] if isinstance(b.get("name"), str) else "",
+                      b["input"] if isinstance(b.get("input"), dict) else {}, id_of(b.get("id")))
             for b in _blocks(message, "tool_use")]
-
-
-def _result_text(block: dict[str, Any]) -> str:
-    content = block.get("content")
-    if isinstance(content, str):
-        return content
-    return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 def results_of(message: Message, tools: dict[str, str]) -> list[Observation]:
     """The tool results a user message carries; `tools` names the tool of each call id."""
-    return [observation(tools.get(b.get("tool_use_id") or ""), _result_text(b), call_id=b.get("tool_use_id"),
+    return [observation(tools.get(id_of(b.get("tool_use_id")) or ""), text_of(b), call_id=id_of(b.get("tool_use_id")),
                         is_error=bool(b.get("is_error")))
             for b in _blocks(message, "tool_result")]
 

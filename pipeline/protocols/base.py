@@ -118,9 +118,17 @@ def named_action(tool: str, arguments: dict[str, Any], command: str = "", call_i
     return Action(tool=tool, arguments=arguments, command=command, paths=paths, call_id=call_id)
 
 
-def text_of(message: dict[str, Any] | None) -> str:
-    """A message's text: its string content, or the text parts of a content list."""
-    content = (message or {}).get("content")
+def text_of(message: dict[str, Any] | None, field: str = "content") -> str:
+    """A message's (or a content block's) text: a string, or the text parts of a list; ''
+    for anything else. Readers run on whatever a client sent, so nothing here may raise."""
+    content = (message or {}).get(field)
     if isinstance(content, str):
         return content
-    return "\n".join(p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def id_of(value: Any) -> str | None:
+    """A call id as a client sent it, when it is one (a string); None otherwise."""
+    return value if isinstance(value, str) and value else None

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from .base import Action, Observation, named_action, observation
+from .base import Action, Observation, id_of, named_action, observation, text_of
 from .openhands import EXIT_CODE
 
 Message = dict[str, Any]
@@ -14,7 +14,8 @@ _COMMAND_KEYS = ("command", "cmd", "code", "script")
 
 
 def arguments_of(call: dict[str, Any]) -> dict[str, Any]:
-    raw = (call.get("function") or {}).get("arguments")
+    function = call.get("function")
+    raw = function.get("arguments") if isinstance(function, dict) else None
     if isinstance(raw, dict):
         return raw
     try:
@@ -33,16 +34,16 @@ def action_of(name: str, args: dict[str, Any], call_id: str | None) -> Action:
 
 def calls_of(message: Message) -> list[Action]:
     out = []
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
         if isinstance(call, dict):
-            name = (call.get("function") or {}).get("name") or ""
-            out.append(action_of(name, arguments_of(call), call.get("id")))
+            function = call.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            out.append(action_of(name if isinstance(name, str) else "", arguments_of(call), id_of(call.get("id"))))
     return out
 
 
 def result_of(message: Message, tool: str | None) -> Observation:
-    content = message.get("content")
-    text = content if isinstance(content, str) else "\n".join(
-        p.get("text", "") for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str))
+    text = text_of(message)
     code = EXIT_CODE.search(text)
-    return observation(tool, text, int(code.group(1)) if code else None, message.get("tool_call_id"))
+    return observation(tool, text, int(code.group(1)) if code else None, id_of(message.get("tool_call_id")))

@@ -116,11 +116,6 @@ class Conversation:
                 pinned.add(index)
         return Shape(head=head, tail=tail, pinned=frozenset(pinned), units=tuple(self.units))
 
-    def observations(self) -> Iterator[tuple[int, Observation]]:
-        for i, info in enumerate(self.infos):
-            for found in info.observations:
-                yield i, found
-
     def steps(self) -> Iterator[tuple[int, Action, Observation | None]]:
         """Every action, oldest first, with the observation that answers it (if any yet)."""
         by_call: dict[str, Observation] = {}

@@ -224,11 +224,15 @@ class AutocompactStrategy:
             except Exception:
                 return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
         shape = request.conversation.shape(self.pin_first_user, request.window)
-        pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end]
+        # A task statement pinned after a demonstration comes before the recovery note, as it
+        # does when it follows the instructions: instructions, task, then what ctxgate adds.
+        task = request.conversation.task
+        lead = [request.messages[i] for i in sorted(shape.pinned) if i < end and i == task]
+        pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end and i != task]
 
         def compacted(text: str) -> list[Message]:
             recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text))
-            return request.messages[:plan.start] + [recovery] + pinned + request.messages[end:]
+            return request.messages[:plan.start] + lead + [recovery] + pinned + request.messages[end:]
 
         # The summary gets what the budget leaves once the rest is in place, within its
         # allowance: a fixed reserve would overshoot a budget the kept messages nearly fill.

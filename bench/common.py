@@ -33,7 +33,7 @@ try:
 except ImportError:  # the package as it was before pipeline/conversation.py (a "before" run of a benchmark)
     from ctxgate.pipeline.turns import split_units  # type: ignore[attr-defined,no-redef]  # noqa: E402
 from ctxgate.pipeline.turns import is_valid_sequence  # noqa: E402
-from trajectories import Trajectory, all_trajectories  # noqa: E402
+from trajectories import Trajectory, all_trajectories, every_dialect  # noqa: E402
 
 Message = dict[str, Any]
 
@@ -70,12 +70,13 @@ def request_ready(messages: list[Message]) -> list[Message]:
     return out
 
 
-def named_trajectories() -> list[tuple[str, Trajectory, list[Message]]]:
-    """(unique name, trajectory, request-ready messages) for every valid one.
+def named_trajectories(every: bool = False) -> list[tuple[str, Trajectory, list[Message]]]:
+    """(unique name, trajectory, request-ready messages) for every valid one; `every`:
+    every recorded run (every_dialect: with the text-protocol runs), else all_trajectories.
 
     tau-bench's task ids repeat over its trials, so names get a `#k` index there."""
     out, seen = [], {}
-    for t in all_trajectories():
+    for t in (every_dialect() if every else all_trajectories()):
         k = seen.get(t.name, 0)
         seen[t.name] = k + 1
         name = t.name if k == 0 and not t.name.startswith("tau-bench") else f"{t.name}#{k}"

@@ -1,7 +1,9 @@
 """Recoverability: what a continuing agent still finds in the compressed request.
 
-Every trajectory (bench/common.py: request_ready — the request its agent would send for
-its next step) is compressed to 50% and 25% of its own token size by:
+Every recorded run (tests/trajectories.py: every_dialect — the tool-call runs, SWE-agent,
+and the text-protocol OpenHands and mini-swe-agent runs), as bench/common.py: request_ready
+makes it (the request its agent would send for its next step), is compressed to 50% and
+25% of its own token size by:
 
 - ctxgate: build_pipeline(PipelineConfig(), summarize=scripted_summary,
   working_state=extract_working_state(messages, config.restore),
@@ -45,8 +47,12 @@ Scores (per trajectory and budget; a score is left out of a mean when it does no
   leading system message kept unchanged;
 - within budget: count_messages(output) ≤ budget (o200k_base, OpenAI's message formula).
 
+Runs of a text dialect (dialect_of(run) is not "tool calls") are scored in text mode: their
+observations are the user turns after the task, their actions the command blocks or
+`<function=…>` blocks of the assistant text.
+
 Cases where the system prompt + task alone exceed the budget cannot be met by any method;
-they are reported separately.
+they are reported separately. Results overall, by source, and per dialect × method.
 
     .venv/bin/python bench/recoverability.py
 """
@@ -75,6 +81,7 @@ from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
 from ctxgate.pipeline.turns import first_user_index, is_valid_sequence  # noqa: E402
 from common import split_units  # noqa: E402  (wherever the package under test keeps it)
 from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
+from trajectories import DIALECTS, TOOL_CALLS, dialect_of  # noqa: E402
 
 Message = dict[str, Any]
 RATIOS = (0.50, 0.25)
@@ -241,11 +248,12 @@ def task_statement_index(messages: list[Message]) -> int | None:
     return fu
 
 
-def needs_of(messages: list[Message]) -> Needs:
+def needs_of(messages: list[Message], text_mode: bool | None = None) -> Needs:
+    """`text_mode`: observations in user turns (a text dialect); default: read from `messages`."""
     task = task_statement_index(messages)
     system = norm(messages[0]) if messages and messages[0].get("role") in ("system", "developer") else None
-    return Needs(task=text_of(messages[task]) if task is not None else "", files=touched_files(messages),
-                 error=last_error_line(messages), latest=[norm(m) for m in messages[-3:]], system=system,
+    return Needs(task=text_of(messages[task]) if task is not None else "", files=touched_files(messages, text_mode),
+                 error=last_error_line(messages, text_mode), latest=[norm(m) for m in messages[-3:]], system=system,
                  demonstration=task != first_user_index(messages))
 
 
@@ -415,6 +423,7 @@ class Case:
     ctxgate_levels: str = ""
     ctxgate_fits: bool = True
     ctxgate_hints: list[str] = field(default_factory=list)
+    dialect: str = TOOL_CALLS
 
     @property
     def feasible(self) -> bool:
@@ -451,13 +460,39 @@ def method_table(cases: list[Case], methods: list[str]) -> str:
                         rows)
 
 
+DIALECT_METHODS = ("ctxgate", "ctxgate, no summarizer", "drop-oldest", "langchain trim_messages",
+                   "litellm trim_messages")
+
+
+def dialect_tables(cases: list[Case], names: list[str]) -> str:
+    """Per ratio, one table of dialect × method over the feasible cases."""
+    out = []
+    methods = [m for m in DIALECT_METHODS if m in names] + [m for m in names if m not in DIALECT_METHODS]
+    for ratio in RATIOS:
+        rows = []
+        for d in DIALECTS:
+            cs = [c for c in cases if c.ratio == ratio and c.feasible and c.dialect == d]
+            for k, meth in enumerate(methods if cs else []):
+                sc = [c.scores[meth] for c in cs]
+                files = [s.files for s in sc if s.files is not None]
+                errs = [s.error for s in sc if s.error is not None]
+                label = f"{d} ({len(cs)}; files {len(files)}, error {len(errs)})" if k == 0 else ""
+                rows.append([label, meth, fmt_mean([s.task for s in sc]), fmt_mean(files), fmt_mean(errs),
+                             fmt_mean([s.latest for s in sc]), fmt_mean([s.valid for s in sc]),
+                             fmt_mean([s.within for s in sc])])
+        out.append(f"### Per dialect at {ratio:.0%} — feasible cases\n")
+        out.append(common.table(["dialect (cases; n files, n error)", "method", "task", "files", "last error",
+                                 "latest 3", "valid", "within budget"], rows, "llrrrrrr") + "\n")
+    return "\n".join(out)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="recoverability of compressed requests, ctxgate vs baselines")
     p.add_argument("--limit", type=int, default=None, help="only the first N trajectories (for a quick look)")
     args = p.parse_args()
 
     counter = common.gpt4o_counter()
-    trajectories = common.named_trajectories()[: args.limit]
+    trajectories = common.named_trajectories(every=True)[: args.limit]
     methods = make_methods(counter)
     diagnostics = methods.pop("_diagnostics")
     names = list(methods)
@@ -467,7 +502,8 @@ def main() -> None:
     started = time.perf_counter()
     common.progress(f"recoverability: {len(trajectories)} trajectories × {len(RATIOS)} budgets × {len(names)} methods")
     for k, (name, traj, messages) in enumerate(trajectories):
-        needs = needs_of(messages)
+        dialect = dialect_of(traj)
+        needs = needs_of(messages, text_mode=dialect != TOOL_CALLS)
         size = counter.count_messages(messages)
         fu = task_statement_index(messages)
         floor_msgs = [m for i, m in enumerate(messages) if i == fu or (i == 0 and m.get("role") == "system")]
@@ -477,7 +513,7 @@ def main() -> None:
                                                     if i != fu])
         for ratio in RATIOS:
             budget = int(size * ratio)
-            case = Case(name, traj.source, ratio, budget, size, floor, core, needs.demonstration)
+            case = Case(name, traj.source, ratio, budget, size, floor, core, needs.demonstration, dialect=dialect)
             for meth in names:
                 t0 = time.perf_counter()
                 try:
@@ -502,8 +538,12 @@ def main() -> None:
 
 def write(cases: list[Case], names: list[str], errors: list[str], timing: dict[str, float], n_traj: int) -> None:
     out = [common.section_header("Recoverability: ctxgate vs trimming baselines on the recorded trajectories"), ""]
+    runs = {c.name: c for c in cases}.values()
+    by_dialect, by_source = collections.Counter(c.dialect for c in runs), collections.Counter(c.source for c in runs)
     out.append(
-        f"{n_traj} trajectories (5 OpenHands, 22 SWE-agent, 200 tau-bench), each as the request its agent would "
+        f"{n_traj} recorded runs ({', '.join(f'{s}: {n}' for s, n in by_source.items())}"
+        f"; by dialect: {', '.join(f'{d} {by_dialect[d]}' for d in DIALECTS if by_dialect[d])}), "
+        "text dialects scored in text mode (observations in user turns), each as the request its agent would "
         "send next (`bench/common.py: request_ready`: SWE-agent tool results get back the `tool_call_id` the "
         "loader drops, and the recorded final assistant message is not part of the input), compressed to 50% "
         "and 25% of its own size (o200k_base). Methods, scores and the scripted summary are described in "
@@ -540,10 +580,11 @@ def write(cases: list[Case], names: list[str], errors: list[str], timing: dict[s
                        f"budget, so no method can fit them ({', '.join(f'{s}: {n}' for s, n in by_src.items())}); "
                        f"their scores, for the record:\n")
             out.append(method_table(infeas, names) + "\n")
+    out.append(dialect_tables(cases, names))
     # ctxgate by source
     rows = []
     for ratio in RATIOS:
-        for src in ("swe-gym-openhands", "swe-agent", "tau-bench"):
+        for src in dict.fromkeys(c.source for c in cases):
             cs = [c for c in cases if c.ratio == ratio and c.feasible and c.source == src]
             if not cs:
                 continue

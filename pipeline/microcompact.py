@@ -142,19 +142,24 @@ class RecentWindowCut:
         counter, conversation = request.counter, request.conversation
         shape = conversation.shape(self.microcompact.pin_first_user, request.window)
         out = list(request.messages)
+        # Only what the window makes the request go over by, with nothing before it but what
+        # every level keeps: older history still over the target is not the window's to pay for.
+        alone = (counter.count_messages(out[:shape.head]) + counter.count_messages(out[shape.tail:])
+                 + sum(counter.count_structured(out[i]) for i in shape.pinned))
         total = counter.count_messages(out)
+        goal = total - max(0, alone - request.token_budget)
         changed: list[int] = []
         last = len(out) - 1
         floor = self.microcompact.config.min_threshold
         newest = newest_user_index(out)  # the newest user message is never compressed
         protected = shape.pinned | ({newest} if newest is not None else set())
         for i, tool_name, in_step in self.microcompact.candidates(conversation, shape.tail, last, protected):
-            if total <= request.token_budget:
+            if total <= goal:
                 break
             before = counter.count_structured(out[i])
             content = before - counter.count_structured({**out[i], "content": ""})  # thresholds are on the text
             threshold = self.microcompact.threshold_for(tool_name, in_step)
-            threshold = min(threshold, max(floor, content - (total - request.token_budget)))
+            threshold = min(threshold, max(floor, content - (total - goal)))
             cut = self.microcompact.compact_message(out[i], tool_name, counter, in_step, threshold)
             if cut is not out[i]:
                 out[i] = cut

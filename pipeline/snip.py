@@ -11,6 +11,7 @@ instructions, the pinned task statement and the recent window stay, and the newe
 from __future__ import annotations
 
 from .config import SnipConfig
+from .conversation import Kind
 from .notes import SNIP_MARKER, system_note
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
@@ -86,7 +87,8 @@ class SnipStrategy:
         need = counter.count_messages(messages) - request.token_budget
         if need <= 0:
             return None
-        shape = request.conversation.shape(self.pin_first_user, request.window)
+        conversation = request.conversation
+        shape = conversation.shape(self.pin_first_user, request.window)
         limit = min(shape.tail, max(shape.head, len(messages) - cfg.keep_recent))
         note = SnipNote(counter, request.token_budget, cfg.preview_chars)
         dropped: list[int] = []
@@ -98,7 +100,9 @@ class SnipStrategy:
             if unit.end > limit:
                 break
             members = range(unit.start, unit.end)
-            if any(i in shape.pinned for i in members):
+            if any(i in shape.pinned or conversation.kind(i) is Kind.NOTE for i in members):
+                # Pinned messages stay, and so do earlier compactions' notes: a summary is what
+                # remains of the oldest history, and Snip cuts what came after it, no LLM call.
                 kept_inside.extend(members)
             else:
                 dropped.extend(members)

@@ -335,7 +335,8 @@ class Compactor:
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
                        reason: Reason) -> Plan:
         run = await run_chain(state, turn, view, target, reason)
-        if not run.result.steps and reason == "proactive":
+        fits = turn.counter.count_messages(view) + turn.outside_tokens() <= budget_of(state, turn)
+        if not run.result.steps and reason == "proactive" and fits:
             # Nothing could be removed (all of it is pinned or recent): forwarded as it is, with
             # no record and the loop guard untouched, so the upstream's verdict can still be acted on.
             # A fold that was not applied is forgotten (no checkpoint follows to keep it); a failed

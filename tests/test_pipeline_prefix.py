@@ -81,7 +81,7 @@ async def test_an_observation_forwarded_whole_as_the_newest_message_stays_whole(
     await _forward(compactor, state, history)
     history += tool_turn(6, size=3000)
     await _forward(compactor, state, history)
-    assert state.records  # the arrival cut made this a compacted session
+    assert state.records  # the long output took the session over the trigger: it is compacted
 
     history += [assistant("Let me look at the file."), user(filler(1500, 77))]
     before = await _forward(compactor, state, history)
@@ -118,7 +118,7 @@ def _speculation(history: list[Message], k: int, replacement: list[Message]) -> 
 
 async def test_a_speculation_that_no_longer_leaves_room_is_not_adopted() -> None:
     history = _near_trigger()
-    grown = history + tool_turn(99, size=60)  # over the trigger, nothing long enough to cut on arrival
+    grown = history + tool_turn(99, size=60)  # over the trigger
     state = SessionState("t", "s")
     state.speculative = _speculation(grown, 6, grown[:6])  # made long ago: it saves nothing now
     summaries = 0
@@ -143,4 +143,4 @@ async def test_a_speculation_that_still_leaves_room_is_adopted() -> None:
     plan = await Compactor().prepare(state, _turn(grown))
     assert any("speculative" in h for h in plan.hints) and state.speculation_wasted == 0
     assert plan.messages[:3] == grown[:2] + [{"role": "system", "content": "summary"}]
-    assert len(plan.messages) == 3 + len(grown) - k  # the rest as sent (long outputs cut on arrival)
+    assert len(plan.messages) == 3 + len(grown) - k  # the rest as sent

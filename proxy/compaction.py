@@ -134,6 +134,15 @@ def count_offset_key(model: str, tools: list[dict[str, Any]] | None) -> str:
     return f"{model}:{tools_fingerprint(tools)}"
 
 
+def _read_dialect(state: SessionState, turn: Turn) -> None:
+    """The session's dialect on `turn`: detected the first time a turn may compact and the
+    conversation shows one, then remembered, so its reading never changes between turns."""
+    if not state.dialect:
+        found = detect_dialect(turn.messages, task_index(turn.messages))
+        state.dialect = "" if found == PLAIN else found
+    turn.dialect = state.dialect or PLAIN
+
+
 def _set_guard(state: SessionState, turn: Turn) -> None:
     """The loop guard: set by any compaction, reset by a successful reply, and owned by the
     request that set it. The same request again (a client retrying what was refused) meets
@@ -230,16 +239,15 @@ class Compactor:
 
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
         budget = budget_of(state, turn)
-        if not state.dialect:  # detected once, then stable: a session does not change protocol
-            found = detect_dialect(turn.messages, task_index(turn.messages))
-            state.dialect = "" if found == PLAIN else found
-        turn.dialect = state.dialect or PLAIN
         if state.has_attempted_reactive_compact and state.guard_request != turn.prefix_hashes[-1]:
             state.has_attempted_reactive_compact = False  # a new turn, not a retry of the refused one
-        if state.speculation and self.speculator is not None:
-            self.speculator.resume(state, turn, lambda then: self._view(state, then)[0])
         view, tokens = self._view(state, turn)
         cfg = turn.config
+        watermark = min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio)
+        if state.speculation or tokens > watermark * budget:
+            _read_dialect(state, turn)  # only a turn that may compact reads the conversation
+        if state.speculation and self.speculator is not None:
+            self.speculator.resume(state, turn, lambda then: self._view(state, then)[0])
         retried = bool(state.records) and state.records[-1].prefix_hash == turn.prefix_hashes[-1]
         if tokens <= cfg.trigger_ratio * budget or retried:
             # Under the trigger; or exactly the request compacted last (a client's retry):
@@ -308,6 +316,7 @@ class Compactor:
     async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
                        degraded: bool) -> tuple[Plan, bool]:
         """The upstream said the prompt is too long: compact once more, degrade, or give up."""
+        _read_dialect(state, turn)
         if found := _LIMIT_IN_ERROR.search(upstream_message):
             limit = int(found.group(1))
             if 0 < limit < turn.max_input_tokens:

@@ -37,10 +37,10 @@ from typing import Any
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.tokens import TokenCounter
-from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of, measured_offset
+from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_offset
 from ctxgate.proxy.errors import ApiError
-from ctxgate.proxy.speculative import Speculator
-from ctxgate.proxy.state import MemorySessionStore, SessionState
+from ctxgate.proxy.engine.speculative import Speculator
+from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
 from turn_replay import agent_turns
 
 Message = dict[str, Any]

@@ -279,9 +279,9 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
     """Where a steady-state turn's time goes inside ctxgate: the same calls chat.py makes,
     timed in this process (no HTTP), median of `runs`, on turn 5 of each session."""
     from ctxgate.pipeline.config import PipelineConfig
-    from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
-    from ctxgate.proxy.state import SessionState
-    from ctxgate.proxy.validation import validate_chat_request
+    from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of
+    from ctxgate.proxy.engine.state import SessionState
+    from ctxgate.proxy.doors.validation import validate_chat_request
 
     async def no_summary(_msgs):  # never called: nothing is over the trigger
         raise RuntimeError("unexpected compaction")

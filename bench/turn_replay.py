@@ -13,9 +13,9 @@ from typing import Any, Callable
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of, measured_offset
-from ctxgate.proxy.speculative import Speculator
-from ctxgate.proxy.state import MemorySessionStore, SessionState
+from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_offset
+from ctxgate.proxy.engine.speculative import Speculator
+from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
 
 Message = dict[str, Any]
 SUMMARY = """1. User goal: fix the failing behaviour described in the task.

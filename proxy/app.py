@@ -8,12 +8,12 @@ import time
 import orjson
 from aiohttp import web
 
-from .chat import ChatHandler
+from .doors.chat import ChatHandler
 from .errors import ApiError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
-from .journal import RollbackError
-from .memory_api import MemoryApi
+from .engine.journal import RollbackError
+from .admin.memory_api import MemoryApi
 from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate")

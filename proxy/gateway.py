@@ -12,19 +12,19 @@ import orjson
 
 from ..pipeline.config import PipelineConfig
 from ..pipeline.tokens import TokenizerRegistry, TokenizerRule
-from .compaction import Compactor
+from .engine.compaction import Compactor
 from .config import Config
-from .demo import DemoForwarder
+from .upstream.demo import DemoForwarder
 from .errors import ApiError
-from .idempotency import IdempotencyStore, open_idempotency_store
-from .journal import Journal
-from .memory_turn import BlockRefresher, open_memory_store
+from .engine.idempotency import IdempotencyStore, open_idempotency_store
+from .engine.journal import Journal
+from .engine.memory_turn import BlockRefresher, open_memory_store
 from ..memory.manager import MemoryManager
-from .metrics import Metrics
-from .routing import Route, Router
-from .speculative import Speculator
-from .state import SessionState, SessionStore, open_store
-from .upstream import DirectForwarder, Forwarder, LitellmForwarder
+from .admin.metrics import Metrics
+from .upstream.routing import Route, Router
+from .engine.speculative import Speculator
+from .engine.state import SessionState, SessionStore, open_store
+from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
 
 log = logging.getLogger("ctxgate")
 

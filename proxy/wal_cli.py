@@ -20,7 +20,7 @@ from ..wal.paths import WalPaths, safe_name
 from ..wal.reader import WalScan, scan_file
 from ..wal.writer import WalWriter, flocked
 from .config import Config
-from .journal import Journal, RollbackError
+from .engine.journal import Journal, RollbackError
 
 
 def add_commands(sub: Any, common: Any) -> None:

@@ -40,9 +40,9 @@ from hypothesis import strategies as st
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import is_ctxgate_message
-from ctxgate.proxy.compaction import Compactor, Turn, fingerprints_of
+from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of
 from ctxgate.proxy.errors import ApiError
-from ctxgate.proxy.state import SessionState
+from ctxgate.proxy.engine.state import SessionState
 
 from dialect_builders import (
     DEMONSTRATION,

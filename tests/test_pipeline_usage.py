@@ -11,7 +11,7 @@ import openai
 
 from clients import client
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.proxy.compaction import Turn, fingerprints_of, measured_offset, provider_offset
+from ctxgate.proxy.engine.compaction import Turn, fingerprints_of, measured_offset, provider_offset
 from pipeline_builders import Message, counter, filler, system, tool_turn, user
 from servers import KEYS, Gateway
 from upstream import ScriptedUpstream

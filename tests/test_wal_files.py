@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ctxgate.proxy.journal import Journal, RollbackError
-from ctxgate.proxy.state import CompactionRecord, SessionState
+from ctxgate.proxy.engine.journal import Journal, RollbackError
+from ctxgate.proxy.engine.state import CompactionRecord, SessionState
 from ctxgate.wal.archive import prune_archives
 from ctxgate.wal.config import WalConfig
 from ctxgate.wal.events import DamagedLine, decode_line, encode_line

@@ -12,8 +12,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from ctxgate.proxy.idempotency import _InFlight
-from ctxgate.proxy.replies import SseReply
+from ctxgate.proxy.engine.idempotency import _InFlight
+from ctxgate.proxy.doors.chat_replies import SseReply
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
 from clients import MESSAGES, TOOLS, agent_turns, assert_error_shape, client, feasible_turns, post

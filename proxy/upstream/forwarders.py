@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Protocol
 import aiohttp
 import orjson
 
-from .errors import ApiError, upstream_error_object
+from ..errors import ApiError, upstream_error_object
 from .routing import Route
 
 _CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "prompt is too long",

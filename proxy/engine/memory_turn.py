@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
-from ..memory.capture import text_of, workspace_root
-from ..memory.config import MemoryConfig
-from ..memory.file_store import FileMemoryStore
-from ..memory.store import LongTermStore
-from ..pipeline.tokens import TokenCounter
-from .errors import ApiError
-from .ids import InvalidId, validate_id
+from ...memory.capture import text_of, workspace_root
+from ...memory.config import MemoryConfig
+from ...memory.file_store import FileMemoryStore
+from ...memory.store import LongTermStore
+from ...pipeline.tokens import TokenCounter
+from ..errors import ApiError
+from ..ids import InvalidId, validate_id
 from .state import SessionState
 
 log = logging.getLogger("ctxgate.memory")
@@ -115,7 +115,7 @@ def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
 def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embed: Embed | None) -> LongTermStore:
     kind = config.store or ("redis" if state_url != "memory" else "files")
     if kind == "redis":
-        from ..memory.redis_store import RedisMemoryStore
+        from ...memory.redis_store import RedisMemoryStore
 
         if state_url == "memory":
             raise ValueError("ctxgate.memory.store: redis keeps memory next to the session state: set ctxgate.state "
@@ -125,7 +125,7 @@ def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embe
         if embed is None:
             raise ValueError("ctxgate.memory.store: vector needs ctxgate.memory.embedding_model (a model_name of "
                              "model_list that serves /v1/embeddings)")
-        from ..memory.vector_store import QdrantMemoryStore
+        from ...memory.vector_store import QdrantMemoryStore
 
         if config.qdrant_url:
             return QdrantMemoryStore(embed, url=config.qdrant_url)

@@ -19,10 +19,10 @@ from typing import Any, AsyncIterator, Protocol
 import orjson
 import xxhash
 
-from ..pipeline.fingerprint import message_fingerprint
-from ..wal.archive import write_atomically
-from ..wal.paths import safe_name
-from .errors import ApiError
+from ...pipeline.fingerprint import message_fingerprint
+from ...wal.archive import write_atomically
+from ...wal.paths import safe_name
+from ..errors import ApiError
 from .state import reachable
 
 HEADER = "Idempotency-Key"

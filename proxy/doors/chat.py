@@ -10,17 +10,17 @@ from typing import Any, Coroutine
 import orjson
 from aiohttp import web
 
-from ..memory.short_term import BufferScope
-from .compaction import Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
-from .errors import ApiError
-from .gateway import Gateway
-from .idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
-from .routing import Route
-from .tenancy import Caller, resolve_caller, resolve_session
-from .memory_turn import MemoryScope, block_tokens, inject, query_of, scope_of
-from .replies import ReplyFacts, SseReply, reply_facts
-from .state import SessionState
-from .upstream import ContextTooLong, Reply, UpstreamError
+from ...memory.short_term import BufferScope
+from ..engine.compaction import Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
+from ..errors import ApiError
+from ..gateway import Gateway
+from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
+from ..upstream.routing import Route
+from ..tenancy import Caller, resolve_caller, resolve_session
+from ..engine.memory_turn import MemoryScope, block_tokens, inject, query_of, scope_of
+from .chat_replies import ReplyFacts, SseReply, reply_facts
+from ..engine.state import SessionState
+from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from .validation import read_json_body, validate_chat_request
 
 log = logging.getLogger("ctxgate.chat")

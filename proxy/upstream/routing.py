@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .config import Config, ModelEntry
-from .errors import ApiError
+from ..config import Config, ModelEntry
+from ..errors import ApiError
 
 log = logging.getLogger("ctxgate.routing")
 

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Iterator, Protocol
 
 import orjson
 
-from .errors import ApiError
+from ..errors import ApiError
 
 MAX_RECORDS = 8
 MAX_COMPACTION_LOG = 200

@@ -18,15 +18,15 @@ from typing import Any, Callable
 
 import orjson
 
-from ..wal.archive import prune_archives
-from ..wal.config import WalConfig
-from ..wal.events import EventType, content_hash
-from ..wal.mirror import DB_NAME, SqliteMirror
-from ..wal.paths import WalPaths
-from ..wal.reader import Recovery, find_checkpoint, recover, scan_file
-from ..wal.writer import WalWriter
+from ...wal.archive import prune_archives
+from ...wal.config import WalConfig
+from ...wal.events import EventType, content_hash
+from ...wal.mirror import DB_NAME, SqliteMirror
+from ...wal.paths import WalPaths
+from ...wal.reader import Recovery, find_checkpoint, recover, scan_file
+from ...wal.writer import WalWriter
 from .compaction import Turn
-from .errors import ApiError
+from ..errors import ApiError
 from .state import SessionState
 
 log = logging.getLogger("ctxgate.wal")

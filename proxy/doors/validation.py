@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ApiError
+from ..errors import ApiError
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")

@@ -14,19 +14,19 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..pipeline.autocompact import AutocompactBreaker
-from ..pipeline.chain import build_pipeline
-from ..pipeline.collapse import CollapseStore
-from ..pipeline.config import PipelineConfig
-from ..pipeline.fingerprint import message_fingerprint, prefix_hashes, tools_fingerprint
-from ..pipeline.conversation import Kind, read_conversation
-from ..pipeline.microcompact import LastObservationCut, MicrocompactStrategy
-from ..pipeline.protocols import PLAIN, detect_dialect
-from ..pipeline.restore import extract_working_state
-from ..pipeline.tokens import TokenCounter
-from ..pipeline.turns import leading_instructions, task_index
-from ..pipeline.types import CompressionRequest, Reason, RecentWindow
-from .errors import context_exhausted
+from ...pipeline.autocompact import AutocompactBreaker
+from ...pipeline.chain import build_pipeline
+from ...pipeline.collapse import CollapseStore
+from ...pipeline.config import PipelineConfig
+from ...pipeline.fingerprint import message_fingerprint, prefix_hashes, tools_fingerprint
+from ...pipeline.conversation import Kind, read_conversation
+from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
+from ...pipeline.protocols import PLAIN, detect_dialect
+from ...pipeline.restore import extract_working_state
+from ...pipeline.tokens import TokenCounter
+from ...pipeline.turns import leading_instructions, task_index
+from ...pipeline.types import CompressionRequest, Reason, RecentWindow
+from ..errors import context_exhausted
 from .state import CompactionRecord, SessionState
 
 if TYPE_CHECKING:

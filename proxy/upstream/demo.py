@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from .routing import Route
-from .upstream import Reply
+from .forwarders import Reply
 
 HINT = ("ctxgate is running with its offline demo model. To use a real model, start it with "
         "`ctxgate serve --config ctxgate.yaml` where the file has a litellm `model_list`.")

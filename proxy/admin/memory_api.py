@@ -11,12 +11,12 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..memory.entries import Category, MemoryEntry, feedback_expiry
-from ..memory.store import LongTermStore
-from .errors import ApiError
-from .gateway import Gateway
-from .state import reachable
-from .tenancy import resolve_caller
+from ...memory.entries import Category, MemoryEntry, feedback_expiry
+from ...memory.store import LongTermStore
+from ..errors import ApiError
+from ..gateway import Gateway
+from ..engine.state import reachable
+from ..tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate.memory")
 

@@ -4,6 +4,8 @@
 small `chat.completion` ("ok") without `usage.prompt_tokens`: counting 200K tokens exactly
 would add ~60 ms of upstream time to every call and widen the spread of the figures, and
 an estimate would steer ctxgate, which anchors its budget decisions on the provider's count.
+`POST /v1/messages` (Anthropic) and `POST /v1/responses` (OpenAI Responses) answer the same
+fixed "ok" in their own shapes, non-stream only, without usage for the same reason.
 
     .venv/bin/python bench/upstream.py --port 8999
 
@@ -40,6 +42,41 @@ async def chat(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
 
+async def messages(request: web.Request) -> web.Response:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
+                                                             "message": "invalid JSON"}}, status=400)
+    if body.get("stream"):
+        return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
+                                                             "message": "bench upstream: stream not supported"}},
+                                 status=400)
+    reply = {"id": "msg_bench", "type": "message", "role": "assistant", "model": body.get("model", "bench"),
+             "content": [{"type": "text", "text": REPLY}], "stop_reason": "end_turn", "stop_sequence": None}
+    return web.Response(body=orjson.dumps(reply), content_type="application/json")
+
+
+async def responses(request: web.Request) -> web.Response:
+    try:
+        body = orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return web.json_response({"error": {"message": "invalid JSON", "type": "invalid_request_error",
+                                            "param": None, "code": None}}, status=400)
+    if body.get("stream"):
+        return web.json_response({"error": {"message": "bench upstream: stream not supported",
+                                            "type": "invalid_request_error", "param": "stream", "code": None}},
+                                 status=400)
+    reply = {
+        "id": "resp_bench", "object": "response", "created_at": int(time.time()), "status": "completed",
+        "model": body.get("model", "bench"), "error": None, "incomplete_details": None,
+        "output": [{"id": "msg_bench", "type": "message", "status": "completed", "role": "assistant",
+                    "content": [{"type": "output_text", "text": REPLY, "annotations": []}]}],
+        "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+    }
+    return web.Response(body=orjson.dumps(reply), content_type="application/json")
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -48,6 +85,9 @@ def make_app() -> web.Application:
     app = web.Application(client_max_size=256 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/chat/completions", chat)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/responses", responses)
     app.router.add_get("/healthz", healthz)
     return app
 

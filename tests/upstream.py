@@ -13,8 +13,14 @@ it receives:
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
 - a name containing `summarizer`: a fixed six-field summary.
 
+It also speaks Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`)
+and OpenAI's Responses (`POST /v1/responses`), with the same model-name rules: see
+tests/upstream_doors.py, which holds those doors and their token counts
+(`anthropic_input_tokens`, `responses_input_tokens`).
+
 Every request lands in `.log` (raw bytes, body, headers, prompt tokens, the bytes answered,
-whether the handler saw its client go away), also at `GET /_log`; `POST /_reset` clears it.
+whether the handler saw its client go away, and its `door`: "chat", "embeddings", "messages",
+"count_tokens" or "responses"), also at `GET /_log`; `POST /_reset` clears it.
 """
 from __future__ import annotations
 
@@ -78,11 +84,13 @@ class Received:
     cancelled: bool = False
     """The handler saw its client go away (cancelled, or the connection reset mid-write)."""
     done: bool = False
+    door: str = "chat"
+    """Which API: "chat", "embeddings", "messages", "count_tokens" or "responses"."""
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "raw": self.raw.decode("utf-8", "replace"), "body": self.body,
                 "headers": self.headers, "prompt_tokens": self.prompt_tokens, "cancelled": self.cancelled,
-                "done": self.done, "response": self.response.decode("utf-8", "replace")}
+                "done": self.done, "door": self.door, "response": self.response.decode("utf-8", "replace")}
 
 
 def _json(data: Any) -> bytes:
@@ -115,11 +123,14 @@ class ScriptedUpstream:
         self.log.clear()
 
     def chats(self) -> list[Received]:
-        return [r for r in self.log if r.path.endswith("/chat/completions")]
+        return [r for r in self.log if r.door == "chat"]
 
     # -- lifecycle ---------------------------------------------------------------------
     def app(self) -> web.Application:
+        from upstream_doors import Doors  # built on this module: imported once it is complete
+
         app = web.Application(client_max_size=512 * 1024 * 1024)
+        Doors(self).add_routes(app)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
@@ -162,7 +173,7 @@ class ScriptedUpstream:
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        entry = Received(request.path, raw, {k.lower(): v for k, v in request.headers.items()})
+        entry = Received(request.path, raw, {k.lower(): v for k, v in request.headers.items()}, door="embeddings")
         self.log.append(entry)
         try:
             entry.body = body = json.loads(raw)

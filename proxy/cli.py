@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from . import wal_cli
+from . import launcher, wal_cli
 from .config import ConfigError, load_config
 
 
@@ -27,7 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--port", type=int, default=8787)
     serve.add_argument("--log-level", default=os.environ.get("CTXGATE_LOG_LEVEL", "INFO"))
     wal_cli.add_commands(sub, _serve_args)
+    run_parser = launcher.add_command(sub, _serve_args)
     args = parser.parse_args(argv)
+    if args.command == "run":
+        launcher.check_args(args, run_parser)
     level = getattr(args, "log_level", os.environ.get("CTXGATE_LOG_LEVEL", "WARNING"))
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -35,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"ctxgate: refusing to start: {e}", file=sys.stderr)
         return 2
+    if args.command == "run":
+        return launcher.run(args, config)
     if args.command != "serve":
         return wal_cli.run(args, config)
     return _serve(config, args.host, args.port, args.data_dir)

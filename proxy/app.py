@@ -8,7 +8,7 @@ import time
 import orjson
 from aiohttp import web
 
-from .doors.chat import ChatHandler
+from .doors.chat import ChatDoor
 from .errors import ApiError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
@@ -84,8 +84,7 @@ def _session_of(request: web.Request) -> tuple[Gateway, str, str]:
 
 async def session_summary(request: web.Request) -> web.Response:
     gw, tenant, session_id = _session_of(request)
-    async with gw.sessions.lock(tenant, session_id):
-        state = await gw.sessions.load(tenant, session_id) or await gw.journal.recover(tenant, session_id)
+    state = await gw.sessions.read(tenant, session_id)
     if state is None:
         raise ApiError(404, f"no session {session_id} for this tenant", code="session_not_found")
     return _json({"id": state.session_id, "tenant": state.tenant, "turns": state.turns, "created_at": state.created_at,
@@ -113,12 +112,11 @@ async def session_rollback(request: web.Request) -> web.Response:
     if not isinstance(to_seq, int) or isinstance(to_seq, bool) or to_seq < 1:
         raise ApiError(400, 'the body must be {"to_seq": <checkpoint seq, a positive integer>}', param="to_seq",
                        code="invalid_request")
-    async with gw.sessions.lock(tenant, session_id):
+    async with gw.sessions.transaction(tenant, session_id) as tx:
         try:
-            state = await gw.journal.rollback(tenant, session_id, to_seq)
+            tx.state = state = await gw.journal.rollback(tenant, session_id, to_seq)
         except RollbackError as e:
             raise ApiError(404, str(e), param="to_seq", code="checkpoint_not_found") from None
-        await gw.sessions.save(state)
     return _json({"id": session_id, "rolled_back_to": to_seq, "wal_seq": state.wal_seq,
                   "records": len(state.records), "turns": state.turns})
 
@@ -134,8 +132,8 @@ def create_app(gw: Gateway) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
     app["started"] = time.time()
-    app.router.add_post("/v1/chat/completions", ChatHandler(gw))
-    app.router.add_post("/chat/completions", ChatHandler(gw))
+    app.router.add_post("/v1/chat/completions", ChatDoor(gw))
+    app.router.add_post("/chat/completions", ChatDoor(gw))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

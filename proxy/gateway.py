@@ -23,7 +23,8 @@ from ..memory.manager import MemoryManager
 from .admin.metrics import Metrics
 from .upstream.routing import Route, Router
 from .engine.speculative import Speculator
-from .engine.state import SessionState, SessionStore, open_store
+from .engine.session import Sessions
+from .engine.state import SessionState, open_store
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
 
 log = logging.getLogger("ctxgate")
@@ -35,7 +36,7 @@ class Gateway:
     data_dir: Path
     router: Router
     tokenizers: TokenizerRegistry
-    sessions: SessionStore
+    sessions: Sessions
     metrics: Metrics
     direct: DirectForwarder
     via_litellm: LitellmForwarder
@@ -59,7 +60,7 @@ class Gateway:
         journal = Journal(root, s.wal, watch_external=s.state == "memory",
                           on_damage=lambda kind: metrics.wal_damage.labels(kind).inc())
         gw = cls(config=config, data_dir=root, router=Router(config, forwarding),
-                 tokenizers=tokenizers, sessions=open_store(s.state), metrics=metrics,
+                 tokenizers=tokenizers, sessions=Sessions(open_store(s.state), journal), metrics=metrics,
                  direct=DirectForwarder(s.connect_timeout_s, s.upstream_timeout_s),
                  via_litellm=LitellmForwarder(s.upstream_timeout_s), journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
@@ -71,15 +72,6 @@ class Gateway:
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         return gw
 
-    async def load_session(self, tenant: str, session_id: str) -> SessionState:
-        """The session's state, from the store or, first seen since a restart, from its WAL.
-        Call with the session locked."""
-        state = await self.sessions.load(tenant, session_id)
-        if state is not None and not self.journal.stale(state):
-            return state
-        recovered = await self.journal.recover(tenant, session_id)
-        return recovered or state or SessionState(tenant, session_id)
-
     async def recover_recent(self) -> int:
         """At start: the sessions whose logs were written last are rebuilt before they are asked
         for (and their logs checked); the rest wait for their first request."""
@@ -88,13 +80,7 @@ class Gateway:
         by_recency = sorted(logs, key=lambda found: _mtime(found[2]), reverse=True)[:limit]
         recovered = 0
         for tenant, session, _ in by_recency:
-            async with self.sessions.lock(tenant, session):
-                if await self.sessions.load(tenant, session) is not None:
-                    continue
-                state = await self.journal.recover(tenant, session)
-                if state is not None:
-                    await self.sessions.save(state)
-                    recovered += 1
+            recovered += await self.sessions.recover(tenant, session)
         if recovered:
             log.info("recovered %d sessions from the WAL at start (of %d logs)", recovered, len(logs))
         return recovered
@@ -128,10 +114,8 @@ class Gateway:
         return [list(item["embedding"]) for item in reply.data]
 
     async def _log_dream(self, key: tuple[str, str], event: dict[str, Any]) -> None:
-        async with self.sessions.lock(*key):
-            state = await self.load_session(*key)
-            await self.journal.log_dream(state, event)
-            await self.sessions.save(state)
+        async with self.sessions.transaction(*key) as tx:
+            tx.write_log = lambda state: self.journal.log_dream(state, event)
 
     async def _checkpoint_speculative(self, state: SessionState) -> None:
         await self.journal.checkpoint(state, "speculative")

@@ -89,8 +89,10 @@ def _first_text(messages: list[dict[str, Any]], roles: tuple[str, ...]) -> str:
     return ""
 
 
-def resolve_session(tenant: str, headers: Mapping[str, str], body: dict[str, Any]) -> str:
-    """X-Ctx-Session, else the conventions agents send, else a conversation fingerprint."""
+def resolve_session(tenant: str, headers: Mapping[str, str], messages: list[dict[str, Any]],
+                    prompt_cache_key: Any = None) -> str:
+    """X-Ctx-Session, else the conventions agents send (headers, the body's cache key), else a
+    fingerprint of the conversation's start (`messages` in the neutral model)."""
     own = headers.get("X-Ctx-Session")
     if own is not None:
         try:
@@ -98,12 +100,11 @@ def resolve_session(tenant: str, headers: Mapping[str, str], body: dict[str, Any
         except InvalidId as e:
             raise ApiError(400, f"X-Ctx-Session: {e}", param="X-Ctx-Session", code="invalid_session") from None
     candidates = [headers.get(h) for h in _SESSION_HEADERS]
-    if isinstance(body.get("prompt_cache_key"), str):
-        candidates.append(body["prompt_cache_key"])
+    if isinstance(prompt_cache_key, str):
+        candidates.append(prompt_cache_key)
     for value in candidates:
         if value:
             # Other tools' ids are not ours to refuse: a safe one is used as is, any other hashed.
             return value if is_valid_id(value) else "h-" + xxhash.xxh3_128_hexdigest(value.encode())
-    messages = body["messages"]
     seed = "\x00".join((tenant, _first_text(messages, ("system", "developer")), _first_text(messages, ("user",))))
     return "fp-" + xxhash.xxh3_128_hexdigest(seed.encode())[:24]

@@ -1,18 +1,13 @@
 """What an upstream reply says that ctxgate keeps: usage and the tool calls it makes."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from ..engine.wire import ReplyFacts
+
 _USAGE_TAIL = 16_384
-
-
-@dataclass
-class ReplyFacts:
-    prompt_tokens: int | None = None
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def reply_facts(body: bytes | None) -> ReplyFacts:
@@ -49,8 +44,15 @@ class SseReply:
         self._partial = b""
         """The end of the last chunk after its last newline: a network chunk may end mid-event."""
         self._all: bytearray | None = bytearray() if keep_all else None
+        self._done = False
+
+    @property
+    def complete(self) -> bool:
+        return self._done
 
     def feed(self, data: bytes) -> None:
+        if b"data: [DONE]" in data:
+            self._done = True
         self._tail = (self._tail + data)[-_USAGE_TAIL:]
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()

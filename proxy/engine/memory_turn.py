@@ -33,10 +33,10 @@ class MemoryScope:
         return f"{self.user or ''}\x00{self.project or ''}"
 
 
-def scope_of(headers: Mapping[str, str], body: dict[str, Any]) -> MemoryScope:
+def scope_of(headers: Mapping[str, str], user: Any, messages: list[dict[str, Any]]) -> MemoryScope:
     """User: `X-Ctx-User`, else the body's OpenAI `user`; project: `X-Ctx-Project`, else the
     workspace root the conversation names."""
-    user = headers.get("X-Ctx-User") or body.get("user")
+    user = headers.get("X-Ctx-User") or user
     if user is not None and (not isinstance(user, str) or not user or len(user) > MAX_USER_LENGTH):
         raise ApiError(400, f"the user (X-Ctx-User or the body's user) must be 1 to {MAX_USER_LENGTH} characters",
                        param="user", code="invalid_user")
@@ -46,7 +46,7 @@ def scope_of(headers: Mapping[str, str], body: dict[str, Any]) -> MemoryScope:
             validate_id(project, "project")
         except InvalidId as e:
             raise ApiError(400, f"X-Ctx-Project: {e}", param="X-Ctx-Project", code="invalid_project") from None
-    return MemoryScope(user, project or workspace_root(body["messages"]))
+    return MemoryScope(user, project or workspace_root(messages))
 
 
 def query_of(messages: list[dict[str, Any]]) -> str:

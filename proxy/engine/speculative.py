@@ -15,13 +15,14 @@ from dataclasses import asdict, replace
 from typing import Any, Awaitable, Callable
 
 from .compaction import ChainRun, Turn, run_chain
-from .state import SessionState, SessionStore
+from .session import Sessions
+from .state import SessionState
 
 log = logging.getLogger("ctxgate.speculative")
 
 
 class Speculator:
-    def __init__(self, sessions: SessionStore,
+    def __init__(self, sessions: Sessions,
                  on_kept: Callable[[SessionState], Awaitable[None]] | None = None) -> None:
         self._sessions = sessions
         self._on_kept = on_kept
@@ -92,12 +93,9 @@ class Speculator:
         chain, records_at_start = self._chains[(tenant, session_id)]
         try:
             run = await chain
-            async with self._sessions.lock(tenant, session_id):
-                state = await self._sessions.load(tenant, session_id)
-                if state is not None and self._keep(state, run, records_at_start):
-                    if self._on_kept is not None:
-                        await self._on_kept(state)
-                    await self._sessions.save(state)
+            async with self._sessions.transaction(tenant, session_id) as tx:
+                if self._keep(tx.state, run, records_at_start):
+                    tx.write_log = self._on_kept
         except Exception as e:  # a background task: log, never raise into nowhere
             log.warning("speculative compaction of session %s failed: %s", session_id, e)
             await self._forget(tenant, session_id)
@@ -107,11 +105,8 @@ class Speculator:
 
     async def _forget(self, tenant: str, session_id: str) -> None:
         try:
-            async with self._sessions.lock(tenant, session_id):
-                state = await self._sessions.load(tenant, session_id)
-                if state is not None and state.speculation:
-                    state.speculation = {}
-                    await self._sessions.save(state)
+            async with self._sessions.transaction(tenant, session_id) as tx:
+                tx.state.speculation = {}
         except Exception as e:
             log.warning("session %s: a failed speculation could not be cleared: %s", session_id, e)
 

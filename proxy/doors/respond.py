@@ -1,0 +1,135 @@
+"""What every door does around the turn engine: idempotent retries, the whole or streamed
+reply to the client, and the turn's bookkeeping even when the client hangs up early."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Coroutine
+
+from aiohttp import web
+
+from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
+from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
+from ..engine.wire import ReplyFacts, Wire
+from ..errors import ApiError
+from ..tenancy import Caller
+from ..upstream.forwarders import Reply
+from ..upstream.routing import Route
+
+log = logging.getLogger("ctxgate.doors")
+
+
+@dataclass
+class DoorRequest:
+    """One parsed request at a door: who asks, where it goes, and the turn it is."""
+    http: web.Request
+    caller: Caller
+    route: Route
+    session_id: str
+    turn: TurnInput
+    wire_body: dict[str, Any]
+    """The body as the client sent it: an idempotency key reused with another body is refused."""
+    started: float
+
+
+async def answer(engine: TurnEngine, request: DoorRequest, wire: Wire) -> web.StreamResponse:
+    """The turn, answered: from the stored reply for a retried idempotency key, else by the engine."""
+    headers = {"X-Ctx-Session": request.session_id}
+    try:
+        key = key_of(request.http.headers)
+        if key is None:
+            return await _turn(engine, request, wire, headers, None)
+        store = engine.gw.idempotency
+        async with store.in_flight.hold(request.caller.tenant, key):
+            stored = await store.get(request.caller.tenant, key)
+            if stored is None:
+                return await _turn(engine, request, wire, headers, key)
+            if stored.request_hash != request_hash(request.wire_body):
+                raise ApiError(422, f"{IDEMPOTENCY_HEADER} {key!r} was already used with a different request body",
+                               param=IDEMPOTENCY_HEADER, code="idempotency_key_reused")
+            engine.gw.metrics.idempotent_replays.inc()
+            return web.Response(status=stored.status, body=stored.body, headers={
+                **stored.headers, "Content-Type": stored.content_type, "Idempotent-Replayed": "true"})
+    except ApiError as e:
+        engine.gw.metrics.requests.labels(request.route.model_name, str(e.status)).inc()
+        e.headers.update(headers)
+        raise
+
+
+async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: dict[str, str],
+                idempotency_key: str | None) -> web.StreamResponse:
+    prepared = await engine.prepare(request.caller, request.route, request.session_id, request.turn, headers,
+                                    request.started)
+    reply = await engine.forward(prepared, wire, request.turn.stream)
+    done = _Settle(engine, prepared, wire, request, idempotency_key)
+    if reply.chunks is None:
+        headers["X-Ctx-Overhead-Ms"] = f"{prepared.overhead_ms():.2f}"
+        body = reply.body or b""
+        await _uncancellable(done(reply, body, wire.reply_facts(body)))
+        return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type,
+                                                                            **headers})
+    return await _relay(request.http, reply, done, wire)
+
+
+async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -> web.StreamResponse:
+    assert reply.chunks is not None
+    headers = done.prepared.headers
+    headers["X-Ctx-Overhead-Ms"] = f"{done.prepared.overhead_ms():.2f}"
+    response = web.StreamResponse(status=reply.status, headers={
+        "Content-Type": reply.content_type, "Cache-Control": "no-cache", **headers})
+    await response.prepare(http)
+    watch, complete, settled = wire.stream_watch(keep_all=done.idempotency_key is not None), False, False
+    try:
+        async for data in reply.chunks:
+            watch.feed(data)
+            if not settled and watch.complete:
+                # An SDK hangs up as soon as it reads the last event: the turn's bookkeeping comes first.
+                settled = True
+                await _uncancellable(done(reply, watch.body(), watch.facts()))
+            await response.write(data)
+        complete = True
+    except ApiError as e:
+        # The headers are gone already: the error travels as the API's own stream error event.
+        await response.write(wire.error_event(e))
+    except (ConnectionResetError, asyncio.CancelledError):
+        log.info("client left session %s mid-stream; upstream call cancelled", done.prepared.session_id)
+        raise
+    finally:
+        if reply.close is not None:
+            reply.close()
+    if complete and not settled:
+        await _uncancellable(done(reply, watch.body(), watch.facts()))
+    await response.write_eof()
+    return response
+
+
+@dataclass
+class _Settle:
+    """The end of a turn whose upstream call completed: the engine's bookkeeping, then the
+    reply kept for a retry of the same idempotency key."""
+    engine: TurnEngine
+    prepared: PreparedTurn
+    wire: Wire
+    request: DoorRequest
+    idempotency_key: str | None
+
+    async def __call__(self, reply: Reply, body: bytes, facts: ReplyFacts) -> None:
+        await self.engine.settle(self.prepared, self.wire, reply.status, facts)
+        if self.idempotency_key is not None:
+            stored = StoredReply(request_hash(self.request.wire_body), reply.status, reply.content_type, body,
+                                 dict(self.prepared.headers), time.time())
+            await self.engine.gw.idempotency.put(self.request.caller.tenant, self.idempotency_key, stored)
+
+
+async def _uncancellable(work: Coroutine[Any, Any, None]) -> None:
+    """Finish the bookkeeping of a completed upstream call even when the client leaves
+    (an SDK closes the connection at its last event): the log and the stored reply must
+    not depend on when the client hangs up."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise

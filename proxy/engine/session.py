@@ -1,0 +1,73 @@
+"""The session transaction: the one way anything changes a session's state.
+
+Lock the session (in-process or across replicas), load its state (from the store, or
+rebuilt from its WAL when the store has not seen it since a restart), hand it out, write
+what the change logs, and save it, once, whatever happened in between. A failure inside
+still logs and saves what was done before it: the WAL and the store never disagree
+about a compaction that ran.
+"""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
+
+from .journal import Journal
+from .state import SessionState, SessionStore
+
+WriteLog = Callable[[SessionState], Awaitable[None]]
+
+
+@dataclass
+class Transaction:
+    state: SessionState
+    write_log: WriteLog | None = None
+    """What this change writes to the WAL, run before the save (set it once the change knows)."""
+
+
+class Sessions:
+    def __init__(self, store: SessionStore, journal: Journal) -> None:
+        self.store = store
+        self.journal = journal
+
+    @asynccontextmanager
+    async def transaction(self, tenant: str, session_id: str) -> AsyncIterator[Transaction]:
+        async with self.store.lock(tenant, session_id):
+            tx = Transaction(await self._load(tenant, session_id))
+            try:
+                yield tx
+            finally:
+                try:
+                    if tx.write_log is not None:
+                        await tx.write_log(tx.state)
+                finally:
+                    await self.store.save(tx.state)
+
+    async def read(self, tenant: str, session_id: str) -> SessionState | None:
+        """The session as it is now, without changing it; None when it never existed."""
+        async with self.store.lock(tenant, session_id):
+            return await self.store.load(tenant, session_id) or await self.journal.recover(tenant, session_id)
+
+    async def recover(self, tenant: str, session_id: str) -> bool:
+        """Rebuild a session from its WAL into the store, unless the store has it already."""
+        async with self.store.lock(tenant, session_id):
+            if await self.store.load(tenant, session_id) is not None:
+                return False
+            state = await self.journal.recover(tenant, session_id)
+            if state is None:
+                return False
+            await self.store.save(state)
+            return True
+
+    async def _load(self, tenant: str, session_id: str) -> SessionState:
+        state = await self.store.load(tenant, session_id)
+        if state is not None and not self.journal.stale(state):
+            return state
+        recovered = await self.journal.recover(tenant, session_id)
+        return recovered or state or SessionState(tenant, session_id)
+
+    async def ping(self) -> bool:
+        return await self.store.ping()
+
+    async def close(self) -> None:
+        await self.store.close()

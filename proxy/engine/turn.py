@@ -1,0 +1,185 @@
+"""One turn, for every door: count, compact, inject, forward, settle.
+
+A door hands the engine a `TurnInput` (its request in the neutral conversation model)
+and a `Wire` (its format). The engine then:
+
+1. counts the conversation with the model's tokenizer (cached per message fingerprint);
+2. in one session transaction: takes the session's memory block, plans the compaction
+   (stored records, the chain when over the trigger, the loop guard), and logs the turn
+   to the WAL before anything is forwarded;
+3. forwards through the door's `Wire`, compacting once more if the upstream says the
+   prompt is too long (the loop guard decides whether that may happen);
+4. settles the reply: metrics, the provider's count as calibration, the WAL's RESPONSE
+   and TOOL_CALL events, the loop guard reset.
+
+Errors are `ApiError`s; each door renders them in its own wire shape.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...memory.short_term import BufferScope
+from ..errors import ApiError
+from ..tenancy import Caller
+from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
+from ..upstream.routing import Route
+from .compaction import Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
+from .memory_turn import MemoryScope, block_tokens, inject, query_of
+from .state import SessionState
+from .wire import ReplyFacts, Wire
+
+if TYPE_CHECKING:
+    from ..gateway import Gateway
+
+log = logging.getLogger("ctxgate.turn")
+
+
+@dataclass
+class TurnInput:
+    """One request of any door, in the neutral conversation model."""
+    messages: list[dict[str, Any]]
+    """The conversation as the pipeline reads it: instructions first, as system messages."""
+    tools: list[dict[str, Any]] | None
+    stream: bool
+    memory_scope: MemoryScope | None = None
+    """Whose long-term memory the turn reads and feeds; None when memory is off."""
+
+
+@dataclass
+class PreparedTurn:
+    """A turn planned and logged, ready to forward; what its end needs to know."""
+    caller: Caller
+    session_id: str
+    route: Route
+    turn: Turn
+    offset_key: str
+    """What a count offset measured on this reply holds for (`count_offset_key`)."""
+    plan: Plan
+    memory_block: str
+    guard_set: bool
+    started: float
+    headers: dict[str, str]
+    levels: list[str] = field(default_factory=list)
+    upstream_ms: float = 0.0
+
+    def forwarded(self) -> list[dict[str, Any]]:
+        """The conversation to forward: the plan's messages with the memory block in."""
+        return inject(self.plan.messages, self.memory_block)
+
+    def overhead_ms(self) -> float:
+        return max(0.0, (time.perf_counter() - self.started) * 1000 - self.upstream_ms)
+
+
+class TurnEngine:
+    def __init__(self, gw: "Gateway") -> None:
+        self.gw = gw
+
+    async def prepare(self, caller: Caller, route: Route, session_id: str, request: TurnInput,
+                      headers: dict[str, str], started: float) -> PreparedTurn:
+        gw = self.gw
+        messages = request.messages
+        counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
+        fps = fingerprints_of(messages)
+        tokens_in = counter.count_request(messages, request.tools, fps)
+        config = gw.pipeline_config(caller.profile, caller.tenant)
+        summarizer = config.autocompact.model or route.model_name
+        turn = Turn(messages=messages, fingerprints=fps, tools=request.tools, counter=counter, config=config,
+                    max_input_tokens=caller.budget or route.max_input_tokens,
+                    summarize=lambda msgs: gw.summarize(summarizer, msgs))
+        headers.update({"X-Ctx-Tokens-In": str(tokens_in), "X-Ctx-Tokenizer": counter.name})
+        memory = gw.memory if gw.memory is not None and gw.memory.enabled(caller.profile) else None
+        scope = request.memory_scope if memory is not None else None
+        offset_key = count_offset_key(route.model_name, turn.tools)
+        plan: Plan | None = None
+        block = ""
+        async with gw.sessions.transaction(caller.tenant, session_id) as tx:
+            # Before anything is forwarded, what the client sent is in the log, also when planning fails.
+            tx.write_log = lambda s: gw.journal.log_request(s, turn, plan.tokens_out if plan else None,
+                                                            budget_of(s, turn))
+            state = tx.state
+            state.profile = caller.profile
+            turn.count_offset = state.count_offset if state.count_offset_key == offset_key else 0
+            if scope is not None:
+                block = await self._memory_block(state, scope, turn)
+                turn.reserved_tokens = block_tokens(block, counter)
+            try:
+                plan = await gw.compactor.prepare(state, turn)
+            finally:
+                guard_set = state.has_attempted_reactive_compact
+                state.turns += 1
+        if memory is not None and scope is not None:
+            memory.observe((caller.tenant, session_id), BufferScope(scope.user, scope.project, caller.profile,
+                                                                    summarizer), messages, fps, counter.head)
+        return PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
+                            levels=list(plan.levels))
+
+    async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
+        """Send the planned request; when the upstream says it is too long, compact once
+        more (or degrade, or give up, as the loop guard says) and send again."""
+        gw, route = self.gw, prepared.route
+        caller = prepared.caller
+        api_key = caller.bearer if caller.tenant_config.pass_through_key else route.api_key
+        degraded = prepared.plan.degraded
+        while True:
+            payload = wire.payload(prepared.forwarded(), route)
+            try:
+                reply = await wire.send(route, payload, stream=stream, api_key=api_key)
+                break
+            except ContextTooLong as e:
+                plan = prepared.plan
+                async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
+                    tx.write_log = lambda s: gw.journal.log_request(s, prepared.turn, plan.tokens_out,
+                                                                    budget_of(s, prepared.turn))
+                    try:
+                        plan, degraded = await gw.compactor.reactive(tx.state, prepared.turn, plan,
+                                                                     e.body["error"]["message"], degraded)
+                    finally:
+                        prepared.guard_set = tx.state.has_attempted_reactive_compact
+                prepared.plan = plan
+                prepared.levels += [lv for lv in plan.levels if lv not in prepared.levels]
+            except UpstreamError as e:  # the upstream's own status and error object
+                raise e.to_api_error() from None
+        prepared.upstream_ms += reply.upstream_ms
+        prepared.headers.update({"X-Ctx-Tokens-Out": str(prepared.plan.tokens_out),
+                                 "X-Ctx-Levels": ",".join(prepared.levels) or "none"})
+        return reply
+
+    async def settle(self, prepared: PreparedTurn, wire: Wire, status: int, facts: ReplyFacts) -> None:
+        """The upstream call completed: calibrate, log it, reset the loop guard."""
+        gw = self.gw
+        gw.metrics.requests.labels(prepared.route.model_name, "200").inc()
+        gw.metrics.overhead.observe(prepared.overhead_ms())
+        offset = None
+        if facts.prompt_tokens is not None:
+            gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)
+            offset = measured_offset(prepared.turn, prepared.plan.tokens_out, facts.prompt_tokens)
+        caller = prepared.caller
+        if prepared.guard_set or offset is not None or gw.journal.enabled(caller.profile):
+            try:
+                async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
+                    tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls)
+                    state = tx.state
+                    state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
+                    if offset is not None:
+                        state.count_offset = offset
+                        state.count_offset_key = prepared.offset_key
+            except ApiError as e:  # the reply exists and the turn is logged: answer it rather than lose it
+                log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
+        await wire.settled(caller.tenant, facts)
+
+    async def _memory_block(self, state: SessionState, scope: MemoryScope, turn: Turn) -> str:
+        """The session's memory block; a memory store that fails leaves the last one in place."""
+        memory = self.gw.memory
+        assert memory is not None
+        budget = int(budget_of(state, turn) * memory.config.budget_share)
+        try:
+            version = await memory.store.version(state.tenant)
+            return await self.gw.memory_blocks.block(state, version, scope, lambda: memory.context_block(
+                state.tenant, scope.user, scope.project, query_of(turn.messages), budget, turn.counter.count))
+        except Exception as e:
+            log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)
+            return state.memory_block
+

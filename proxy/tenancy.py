@@ -28,10 +28,11 @@ class Caller:
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
+    """The client's key: `Authorization: Bearer`, or Anthropic's `x-api-key`."""
     auth = headers.get("Authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return None
+    return headers.get("x-api-key", "").strip() or None
 
 
 def _tenant_by_key(config: Config, key: str | None) -> str | None:

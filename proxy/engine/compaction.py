@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from .speculative import Speculator
 
 Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
-_LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)")
+# OpenAI: "maximum context length is N tokens"; Anthropic: "prompt is too long: M tokens > N maximum".
+_LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)|> (\d+) maximum")
 
 
 @dataclass
@@ -318,7 +319,7 @@ class Compactor:
         """The upstream said the prompt is too long: compact once more, degrade, or give up."""
         _read_dialect(state, turn)
         if found := _LIMIT_IN_ERROR.search(upstream_message):
-            limit = int(found.group(1))
+            limit = int(found.group(1) or found.group(2))
             if 0 < limit < turn.max_input_tokens:
                 state.learned_max_input_tokens = limit
         if turn.count_offset < 0:

@@ -26,7 +26,7 @@ from ..errors import ApiError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
-from .compaction import Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
+from .compaction import Compactor, Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
 from .memory_turn import MemoryScope, block_tokens, inject, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
@@ -116,6 +116,28 @@ class TurnEngine:
         return PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                             levels=list(plan.levels))
 
+    async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput,
+                      headers: dict[str, str]) -> int:
+        """How many tokens the upstream would be sent for this conversation now: the stored
+        compactions applied, the levels that need no model call run if it is over the trigger,
+        the memory block in. Changes nothing: the session is read, never saved."""
+        gw = self.gw
+        counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
+        fps = fingerprints_of(request.messages)
+        config = gw.pipeline_config(caller.profile, caller.tenant)
+        config = config.model_copy(update={"levels": [lv for lv in config.levels if lv != "autocompact"]})
+        turn = Turn(messages=request.messages, fingerprints=fps, tools=request.tools, counter=counter, config=config,
+                    max_input_tokens=caller.budget or route.max_input_tokens, summarize=_no_summary)
+        found = await gw.sessions.read(caller.tenant, session_id)
+        state = SessionState.from_dict(found.to_dict()) if found else SessionState(caller.tenant, session_id)
+        turn.count_offset = state.count_offset if state.count_offset_key == count_offset_key(
+            route.model_name, turn.tools) else 0
+        block = state.memory_block if request.memory_scope is not None else ""
+        turn.reserved_tokens = block_tokens(block, counter)
+        plan = await Compactor().prepare(state, turn)
+        headers.update({"X-Ctx-Tokenizer": counter.name, "X-Ctx-Levels": ",".join(plan.levels) or "none"})
+        return plan.tokens_out  # the tools schema and the memory block included
+
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         """Send the planned request; when the upstream says it is too long, compact once
         more (or degrade, or give up, as the loop guard says) and send again."""
@@ -183,3 +205,7 @@ class TurnEngine:
             log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)
             return state.memory_block
 
+
+
+async def _no_summary(messages: list[dict[str, Any]]) -> str:
+    raise ApiError(500, "a preview never asks for a summary")

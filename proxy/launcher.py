@@ -118,6 +118,10 @@ def agent_env(environ: Mapping[str, str], base: str, session: str) -> dict[str, 
         CTXGATE_SESSION=session,
         ANTHROPIC_CUSTOM_HEADERS="\n".join([*headers, f"X-Ctx-Session: {session}"]),
     )
+    # An agent honouring the user's HTTP(S)_PROXY must still reach a local ctxgate directly.
+    for name in ("NO_PROXY", "no_proxy"):
+        kept = [h for h in env.get(name, "").split(",") if h.strip()]
+        env[name] = ",".join([*kept, *(h for h in ("127.0.0.1", "localhost") if h not in kept)])
     return env
 
 

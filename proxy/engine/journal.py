@@ -170,25 +170,34 @@ class Journal:
             m = messages[i]
             role = m.get("role")
             base = {"turn": state.turns, "index": i, "prefix_hash": hashes[i]}
-            if role == "user":
+            results = _tool_result_blocks(m) if role == "user" else []
+            if results:  # Anthropic's tool results travel in a user turn, one block per call
+                events += [self._tool_result(base, _text(b.get("content")), _tool_use_name(messages, i, b),
+                                             b.get("tool_use_id"), turn.counter.count_cached(_text(b.get("content"))),
+                                             bool(b.get("is_error"))) for b in results]
+            elif role == "user":
                 content = m.get("content")
                 event = {"type": EventType.USER_INPUT.value, **base, "content_hash": content_hash(content or "")}
                 if self.config.store_content:
                     event["content"] = content
                 events.append(event)
             elif role == "tool":
-                text = _text(m.get("content"))
-                failed = bool(_FAILURE.search(text[:_SCAN_CHARS]))
-                event = {"type": EventType.TOOL_RESULT.value, **base, "tool": _tool_name(messages, i),
-                         "call_id": m.get("tool_call_id"),
-                         "result_tokens": turn.counter.count_structured(m, turn.fingerprints[i]),
-                         "success": not failed, "duration_ms": None}
-                if failed:
-                    event["error"] = _first_failure_line(text)
-                events.append(event)
+                events.append(self._tool_result(base, _text(m.get("content")), _tool_name(messages, i),
+                                                m.get("tool_call_id"),
+                                                turn.counter.count_structured(m, turn.fingerprints[i]), False))
         if messages:
             state.wal_logged, state.wal_logged_hash = len(messages), hashes[-1]
         return events
+
+    @staticmethod
+    def _tool_result(base: dict[str, Any], text: str, tool: str | None, call_id: Any, tokens: int,
+                     reported_error: bool) -> dict[str, Any]:
+        failed = reported_error or bool(_FAILURE.search(text[:_SCAN_CHARS]))
+        event = {"type": EventType.TOOL_RESULT.value, **base, "tool": tool, "call_id": call_id,
+                 "result_tokens": tokens, "success": not failed, "duration_ms": None}
+        if failed:
+            event["error"] = _first_failure_line(text)
+        return event
 
     def _checkpoint_event(self, state: SessionState, reason: str, tokens_out: int | None,
                           budget: int | None) -> dict[str, Any]:
@@ -274,6 +283,23 @@ def _tool_name(messages: list[dict[str, Any]], i: int) -> str | None:
                     return (call.get("function") or {}).get("name")
             return messages[i].get("name")
     return messages[i].get("name")
+
+
+def _tool_result_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+
+def _tool_use_name(messages: list[dict[str, Any]], i: int, result: dict[str, Any]) -> str | None:
+    """The tool a `tool_result` block answers, from the `tool_use` blocks of the turn before it."""
+    previous = messages[i - 1].get("content") if i > 0 else None
+    for block in previous if isinstance(previous, list) else []:
+        if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id") == result.get("tool_use_id"):
+            name = block.get("name")
+            return name if isinstance(name, str) else None
+    return None
 
 
 def _text(content: Any) -> str:

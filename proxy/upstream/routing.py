@@ -6,9 +6,11 @@ forwards the body as is) or needs litellm's translation.
 """
 from __future__ import annotations
 
+import fnmatch
 import itertools
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -102,32 +104,65 @@ def demo_route() -> Route:
                  limit_source="demo", direct=False)
 
 
+MAX_PATTERN_ROUTES = 1024
+"""Models resolved through a wildcard entry that are kept resolved (a client chooses the names)."""
+
+
 class Router:
-    """Round-robin over the deployments that share a model_name, as litellm's router does."""
+    """Round-robin over the deployments that share a model_name, as litellm's router does.
+
+    A `model_name` with a `*` (as litellm's proxy allows: `claude-*`, `anthropic/*`, `*`)
+    serves every model it matches that no exact entry names; a `*` in its
+    `litellm_params.model` becomes what the `*` matched, so `claude-*` ->
+    `anthropic/claude-*` sends `claude-sonnet-4-5` to `anthropic/claude-sonnet-4-5`. Agents
+    such as Claude Code and Codex choose their model names themselves."""
 
     def __init__(self, config: Config, forwarding: str | None = None) -> None:
         mode = forwarding or config.ctxgate.forwarding
         groups: dict[str, list[Route]] = {}
+        self._patterns: list[ModelEntry] = []
         for entry in config.model_list:
-            groups.setdefault(entry.model_name, []).append(_route(entry, config, mode))
-        if not groups:
+            if "*" in entry.model_name:
+                self._patterns.append(entry)
+            else:
+                groups.setdefault(entry.model_name, []).append(_route(entry, config, mode))
+        if not groups and not self._patterns:
             groups[DEMO_MODEL] = [demo_route()]
+        self._config, self._mode = config, mode
         self._groups = groups
         self._cycles: dict[str, Iterator[Route]] = {k: itertools.cycle(v) for k, v in groups.items()}
+        self._matched: dict[str, Route] = {}
 
     @property
     def demo_only(self) -> bool:
         return list(self._groups) == [DEMO_MODEL]
 
     def model_names(self) -> list[str]:
-        return list(self._groups)
+        return list(self._groups) + [entry.model_name for entry in self._patterns]
 
     def resolve(self, model: str) -> Route:
         cycle = self._cycles.get(model)
-        if cycle is None:
+        if cycle is not None:
+            return next(cycle)
+        found = self._matched.get(model) or self._match(model)
+        if found is None:
             raise ApiError(404, f"The model `{model}` does not exist in this gateway's model_list "
-                                f"(known: {', '.join(self._groups)})", code="model_not_found", param="model")
-        return next(cycle)
+                                f"(known: {', '.join(self.model_names())})", code="model_not_found", param="model")
+        return found
+
+    def _match(self, model: str) -> Route | None:
+        for entry in self._patterns:
+            if not fnmatch.fnmatchcase(model, entry.model_name):
+                continue
+            star = re.fullmatch(re.escape(entry.model_name).replace(r"\*", "(.*)", 1).replace(r"\*", ".*"), model)
+            matched = star.group(1) if star else model
+            params = {**entry.litellm_params, "model": str(entry.litellm_params["model"]).replace("*", matched)}
+            route = _route(entry.model_copy(update={"model_name": model, "litellm_params": params}),
+                           self._config, self._mode)
+            if len(self._matched) < MAX_PATTERN_ROUTES:
+                self._matched[model] = route
+            return route
+        return None
 
     def first(self, model: str) -> Route:
         return self._groups[model][0]

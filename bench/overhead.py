@@ -1,12 +1,15 @@
-"""The latency ctxgate adds over calling the same scripted upstream directly.
+"""The latency ctxgate adds over calling the same scripted upstream directly, per door.
 
 Real processes: bench/upstream.py, and `ctxgate serve` twice in front of it (one with
 `forwarding: auto`, ctxgate's own pooled aiohttp client; one with `forwarding: litellm`,
-litellm.acompletion), plus the LiteLLM proxy when `litellm[proxy]` is installed. This
-process is the client: one pooled aiohttp session sends the same payloads, interleaved
-in a shuffled order each iteration, to every target; `litellm.acompletion` is also called
-in this process against the same upstream, so litellm's own cost is seen next to a plain
-aiohttp POST.
+litellm.acompletion), plus the LiteLLM proxy when `litellm[proxy]` is installed (in .venv,
+or in another environment named by --litellm-proxy). This process is the client: one
+pooled aiohttp session sends the same conversation to every target through every door
+(bench/doors.py: chat completions, Anthropic Messages, OpenAI Responses, each in its own
+wire format), all (door, target) pairs in a shuffled order each iteration; the added
+latency is per door, against a direct call to the upstream through the same door.
+`litellm.acompletion` is also called in this process against the same upstream (chat door
+only), so litellm's own cost is seen next to a plain aiohttp POST.
 
 Scenarios (conversations made of real trajectory messages, sizes by o200k_base):
 - conv-1K, conv-100K: a conversation ctxgate has not seen: every message of every
@@ -17,7 +20,8 @@ Scenarios (conversations made of real trajectory messages, sizes by o200k_base):
   model's `max_input_tokens` is 1,000,000, so nothing is compacted: this is counting with
   the fingerprint cache, plus everything else a turn does.
 
-    .venv/bin/python bench/overhead.py [--small 200] [--large 40]
+    .venv/bin/python bench/overhead.py [--small 200] [--large 40] [--doors chat,messages,responses]
+        [--litellm-proxy /tmp/litellm-proxy-venv/bin/litellm]
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
+import doors  # noqa: E402
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
@@ -47,7 +52,8 @@ import yaml  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 UPSTREAM_KEY = "sk-bench-upstream"
-MODEL = "gpt-4o"
+MODEL = doors.CHAT_MODEL
+DIRECT = "direct"
 
 
 def free_port() -> int:
@@ -73,8 +79,10 @@ class Proc:
                 self.popen.wait(5)
 
 
-def start(name: str, argv: list[str], health: str, workdir: Path, env: dict[str, str] | None = None,
+def start(name: str, argv: list[str], base: str, health: str, workdir: Path, env: dict[str, str] | None = None,
           timeout: float = 120.0) -> Proc:
+    """Start `argv`, wait until `base + health` answers 200. The targets are below `base`
+    (never below the health path: the LiteLLM proxy's is /health/liveliness)."""
     log = workdir / f"{name}.log"
     fh = open(log, "wb")
     popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir,
@@ -84,7 +92,7 @@ def start(name: str, argv: list[str], health: str, workdir: Path, env: dict[str,
         if popen.poll() is not None:
             raise RuntimeError(f"{name} exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(health, timeout=1) as r:
+            with urllib.request.urlopen(base + health, timeout=1) as r:
                 if r.status == 200:
                     break
         except OSError:
@@ -93,15 +101,12 @@ def start(name: str, argv: list[str], health: str, workdir: Path, env: dict[str,
             popen.kill()
             raise RuntimeError(f"{name} did not become healthy in {timeout}s:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
-    return Proc(name, popen, log, health.rsplit("/", 1)[0])
+    return Proc(name, popen, log, base)
 
 
 def ctxgate_config(upstream: str, forwarding: str, workdir: Path) -> Path:
     cfg = {
-        "model_list": [{"model_name": MODEL,
-                        "litellm_params": {"model": f"openai/{MODEL}", "api_base": f"{upstream}/v1",
-                                           "api_key": UPSTREAM_KEY},
-                        "model_info": {"max_input_tokens": 1_000_000}}],
+        "model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=1_000_000),
         "ctxgate": {"forwarding": forwarding, "data_dir": str(workdir / f"data-{forwarding}")},
     }
     path = workdir / f"ctxgate-{forwarding}.yaml"
@@ -109,13 +114,42 @@ def ctxgate_config(upstream: str, forwarding: str, workdir: Path) -> Path:
     return path
 
 
-def litellm_proxy_available() -> tuple[bool, str]:
-    r = subprocess.run([sys.executable, "-c", "import litellm.proxy.proxy_server"], capture_output=True, text=True,
-                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}, timeout=300)
-    if r.returncode == 0:
-        return True, ""
-    last = (r.stderr.strip().splitlines() or ["?"])[-1]
-    return False, last
+def litellm_proxy_command(path: str | None) -> tuple[list[str] | None, str]:
+    """How to start the LiteLLM proxy and its litellm version, or (None, why not).
+
+    `path` (--litellm-proxy, else $CTXGATE_BENCH_LITELLM_PROXY) is the `litellm` script of an
+    environment with `litellm[proxy]`, or that environment's python; without it, .venv's own
+    `litellm` if `litellm.proxy.proxy_server` imports there."""
+    path = path or os.environ.get("CTXGATE_BENCH_LITELLM_PROXY")
+    if path:
+        exe = Path(path)
+        if not exe.exists():
+            return None, f"{path} does not exist"
+        is_python = exe.name.startswith("python")
+        python = exe if is_python else exe.parent / "python"
+        argv = [str(exe), "-m", "litellm.proxy.proxy_cli"] if is_python else [str(exe)]
+    else:
+        python, argv = Path(sys.executable), [str(VENV_BIN / "litellm")]
+    r = subprocess.run([str(python), "-c", "import importlib.metadata as m, litellm.proxy.proxy_server; "
+                        "print(m.version('litellm'))"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    if r.returncode != 0:
+        return None, f"`import litellm.proxy.proxy_server` fails with {python}: " \
+                     f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
+    return argv, r.stdout.strip().splitlines()[-1]
+
+
+def door_served(base: str, door: doors.Door) -> bool:
+    """Whether a started ctxgate has this door: anything but a 404 to an empty POST."""
+    req = urllib.request.Request(base + door.path, data=b"{}", method="POST",
+                                 headers=door.headers(UPSTREAM_KEY))
+    try:
+        with urllib.request.urlopen(req, timeout=30):
+            return True
+    except urllib.error.HTTPError as e:
+        return e.code != 404
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------
@@ -159,6 +193,7 @@ class Scenario:
     iterations: int
     warmup: int
     tokens: list[int] = field(default_factory=list)
+    body_bytes: dict[str, int] = field(default_factory=dict)
 
     def messages(self, i: int) -> list[dict[str, Any]]:
         return fresh(self.base, i) if self.kind == "fresh" else turn(self.base, i)
@@ -176,17 +211,22 @@ class Sample:
 
 
 class Target:
-    def __init__(self, name: str, url: str | None = None, session_header: bool = False,
-                 via_litellm_sdk: str | None = None, api_key: str = UPSTREAM_KEY) -> None:
+    """A server that takes the bench's requests at `base` + a door's path (`base` None: the
+    litellm SDK in this process, chat door only)."""
+
+    def __init__(self, name: str, base: str | None, session_header: bool = False,
+                 door_names: tuple[str, ...] = tuple(doors.DOORS), litellm_sdk_base: str = "",
+                 api_key: str = UPSTREAM_KEY) -> None:
         self.name = name
-        self.url = url
+        self.base = base
+        self.litellm_base = litellm_sdk_base
         self.session_header = session_header
-        self.litellm_base = via_litellm_sdk
+        self.door_names = door_names
         self.api_key = api_key
 
-    async def send(self, http: aiohttp.ClientSession, messages: list[dict[str, Any]], body: bytes,
+    async def send(self, http: aiohttp.ClientSession, door: doors.Door, messages: list[dict[str, Any]], body: bytes,
                    session: str | None) -> Sample:
-        if self.litellm_base is not None:
+        if self.base is None:
             import litellm
 
             started = time.perf_counter()
@@ -196,44 +236,57 @@ class Target:
             if reply.choices[0].message.content != "ok":
                 raise RuntimeError(f"{self.name}: unexpected reply {reply}")
             return Sample(ms)
-        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"}
+        headers = door.headers(self.api_key)
         if self.session_header and session:
             headers["X-Ctx-Session"] = session  # else (a new conversation) ctxgate derives one
         started = time.perf_counter()
-        async with http.post(self.url, data=body, headers=headers) as r:
+        async with http.post(self.base + door.path, data=body, headers=headers) as r:
             raw = await r.read()
             ms = (time.perf_counter() - started) * 1000
             if r.status != 200:
-                raise RuntimeError(f"{self.name}: HTTP {r.status}: {raw[:500]!r}")
+                raise RuntimeError(f"{self.name} ({door.name}): HTTP {r.status}: {raw[:500]!r}")
+            if door.reply_text(raw) != "ok":
+                raise RuntimeError(f"{self.name} ({door.name}): unexpected reply {raw[:500]!r}")
             over = r.headers.get("X-Ctx-Overhead-Ms")
             return Sample(ms, float(over) if over else None, r.headers.get("X-Ctx-Levels"))
 
 
-async def run_scenario(sc: Scenario, targets: list[Target], http: aiohttp.ClientSession, counter,
+Lane = tuple[doors.Door, Target]
+
+
+def key(door: doors.Door, t: Target) -> str:
+    return f"{door.name}|{t.name}"
+
+
+async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSession, counter,
                        rng: random.Random) -> dict[str, list[Sample]]:
-    samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
+    """Every iteration: one conversation, its body in each door's format, sent through every
+    (door, target) lane in a freshly shuffled order."""
+    samples: dict[str, list[Sample]] = {key(d, t): [] for d, t in lanes}
     cold: dict[str, Sample] = {}
     run_id = f"{sc.name}-{rng.randrange(1 << 30):x}"
     total = sc.warmup + sc.iterations
+    used = list(dict.fromkeys(d for d, _ in lanes))
     started = time.perf_counter()
     for i in range(total):
         msgs = sc.messages(i)
+        bodies = {d.name: d.payload(msgs) for d in used}
         if i in (0, TURNS_PER_SESSION - 1, total - 1):
             sc.tokens.append(counter.count_messages(msgs))
-        body = orjson.dumps({"model": MODEL, "messages": msgs})
-        order = list(targets)
+            sc.body_bytes = {name: len(b) for name, b in bodies.items()}
+        order = list(lanes)
         rng.shuffle(order)
-        for t in order:
-            sid = f"{run_id}-{i // TURNS_PER_SESSION}-{t.name}"
-            s = await t.send(http, msgs, body,
-                             re.sub(r"[^A-Za-z0-9_.:@-]+", "-", sid) if sc.kind == "turn" else None)
+        for door, t in order:
+            sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // TURNS_PER_SESSION}-{door.name}-{t.name}")
+            s = await t.send(http, door, msgs, bodies[door.name], sid if sc.kind == "turn" else None)
             if i >= sc.warmup:
-                samples[t.name].append(s)
+                samples[key(door, t)].append(s)
             elif i == 0:
-                cold[t.name] = s
+                cold[key(door, t)] = s
         if (i + 1) % max(1, total // 10) == 0 or i + 1 == total:
             common.progress(f"  {sc.name}: {i + 1}/{total} iterations ({time.perf_counter() - started:.1f}s)")
-    samples["_cold"] = [cold.get(t.name, Sample(float("nan"))) for t in targets]  # type: ignore[assignment]
+    for k, s in cold.items():
+        samples[f"_cold|{k}"] = [s]
     return samples
 
 
@@ -244,34 +297,35 @@ def fmt(x: float, digits: int = 2) -> str:
     return "n/a" if x != x else f"{x:.{digits}f}"
 
 
-def summarise(sc: Scenario, targets: list[Target], samples: dict[str, list[Sample]]) -> tuple[str, dict[str, dict]]:
-    direct = [s.ms for s in samples["direct"]]
-    d50 = common.pct(direct, 0.5)
+def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]]) -> tuple[str, dict[str, dict]]:
     rows, stats = [], {}
-    cold = dict(zip([t.name for t in targets], samples["_cold"]))
-    for t in targets:
-        ms = [s.ms for s in samples[t.name]]
+    for door, t in lanes:
+        k, direct = key(door, t), samples[f"{door.name}|{DIRECT}"]
+        d50 = common.pct([s.ms for s in direct], 0.5)
+        ms = [s.ms for s in samples[k]]
         p50, p95 = common.pct(ms, 0.5), common.pct(ms, 0.95)
-        paired = [a.ms - b.ms for a, b in zip(samples[t.name], samples["direct"])]
-        over = [s.overhead_ms for s in samples[t.name] if s.overhead_ms is not None]
-        levels = {s.levels for s in samples[t.name] if s.levels}
+        paired = [a.ms - b.ms for a, b in zip(samples[k], direct)]
+        over = [s.overhead_ms for s in samples[k] if s.overhead_ms is not None]
+        levels = {s.levels for s in samples[k] if s.levels}
         st = {"p50": p50, "p95": p95, "added_p50": common.pct(paired, 0.5), "added_p95": common.pct(paired, 0.95),
               "hdr_p50": common.pct(over, 0.5) if over else float("nan"),
               "hdr_p95": common.pct(over, 0.95) if over else float("nan"), "levels": levels,
-              "cold": cold[t.name].ms}
-        stats[t.name] = st
-        added = "—" if t.name == "direct" else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}"
-        ratio = "1.00×" if t.name == "direct" else f"{p50 / d50:.2f}×"
+              "cold": samples.get(f"_cold|{k}", [Sample(float("nan"))])[0].ms}
+        stats[k] = st
+        added = "—" if t.name == DIRECT else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}"
+        ratio = "1.00×" if t.name == DIRECT else f"{p50 / d50:.2f}×"
         hdr = f"{fmt(st['hdr_p50'])} / {fmt(st['hdr_p95'])}" if over else "—"
-        rows.append([t.name, fmt(p50), fmt(p95), added, ratio, hdr, fmt(st["cold"], 1),
+        rows.append([door.name, t.name, fmt(p50), fmt(p95), added, ratio, hdr, fmt(st["cold"], 1),
                      ",".join(sorted(levels)) if levels else "—"])
     lo, hi = min(sc.tokens), max(sc.tokens)
     toks = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
+    sizes = ", ".join(f"{name} {n:,}" for name, n in sc.body_bytes.items())
     text = (f"### {sc.name}: {sc.what}\n\n{sc.iterations} measured iterations after {sc.warmup} warm-up; "
-            f"request size {toks} tokens (o200k_base, OpenAI's message formula), {len(sc.base)} base messages.\n\n"
-            + common.table(["target", "p50 ms", "p95 ms", "added vs direct p50 / p95 ms (paired)",
+            f"request size {toks} tokens (o200k_base, OpenAI's message formula), {len(sc.base)} base messages; "
+            f"body bytes of the last iteration per door: {sizes}.\n\n"
+            + common.table(["door", "target", "p50 ms", "p95 ms", "added vs direct p50 / p95 ms (paired)",
                             "p50 ratio", "X-Ctx-Overhead-Ms p50 / p95", "first (warm-up) request ms", "X-Ctx-Levels"],
-                           rows, "lrrrrrrl") + "\n")
+                           rows, "llrrrrrrl") + "\n")
     return text, stats
 
 
@@ -336,7 +390,7 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
 
 
 async def main_async(args: argparse.Namespace):
-    common.wait_for_quiet()
+    common.wait_for_quiet(max_wait_s=args.max_wait)
     counter = common.gpt4o_counter()
     common.progress("overhead: building conversations from trajectories")
     scenarios = [
@@ -351,12 +405,15 @@ async def main_async(args: argparse.Namespace):
     ]
     workdir = Path(tempfile.mkdtemp(prefix="ctxgate-bench-"))
     procs: list[Proc] = []
-    proxy_ok, proxy_why = litellm_proxy_available()
-    common.progress(f"overhead: litellm[proxy] importable: {proxy_ok}" + ("" if proxy_ok else f" ({proxy_why})"))
+    proxy_argv, proxy_version = litellm_proxy_command(args.litellm_proxy)
+    common.progress(f"overhead: LiteLLM proxy: {proxy_argv and f'litellm {proxy_version}' or proxy_version}")
+    wanted = [doors.DOORS[n] for n in args.doors.split(",")]
+    missing: list[str] = []
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     try:
         up_port = free_port()
         upstream = start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
-                         f"http://127.0.0.1:{up_port}/healthz", workdir)
+                         f"http://127.0.0.1:{up_port}", "/healthz", workdir)
         procs.append(upstream)
         gws = {}
         for fwd in ("auto", "litellm"):
@@ -364,26 +421,32 @@ async def main_async(args: argparse.Namespace):
             cfg = ctxgate_config(upstream.url, fwd, workdir)
             gws[fwd] = start(f"ctxgate-{fwd}", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port",
                                                 str(port), "--log-level", "WARNING"],
-                             f"http://127.0.0.1:{port}/healthz", workdir, {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+                             f"http://127.0.0.1:{port}", "/healthz", workdir, env)
             procs.append(gws[fwd])
         common.progress(f"overhead: upstream {upstream.url}, ctxgate auto {gws['auto'].url}, "
                         f"ctxgate litellm {gws['litellm'].url}")
+        active = []
+        for d in wanted:
+            (active if door_served(gws["auto"].url, d) else missing).append(d)
+        if missing:
+            common.progress(f"overhead: ctxgate does not serve {', '.join(d.path for d in missing)} (404): "
+                            "those doors are left out")
         targets = [
-            Target("direct", f"{upstream.url}/v1/chat/completions"),
-            Target("ctxgate forwarding=auto", f"{gws['auto'].url}/v1/chat/completions", session_header=True),
-            Target("ctxgate forwarding=litellm", f"{gws['litellm'].url}/v1/chat/completions", session_header=True),
-            Target("litellm.acompletion (in-process)", via_litellm_sdk=f"{upstream.url}/v1"),
+            Target(DIRECT, upstream.url),
+            Target("ctxgate forwarding=auto", gws["auto"].url, session_header=True),
+            Target("ctxgate forwarding=litellm", gws["litellm"].url, session_header=True),
+            Target("litellm.acompletion (in-process)", None, door_names=("chat",),
+                   litellm_sdk_base=f"{upstream.url}/v1"),
         ]
-        if proxy_ok:
+        if proxy_argv:
             port = free_port()
             lcfg = workdir / "litellm-proxy.yaml"
-            lcfg.write_text(yaml.safe_dump({"model_list": [{"model_name": MODEL, "litellm_params": {
-                "model": f"openai/{MODEL}", "api_base": f"{upstream.url}/v1", "api_key": UPSTREAM_KEY}}]}))
-            proxy = start("litellm-proxy", [str(VENV_BIN / "litellm"), "--config", str(lcfg), "--port", str(port)],
-                          f"http://127.0.0.1:{port}/health/liveliness", workdir,
-                          {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}, timeout=180)
+            lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, UPSTREAM_KEY)}))
+            proxy = start("litellm-proxy", [*proxy_argv, "--config", str(lcfg), "--port", str(port)],
+                          f"http://127.0.0.1:{port}", "/health/liveliness", workdir, env, timeout=180)
             procs.append(proxy)
-            targets.append(Target("LiteLLM proxy", f"{proxy.url}/v1/chat/completions"))
+            targets.append(Target(f"LiteLLM proxy {proxy_version}", proxy.url))
+        lanes: list[Lane] = [(d, t) for d in active for t in targets if d.name in t.door_names]
         import litellm
 
         litellm.suppress_debug_info = True
@@ -394,68 +457,82 @@ async def main_async(args: argparse.Namespace):
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             for sc in scenarios:
                 common.progress(f"overhead: {sc.name} ({sc.what}), {sc.warmup}+{sc.iterations} iterations × "
-                                f"{len(targets)} targets")
-                samples = await run_scenario(sc, targets, http, counter, rng)
-                text, stats = summarise(sc, targets, samples)
+                                f"{len(lanes)} (door, target) lanes")
+                samples = await run_scenario(sc, lanes, http, counter, rng)
+                text, stats = summarise(sc, lanes, samples)
                 results.append((sc, text, stats))
-                d = stats["direct"]["p50"]
-                for t in targets[1:]:
-                    st = stats[t.name]
-                    common.progress(f"    {t.name:34s} p50 {st['p50']:8.2f} ms  (direct {d:7.2f} ms, "
-                                    f"added p50 {st['added_p50']:7.2f} ms)")
+                for door, t in lanes:
+                    if t.name != DIRECT:
+                        st, d = stats[key(door, t)], stats[f"{door.name}|{DIRECT}"]["p50"]
+                        common.progress(f"    {door.name:9s} {t.name:34s} p50 {st['p50']:8.2f} ms  (direct "
+                                        f"{d:7.2f} ms, added p50 {st['added_p50']:7.2f} ms)")
     finally:
         for p in reversed(procs):
             p.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    return scenarios, targets, results, proxy_ok, proxy_why
+    proxy = proxy_version if proxy_argv else None
+    return scenarios, lanes, results, proxy, proxy_version, missing
 
 
-def write_results(args, scenarios, targets, results, proxy_ok: bool, proxy_why: str, extra: str = "") -> None:
+def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None, proxy_why: str,
+                  missing: list[doors.Door], extra: str = "") -> None:
     by = {sc.name: stats for sc, _, stats in results}
-    lines = [common.section_header("Overhead: latency added over a direct call"), ""]
+    lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
     lines.append(
         "ctxgate (`.venv/bin/ctxgate serve`, one process each for `forwarding: auto` and `forwarding: litellm`) in "
-        "front of `bench/upstream.py` (a fixed 'ok' completion, no `usage`), all on "
-        "127.0.0.1. The client is this script: one pooled aiohttp session, the same bytes sent to every target, "
-        "targets in a shuffled order each iteration. `direct` is a plain aiohttp POST to the upstream; "
-        "`litellm.acompletion (in-process)` is the litellm SDK called in the client process against the same "
-        "upstream. *Added* is the per-iteration difference target − direct (p50 / p95 of those differences). "
-        "`X-Ctx-Overhead-Ms` is ctxgate's own report of its time, upstream excluded. The model's "
-        "`max_input_tokens` is 1,000,000, so no request was compacted (X-Ctx-Levels column).\n")
-    if not proxy_ok:
-        lines.append(f"LiteLLM proxy: **not run** — `litellm[proxy]` is not installed in .venv "
-                     f"(`import litellm.proxy.proxy_server` fails: `{proxy_why}`).\n")
-    # Headline table
+        "front of `bench/upstream.py` (a fixed 'ok' reply in each API's shape, no `usage`), all on "
+        "127.0.0.1. The client is this script: one pooled aiohttp session; each iteration builds one "
+        "conversation, writes it in each door's wire format (`bench/doors.py`: chat `messages`; Anthropic "
+        "`system` + alternating turns with `tool_use`/`tool_result` blocks; Responses `instructions` + `message`/"
+        "`function_call`/`function_call_output` items) and sends it through every (door, target) lane in a "
+        "shuffled order. `direct` is a plain aiohttp POST to the upstream's own endpoint for that door; "
+        "`litellm.acompletion (in-process)` is the litellm SDK called in the client process (chat door only). "
+        "*Added* is the per-iteration difference target − direct on the same door (p50 / p95 of those "
+        "differences). `X-Ctx-Overhead-Ms` is ctxgate's own report of its time, upstream excluded. Routes: "
+        f"`{doors.CHAT_MODEL}` → `openai/{doors.CHAT_MODEL}` (chat and Responses doors), `{doors.CLAUDE_MODEL}` → "
+        f"`anthropic/{doors.CLAUDE_MODEL}` (Messages door), both with `api_base` the bench upstream and "
+        "`max_input_tokens` 1,000,000, so no request was compacted (X-Ctx-Levels column).\n")
+    if proxy:
+        lines.append(f"LiteLLM proxy: litellm {proxy} (`litellm[proxy]`), same `model_list`, same doors, one "
+                     "process, started by the command given to `--litellm-proxy`.\n")
+    else:
+        lines.append(f"LiteLLM proxy: **not run** — {proxy_why}.\n")
+    if missing:
+        lines.append(f"**Doors left out**: ctxgate answered 404 on {', '.join(f'`{d.path}`' for d in missing)} "
+                     "when this ran (not built yet).\n")
+    names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     head_rows = []
-    for name in ("ctxgate forwarding=auto", "ctxgate forwarding=litellm"):
-        row = [name]
-        for sc in scenarios:
-            st = by[sc.name][name]
-            row.append(f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}")
-        head_rows.append(row)
-    lit = ["litellm.acompletion vs aiohttp"]
-    for sc in scenarios:
-        st = by[sc.name]["litellm.acompletion (in-process)"]
-        lit.append(f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}")
-    head_rows.append(lit)
-    if proxy_ok:
-        row = ["LiteLLM proxy"]
-        for sc in scenarios:
-            st = by[sc.name]["LiteLLM proxy"]
-            row.append(f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}")
-        head_rows.append(row)
-    lines.append("**Added latency over direct, p50 / p95 ms:**\n")
-    lines.append(common.table(["", *[sc.name for sc in scenarios]], head_rows) + "\n")
+    for door in dict.fromkeys(d for d, _ in lanes):
+        for name in names:
+            k = f"{door.name}|{name}"
+            if k in by[scenarios[0].name]:
+                head_rows.append([door.name, name, *(f"{fmt(by[sc.name][k]['added_p50'])} / "
+                                                     f"{fmt(by[sc.name][k]['added_p95'])}" for sc in scenarios)])
+    lines.append("**Added latency over a direct call through the same door, p50 / p95 ms:**\n")
+    lines.append(common.table(["door", "target", *[sc.name for sc in scenarios]], head_rows,
+                              "ll" + "r" * len(scenarios)) + "\n")
+    proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
+    if proxy_name:
+        rows = []
+        for door in dict.fromkeys(d for d, _ in lanes):
+            row = [door.name]
+            for sc in scenarios:
+                a, b = by[sc.name][f"{door.name}|ctxgate forwarding=auto"], by[sc.name][f"{door.name}|{proxy_name}"]
+                row.append(f"{a['added_p50'] / b['added_p50']:.2f}×" if b["added_p50"] > 0 else "n/a")
+            rows.append(row)
+        lines.append("**ctxgate (forwarding=auto) added p50 ÷ LiteLLM proxy added p50** (issue 13's aim: ≤ 0.5×):\n")
+        lines.append(common.table(["door", *[sc.name for sc in scenarios]], rows) + "\n")
     ratio_rows = []
-    for name in ("ctxgate forwarding=auto", "ctxgate forwarding=litellm"):
-        a, b = by["turn-200K"][name], by["turn-2K"][name]
-        ratio_rows.append([name, fmt(a["added_p50"]), fmt(b["added_p50"]),
-                           f"{a['added_p50'] / b['added_p50']:.1f}×" if b["added_p50"] > 0 else "n/a",
-                           fmt(a["hdr_p50"]), fmt(b["hdr_p50"]),
-                           f"{a['hdr_p50'] / b['hdr_p50']:.1f}×" if b["hdr_p50"] > 0 else "n/a"])
+    for door in dict.fromkeys(d for d, _ in lanes):
+        for name in ("ctxgate forwarding=auto", "ctxgate forwarding=litellm"):
+            a, b = by["turn-200K"][f"{door.name}|{name}"], by["turn-2K"][f"{door.name}|{name}"]
+            ratio_rows.append([door.name, name, fmt(a["added_p50"]), fmt(b["added_p50"]),
+                               f"{a['added_p50'] / b['added_p50']:.1f}×" if b["added_p50"] > 0 else "n/a",
+                               fmt(a["hdr_p50"]), fmt(b["hdr_p50"]),
+                               f"{a['hdr_p50'] / b['hdr_p50']:.1f}×" if b["hdr_p50"] > 0 else "n/a"])
     lines.append("**Steady-state turn, 200K-token session vs 2K-token session** (aim: ≤ 1.5×):\n")
-    lines.append(common.table(["", "added p50, 200K turn", "added p50, 2K turn", "ratio",
-                               "X-Ctx-Overhead-Ms p50, 200K", "… 2K", "ratio"], ratio_rows) + "\n")
+    lines.append(common.table(["door", "", "added p50, 200K turn", "added p50, 2K turn", "ratio",
+                               "X-Ctx-Overhead-Ms p50, 200K", "… 2K", "ratio"], ratio_rows, "ll" + "r" * 6) + "\n")
     for _, text, _ in results:
         lines.append(text)
     if extra:
@@ -465,14 +542,21 @@ def write_results(args, scenarios, targets, results, proxy_ok: bool, proxy_why: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="ctxgate's added latency over a direct upstream call")
+    p = argparse.ArgumentParser(description="ctxgate's added latency over a direct upstream call, per door")
     p.add_argument("--small", type=int, default=200, help="iterations for the 1K and 2K scenarios")
     p.add_argument("--large", type=int, default=40, help="iterations for the 100K and 200K scenarios")
+    p.add_argument("--doors", default="chat,messages,responses",
+                   help="comma-separated doors to measure (a door ctxgate answers 404 on is left out)")
+    p.add_argument("--litellm-proxy", metavar="PATH",
+                   help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
+                        "default $CTXGATE_BENCH_LITELLM_PROXY, else .venv's if it has the proxy")
+    p.add_argument("--max-wait", type=float, default=600.0,
+                   help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
     args = p.parse_args()
-    scenarios, targets, results, proxy_ok, proxy_why = asyncio.run(main_async(args))
-    common.progress("overhead: in-process breakdown of a steady-state turn")
+    scenarios, lanes, results, proxy, proxy_why, missing = asyncio.run(main_async(args))
+    common.progress("overhead: in-process breakdown of a steady-state chat turn")
     extra = breakdown(scenarios)
-    write_results(args, scenarios, targets, results, proxy_ok, proxy_why, extra)
+    write_results(args, scenarios, lanes, results, proxy, proxy_why, missing, extra)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ import orjson
 from aiohttp import web
 
 from .doors.chat import ChatDoor
+from .doors import messages as messages_door
+from .doors import responses as responses_door
 from .errors import ApiError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
@@ -143,6 +145,8 @@ def create_app(gw: Gateway) -> web.Application:
     app.router.add_post("/v1/ctx/sessions/{session_id}/rollback", session_rollback)
     app.router.add_post("/v1/ctx/sessions/{session_id}/end", session_end)
     MemoryApi(gw).add_routes(app)
+    messages_door.add_routes(app, gw)
+    responses_door.add_routes(app, gw)
 
     async def _start(app: web.Application) -> None:
         app[HOUSEKEEPING] = asyncio.create_task(gw.housekeeping())

@@ -84,26 +84,33 @@ class DirectForwarder:
                                                   skip_auto_headers=("User-Agent",))
         return self._session
 
-    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None,
+                   path: str = "chat/completions") -> Reply:
+        """POST to `{api_base}/{path}`: chat completions, or another OpenAI endpoint (`responses`)."""
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        return await self.post(f"{route.api_base}/{path}", orjson.dumps(payload), headers, stream=stream,
+                               where=str(route.api_base))
+
+    async def post(self, url: str, data: bytes, headers: dict[str, str], *, stream: bool, where: str) -> Reply:
+        """POST `data` on the pooled session: the reply's bytes untouched, an error reply raised
+        (`raise_for_error`). Shared by every door that forwards natively; `where` names the upstream."""
         started = time.perf_counter()
         try:
-            resp = await self._client().post(f"{route.api_base}/chat/completions", data=orjson.dumps(payload),
-                                             headers=headers)
+            resp = await self._client().post(url, data=data, headers=headers)
         except asyncio.TimeoutError:
-            raise ApiError(504, f"upstream {route.api_base} did not answer in time", code="upstream_timeout") from None
+            raise ApiError(504, f"upstream {where} did not answer in time", code="upstream_timeout") from None
         except aiohttp.ClientError as e:
-            raise ApiError(502, f"upstream {route.api_base} is unreachable: {e}", code="upstream_unreachable") from None
+            raise ApiError(502, f"upstream {where} is unreachable: {e}", code="upstream_unreachable") from None
         ctype = resp.headers.get("Content-Type", "application/json")
         if resp.status >= 400 or not stream or "text/event-stream" not in ctype:
             try:
                 raw = await resp.read()
             except asyncio.TimeoutError:
-                raise ApiError(504, f"upstream {route.api_base} timed out mid-reply", code="upstream_timeout") from None
+                raise ApiError(504, f"upstream {where} timed out mid-reply", code="upstream_timeout") from None
             except aiohttp.ClientError as e:
-                raise ApiError(502, f"upstream {route.api_base} broke off its reply: {e}",
+                raise ApiError(502, f"upstream {where} broke off its reply: {e}",
                                code="upstream_unreachable") from None
             finally:
                 resp.release()

@@ -1,0 +1,223 @@
+"""What the Responses door returned, per tenant, so `previous_response_id` resolves here.
+
+Upstreams may not store (Codex sends `store: false`; many providers have no Responses
+storage at all), and the session ctxgate compacts must be the whole conversation. So
+ctxgate keeps, for each response it returned, the items that request added, the reply's
+output items and the response object, and expands a chain itself. It keeps them also
+when the client said `store: false`: a chain is resolvable only if ctxgate has it, and a
+client that never chains loses nothing.
+
+Files under the data directory (they survive a restart), or Redis when the state is
+there (every replica sees them); `TTL_S` and `MAX_PER_TENANT` bound them. Only this door
+reads them, so the store lives with the door.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+import xxhash
+
+from ...wal.archive import write_atomically
+from ...wal.paths import safe_name
+from ..engine.state import reachable
+from ..errors import ApiError
+
+TTL_S = 30 * 24 * 3600
+"""As long as OpenAI keeps a stored response."""
+MAX_PER_TENANT = 10_000
+"""The oldest go first beyond this."""
+MAX_CHAIN = 10_000
+"""A longer chain is refused rather than walked (a cycle, or a runaway client)."""
+_CACHE_SIZE = 2048
+_PRUNE_EVERY = 64
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    id: str
+    previous_response_id: str | None
+    input: list[dict[str, Any]]
+    """The items the request that made this response added (not its previous turns)."""
+    output: list[dict[str, Any]]
+    response: dict[str, Any]
+    created_at: float
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | str) -> "StoredResponse":
+        return cls(**orjson.loads(raw))
+
+
+def not_found(response_id: str) -> ApiError:
+    return ApiError(400, f"Previous response with id '{response_id}' not found.", param="previous_response_id",
+                    code="previous_response_not_found")
+
+
+class _Backend(Protocol):
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None: ...
+    async def put(self, tenant: str, stored: StoredResponse) -> None: ...
+    async def delete(self, tenant: str, response_id: str) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class ResponseStore:
+    """A backend and a small in-process cache for walking chains (stored responses never
+    change; a deletion on another replica is seen once the entry leaves this cache)."""
+
+    def __init__(self, backend: _Backend) -> None:
+        self._backend = backend
+        self._cache: OrderedDict[tuple[str, str], StoredResponse] = OrderedDict()
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        return await self._backend.get(tenant, response_id)
+
+    async def put(self, tenant: str, stored: StoredResponse) -> None:
+        await self._backend.put(tenant, stored)
+        self._remember((tenant, stored.id), stored)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        self._cache.pop((tenant, response_id), None)
+        return await self._backend.delete(tenant, response_id)
+
+    async def conversation(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
+        """Every item of the chain ending at `response_id`, oldest first: each turn's input
+        then its output. Unknown to this tenant: `previous_response_not_found`."""
+        turns: list[StoredResponse] = []
+        seen: set[str] = set()
+        next_id: str | None = response_id
+        while next_id is not None:
+            if next_id in seen or len(turns) >= MAX_CHAIN:
+                raise ApiError(400, f"the chain of '{response_id}' is too long or loops",
+                               param="previous_response_id", code="invalid_previous_response")
+            seen.add(next_id)
+            stored = await self._cached(tenant, next_id)
+            if stored is None:
+                raise not_found(response_id if next_id == response_id else next_id)
+            turns.append(stored)
+            next_id = stored.previous_response_id
+        return [item for turn in reversed(turns) for item in (*turn.input, *turn.output)]
+
+    async def _cached(self, tenant: str, response_id: str) -> StoredResponse | None:
+        key = (tenant, response_id)
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            if time.time() - found.created_at <= TTL_S:
+                return found
+        found = await self._backend.get(tenant, response_id)
+        if found is not None:
+            self._remember(key, found)
+        return found
+
+    def _remember(self, key: tuple[str, str], stored: StoredResponse) -> None:
+        self._cache[key] = stored
+        self._cache.move_to_end(key)
+        while len(self._cache) > _CACHE_SIZE:
+            self._cache.popitem(last=False)
+
+    async def close(self) -> None:
+        await self._backend.close()
+
+
+class _Files:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._puts = 0
+
+    def _path(self, tenant: str, response_id: str) -> Path:
+        return self.root / safe_name(tenant) / (xxhash.xxh3_128_hexdigest(response_id.encode()) + ".json")
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        path = self._path(tenant, response_id)
+        try:
+            stored = StoredResponse.from_bytes(await asyncio.to_thread(path.read_bytes))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+        if time.time() - stored.created_at > TTL_S or stored.id != response_id:
+            return None
+        return stored
+
+    async def put(self, tenant: str, stored: StoredResponse) -> None:
+        path = self._path(tenant, stored.id)
+        await asyncio.to_thread(write_atomically, path, stored.to_bytes())
+        self._puts += 1
+        if self._puts % _PRUNE_EVERY == 0:  # a folder scan per put would cost more than the put
+            await asyncio.to_thread(self._prune, path.parent)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        path = self._path(tenant, response_id)
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed
+
+    def _prune(self, folder: Path) -> None:
+        entries = []
+        now = time.time()
+        for f in folder.glob("*.json"):
+            try:
+                mtime = f.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if now - mtime > TTL_S:
+                f.unlink(missing_ok=True)
+            else:
+                entries.append((mtime, f))
+        for _, f in sorted(entries)[:max(0, len(entries) - MAX_PER_TENANT)]:
+            f.unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        return None
+
+
+class _Redis:
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+
+    @staticmethod
+    def _key(tenant: str, response_id: str) -> str:
+        return f"ctxgate:resp:{tenant}:{response_id}"
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        with reachable():
+            raw = await self._redis.get(self._key(tenant, response_id))
+        return StoredResponse.from_bytes(raw) if raw else None
+
+    async def put(self, tenant: str, stored: StoredResponse) -> None:
+        name, index = self._key(tenant, stored.id), f"ctxgate:resp:{tenant}"
+        with reachable():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(name, stored.to_bytes(), ex=TTL_S)
+                pipe.zadd(index, {name: stored.created_at})
+                pipe.expire(index, TTL_S)
+                await pipe.execute()
+            overflow = await self._redis.zcard(index) - MAX_PER_TENANT
+            if overflow > 0:
+                oldest = await self._redis.zrange(index, 0, overflow - 1)
+                if oldest:
+                    await self._redis.delete(*oldest)
+                    await self._redis.zrem(index, *oldest)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        name = self._key(tenant, response_id)
+        with reachable():
+            removed = await self._redis.delete(name)
+            await self._redis.zrem(f"ctxgate:resp:{tenant}", name)
+        return bool(removed)
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def open_response_store(state_url: str, data_dir: Path) -> ResponseStore:
+    backend: _Backend = _Files(data_dir / "responses") if state_url == "memory" else _Redis(state_url)
+    return ResponseStore(backend)

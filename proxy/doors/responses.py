@@ -1,0 +1,210 @@
+"""The OpenAI Responses door: `POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`,
+`POST /v1/responses/input_tokens`.
+
+A request is expanded to its whole conversation first (`previous_response_id` resolved
+from what ctxgate returned before, see `response_store`), converted to the neutral model
+(`responses_model`), and run through the one turn engine; the forwarded body carries the
+whole (compacted) conversation and no `previous_response_id`, so the upstream need not
+store anything. Errors leave in OpenAI's error shape, which is also this API's.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..engine.memory_turn import scope_of
+from ..engine.turn import TurnEngine, TurnInput
+from ..engine.wire import ReplyFacts
+from ..errors import ApiError
+from ..gateway import Gateway
+from ..tenancy import Caller, resolve_caller, resolve_session
+from ..upstream.forwarders import Reply
+from ..upstream.responses import ResponsesForwarder
+from ..upstream.routing import Route
+from .respond import DoorRequest, answer
+from .response_store import ResponseStore, StoredResponse, open_response_store
+from .responses_model import input_items, to_messages, to_request, validate_responses_request
+from .validation import read_json_body
+
+_FINAL_EVENTS = ("response.completed", "response.failed", "response.incomplete")
+_CHAIN_FIELDS = ("input", "instructions", "previous_response_id")
+"""What the door rewrites: the forwarded body carries the whole conversation instead."""
+
+
+def response_facts(response: Any) -> ReplyFacts:
+    """Usage and function calls of a response object, and the object itself."""
+    if not isinstance(response, dict):
+        return ReplyFacts()
+    usage = response.get("usage")
+    tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+    calls = [{"id": item.get("call_id"), "type": "function",
+              "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+             for item in response.get("output") or [] if isinstance(item, dict) and item.get("type") == "function_call"]
+    return ReplyFacts(tokens if isinstance(tokens, int) else None, calls, response)
+
+
+class ResponsesStream:
+    """Watches a Responses SSE stream go by; the final event's response object is the reply.
+    Events may arrive split across network chunks: the unfinished one waits for the next."""
+
+    def __init__(self, keep_all: bool) -> None:
+        self._partial = b""
+        self._all: bytearray | None = bytearray() if keep_all else None
+        self._final: dict[str, Any] | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self._final is not None
+
+    def feed(self, data: bytes) -> None:
+        if self._all is not None:
+            self._all += data
+        events = (self._partial + data).replace(b"\r\n", b"\n").split(b"\n\n")
+        self._partial = events.pop()
+        for event in events:
+            if self._final is None and any(kind.encode() in event for kind in _FINAL_EVENTS):
+                self._final = _final_response(event)
+
+    def body(self) -> bytes:
+        return bytes(self._all) if self._all is not None else b""
+
+    def facts(self) -> ReplyFacts:
+        return response_facts(self._final)
+
+
+def _final_response(event: bytes) -> dict[str, Any] | None:
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                data = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return None
+            if isinstance(data, dict) and data.get("type") in _FINAL_EVENTS and isinstance(data.get("response"), dict):
+                return data["response"]
+    return None
+
+
+class ResponsesWire:
+    name = "responses"
+
+    def __init__(self, forwarder: ResponsesForwarder, store: ResponseStore, body: dict[str, Any],
+                 own_items: list[dict[str, Any]]) -> None:
+        self._forwarder = forwarder
+        self._store = store
+        self._body = {k: v for k, v in body.items() if k not in _CHAIN_FIELDS}
+        self._previous: str | None = body.get("previous_response_id")
+        self._own_items = own_items
+
+    def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
+        instructions, items = to_request(messages)
+        payload = {**route.call_params, **self._body, "model": route.upstream_model, "input": items}
+        if instructions is not None:
+            payload["instructions"] = instructions
+        return payload
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        return await self._forwarder.send(route, payload, stream=stream, api_key=api_key)
+
+    def reply_facts(self, body: bytes) -> ReplyFacts:
+        try:
+            return response_facts(orjson.loads(body)) if body else ReplyFacts()
+        except orjson.JSONDecodeError:
+            return ReplyFacts()
+
+    def stream_watch(self, keep_all: bool) -> ResponsesStream:
+        return ResponsesStream(keep_all)
+
+    def error_event(self, error: ApiError) -> bytes:
+        event = {"type": "error", "code": error.code, "message": error.message, "param": error.param}
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    async def settled(self, tenant: str, facts: ReplyFacts) -> None:
+        """Keep the reply so a later `previous_response_id` resolves to it (also for `store:
+        false`: see response_store). Its id is the upstream's; its chain link is the client's."""
+        response = facts.response
+        if response is None or not isinstance(response.get("id"), str) or not isinstance(response.get("output"),
+                                                                                           list):
+            return
+        kept = {**response, "previous_response_id": self._previous}
+        await self._store.put(tenant, StoredResponse(response["id"], self._previous, self._own_items,
+                                                     response["output"], kept, time.time()))
+
+
+class ResponsesDoor:
+    def __init__(self, gw: Gateway, store: ResponseStore) -> None:
+        self.gw = gw
+        self.store = store
+        self.engine = TurnEngine(gw)
+        self.forwarder = ResponsesForwarder(gw.direct, gw.config.ctxgate.upstream_timeout_s)
+
+    async def create(self, http: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        caller, body, route, turn, session_id = await self._read(http, input_required=True)
+        request = DoorRequest(http, caller, route, session_id, turn, body, started)
+        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body))
+        return await answer(self.engine, request, wire)
+
+    async def input_tokens(self, http: web.Request) -> web.Response:
+        """What the upstream would be sent now: after the stored compactions, the levels that
+        need no model call, and the memory block."""
+        caller, body, route, turn, session_id = await self._read(http, input_required=False)
+        headers = {"X-Ctx-Session": session_id, "X-Ctx-Count": "after-compaction"}
+        tokens = await self.engine.preview(caller, route, session_id, turn, headers)
+        return web.Response(body=orjson.dumps({"object": "response.input_tokens", "input_tokens": tokens}),
+                            content_type="application/json", headers=headers)
+
+    async def _read(self, http: web.Request, *, input_required: bool
+                    ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str]:
+        caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
+        body = await read_json_body(http)
+        validate_responses_request(body, input_required=input_required)
+        route = self.gw.router.resolve(body["model"])
+        previous = body.get("previous_response_id")
+        history = await self.store.conversation(caller.tenant, previous) if previous else []
+        messages = to_messages(body.get("instructions"), history + input_items(body))
+        if not messages:
+            raise ApiError(400, "the conversation is empty: give `input` or `instructions`", param="input",
+                           code="invalid_request")
+        session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
+        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
+                         memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None)
+        return caller, body, route, turn, session_id
+
+    async def retrieve(self, http: web.Request) -> web.Response:
+        caller = resolve_caller(self.gw.config, http.headers)
+        response_id = http.match_info["response_id"]
+        stored = await self.store.get(caller.tenant, response_id)
+        if stored is None:
+            raise _unknown(response_id)
+        return web.Response(body=orjson.dumps(stored.response), content_type="application/json")
+
+    async def delete(self, http: web.Request) -> web.Response:
+        caller = resolve_caller(self.gw.config, http.headers)
+        response_id = http.match_info["response_id"]
+        if not await self.store.delete(caller.tenant, response_id):
+            raise _unknown(response_id)
+        return web.Response(body=orjson.dumps({"id": response_id, "object": "response", "deleted": True}),
+                            content_type="application/json")
+
+
+def _unknown(response_id: str) -> ApiError:
+    return ApiError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
+
+
+def add_routes(app: web.Application, gw: Gateway) -> None:
+    store = open_response_store(gw.config.ctxgate.state, gw.data_dir)
+    door = ResponsesDoor(gw, store)
+    for prefix in ("/v1", ""):
+        app.router.add_post(f"{prefix}/responses", door.create)
+        app.router.add_post(f"{prefix}/responses/input_tokens", door.input_tokens)
+        app.router.add_get(f"{prefix}/responses/{{response_id}}", door.retrieve)
+        app.router.add_delete(f"{prefix}/responses/{{response_id}}", door.delete)
+
+    async def _close(app: web.Application) -> None:
+        await store.close()
+
+    app.on_cleanup.append(_close)

@@ -1,0 +1,86 @@
+"""Sending a Responses API request upstream.
+
+To an OpenAI-compatible route: `POST {api_base}/responses` over the pooled direct
+client, reply bytes untouched (a response object, or its SSE events). To any other
+provider: litellm's Responses bridge (`litellm.aresponses`), its objects serialised back
+to the Responses wire format. Errors as on the chat path: `UpstreamError`, and
+`ContextTooLong` when the prompt does not fit (the engine then compacts).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from typing import Any, AsyncIterator
+
+import orjson
+
+from ..errors import ApiError
+from .forwarders import _CALL_CONTROLS, DirectForwarder, Reply, _map_litellm_error
+from .routing import Route
+
+
+class ResponsesForwarder:
+    def __init__(self, direct: DirectForwarder, read_timeout_s: float) -> None:
+        self._direct = direct
+        self._timeout = read_timeout_s
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        if route.demo:
+            raise ApiError(400, f"the model {route.model_name} does not speak the Responses API; "
+                                "configure a real upstream in the model_list", param="model",
+                           code="model_not_supported")
+        if route.direct:
+            return await self._direct.send(route, payload, stream=stream, api_key=api_key, path="responses")
+        return await self._via_litellm(route, payload, stream, api_key)
+
+    async def _via_litellm(self, route: Route, payload: dict[str, Any], stream: bool, api_key: str | None) -> Reply:
+        import litellm
+
+        params = {k: v for k, v in route.litellm_params.items() if k != "model"}
+        extra: dict[str, Any] = {}
+        for k, v in payload.items():
+            if k in _aresponses_params():
+                params[k] = v
+            elif k != "model" and k not in route.litellm_params:
+                extra[k] = v  # the client's own fields are data for the upstream, never litellm's controls
+        if extra:
+            params["extra_body"] = {**(params.get("extra_body") or {}), **extra}
+        if api_key:
+            params["api_key"] = api_key
+        params.setdefault("timeout", self._timeout)
+        params.setdefault("max_retries", 0)
+        started = time.perf_counter()
+        try:
+            result = await litellm.aresponses(model=route.litellm_params["model"], **params)
+        except Exception as e:
+            raise _map_litellm_error(e, route) from None
+        elapsed = (time.perf_counter() - started) * 1000
+        if not stream:
+            return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
+                         upstream_ms=elapsed)
+        return Reply(status=200, content_type="text/event-stream", chunks=_events(result, route), upstream_ms=elapsed)
+
+
+@functools.lru_cache(maxsize=1)
+def _aresponses_params() -> frozenset[str]:
+    import litellm
+
+    named = {p for p in inspect.signature(litellm.aresponses).parameters if p not in ("model", "kwargs")}
+    return frozenset(named - _CALL_CONTROLS - {"extra_headers", "extra_query", "extra_body", "custom_llm_provider"})
+
+
+def _wire(obj: Any) -> dict[str, Any]:
+    data: dict[str, Any] = obj.model_dump(mode="json", exclude_none=True) if hasattr(obj, "model_dump") else dict(obj)
+    data.pop("_hidden_params", None)
+    return data
+
+
+async def _events(stream: Any, route: Route) -> AsyncIterator[bytes]:
+    """litellm's event objects as the Responses stream sends them: `event:` and `data:` lines."""
+    try:
+        async for event in stream:
+            data = _wire(event)  # mode="json": an enum `type` becomes its string
+            yield f"event: {data.get('type', 'message')}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
+    except Exception as e:
+        raise _map_litellm_error(e, route) from None

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from servers import KEYS, Gateway, launch, main_config, stop_all
+from servers import KEYS, Gateway, RedisServer, launch, main_config, start_gateways, stop_all
 from upstream import ScriptedUpstream
 
 AUTH = {"Authorization": f"Bearer {KEYS['acme']}"}
@@ -81,20 +81,23 @@ def test_a_chain_of_five_turns_survives_a_restart(upstream: ScriptedUpstream, up
                                                   tmp_path: Path) -> None:
     config = main_config(upstream.url, "auto")
     gateway = launch("chain", tmp_path, config).wait_ready()
-    previous, words = None, [f"WORD-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
+    previous, words, sessions = None, [f"WORD-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)], set()
     try:
         for i, word in enumerate(words):
             if i == 3:  # the process goes; its data dir stays
                 stop_all([gateway])
                 gateway = launch("chain", tmp_path, config).wait_ready()
-            r = client(gateway).responses.create(model="gpt-4o", input=f"remember {word}", store=False,
-                                                 previous_response_id=previous)
-            previous = r.id
+            raw = client(gateway).responses.with_raw_response.create(
+                model="gpt-4o", input=f"remember {word}", store=False, previous_response_id=previous,
+                instructions="be brief" if i == 0 else None)  # not inherited: the session name must not follow it
+            previous = raw.parse().id
+            sessions.add(raw.headers["x-ctx-session"])
     finally:
         stop_all([gateway])
     last = sent(up)[-1]["input"]
     assert [i["content"] for i in last if i.get("role") == "user"] == [f"remember {w}" for w in words]
     assert [i["type"] for i in last if i.get("role") == "assistant"] == ["message"] * 4
+    assert "instructions" not in sent(up)[-1] and len(sessions) == 1
 
 
 def test_get_and_delete(gw: Gateway, up: ScriptedUpstream) -> None:
@@ -206,3 +209,32 @@ def test_a_long_codex_session_past_the_budget(gw: Gateway, up: ScriptedUpstream)
     assert forwarded[n][:len(forwarded[n - 1]) - 1] == forwarded[n - 1][:-1]  # the prefix is stable
     status, summary = gw.get(f"/v1/ctx/sessions/{headers['X-Ctx-Session']}", AUTH)
     assert status == 200 and summary["wal_seq"] > 0 and summary["records"]
+
+
+def test_litellm_forwarding_speaks_responses_natively_to_an_openai_route(
+        main_gateways: dict[str, Gateway], up: ScriptedUpstream) -> None:
+    cli = client(main_gateways["litellm"])
+    r = cli.responses.create(model="gpt-4o", input="hi", extra_headers=session())
+    assert r.output_text == "ok"
+    kinds = [e.type for e in cli.responses.create(model="gpt-4o", input="hi", stream=True)]
+    assert kinds[-1] == "response.completed"
+    assert cli.responses.create(model="gpt-4o", input="more", previous_response_id=r.id).output_text == "ok"
+    assert [e.door for e in up.log] == ["responses"] * 3
+    assert "previous_response_id" not in up.log[-1].body and len(up.log[-1].body["input"]) == 3
+
+
+def test_replicas_sharing_redis_resolve_each_others_chains(upstream: ScriptedUpstream, up: ScriptedUpstream,
+                                                           redis_server: RedisServer, tmp_path: Path) -> None:
+    config = main_config(upstream.url, "auto", state=redis_server.url)
+    replicas = start_gateways({name: (tmp_path / name, config) for name in ("a", "b")})
+    try:
+        a, b = client(replicas["a"]), client(replicas["b"])
+        first = a.responses.create(model="gpt-4o", input="remember REDIS-WORD-77")
+        assert b.responses.create(model="gpt-4o", input="and?", previous_response_id=first.id).output_text == "ok"
+        assert "REDIS-WORD-77" in json.dumps(up.log[-1].body["input"])
+        assert b.responses.retrieve(first.id).id == first.id
+        b.responses.delete(first.id)
+        with pytest.raises(openai.NotFoundError):
+            a.responses.retrieve(first.id)
+    finally:
+        stop_all(replicas.values())

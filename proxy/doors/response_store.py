@@ -47,6 +47,8 @@ class StoredResponse:
     output: list[dict[str, Any]]
     response: dict[str, Any]
     created_at: float
+    session_id: str | None = None
+    """The session the turn ran in: a chained request with no session of its own continues it."""
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -87,9 +89,10 @@ class ResponseStore:
         self._cache.pop((tenant, response_id), None)
         return await self._backend.delete(tenant, response_id)
 
-    async def conversation(self, tenant: str, response_id: str) -> list[dict[str, Any]]:
-        """Every item of the chain ending at `response_id`, oldest first: each turn's input
-        then its output. Unknown to this tenant: `previous_response_not_found`."""
+    async def conversation(self, tenant: str, response_id: str) -> tuple[list[dict[str, Any]], str | None]:
+        """Every item of the chain ending at `response_id`, oldest first (each turn's input
+        then its output), and the session it ran in. Unknown to this tenant:
+        `previous_response_not_found`."""
         turns: list[StoredResponse] = []
         seen: set[str] = set()
         next_id: str | None = response_id
@@ -103,7 +106,8 @@ class ResponseStore:
                 raise not_found(response_id if next_id == response_id else next_id)
             turns.append(stored)
             next_id = stored.previous_response_id
-        return [item for turn in reversed(turns) for item in (*turn.input, *turn.output)]
+        items = [item for turn in reversed(turns) for item in (*turn.input, *turn.output)]
+        return items, turns[0].session_id
 
     async def _cached(self, tenant: str, response_id: str) -> StoredResponse | None:
         key = (tenant, response_id)

@@ -91,9 +91,10 @@ class ResponsesWire:
     name = "responses"
 
     def __init__(self, forwarder: ResponsesForwarder, store: ResponseStore, body: dict[str, Any],
-                 own_items: list[dict[str, Any]]) -> None:
+                 own_items: list[dict[str, Any]], session_id: str) -> None:
         self._forwarder = forwarder
         self._store = store
+        self._session_id = session_id
         self._body = {k: v for k, v in body.items() if k not in _CHAIN_FIELDS}
         self._previous: str | None = body.get("previous_response_id")
         self._own_items = own_items
@@ -130,7 +131,7 @@ class ResponsesWire:
             return
         kept = {**response, "previous_response_id": self._previous}
         await self._store.put(tenant, StoredResponse(response["id"], self._previous, self._own_items,
-                                                     response["output"], kept, time.time()))
+                                                     response["output"], kept, time.time(), self._session_id))
 
 
 class ResponsesDoor:
@@ -144,7 +145,7 @@ class ResponsesDoor:
         started = time.perf_counter()
         caller, body, route, turn, session_id = await self._read(http, input_required=True)
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
-        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body))
+        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id)
         return await answer(self.engine, request, wire)
 
     async def input_tokens(self, http: web.Request) -> web.Response:
@@ -163,12 +164,16 @@ class ResponsesDoor:
         validate_responses_request(body, input_required=input_required)
         route = self.gw.router.resolve(body["model"])
         previous = body.get("previous_response_id")
-        history = await self.store.conversation(caller.tenant, previous) if previous else []
+        history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
         messages = to_messages(body.get("instructions"), history + input_items(body))
         if not messages:
             raise ApiError(400, "the conversation is empty: give `input` or `instructions`", param="input",
                            code="invalid_request")
         session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
+        if chained_session is not None and session_id.startswith("fp-") and "X-Ctx-Session" not in http.headers:
+            # A fingerprint names the conversation by its start, and instructions are not
+            # inherited along a chain: the chain's own session is the better name.
+            session_id = chained_session
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None)

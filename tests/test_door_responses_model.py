@@ -1,0 +1,57 @@
+"""The Responses door's conversion, as data: Responses items -> the neutral model -> items."""
+from __future__ import annotations
+
+from typing import Any
+
+from ctxgate.proxy.doors.responses_model import to_messages, to_request
+
+REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA-opaque"}
+CALL = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "shell", "arguments": '{"cmd":"ls"}'}
+OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "a.py"}
+ITEMS: list[dict[str, Any]] = [
+    {"role": "user", "content": "list files"},
+    REASONING, CALL, OUTPUT,
+    {"type": "message", "role": "assistant", "id": "msg_1",
+     "content": [{"type": "output_text", "text": "a.py is there", "annotations": []}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "thanks"},
+                                                    {"type": "input_image", "image_url": "data:image/png;base64,AA"}]},
+]
+
+
+def test_untouched_messages_render_back_to_the_same_items() -> None:
+    messages = to_messages("be brief", ITEMS)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert messages[2]["tool_calls"] == [{"id": "call_1", "type": "function",
+                                          "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}]
+    assert messages[2]["items"] == [REASONING, CALL] and messages[4]["content"] == "a.py is there"
+    assert to_request(messages) == ("be brief", ITEMS)
+    assert to_messages("be brief", ITEMS) == messages  # deterministic: stable fingerprints
+
+
+def test_ctxgate_notes_become_developer_items_and_cut_outputs_keep_their_item() -> None:
+    messages = to_messages(None, ITEMS)
+    messages.insert(1, {"role": "system", "content": "MEMORY BLOCK"})
+    messages[3] = {**messages[3], "content": "a.py [cut]"}
+    _, items = to_request(messages)
+    assert items[1] == {"role": "developer", "content": "MEMORY BLOCK"}
+    assert items[4] == {**OUTPUT, "output": "a.py [cut]"}
+
+
+def test_an_orphan_output_and_an_unanswered_call_become_text() -> None:
+    messages = to_messages(None, ITEMS)
+    _, items = to_request([m for m in messages if m["role"] != "assistant" or "items" not in m
+                           or m["items"][0]["type"] != "reasoning"])
+    assert items[1]["role"] == "user" and "a.py" in items[1]["content"]  # the call went: its output is text
+    _, items = to_request([m for m in messages if m["role"] != "tool"])
+    kinds = [i.get("type") for i in items]
+    assert "reasoning" not in kinds and "function_call" not in kinds  # the call's output went: the turn is text
+    assert items[1] == {"role": "assistant", "content": '[called shell({"cmd":"ls"}); no output recorded]'}
+
+
+def test_an_edited_assistant_turn_drops_its_reasoning_and_carries_the_edit() -> None:
+    messages = to_messages(None, ITEMS)
+    turn = messages[1]
+    messages[1] = {**turn, "tool_calls": [{**turn["tool_calls"][0], "function": {"name": "shell",
+                                                                              "arguments": "{}"}}]}
+    _, items = to_request(messages)
+    assert items[1] == {**CALL, "arguments": "{}"} and REASONING not in items

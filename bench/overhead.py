@@ -114,44 +114,6 @@ def ctxgate_config(upstream: str, forwarding: str, workdir: Path) -> Path:
     return path
 
 
-def litellm_proxy_command(path: str | None) -> tuple[list[str] | None, str]:
-    """How to start the LiteLLM proxy and its litellm version, or (None, why not).
-
-    `path` (--litellm-proxy, else $CTXGATE_BENCH_LITELLM_PROXY) is the `litellm` script of an
-    environment with `litellm[proxy]`, or that environment's python; without it, .venv's own
-    `litellm` if `litellm.proxy.proxy_server` imports there."""
-    path = path or os.environ.get("CTXGATE_BENCH_LITELLM_PROXY")
-    if path:
-        exe = Path(path)
-        if not exe.exists():
-            return None, f"{path} does not exist"
-        is_python = exe.name.startswith("python")
-        python = exe if is_python else exe.parent / "python"
-        argv = [str(exe), "-m", "litellm.proxy.proxy_cli"] if is_python else [str(exe)]
-    else:
-        python, argv = Path(sys.executable), [str(VENV_BIN / "litellm")]
-    r = subprocess.run([str(python), "-c", "import importlib.metadata as m, litellm.proxy.proxy_server; "
-                        "print(m.version('litellm'))"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    if r.returncode != 0:
-        return None, f"`import litellm.proxy.proxy_server` fails with {python}: " \
-                     f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
-    return argv, r.stdout.strip().splitlines()[-1]
-
-
-def door_served(base: str, door: doors.Door) -> bool:
-    """Whether a started ctxgate has this door: anything but a 404 to an empty POST."""
-    req = urllib.request.Request(base + door.path, data=b"{}", method="POST",
-                                 headers=door.headers(UPSTREAM_KEY))
-    try:
-        with urllib.request.urlopen(req, timeout=30):
-            return True
-    except urllib.error.HTTPError as e:
-        return e.code != 404
-    except OSError:
-        return False
-
-
 # ---------------------------------------------------------------------------------------
 # Payloads
 
@@ -405,7 +367,7 @@ async def main_async(args: argparse.Namespace):
     ]
     workdir = Path(tempfile.mkdtemp(prefix="ctxgate-bench-"))
     procs: list[Proc] = []
-    proxy_argv, proxy_version = litellm_proxy_command(args.litellm_proxy)
+    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, VENV_BIN)
     common.progress(f"overhead: LiteLLM proxy: {proxy_argv and f'litellm {proxy_version}' or proxy_version}")
     wanted = [doors.DOORS[n] for n in args.doors.split(",")]
     missing: list[str] = []
@@ -427,7 +389,7 @@ async def main_async(args: argparse.Namespace):
                         f"ctxgate litellm {gws['litellm'].url}")
         active = []
         for d in wanted:
-            (active if door_served(gws["auto"].url, d) else missing).append(d)
+            (active if doors.served(gws["auto"].url, d, UPSTREAM_KEY) else missing).append(d)
         if missing:
             common.progress(f"overhead: ctxgate does not serve {', '.join(d.path for d in missing)} (404): "
                             "those doors are left out")
@@ -441,11 +403,13 @@ async def main_async(args: argparse.Namespace):
         if proxy_argv:
             port = free_port()
             lcfg = workdir / "litellm-proxy.yaml"
-            lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, UPSTREAM_KEY)}))
+            master = f"sk-bench-{os.urandom(16).hex()}"  # it refuses to start without one
+            lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, UPSTREAM_KEY),
+                                            "general_settings": {"master_key": master}}))
             proxy = start("litellm-proxy", [*proxy_argv, "--config", str(lcfg), "--port", str(port)],
                           f"http://127.0.0.1:{port}", "/health/liveliness", workdir, env, timeout=180)
             procs.append(proxy)
-            targets.append(Target(f"LiteLLM proxy {proxy_version}", proxy.url))
+            targets.append(Target(f"LiteLLM proxy {proxy_version}", proxy.url, api_key=master))
         lanes: list[Lane] = [(d, t) for d in active for t in targets if d.name in t.door_names]
         import litellm
 

@@ -1,0 +1,311 @@
+"""The three front doors of the overhead bench: one conversation, three wire formats.
+
+bench/overhead.py builds its conversations as chat-completions messages (real trajectory
+messages, see common.build_conversation); each door here turns such a list into the body
+its API takes, in code:
+
+- chat: `{"model", "messages"}` as is.
+- messages (Anthropic): the system messages become `system`; user and tool messages become
+  user turns (a tool message a `tool_result` block, consecutive ones merged into one turn, a
+  user message following tool results joins that turn), an assistant message an assistant
+  turn (its text, then one `tool_use` block per tool call, `input` the parsed arguments), so
+  the turns alternate and start with the user; `tools` lists every tool name used (the API
+  refuses `tool_use` blocks without them), `max_tokens` 1024.
+- responses (OpenAI Responses): the system messages become `instructions`; user and
+  assistant messages `message` items (`input_text` / `output_text` parts), a tool call a
+  `function_call` item, a tool message a `function_call_output` item; `store: false`, as
+  Codex sends it.
+
+    .venv/bin/python bench/doors.py      # converts the bench's conversations and checks them
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+Message = dict[str, Any]
+
+CHAT_MODEL = "gpt-4o"
+CLAUDE_MODEL = "claude-sonnet-4-5"
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def _text(content: Any) -> str:
+    """A chat message's content as one string (a list of parts: their text, joined)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+
+
+_ID_BAD = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _tool_id(raw: Any, n: int) -> str:
+    """Anthropic's ids match ^[a-zA-Z0-9_-]+$; the trajectories' are already that way."""
+    return _ID_BAD.sub("_", str(raw)) if raw else f"toolu_bench_{n}"
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    try:
+        parsed = orjson.loads(raw or "{}")
+    except orjson.JSONDecodeError:
+        return {"raw": raw}
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
+
+
+# ---------------------------------------------------------------------------------------
+# Anthropic Messages
+
+
+def to_anthropic(messages: list[Message], model: str = CLAUDE_MODEL) -> dict[str, Any]:
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    tools: dict[str, None] = {}
+    n = 0
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+
+    for m in messages:
+        role, text = m.get("role"), _text(m.get("content"))
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role == "user":
+            add("user", [{"type": "text", "text": text or "(empty)"}])
+        elif role == "tool":
+            add("user", [{"type": "tool_result", "tool_use_id": _tool_id(m.get("tool_call_id"), n),
+                          "content": text or "(no output)"}])
+        elif role == "assistant":
+            blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
+            for tc in m.get("tool_calls") or []:
+                n += 1
+                fn = tc.get("function") or {}
+                tools[fn.get("name") or "tool"] = None
+                blocks.append({"type": "tool_use", "id": _tool_id(tc.get("id"), n), "name": fn.get("name") or "tool",
+                               "input": _arguments(fn.get("arguments"))})
+            add("assistant", blocks or [{"type": "text", "text": "(empty)"}])
+    if turns and turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": [{"type": "text", "text": "(start)"}]})
+    body: dict[str, Any] = {"model": model, "max_tokens": 1024, "messages": turns}
+    if system:
+        body["system"] = "\n\n".join(system)
+    if tools:
+        body["tools"] = [{"name": name, "description": f"the {name} tool",
+                          "input_schema": {"type": "object", "additionalProperties": True}} for name in tools]
+    return body
+
+
+def anthropic_problems(body: dict[str, Any]) -> list[str]:
+    """What the Messages API would refuse: alternation, a user first turn, every tool_use
+    answered by a tool_result in the next turn (and no stray tool_result), empty text."""
+    out: list[str] = []
+    turns = body["messages"]
+    if not turns or turns[0]["role"] != "user":
+        out.append("the first turn is not a user turn")
+    for i, t in enumerate(turns):
+        if i and t["role"] == turns[i - 1]["role"]:
+            out.append(f"turn {i}: two {t['role']} turns in a row")
+        for b in t["content"]:
+            if b["type"] == "text" and not b["text"].strip():
+                out.append(f"turn {i}: empty text block")
+        uses = [b["id"] for b in t["content"] if b["type"] == "tool_use"]
+        results = [b["tool_use_id"] for b in turns[i + 1]["content"]
+                   if b["type"] == "tool_result"] if i + 1 < len(turns) else []
+        if t["role"] == "assistant" and sorted(uses) != sorted(results):
+            out.append(f"turn {i}: tool_use {uses} answered by {results}")
+        if t["role"] == "user":
+            prev = [b["id"] for b in turns[i - 1]["content"] if b["type"] == "tool_use"] if i else []
+            stray = [b["tool_use_id"] for b in t["content"]
+                     if b["type"] == "tool_result" and b["tool_use_id"] not in prev]
+            if stray:
+                out.append(f"turn {i}: tool_result without its tool_use {stray}")
+    names = {tl["name"] for tl in body.get("tools", [])}
+    used = {b["name"] for t in turns for b in t["content"] if b["type"] == "tool_use"}
+    if used - names:
+        out.append(f"tools not declared: {sorted(used - names)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# OpenAI Responses
+
+
+def to_responses(messages: list[Message], model: str = CHAT_MODEL) -> dict[str, Any]:
+    instructions: list[str] = []
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        role, text = m.get("role"), _text(m.get("content"))
+        if role in ("system", "developer"):
+            instructions.append(text)
+        elif role == "user":
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+        elif role == "assistant":
+            if text or not m.get("tool_calls"):
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": text}]})
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                items.append({"type": "function_call", "call_id": tc.get("id"), "name": fn.get("name") or "tool",
+                              "arguments": fn.get("arguments") or "{}"})
+        elif role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id"), "output": text})
+    body: dict[str, Any] = {"model": model, "input": items, "store": False}
+    if instructions:
+        body["instructions"] = "\n\n".join(instructions)
+    return body
+
+
+def responses_problems(body: dict[str, Any]) -> list[str]:
+    """Every function_call answered by one function_call_output after it, and no stray output."""
+    out: list[str] = []
+    open_calls: set[str] = set()
+    for i, it in enumerate(body["input"]):
+        if it["type"] == "function_call":
+            open_calls.add(it["call_id"])
+        elif it["type"] == "function_call_output":
+            if it["call_id"] not in open_calls:
+                out.append(f"item {i}: output for an unknown call {it['call_id']}")
+            open_calls.discard(it["call_id"])
+    if open_calls:
+        out.append(f"calls never answered: {sorted(open_calls)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The doors
+
+
+def _chat_reply(raw: bytes) -> str:
+    return orjson.loads(raw)["choices"][0]["message"]["content"]
+
+
+def _anthropic_reply(raw: bytes) -> str:
+    return "".join(b.get("text", "") for b in orjson.loads(raw)["content"] if b.get("type") == "text")
+
+
+def _responses_reply(raw: bytes) -> str:
+    return "".join(c.get("text", "") for it in orjson.loads(raw)["output"] if it.get("type") == "message"
+                   for c in it.get("content", []) if c.get("type") == "output_text")
+
+
+@dataclass(frozen=True)
+class Door:
+    name: str
+    path: str
+    """The URL path below a target's base URL (no trailing slash on the base)."""
+    model: str
+    body: Callable[[list[Message]], dict[str, Any]]
+    reply_text: Callable[[bytes], str]
+    anthropic: bool = False
+
+    def payload(self, messages: list[Message]) -> bytes:
+        return orjson.dumps(self.body(messages))
+
+    def headers(self, api_key: str) -> dict[str, str]:
+        h = {"Content-Type": "application/json"}
+        if self.anthropic:
+            h.update({"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION})
+        else:
+            h["Authorization"] = f"Bearer {api_key}"
+        return h
+
+
+CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, lambda msgs: {"model": CHAT_MODEL, "messages": msgs},
+            _chat_reply)
+MESSAGES = Door("messages", "/v1/messages", CLAUDE_MODEL, to_anthropic, _anthropic_reply, anthropic=True)
+RESPONSES = Door("responses", "/v1/responses", CHAT_MODEL, to_responses, _responses_reply)
+DOORS = {d.name: d for d in (CHAT, MESSAGES, RESPONSES)}
+
+
+def model_list(upstream: str, api_key: str, max_input_tokens: int | None = None) -> list[dict[str, Any]]:
+    """The bench's two deployments, both on the scripted upstream: `gpt-4o` as an OpenAI
+    route (chat and Responses forward natively to `{upstream}/v1/...`) and the Claude model
+    as an Anthropic route (Messages forwards natively to `{upstream}/v1/messages`)."""
+    info = {"model_info": {"max_input_tokens": max_input_tokens}} if max_input_tokens else {}
+    return [
+        {"model_name": CHAT_MODEL, "litellm_params": {"model": f"openai/{CHAT_MODEL}", "api_base": f"{upstream}/v1",
+                                                      "api_key": api_key}, **info},
+        {"model_name": CLAUDE_MODEL, "litellm_params": {"model": f"anthropic/{CLAUDE_MODEL}", "api_base": upstream,
+                                                        "api_key": api_key}, **info},
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# Who serves them
+
+
+def litellm_proxy_command(path: str | None, venv_bin: Path) -> tuple[list[str] | None, str]:
+    """How to start the LiteLLM proxy and its litellm version, or (None, why not).
+
+    `path` (--litellm-proxy, else $CTXGATE_BENCH_LITELLM_PROXY) is the `litellm` script of an
+    environment with `litellm[proxy]`, or that environment's python; without it, .venv's own
+    `litellm` if `litellm.proxy.proxy_server` imports there."""
+    path = path or os.environ.get("CTXGATE_BENCH_LITELLM_PROXY")
+    if path:
+        exe = Path(path)
+        if not exe.exists():
+            return None, f"{path} does not exist"
+        is_python = exe.name.startswith("python")
+        python = exe if is_python else exe.parent / "python"
+        argv = [str(exe), "-m", "litellm.proxy.proxy_cli"] if is_python else [str(exe)]
+    else:
+        python, argv = venv_bin / "python", [str(venv_bin / "litellm")]
+    r = subprocess.run([str(python), "-c", "import importlib.metadata as m, litellm.proxy.proxy_server; "
+                        "print(m.version('litellm'))"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+    if r.returncode != 0:
+        return None, f"`import litellm.proxy.proxy_server` fails with {python}: " \
+                     f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
+    return argv, r.stdout.strip().splitlines()[-1]
+
+
+def served(base: str, door: Door, api_key: str) -> bool:
+    """Whether a started ctxgate has this door: anything but a 404 to an empty POST."""
+    req = urllib.request.Request(base + door.path, data=b"{}", method="POST",
+                                 headers=door.headers(api_key))
+    try:
+        with urllib.request.urlopen(req, timeout=30):
+            return True
+    except urllib.error.HTTPError as e:
+        return e.code != 404
+    except OSError:
+        return False
+
+
+def _self_check() -> None:
+    import sys
+
+    import common
+
+    counter = common.gpt4o_counter()
+    for size in (1_000, 2_000, 100_000, 200_000):
+        msgs = common.build_conversation(size, counter)
+        a, r = to_anthropic(msgs), to_responses(msgs)
+        pa, pr = anthropic_problems(a), responses_problems(r)
+        sizes = ", ".join(f"{d.name} {len(d.payload(msgs)):,} B" for d in DOORS.values())
+        print(f"{size:>7,} tokens, {len(msgs)} messages -> {len(a['messages'])} Anthropic turns, "
+              f"{len(r['input'])} Responses items; bodies: {sizes}; problems: {pa[:3] + pr[:3] or 'none'}")
+        if pa or pr:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    _self_check()

@@ -1,0 +1,137 @@
+"""POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages door.
+
+Claude Code and the Anthropic SDK speak this API. The door reads the body into the neutral
+model (`messages_model.conversation_of`), lets the turn engine count, compact and forward it,
+and renders every error, its own and the engine's, in Anthropic's shape.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from ..engine.memory_turn import scope_of
+from ..engine.turn import TurnEngine, TurnInput
+from ..engine.wire import ReplyFacts
+from ..errors import ApiError
+from ..gateway import Gateway
+from ..tenancy import Caller, resolve_caller, resolve_session
+from ..upstream.anthropic import MessagesCall, send_litellm, send_native
+from ..upstream.forwarders import Reply
+from ..upstream.routing import Route
+from .messages_model import Conversation, conversation_of, render, validate_messages_request
+from .messages_replies import MessagesStream, error_body, error_event, reply_facts
+from .respond import DoorRequest, answer
+from .validation import read_json_body
+
+log = logging.getLogger("ctxgate.doors")
+COUNT_HEADER = "X-Ctx-Count"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class MessagesWire:
+    name = "messages"
+
+    def __init__(self, gw: Gateway, conversation: Conversation, raw: bytes, http: web.Request) -> None:
+        self._gw = gw
+        self._conversation = conversation
+        self._body = conversation.body
+        self._raw = raw
+        self._version = http.headers.get("anthropic-version")
+        self._beta = http.headers.get("anthropic-beta")
+
+    def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
+        system, turns = render(self._conversation, messages)
+        if route.call_params or route.upstream_model != self._body["model"] or system != self._body.get("system") \
+                or turns != self._body["messages"]:
+            payload = {**route.call_params, **self._body, "model": route.upstream_model, "messages": turns}
+            payload.pop("system", None)
+            if system:
+                payload["system"] = system
+            return payload
+        return self._body  # nothing changed: `send` forwards the client's own bytes
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        call = MessagesCall(payload, self._raw if payload is self._body else None, self._version, self._beta)
+        if route.provider == "anthropic":
+            return await send_native(self._gw.direct, route, call, stream=stream, api_key=api_key)
+        if route.demo:
+            raise ApiError(400, f"{route.model_name} answers chat completions only", param="model")
+        return await send_litellm(route, call, stream=stream, api_key=api_key,
+                                  timeout_s=self._gw.config.ctxgate.upstream_timeout_s)
+
+    def reply_facts(self, body: bytes) -> ReplyFacts:
+        return reply_facts(body)
+
+    def stream_watch(self, keep_all: bool) -> MessagesStream:
+        return MessagesStream(keep_all)
+
+    def error_event(self, error: ApiError) -> bytes:
+        return error_event(error)
+
+    async def settled(self, tenant: str, facts: ReplyFacts) -> None:
+        return None
+
+
+def anthropic_errors(handler: Handler) -> Handler:
+    """Every failure of this door in Anthropic's shape, whatever raised it (the caller,
+    the body, the route, the engine), with the error's own headers."""
+    async def handle(http: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(http)
+        except ApiError as e:
+            error = e
+        except ConnectionResetError:  # the client is gone: nobody to answer
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", http.method, http.path)
+            error = ApiError(500, "internal error in ctxgate; it is logged on the server")
+        return web.Response(status=error.status, body=orjson.dumps(error_body(error)),
+                            content_type="application/json", headers=error.headers)
+    return handle
+
+
+class MessagesDoor:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.engine = TurnEngine(gw)
+
+    async def read(self, http: web.Request, *, counting: bool) -> tuple[Caller, Route, Conversation, bytes, str,
+                                                                          TurnInput]:
+        caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
+        body = await read_json_body(http)
+        validate_messages_request(body, counting=counting)
+        route = self.gw.router.resolve(body["model"])
+        conversation = conversation_of(body)
+        messages = conversation.neutral
+        session_id = resolve_session(caller.tenant, http.headers, messages)
+        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        metadata = body.get("metadata") or {}
+        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
+                         memory_scope=scope_of(http.headers, metadata.get("user_id"), messages) if memory_on
+                         else None)
+        return caller, route, conversation, await http.read(), session_id, turn
+
+    async def messages(self, http: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        caller, route, conversation, raw, session_id, turn = await self.read(http, counting=False)
+        request = DoorRequest(http, caller, route, session_id, turn, conversation.body, started)
+        return await answer(self.engine, request, MessagesWire(self.gw, conversation, raw, http))
+
+    async def count_tokens(self, http: web.Request) -> web.StreamResponse:
+        """What the upstream would be sent for this conversation now, after compaction and the
+        memory block: the client sizes its next turn by it. No upstream call, no state change."""
+        caller, route, _, _, session_id, turn = await self.read(http, counting=True)
+        headers = {"X-Ctx-Session": session_id, COUNT_HEADER: "after-compaction"}
+        tokens = await self.engine.preview(caller, route, session_id, turn, headers)
+        return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type="application/json",
+                            headers=headers)
+
+
+def add_routes(app: web.Application, gw: Gateway) -> None:
+    door = MessagesDoor(gw)
+    app.router.add_post("/v1/messages", anthropic_errors(door.messages))
+    app.router.add_post("/v1/messages/count_tokens", anthropic_errors(door.count_tokens))

@@ -1,0 +1,108 @@
+"""Forwarding an Anthropic Messages body: natively to an Anthropic route, through litellm's
+Anthropic-messages adapter to any other provider.
+
+The native path posts on `DirectForwarder`'s pooled session and hands back the reply's
+bytes untouched (whole or SSE); when the door changed nothing it sends the client's own
+request bytes, so the upstream's prompt cache sees exactly what the client would have sent.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
+
+import orjson
+
+from ..errors import ApiError
+from .forwarders import DirectForwarder, Reply, UpstreamError, _map_litellm_error
+from .routing import Route
+
+DEFAULT_API_BASE = "https://api.anthropic.com"
+DEFAULT_VERSION = "2023-06-01"
+# The Messages API's own parameters, the only fields handed to litellm: any other field of a
+# client's body (api_base, api_key, mock_response ...) would steer litellm's call and its key.
+_ADAPTER_PARAMS = ("max_tokens", "messages", "metadata", "stop_sequences", "stream", "system", "temperature",
+                   "thinking", "tool_choice", "tools", "top_k", "top_p")
+
+
+@dataclass(frozen=True)
+class MessagesCall:
+    """One Messages request to forward."""
+    body: dict[str, Any]
+    raw: bytes | None
+    """The client's request bytes, when `body` is exactly what the client sent."""
+    version: str | None
+    """The client's `anthropic-version` header."""
+    beta: str | None
+    """The client's `anthropic-beta` header."""
+
+
+def messages_url(api_base: str | None) -> str:
+    """`{api_base}/v1/messages`, for an api_base given with or without its `/v1`."""
+    base = (api_base or DEFAULT_API_BASE).rstrip("/").removesuffix("/v1")
+    return f"{base}/v1/messages"
+
+
+async def send_native(pool: DirectForwarder, route: Route, call: MessagesCall, *, stream: bool,
+                      api_key: str | None) -> Reply:
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json",
+               "anthropic-version": call.version or DEFAULT_VERSION}
+    if call.beta:
+        headers["anthropic-beta"] = call.beta
+    if api_key:
+        headers["x-api-key"] = api_key
+    data = call.raw if call.raw is not None else orjson.dumps(call.body)
+    url = messages_url(route.api_base)
+    return await pool.post(url, data, headers, stream=stream, where=url)
+
+
+async def send_litellm(route: Route, call: MessagesCall, *, stream: bool, api_key: str | None,
+                       timeout_s: float) -> Reply:
+    import litellm
+
+    # A model_list deployment of another provider is a chat-completions deployment: many
+    # OpenAI-compatible servers have no Responses API, which litellm would use for OpenAI.
+    litellm.use_chat_completions_url_for_anthropic_messages = True
+    params: dict[str, Any] = {k: v for k, v in route.litellm_params.items() if k != "model"}
+    params.update({k: call.body[k] for k in _ADAPTER_PARAMS if k in call.body})
+    if api_key:
+        params["api_key"] = api_key
+    params.setdefault("timeout", timeout_s)
+    params.setdefault("max_retries", 0)  # one call, as on the native path: retrying is the client's choice
+    started = time.perf_counter()
+    try:
+        result = await litellm.anthropic_messages(model=route.litellm_params["model"], **params)
+    except Exception as e:
+        raise _map_litellm_error(e, route) from None
+    elapsed = (time.perf_counter() - started) * 1000
+    if not stream:
+        return Reply(status=200, content_type="application/json", body=orjson.dumps(result, default=_plain),
+                     upstream_ms=elapsed)
+    return Reply(status=200, content_type="text/event-stream", chunks=_adapter_sse(result, route),
+                 upstream_ms=elapsed)
+
+
+def _plain(obj: Any) -> Any:
+    """litellm's typed objects inside a reply, as JSON."""
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(exclude_none=True)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+async def _adapter_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
+    """The adapter's stream is Anthropic SSE already (bytes); an event object is framed as one."""
+    try:
+        async for chunk in stream:
+            if isinstance(chunk, (bytes, bytearray)):
+                yield bytes(chunk)
+            elif isinstance(chunk, str):
+                yield chunk.encode()
+            else:
+                event = orjson.loads(orjson.dumps(chunk, default=_plain))
+                yield f"event: {event.get('type', 'message')}\ndata: ".encode() + orjson.dumps(event) + b"\n\n"
+    except ApiError:
+        raise
+    except Exception as e:
+        err = _map_litellm_error(e, route)
+        # Mid-stream the reply's headers are gone: only an ApiError becomes the stream's error event.
+        raise (err.to_api_error() if isinstance(err, UpstreamError) else err) from None

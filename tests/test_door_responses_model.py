@@ -1,8 +1,11 @@
-"""The Responses door's conversion, as data: Responses items -> the neutral model -> items."""
+"""The Responses door's data: items -> the neutral model -> items, and the stream watch."""
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
+from ctxgate.proxy.doors.responses import ResponsesStream
 from ctxgate.proxy.doors.responses_model import to_messages, to_request
 
 REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA-opaque"}
@@ -55,3 +58,18 @@ def test_an_edited_assistant_turn_drops_its_reasoning_and_carries_the_edit() -> 
                                                                               "arguments": "{}"}}]}
     _, items = to_request(messages)
     assert items[1] == {**CALL, "arguments": "{}"} and REASONING not in items
+
+
+def test_the_stream_watch_finds_the_final_response_in_events_split_anywhere() -> None:
+    final = {"id": "resp_1", "output": [CALL], "usage": {"input_tokens": 42}}
+    stream = (b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1"}}\n\n'
+              b'event: response.completed\ndata: ' + orjson.dumps({"type": "response.completed", "response": final})
+              + b"\n\n")
+    watch = ResponsesStream(keep_all=True)
+    for i in range(len(stream)):
+        assert not watch.complete
+        watch.feed(stream[i:i + 1])
+    facts = watch.facts()
+    assert watch.complete and watch.body() == stream and facts.response == final and facts.prompt_tokens == 42
+    assert facts.tool_calls == [{"id": "call_1", "type": "function",
+                                 "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}]

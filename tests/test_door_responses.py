@@ -165,6 +165,10 @@ OBSERVATION = "PASSED tests/test_util.py::test_case line of output that repeats 
 TASK = "Task CODEX-TASK-9931: make the tests in src/lib/util.py pass."
 
 
+REASONING_OF_LAST_STEP = {"type": "reasoning", "id": "rs_29", "summary": [],
+                          "encrypted_content": "gAAAA-ENCRYPTED-29-" + "x" * 40}
+
+
 def codex_items(steps: int) -> list[dict[str, Any]]:
     """A Codex-shaped session: shell calls and their outputs, encrypted reasoning last."""
     items: list[dict[str, Any]] = [{"type": "message", "role": "user",
@@ -203,6 +207,7 @@ def test_a_long_codex_session_past_the_budget(gw: Gateway, up: ScriptedUpstream)
         forwarded.append(body)
         items = turn
     assert levels[0] != "none"
+    assert REASONING_OF_LAST_STEP in forwarded[0]  # the newest steps reach the upstream verbatim
     steady = [n for n in range(1, 4) if levels[n] == "none"]
     assert steady, f"every turn compacted again: {levels}"
     n = steady[0]

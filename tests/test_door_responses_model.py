@@ -60,6 +60,16 @@ def test_an_edited_assistant_turn_drops_its_reasoning_and_carries_the_edit() -> 
     assert items[1] == {**CALL, "arguments": "{}"} and REASONING not in items
 
 
+def test_custom_tool_calls_pair_like_function_calls() -> None:
+    patch = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_p", "name": "apply_patch",
+             "input": "*** Begin Patch\n*** End Patch"}
+    done = {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"}
+    messages = to_messages(None, [ITEMS[0], patch, done])
+    assert messages[1]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": patch["input"]}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_p", "content": "Done!", "item": done}
+    assert to_request(messages) == (None, [ITEMS[0], patch, done])
+
+
 def test_the_stream_watch_finds_the_final_response_in_events_split_anywhere() -> None:
     final = {"id": "resp_1", "output": [CALL], "usage": {"input_tokens": 42}}
     stream = (b'event: response.created\ndata: {"type":"response.created","response":{"id":"resp_1"}}\n\n'

@@ -16,6 +16,7 @@ import httpx2
 import pytest
 
 from ctxgate.proxy.doors.messages_model import COMPACTED_OPENING, conversation_of, render
+from ctxgate.proxy.doors.messages_replies import MessagesStream, reply_facts
 from servers import UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import REPLY, ScriptedUpstream
 from upstream_doors import THOUGHT, anthropic_input_tokens, signature
@@ -24,7 +25,7 @@ CLAUDE_KEY = "sk-claude"
 TOOLS = [{"name": "bash", "description": "Run a shell command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
 CLAUDE_ROUTES = {"claude-x": "claude-x", "claude-tools": "claude-tools", "claude-thinking": "claude-thinking",
-                 "claude-529": "error-529", "claude-429": "error-429"}
+                 "claude-529": "error-529", "claude-429": "error-429", "claude-overflow": "overflow"}
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +203,24 @@ def test_litellm_adapter_path_whole_and_streamed(gw: Gateway, up: ScriptedUpstre
     assert turns_of(gw, headers["X-Ctx-Session"]) == 2
 
 
+def test_prompt_too_long_compacts_reactively_then_exhausts(gw: Gateway, up: ScriptedUpstream) -> None:
+    cli, history = client(gw), [{"role": "user", "content": TASK}]
+    for i in range(20):
+        history += _step(i, thinking=False)
+    up.limit = anthropic_input_tokens({"messages": history}) // 2
+    raw = cli.messages.with_raw_response.create(model="claude-x", max_tokens=16, messages=history,  # type: ignore
+                                                extra_headers=session())
+    assert raw.parse().content[0].text == REPLY  # type: ignore[union-attr]
+    refused, answered = sent(up)
+    assert "prompt is too long" in refused.response.decode() and answered.prompt_tokens <= up.limit
+    assert raw.headers["x-ctx-levels"] != "none"
+    with pytest.raises(anthropic.BadRequestError) as e:  # this model refuses any prompt, however compacted
+        cli.messages.create(model="claude-overflow", max_tokens=16, messages=history,  # type: ignore[arg-type]
+                            extra_headers=session())
+    assert e.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert e.value.body["error"]["message"].startswith("CONTEXT_EXHAUSTED")  # type: ignore[index]
+
+
 # -- a long Claude-Code-shaped session, past the budget -------------------------------------
 OUTPUT = "collected 12 items; test_core.py::test_app FAILED at line {i}; traceback follows " * 12
 TASK = "Fix the failing test in pkg/core/app.py. Task id UNIQUE-TASK-4242."
@@ -275,7 +294,32 @@ def test_long_claude_code_session_is_compacted_and_stays_valid(gw: Gateway, up: 
         assert json.dumps(now["messages"][:kept]) == json.dumps(before["messages"][:kept])
 
 
-# -- the rendering rules on their own ----------------------------------------------------------
+# -- the reply readers and the rendering rules on their own
+def test_stream_watch_reads_events_split_anywhere() -> None:
+    frames = [
+        {"type": "message_start", "message": {"usage": {"input_tokens": 10, "cache_read_input_tokens": 90,
+                                                         "cache_creation_input_tokens": 5, "output_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "toolu_1",
+                                                                        "name": "bash", "input": {}}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"a"'}},
+        {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": ": 1}"}},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 7}},
+        {"type": "message_stop"}]
+    data = b"".join(f"event: {f['type']}\ndata: {json.dumps(f)}\n\n".encode() for f in frames)
+    watch = MessagesStream(keep_all=True)
+    for i in range(0, len(data), 7):
+        assert not watch.complete
+        watch.feed(data[i:i + 7])
+    facts = watch.facts()
+    assert watch.complete and watch.body() == data and facts.prompt_tokens == 105
+    assert facts.tool_calls == [{"id": "toolu_1", "type": "function",
+                                 "function": {"name": "bash", "arguments": '{"a": 1}'}}]
+    whole = {"content": [{"type": "tool_use", "id": "t", "name": "n", "input": {"x": 1}}],
+             "usage": {"input_tokens": 3, "cache_read_input_tokens": 4}}
+    assert reply_facts(json.dumps(whole).encode()).prompt_tokens == 7
+
+
 def _use(i: int) -> dict[str, Any]:
     return {"type": "tool_use", "id": f"t{i}", "name": "bash", "input": {"n": i}}
 

@@ -254,13 +254,15 @@ def _breakpoints(body: dict[str, Any]) -> int:
     return sum("cache_control" in b for b in blocks)
 
 
-def test_long_claude_code_session_is_compacted_and_stays_valid(gw: Gateway, up: ScriptedUpstream) -> None:
+@pytest.mark.parametrize("thinking_throughout", [False, True])
+def test_long_claude_code_session_is_compacted_and_stays_valid(gw: Gateway, up: ScriptedUpstream,
+                                                               thinking_throughout: bool) -> None:
     cli, budget = client(gw), 6000
     headers = {**session(), "X-Ctx-Budget": str(budget)}
     system = [{"type": "text", "text": "You are Claude Code, a coding agent.", "cache_control": {"type": "ephemeral"}}]
     history: list[dict[str, Any]] = [{"role": "user", "content": TASK}]
     for i in range(32):
-        history += _step(i, thinking=False)
+        history += _step(i, thinking=thinking_throughout)
     forwarded: list[dict[str, Any]] = []
     records: list[int] = []
     for turn in range(8):
@@ -281,6 +283,8 @@ def test_long_claude_code_session_is_compacted_and_stays_valid(gw: Gateway, up: 
         assert _breakpoints(body) <= 4
         assert fm[-2:] == messages[-2:] and fm[-2]["content"][0]["signature"] == messages[-2]["content"][0]["signature"]
         assert "UNIQUE-TASK-4242" in json.dumps(body)
+        signed = [m for m in fm if m["role"] == "assistant" and m["content"][0].get("type") == "thinking"]
+        assert signed and all(m in messages for m in signed)  # kept byte for byte, or not at all
         forwarded.append(body)
         status, summary = gw.get(f"/v1/ctx/sessions/{headers['X-Ctx-Session']}", {"x-api-key": CLAUDE_KEY})
         assert status == 200 and summary["turns"] == turn + 1 and summary["records"] and summary["wal_seq"] > 0

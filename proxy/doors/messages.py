@@ -18,7 +18,7 @@ from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import ApiError
 from ..gateway import Gateway
-from ..tenancy import Caller, resolve_caller, resolve_session
+from ..tenancy import resolve_caller, resolve_session
 from ..upstream.anthropic import MessagesCall, send_litellm, send_native
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
@@ -99,8 +99,8 @@ class MessagesDoor:
         self.gw = gw
         self.engine = TurnEngine(gw)
 
-    async def read(self, http: web.Request, *, counting: bool) -> tuple[Caller, Route, Conversation, bytes, str,
-                                                                          TurnInput]:
+    async def read(self, http: web.Request, *, counting: bool) -> tuple[DoorRequest, Conversation]:
+        started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http)
         validate_messages_request(body, counting=counting)
@@ -109,24 +109,22 @@ class MessagesDoor:
         messages = conversation.neutral
         session_id = resolve_session(caller.tenant, http.headers, messages)
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        metadata = body.get("metadata") or {}
+        user = (body.get("metadata") or {}).get("user_id")
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
-                         memory_scope=scope_of(http.headers, metadata.get("user_id"), messages) if memory_on
-                         else None)
-        return caller, route, conversation, await http.read(), session_id, turn
+                         memory_scope=scope_of(http.headers, user, messages) if memory_on else None)
+        return DoorRequest(http, caller, route, session_id, turn, body, started), conversation
 
     async def messages(self, http: web.Request) -> web.StreamResponse:
-        started = time.perf_counter()
-        caller, route, conversation, raw, session_id, turn = await self.read(http, counting=False)
-        request = DoorRequest(http, caller, route, session_id, turn, conversation.body, started)
+        request, conversation = await self.read(http, counting=False)
+        raw = await http.read()  # read once already: aiohttp hands back the same bytes
         return await answer(self.engine, request, MessagesWire(self.gw, conversation, raw, http))
 
     async def count_tokens(self, http: web.Request) -> web.StreamResponse:
         """What the upstream would be sent for this conversation now, after compaction and the
         memory block: the client sizes its next turn by it. No upstream call, no state change."""
-        caller, route, _, _, session_id, turn = await self.read(http, counting=True)
-        headers = {"X-Ctx-Session": session_id, COUNT_HEADER: "after-compaction"}
-        tokens = await self.engine.preview(caller, route, session_id, turn, headers)
+        request, _ = await self.read(http, counting=True)
+        headers = {"X-Ctx-Session": request.session_id, COUNT_HEADER: "after-compaction"}
+        tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, headers)
         return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type="application/json",
                             headers=headers)
 

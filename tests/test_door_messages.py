@@ -25,7 +25,8 @@ CLAUDE_KEY = "sk-claude"
 TOOLS = [{"name": "bash", "description": "Run a shell command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
 CLAUDE_ROUTES = {"claude-x": "claude-x", "claude-tools": "claude-tools", "claude-thinking": "claude-thinking",
-                 "claude-529": "error-529", "claude-429": "error-429", "claude-overflow": "overflow"}
+                 "claude-529": "error-529", "claude-429": "error-429", "claude-overflow": "overflow",
+                 "claude-slow": "slow"}
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> 
         for name, model in CLAUDE_ROUTES.items()]
     config["model_list"].append({"model_name": "claude-v1", "litellm_params": {
         "model": "anthropic/claude-x", "api_base": f"{upstream.url}/v1", "api_key": UPSTREAM_KEY}})
+    config["ctxgate"]["upstream_timeout_s"] = 1.5  # a stream stalled longer breaks off (the slow model stalls 3 s)
     config["ctxgate"]["tenants"]["claude"] = {"api_keys": [CLAUDE_KEY], "allow_overrides": ["budget"]}
     gateway = launch("messages", Path(tmp_path_factory.mktemp("messages-door")), config).wait_ready()
     yield gateway
@@ -95,6 +97,15 @@ def test_stream_relays_anthropics_events_and_logs_the_turn(gw: Gateway, up: Scri
     assert text == REPLY and final.stop_reason == "end_turn"
     assert final.usage.input_tokens == sent(up)[0].prompt_tokens
     assert turns_of(gw, headers["X-Ctx-Session"]) == 1
+
+
+def test_a_stream_that_stalls_ends_with_an_error_event(gw: Gateway, up: ScriptedUpstream) -> None:
+    with pytest.raises(anthropic.APIStatusError) as e:
+        with client(gw).messages.stream(model="claude-slow", max_tokens=16,
+                                        messages=[{"role": "user", "content": "hi"}]) as stream:
+            stream.get_final_message()
+    assert e.value.body == {"type": "error", "error": {"type": "timeout_error",
+                                                       "message": "upstream stalled mid-stream"}}
 
 
 def test_tool_use_round_trip(gw: Gateway, up: ScriptedUpstream) -> None:

@@ -46,6 +46,9 @@ class ChatWire:
     def error_event(self, error: ApiError) -> bytes:
         return b"data: " + orjson.dumps(error.body()) + b"\n\n"
 
+    async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
+        return None  # the local tokenizer counts these routes
+
     async def settled(self, tenant: str, facts: ReplyFacts) -> None:
         return None
 

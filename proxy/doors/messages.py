@@ -19,7 +19,7 @@ from ..engine.wire import ReplyFacts
 from ..errors import ApiError
 from ..gateway import Gateway
 from ..tenancy import resolve_caller, resolve_session
-from ..upstream.anthropic import MessagesCall, send_litellm, send_native
+from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_native
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .messages_model import Conversation, conversation_of, render, validate_messages_request
@@ -42,6 +42,10 @@ class MessagesWire:
         self._raw = raw
         self._version = http.headers.get("anthropic-version")
         self._beta = http.headers.get("anthropic-beta")
+        # A client that signs in with a bearer token (Claude Code's OAuth login) and whose tenant
+        # passes its key through must reach Anthropic the same way, not as an x-api-key.
+        auth = http.headers.get("Authorization", "")
+        self._bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else None
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
         system, turns = render(self._conversation, messages)
@@ -55,13 +59,21 @@ class MessagesWire:
         return self._body  # nothing changed: `send` forwards the client's own bytes
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
-        call = MessagesCall(payload, self._raw if payload is self._body else None, self._version, self._beta)
+        call = MessagesCall(payload, self._raw if payload is self._body else None, self._version, self._beta,
+                            bearer=api_key is not None and api_key == self._bearer)
         if route.provider == "anthropic":
             return await send_native(self._gw.direct, route, call, stream=stream, api_key=api_key)
         if route.demo:
             raise ApiError(400, f"{route.model_name} answers chat completions only", param="model")
         return await send_litellm(route, call, stream=stream, api_key=api_key,
                                   timeout_s=self._gw.config.ctxgate.upstream_timeout_s)
+
+    async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
+        if route.provider != "anthropic":
+            return None  # the calibrated estimate counts the litellm adapter's routes
+        call = MessagesCall(self.payload(messages, route), None, self._version, self._beta,
+                            bearer=api_key is not None and api_key == self._bearer)
+        return await count_native(self._gw.direct, route, call, api_key)
 
     def reply_facts(self, body: bytes) -> ReplyFacts:
         return reply_facts(body)
@@ -121,10 +133,14 @@ class MessagesDoor:
 
     async def count_tokens(self, http: web.Request) -> web.StreamResponse:
         """What the upstream would be sent for this conversation now, after compaction and the
-        memory block: the client sizes its next turn by it. No upstream call, no state change."""
-        request, _ = await self.read(http, counting=True)
+        memory block: the client sizes its next turn by it. Counted by Anthropic's own
+        count_tokens on an Anthropic route (no model call), else the calibrated estimate; no
+        state change."""
+        request, conversation = await self.read(http, counting=True)
         headers = {"X-Ctx-Session": request.session_id, COUNT_HEADER: "after-compaction"}
-        tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, headers)
+        wire = MessagesWire(self.gw, conversation, await http.read(), http)
+        tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, wire,
+                                           headers)
         return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type="application/json",
                             headers=headers)
 

@@ -60,7 +60,7 @@ async def answer(engine: TurnEngine, request: DoorRequest, wire: Wire) -> web.St
 
 async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: dict[str, str],
                 idempotency_key: str | None) -> web.StreamResponse:
-    prepared = await engine.prepare(request.caller, request.route, request.session_id, request.turn, headers,
+    prepared = await engine.prepare(request.caller, request.route, request.session_id, request.turn, wire, headers,
                                     request.started)
     reply = await engine.forward(prepared, wire, request.turn.stream)
     done = _Settle(engine, prepared, wire, request, idempotency_key)

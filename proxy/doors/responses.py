@@ -122,6 +122,9 @@ class ResponsesWire:
         event = {"type": "error", "code": error.code, "message": error.message, "param": error.param}
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
+    async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
+        return None  # the local tokenizer counts these routes
+
     async def settled(self, tenant: str, facts: ReplyFacts) -> None:
         """Keep the reply so a later `previous_response_id` resolves to it (also for `store:
         false`: see response_store). Its id is the upstream's; its chain link is the client's."""
@@ -153,7 +156,8 @@ class ResponsesDoor:
         need no model call, and the memory block."""
         caller, body, route, turn, session_id = await self._read(http, input_required=False)
         headers = {"X-Ctx-Session": session_id, "X-Ctx-Count": "after-compaction"}
-        tokens = await self.engine.preview(caller, route, session_id, turn, headers)
+        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id)
+        tokens = await self.engine.preview(caller, route, session_id, turn, wire, headers)
         return web.Response(body=orjson.dumps({"object": "response.input_tokens", "input_tokens": tokens}),
                             content_type="application/json", headers=headers)
 

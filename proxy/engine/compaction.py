@@ -110,14 +110,16 @@ def _apply_records(state: SessionState, turn: Turn) -> list[dict[str, Any]]:
     return turn.messages
 
 
-def provider_offset(reported: int, counted: int, tools_tokens: int) -> int:
+def provider_offset(reported: int, counted: int, tools_tokens: int, exact: bool = True) -> int:
     """How many tokens more (or fewer) the provider counted than ctxgate for one request.
     Providers differ in what they count (a scripted or self-hosted upstream may leave the
     tools schema out, a provider's framing differs from the published formula, an estimate
     is only an estimate): their own figure is the one their limit applies to. Bounded, so a
     provider reporting nonsense cannot make ctxgate forward far more than it counts: at
-    most the tools schema and 5% fewer, at most 50% more."""
-    return max(-(tools_tokens + counted // 20), min(counted // 2, reported - counted))
+    most the tools schema and 5% fewer (half as many, when ctxgate's count is only the
+    conservative bytes / 3 estimate: plain English runs near bytes / 4.5), at most 50% more."""
+    below = counted // 20 if exact else counted // 2
+    return max(-(tools_tokens + below), min(counted // 2, reported - counted))
 
 
 def measured_offset(turn: Turn, tokens_out: int, reported: int) -> int | None:
@@ -126,7 +128,7 @@ def measured_offset(turn: Turn, tokens_out: int, reported: int) -> int | None:
     would only move the compaction points from turn to turn)."""
     if reported <= 0:
         return None
-    offset = provider_offset(reported, tokens_out, turn.counter.count_tools(turn.tools))
+    offset = provider_offset(reported, tokens_out, turn.counter.count_tools(turn.tools), turn.counter.exact)
     return None if abs(offset - turn.count_offset) <= max(8, tokens_out // 200) else offset
 
 

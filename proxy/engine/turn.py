@@ -26,7 +26,8 @@ from ..errors import ApiError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
-from .compaction import Compactor, Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset
+from .compaction import (Compactor, Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset,
+                         provider_offset)
 from .memory_turn import MemoryScope, block_tokens, inject, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ..gateway import Gateway
 
 log = logging.getLogger("ctxgate.turn")
+MAX_PROVIDER_COUNTS = 4096
 
 
 @dataclass
@@ -76,8 +78,10 @@ class PreparedTurn:
 class TurnEngine:
     def __init__(self, gw: "Gateway") -> None:
         self.gw = gw
+        self._counts: dict[str, int] = {}
+        """The provider's counts of whole conversations, by model, tools and prefix hash (oldest first)."""
 
-    async def prepare(self, caller: Caller, route: Route, session_id: str, request: TurnInput,
+    async def prepare(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str], started: float) -> PreparedTurn:
         gw = self.gw
         messages = request.messages
@@ -105,6 +109,8 @@ class TurnEngine:
             if scope is not None:
                 block = await self._memory_block(state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
+            if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
+                await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
             try:
                 plan = await gw.compactor.prepare(state, turn)
             finally:
@@ -116,11 +122,12 @@ class TurnEngine:
         return PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                             levels=list(plan.levels))
 
-    async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput,
+    async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str]) -> int:
         """How many tokens the upstream would be sent for this conversation now: the stored
         compactions applied, the levels that need no model call run if it is over the trigger,
-        the memory block in. Changes nothing: the session is read, never saved."""
+        the memory block in; the provider's own count of that where it offers one. Changes
+        nothing: the session is read, never saved."""
         gw = self.gw
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
         fps = fingerprints_of(request.messages)
@@ -130,12 +137,24 @@ class TurnEngine:
                     max_input_tokens=caller.budget or route.max_input_tokens, summarize=_no_summary)
         found = await gw.sessions.read(caller.tenant, session_id)
         state = SessionState.from_dict(found.to_dict()) if found else SessionState(caller.tenant, session_id)
-        turn.count_offset = state.count_offset if state.count_offset_key == count_offset_key(
-            route.model_name, turn.tools) else 0
+        offset_key = count_offset_key(route.model_name, turn.tools)
+        turn.count_offset = state.count_offset if state.count_offset_key == offset_key else 0
         block = state.memory_block if request.memory_scope is not None else ""
         turn.reserved_tokens = block_tokens(block, counter)
+        headers["X-Ctx-Tokenizer"] = counter.name
+        tokens_in = counter.count_request(request.messages, request.tools, fps)
+        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
+            await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
         plan = await Compactor().prepare(state, turn)
-        headers.update({"X-Ctx-Tokenizer": counter.name, "X-Ctx-Levels": ",".join(plan.levels) or "none"})
+        headers["X-Ctx-Levels"] = ",".join(plan.levels) or "none"
+        try:
+            exact = await wire.upstream_count(route, inject(plan.messages, block), upstream_key(caller, route))
+        except ApiError as e:
+            log.warning("session %s: the provider's count failed (%s); the estimate answers", session_id, e.message)
+            exact = None
+        if exact is not None:
+            headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
+            return exact
         return plan.tokens_out  # the tools schema and the memory block included
 
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
@@ -143,7 +162,7 @@ class TurnEngine:
         more (or degrade, or give up, as the loop guard says) and send again."""
         gw, route = self.gw, prepared.route
         caller = prepared.caller
-        api_key = caller.bearer if caller.tenant_config.pass_through_key else route.api_key
+        api_key = upstream_key(caller, route)
         degraded = prepared.plan.degraded
         while True:
             payload = wire.payload(prepared.forwarded(), route)
@@ -192,6 +211,33 @@ class TurnEngine:
                 log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
         await wire.settled(caller.tenant, facts)
 
+    async def _provider_count(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
+                              offset_key: str, headers: dict[str, str]) -> None:
+        """A session with no measured count offset for this model and tools (its first turn, or
+        new tools) that may compact: the provider's own count decides where it offers one, and
+        the offset it gives is kept until a reply's usage measures a newer one. The count is
+        cached per conversation, so a retried turn asks again for nothing."""
+        key = f"{offset_key}:{turn.prefix_hashes[-1]}" if turn.messages else offset_key
+        reported = self._counts.get(key)
+        if reported is None:
+            try:
+                reported = await wire.upstream_count(route, turn.messages, upstream_key(caller, route))
+            except ApiError as e:
+                log.warning("session %s: the provider's count failed (%s); the estimate decides", state.session_id,
+                            e.message)
+                return
+            if reported is None:
+                return
+            self._counts[key] = reported
+            while len(self._counts) > MAX_PROVIDER_COUNTS:
+                self._counts.pop(next(iter(self._counts)))
+        counted = turn.counter.count_messages(turn.messages, turn.fingerprints) + turn.counter.count_tools(turn.tools)
+        turn.count_offset = provider_offset(reported, counted, turn.counter.count_tools(turn.tools),
+                                            turn.counter.exact)
+        state.count_offset, state.count_offset_key = turn.count_offset, offset_key
+        headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
+        self.gw.metrics.calibrate(route.model_name, counted, reported)
+
     async def _memory_block(self, state: SessionState, scope: MemoryScope, turn: Turn) -> str:
         """The session's memory block; a memory store that fails leaves the last one in place."""
         memory = self.gw.memory
@@ -205,6 +251,17 @@ class TurnEngine:
             log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)
             return state.memory_block
 
+
+
+def upstream_key(caller: Caller, route: Route) -> str | None:
+    """The key the upstream is called with: the route's, or the caller's own when its tenant passes it through."""
+    return caller.bearer if caller.tenant_config.pass_through_key else route.api_key
+
+
+def _watermark(turn: Turn, state: SessionState) -> float:
+    """Where a session may start compacting (a speculation starts, or the trigger)."""
+    cfg = turn.config
+    return min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget_of(state, turn)
 
 
 async def _no_summary(messages: list[dict[str, Any]]) -> str:

@@ -65,3 +65,9 @@ class Wire(Protocol):
     async def settled(self, tenant: str, facts: ReplyFacts) -> None:
         """The reply completed and is logged (a door that keeps replies keeps it now)."""
         ...
+
+    async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
+        """The provider's own count of `messages` as this door would forward them, where the
+        route offers one (Anthropic's count_tokens, for models with no public tokenizer); None
+        elsewhere. May raise ApiError: a count is an aid, the engine goes on without it."""
+        ...

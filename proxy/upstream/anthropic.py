@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ApiError
-from .forwarders import DirectForwarder, Reply, UpstreamError, _map_litellm_error
+from .forwarders import DirectForwarder, Reply, UpstreamError, map_litellm_error
 from .routing import Route
 
 DEFAULT_API_BASE = "https://api.anthropic.com"
@@ -37,23 +37,53 @@ class MessagesCall:
     """The client's `anthropic-beta` header."""
 
 
-def messages_url(api_base: str | None) -> str:
-    """`{api_base}/v1/messages`, for an api_base given with or without its `/v1`."""
+    bearer: bool = False
+    """Send the key as `Authorization: Bearer` (a client's OAuth token passed through), not `x-api-key`."""
+
+
+# What count_tokens takes besides the messages: the rest of a Messages body it refuses.
+COUNTED_FIELDS = ("system", "tools", "tool_choice", "thinking")
+
+
+def messages_url(api_base: str | None, endpoint: str = "messages") -> str:
+    """`{api_base}/v1/messages` (or `/v1/messages/count_tokens`), for an api_base given with or without its `/v1`."""
     base = (api_base or DEFAULT_API_BASE).rstrip("/").removesuffix("/v1")
-    return f"{base}/v1/messages"
+    return f"{base}/v1/{endpoint}"
 
 
-async def send_native(pool: DirectForwarder, route: Route, call: MessagesCall, *, stream: bool,
-                      api_key: str | None) -> Reply:
+def _headers(call: MessagesCall, api_key: str | None, stream: bool) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json",
                "anthropic-version": call.version or DEFAULT_VERSION}
     if call.beta:
         headers["anthropic-beta"] = call.beta
-    if api_key:
+    if api_key and call.bearer:
+        headers["Authorization"] = f"Bearer {api_key}"
+    elif api_key:
         headers["x-api-key"] = api_key
+    return headers
+
+
+async def send_native(pool: DirectForwarder, route: Route, call: MessagesCall, *, stream: bool,
+                      api_key: str | None) -> Reply:
     data = call.raw if call.raw is not None else orjson.dumps(call.body)
     url = messages_url(route.api_base)
-    return await pool.post(url, data, headers, stream=stream, where=url)
+    return await pool.post(url, data, _headers(call, api_key, stream), stream=stream, where=url)
+
+
+async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, api_key: str | None) -> int:
+    """Anthropic's own count of `call.body`'s prompt (its `count_tokens` endpoint: free, and
+    the only exact count there is for Claude models)."""
+    url = messages_url(route.api_base, "messages/count_tokens")
+    body = {k: call.body[k] for k in COUNTED_FIELDS if k in call.body}
+    body.update(model=call.body["model"], messages=call.body["messages"])
+    reply = await pool.post(url, orjson.dumps(body), _headers(call, api_key, False), stream=False, where=url)
+    try:
+        tokens = orjson.loads(reply.body or b"{}").get("input_tokens")
+    except (orjson.JSONDecodeError, AttributeError):
+        tokens = None
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+        raise ApiError(502, f"{url} answered no input_tokens", code="upstream_error")
+    return tokens
 
 
 async def send_litellm(route: Route, call: MessagesCall, *, stream: bool, api_key: str | None,
@@ -73,7 +103,7 @@ async def send_litellm(route: Route, call: MessagesCall, *, stream: bool, api_ke
     try:
         result = await litellm.anthropic_messages(model=route.litellm_params["model"], **params)
     except Exception as e:
-        raise _map_litellm_error(e, route) from None
+        raise map_litellm_error(e, route) from None
     elapsed = (time.perf_counter() - started) * 1000
     if not stream:
         return Reply(status=200, content_type="application/json", body=orjson.dumps(result, default=_plain),
@@ -103,6 +133,6 @@ async def _adapter_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
     except ApiError:
         raise
     except Exception as e:
-        err = _map_litellm_error(e, route)
+        err = map_litellm_error(e, route)
         # Mid-stream the reply's headers are gone: only an ApiError becomes the stream's error event.
         raise (err.to_api_error() if isinstance(err, UpstreamError) else err) from None

@@ -145,7 +145,7 @@ async def _sse_bytes(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
 
 # litellm's list of OpenAI chat-completion parameters also holds these, which choose where the
 # call goes and with which credentials: only the config may set them, never a client's body.
-_CALL_CONTROLS = {"api_base", "base_url", "api_key", "api_version", "organization", "deployment_id",
+CALL_CONTROLS = {"api_base", "base_url", "api_key", "api_version", "organization", "deployment_id",
                   "default_headers", "extra_headers", "timeout", "request_timeout", "max_retries"}
 
 
@@ -153,7 +153,7 @@ _CALL_CONTROLS = {"api_base", "base_url", "api_key", "api_version", "organizatio
 def _openai_params() -> frozenset[str]:
     import litellm
 
-    return frozenset({"messages", *litellm.OPENAI_CHAT_COMPLETION_PARAMS} - _CALL_CONTROLS)
+    return frozenset({"messages", *litellm.OPENAI_CHAT_COMPLETION_PARAMS} - CALL_CONTROLS)
 
 
 class LitellmForwarder:
@@ -185,7 +185,7 @@ class LitellmForwarder:
         try:
             result = await litellm.acompletion(model=route.litellm_params["model"], **params)
         except Exception as e:
-            raise _map_litellm_error(e, route) from None
+            raise map_litellm_error(e, route) from None
         elapsed = (time.perf_counter() - started) * 1000
         if not stream:
             return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
@@ -213,11 +213,11 @@ async def _litellm_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
         async for chunk in stream:
             yield b"data: " + orjson.dumps(_wire(chunk)) + b"\n\n"
     except Exception as e:
-        raise _map_litellm_error(e, route) from None
+        raise map_litellm_error(e, route) from None
     yield b"data: [DONE]\n\n"
 
 
-def _map_litellm_error(e: Exception, route: Route) -> Exception:
+def map_litellm_error(e: Exception, route: Route) -> Exception:
     import litellm
 
     if isinstance(e, ApiError):

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ApiError
-from .forwarders import _CALL_CONTROLS, DirectForwarder, Reply, _map_litellm_error
+from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, map_litellm_error
 from .routing import Route
 
 
@@ -54,7 +54,7 @@ class ResponsesForwarder:
         try:
             result = await litellm.aresponses(model=route.litellm_params["model"], **params)
         except Exception as e:
-            raise _map_litellm_error(e, route) from None
+            raise map_litellm_error(e, route) from None
         elapsed = (time.perf_counter() - started) * 1000
         if not stream:
             return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
@@ -67,7 +67,7 @@ def _aresponses_params() -> frozenset[str]:
     import litellm
 
     named = {p for p in inspect.signature(litellm.aresponses).parameters if p not in ("model", "kwargs")}
-    return frozenset(named - _CALL_CONTROLS - {"extra_headers", "extra_query", "extra_body", "custom_llm_provider"})
+    return frozenset(named - CALL_CONTROLS - {"extra_headers", "extra_query", "extra_body", "custom_llm_provider"})
 
 
 def _wire(obj: Any) -> dict[str, Any]:
@@ -83,4 +83,4 @@ async def _events(stream: Any, route: Route) -> AsyncIterator[bytes]:
             data = _wire(event)  # mode="json": an enum `type` becomes its string
             yield f"event: {data.get('type', 'message')}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
     except Exception as e:
-        raise _map_litellm_error(e, route) from None
+        raise map_litellm_error(e, route) from None

@@ -37,7 +37,7 @@ from typing import Any
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.tokens import TokenCounter
-from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_offset
+from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_calibration
 from ctxgate.proxy.errors import ApiError
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
@@ -113,7 +113,7 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
             sent = Sent(i, None, 0)
             async with sessions.lock(TENANT, SESSION):
                 state = await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)
-                turn.count_offset = state.count_offset
+                turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
                 before = _records(state)
                 try:
                     plan = await compactor.prepare(state, turn)
@@ -143,9 +143,9 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
                     async with sessions.lock(TENANT, SESSION):
                         state = await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)
                         state.has_attempted_reactive_compact = False
-                        offset = measured_offset(turn, plan.tokens_out, sent.tokens)
-                        if offset is not None:
-                            state.count_offset = offset
+                        calibration = measured_calibration(turn, plan.tokens_out, sent.tokens)
+                        if calibration is not None:
+                            state.count_offset, state.count_scale = calibration
                         await sessions.save(state)
             state = await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)
             sent.compacted = _records(state) != before

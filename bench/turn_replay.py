@@ -13,7 +13,7 @@ from typing import Any, Callable
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_offset
+from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_calibration
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
 
@@ -88,15 +88,15 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
         started = time.perf_counter()
         async with sessions.lock("bench", "replay"):
             state = await sessions.load("bench", "replay") or SessionState("bench", "replay")
-            turn.count_offset = state.count_offset
+            turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
             records_before = [r.prefix_len for r in state.records]
             plan = await compactor.prepare(state, turn)
             compacted = [r.prefix_len for r in state.records] != records_before
             state.has_attempted_reactive_compact = False
             sent = provider_count(plan.messages) if provider_count else plan.tokens_out
-            offset = measured_offset(turn, plan.tokens_out, sent)
-            if offset is not None:
-                state.count_offset = offset
+            calibration = measured_calibration(turn, plan.tokens_out, sent)
+            if calibration is not None:
+                state.count_offset, state.count_scale = calibration
             await sessions.save(state)
         elapsed = (time.perf_counter() - started) * 1000
         speculative = any(h.startswith("speculative") for h in plan.hints)

@@ -94,7 +94,8 @@ async def session_summary(request: web.Request) -> web.Response:
                       {"prefix_len": r.prefix_len, "levels": r.levels, "tokens_before": r.tokens_before,
                        "tokens_after": r.tokens_after} for r in state.records],
                   "has_attempted_reactive_compact": state.has_attempted_reactive_compact,
-                  "count_offset": state.count_offset, "dialect": state.dialect or "plain",
+                  "count_offset": state.count_offset, "count_scale": state.count_scale,
+                  "dialect": state.dialect or "plain",
                   "compactions": state.compaction_log[-50:], "working": state.working, "wal_seq": state.wal_seq})
 
 

@@ -11,7 +11,9 @@ import openai
 
 from clients import client
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.proxy.engine.compaction import Turn, fingerprints_of, measured_offset, provider_offset
+from ctxgate.pipeline.tokens import TokenizerRegistry
+from ctxgate.proxy.engine.compaction import Turn, fingerprints_of, limit_of, measured_calibration, provider_offset
+from ctxgate.proxy.engine.state import SessionState
 from pipeline_builders import Message, counter, filler, system, tool_turn, user
 from servers import KEYS, Gateway
 from upstream import ScriptedUpstream
@@ -67,18 +69,30 @@ def test_the_offset_is_bounded() -> None:
     assert provider_offset(1, 1000, 300) == -(300 + 50)
     # At most 50% more.
     assert provider_offset(10_000, 1000, 0) == 500
-    # ctxgate's own count is only the bytes / 3 estimate: the provider may count far fewer.
-    assert provider_offset(600, 1000, 0, exact=False) == -400
-    assert provider_offset(1, 1000, 0, exact=False) == -500
+
 
 
 def test_a_small_change_keeps_the_offset_in_use() -> None:
     msgs = _history(500)
     turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=None, counter=counter(),
                 config=PipelineConfig(), max_input_tokens=BUDGET, summarize=_no_summary, count_offset=-40)
-    assert measured_offset(turn, 2000, 1962) is None  # -38: the same, give or take
-    assert measured_offset(turn, 2000, 1900) == -100
-    assert measured_offset(turn, 2000, 0) is None  # no usage figure
+    assert measured_calibration(turn, 2000, 1962) is None  # -38: the same, give or take
+    assert measured_calibration(turn, 2000, 1900) == (-100, 1.0)
+    assert measured_calibration(turn, 2000, 0) is None  # no usage figure
+
+
+def test_an_estimate_is_calibrated_by_a_scale_not_an_offset() -> None:
+    """The bytes / 3 estimate's error grows with the text: measured on a whole history, an
+    offset would over-correct the much smaller view a compaction leaves."""
+    msgs = _history(500)
+    estimate = TokenizerRegistry().counter("estimate")
+    turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=None, counter=estimate,
+                config=PipelineConfig(), max_input_tokens=BUDGET, summarize=_no_summary)
+    assert measured_calibration(turn, 20_000, 11_000) == (0, 0.55)
+    assert measured_calibration(turn, 20_000, 1_000) == (0, 0.5)  # bounded
+    turn.count_scale = 0.55
+    assert measured_calibration(turn, 10_000, 5_540) is None  # the scale in use, give or take
+    assert limit_of(SessionState("t", "s"), turn) == int(BUDGET / 0.55)  # budgets in ctxgate's own units
 
 
 # -- through the gateway ------------------------------------------------------------------

@@ -55,6 +55,9 @@ class Turn:
     """The provider's count minus ctxgate's, measured on this session's last reply
     (`usage.prompt_tokens`, see `provider_offset`): budget decisions are made in the tokens
     the provider enforces its limit in. Counts reported to the client stay ctxgate's."""
+    count_scale: float = 1.0
+    """The provider's count over ctxgate's, for a counter that only estimates (`calibration_of`):
+    the limit is divided by it, so budget decisions are made in ctxgate's own units."""
 
     @cached_property
     def prefix_hashes(self) -> list[str]:
@@ -110,26 +113,41 @@ def _apply_records(state: SessionState, turn: Turn) -> list[dict[str, Any]]:
     return turn.messages
 
 
-def provider_offset(reported: int, counted: int, tools_tokens: int, exact: bool = True) -> int:
+def provider_offset(reported: int, counted: int, tools_tokens: int) -> int:
     """How many tokens more (or fewer) the provider counted than ctxgate for one request.
     Providers differ in what they count (a scripted or self-hosted upstream may leave the
     tools schema out, a provider's framing differs from the published formula, an estimate
     is only an estimate): their own figure is the one their limit applies to. Bounded, so a
     provider reporting nonsense cannot make ctxgate forward far more than it counts: at
-    most the tools schema and 5% fewer (half as many, when ctxgate's count is only the
-    conservative bytes / 3 estimate: plain English runs near bytes / 4.5), at most 50% more."""
-    below = counted // 20 if exact else counted // 2
-    return max(-(tools_tokens + below), min(counted // 2, reported - counted))
+    most the tools schema and 5% fewer, at most 50% more."""
+    return max(-(tools_tokens + counted // 20), min(counted // 2, reported - counted))
 
 
-def measured_offset(turn: Turn, tokens_out: int, reported: int) -> int | None:
-    """The offset to keep once the provider counted `reported` tokens for a request ctxgate
-    counted `tokens_out`; None when it is the one in use, give or take (small variations
-    would only move the compaction points from turn to turn)."""
+MIN_SCALE, MAX_SCALE = 0.5, 1.5
+"""How far the provider's count may scale ctxgate's estimate (bytes / 3 runs high on plain
+English, near bytes / 4.5, and low on dense non-Latin text)."""
+
+
+def calibration_of(turn: Turn, counted: int, reported: int) -> tuple[int, float]:
+    """(count offset, count scale) once the provider counted `reported` tokens for what
+    ctxgate counted `counted`. A tokenizer's error is a fixed amount (framing, the tools
+    schema): an offset. The bytes / 3 estimate's error grows with the text: a scale, so a
+    measurement on the whole history still holds for the much smaller compacted view."""
+    if turn.counter.exact:
+        return provider_offset(reported, counted, turn.counter.count_tools(turn.tools)), 1.0
+    return 0, min(MAX_SCALE, max(MIN_SCALE, reported / max(1, counted)))
+
+
+def measured_calibration(turn: Turn, tokens_out: int, reported: int) -> tuple[int, float] | None:
+    """The calibration to keep once the provider counted `reported` tokens for a request
+    ctxgate counted `tokens_out`; None when it is the one in use, give or take (small
+    variations would only move the compaction points from turn to turn)."""
     if reported <= 0:
         return None
-    offset = provider_offset(reported, tokens_out, turn.counter.count_tools(turn.tools), turn.counter.exact)
-    return None if abs(offset - turn.count_offset) <= max(8, tokens_out // 200) else offset
+    offset, scale = calibration_of(turn, tokens_out, reported)
+    if abs(offset - turn.count_offset) <= max(8, tokens_out // 200) and abs(scale - turn.count_scale) <= 0.01:
+        return None
+    return offset, scale
 
 
 def count_offset_key(model: str, tools: list[dict[str, Any]] | None) -> str:
@@ -157,11 +175,12 @@ def _set_guard(state: SessionState, turn: Turn) -> None:
 
 
 def limit_of(state: SessionState, turn: Turn) -> int:
-    """The context limit: the model's (or `X-Ctx-Budget`), or a smaller one the upstream reported."""
+    """The context limit: the model's (or `X-Ctx-Budget`), or a smaller one the upstream
+    reported; in ctxgate's units (`Turn.count_scale`)."""
     limit = turn.max_input_tokens
     if state.learned_max_input_tokens:
         limit = min(limit, state.learned_max_input_tokens)
-    return limit
+    return int(limit / turn.count_scale)
 
 
 def budget_of(state: SessionState, turn: Turn) -> int:
@@ -324,9 +343,10 @@ class Compactor:
             limit = int(found.group(1) or found.group(2))
             if 0 < limit < turn.max_input_tokens:
                 state.learned_max_input_tokens = limit
-        if turn.count_offset < 0:
+        if turn.count_offset < 0 or turn.count_scale < 1:
             # The provider counted more than the measured difference said: trust ctxgate's count.
             turn.count_offset = state.count_offset = 0
+            turn.count_scale = state.count_scale = max(1.0, turn.count_scale)
         budget = budget_of(state, turn)
         ratio = turn.config.target_ratio
         target = min(turn.target(budget, ratio), int(previous.tokens_out * ratio) - turn.fixed_tokens())

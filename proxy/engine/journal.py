@@ -115,6 +115,7 @@ class Journal:
         events: list[dict[str, Any]] = [{"type": EventType.RESPONSE.value, "turn": state.turns, "status": status,
                                          "prompt_tokens": prompt_tokens, "tool_calls": len(tool_calls),
                                          "count_offset": state.count_offset, "count_offset_key": state.count_offset_key,
+                                         "count_scale": state.count_scale,
                                          "dialect": state.dialect}]
         for call in tool_calls:
             fn = call.get("function") or {}
@@ -260,6 +261,7 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
             state.has_attempted_reactive_compact = False  # a reply arrived: the loop guard was reset
             state.count_offset = int(event.get("count_offset") or 0)
             state.count_offset_key = str(event.get("count_offset_key") or "")
+            state.count_scale = float(event.get("count_scale") or 1.0)
             state.dialect = str(event.get("dialect") or state.dialect)
         state.turns = max(state.turns, int(event.get("turn") or 0))
     state.wal_seq, state.wal_pending = found.last_seq, []

@@ -57,6 +57,8 @@ class SessionState:
     """The provider's count of the last forwarded request minus ctxgate's (`provider_offset`),
     valid for requests with the same model and tools schema (`count_offset_key`)."""
     count_offset_key: str = ""
+    count_scale: float = 1.0
+    """The provider's count over ctxgate's estimate (`calibration_of`), under the same key."""
     speculative: dict[str, Any] = field(default_factory=dict)
     """A compaction made ahead of time (speculative Autocompact), applied once the trigger is
     reached: {"record": CompactionRecord as a dict, "collapse", "breaker", "working"}."""

@@ -26,8 +26,8 @@ from ..errors import ApiError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
-from .compaction import (Compactor, Plan, Turn, budget_of, count_offset_key, fingerprints_of, measured_offset,
-                         provider_offset)
+from .compaction import (Compactor, Plan, Turn, budget_of, calibration_of, count_offset_key, fingerprints_of,
+                         measured_calibration)
 from .memory_turn import MemoryScope, block_tokens, inject, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
@@ -105,7 +105,8 @@ class TurnEngine:
                                                             budget_of(s, turn))
             state = tx.state
             state.profile = caller.profile
-            turn.count_offset = state.count_offset if state.count_offset_key == offset_key else 0
+            if state.count_offset_key == offset_key:
+                turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
             if scope is not None:
                 block = await self._memory_block(state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
@@ -138,7 +139,8 @@ class TurnEngine:
         found = await gw.sessions.read(caller.tenant, session_id)
         state = SessionState.from_dict(found.to_dict()) if found else SessionState(caller.tenant, session_id)
         offset_key = count_offset_key(route.model_name, turn.tools)
-        turn.count_offset = state.count_offset if state.count_offset_key == offset_key else 0
+        if state.count_offset_key == offset_key:
+            turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
         block = state.memory_block if request.memory_scope is not None else ""
         turn.reserved_tokens = block_tokens(block, counter)
         headers["X-Ctx-Tokenizer"] = counter.name
@@ -193,19 +195,19 @@ class TurnEngine:
         gw = self.gw
         gw.metrics.requests.labels(prepared.route.model_name, "200").inc()
         gw.metrics.overhead.observe(prepared.overhead_ms())
-        offset = None
+        calibration = None
         if facts.prompt_tokens is not None:
             gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)
-            offset = measured_offset(prepared.turn, prepared.plan.tokens_out, facts.prompt_tokens)
+            calibration = measured_calibration(prepared.turn, prepared.plan.tokens_out, facts.prompt_tokens)
         caller = prepared.caller
-        if prepared.guard_set or offset is not None or gw.journal.enabled(caller.profile):
+        if prepared.guard_set or calibration is not None or gw.journal.enabled(caller.profile):
             try:
                 async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
                     tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls)
                     state = tx.state
                     state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
-                    if offset is not None:
-                        state.count_offset = offset
+                    if calibration is not None:
+                        state.count_offset, state.count_scale = calibration
                         state.count_offset_key = prepared.offset_key
             except ApiError as e:  # the reply exists and the turn is logged: answer it rather than lose it
                 log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
@@ -232,9 +234,8 @@ class TurnEngine:
             while len(self._counts) > MAX_PROVIDER_COUNTS:
                 self._counts.pop(next(iter(self._counts)))
         counted = turn.counter.count_messages(turn.messages, turn.fingerprints) + turn.counter.count_tools(turn.tools)
-        turn.count_offset = provider_offset(reported, counted, turn.counter.count_tools(turn.tools),
-                                            turn.counter.exact)
-        state.count_offset, state.count_offset_key = turn.count_offset, offset_key
+        turn.count_offset, turn.count_scale = calibration_of(turn, counted, reported)
+        state.count_offset, state.count_scale, state.count_offset_key = turn.count_offset, turn.count_scale, offset_key
         headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
         self.gw.metrics.calibrate(route.model_name, counted, reported)
 

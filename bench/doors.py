@@ -16,6 +16,10 @@ its API takes, in code:
   `function_call` item, a tool message a `function_call_output` item; `store: false`, as
   Codex sends it.
 
+`model_list` gives the bench's routes (an OpenAI one for chat and Responses, an Anthropic
+one for Messages, both on the scripted upstream); `served` tells whether a running ctxgate
+has a door; `litellm_proxy_command` finds a LiteLLM proxy to compare with.
+
     .venv/bin/python bench/doors.py      # converts the bench's conversations and checks them
 """
 from __future__ import annotations

@@ -170,6 +170,7 @@ class Sample:
     ms: float
     overhead_ms: float | None = None
     levels: str | None = None
+    tokenizer: str | None = None
 
 
 class Target:
@@ -210,7 +211,8 @@ class Target:
             if door.reply_text(raw) != "ok":
                 raise RuntimeError(f"{self.name} ({door.name}): unexpected reply {raw[:500]!r}")
             over = r.headers.get("X-Ctx-Overhead-Ms")
-            return Sample(ms, float(over) if over else None, r.headers.get("X-Ctx-Levels"))
+            return Sample(ms, float(over) if over else None, r.headers.get("X-Ctx-Levels"),
+                          r.headers.get("X-Ctx-Tokenizer"))
 
 
 Lane = tuple[doors.Door, Target]
@@ -269,6 +271,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
         paired = [a.ms - b.ms for a, b in zip(samples[k], direct)]
         over = [s.overhead_ms for s in samples[k] if s.overhead_ms is not None]
         levels = {s.levels for s in samples[k] if s.levels}
+        tokenizers = {s.tokenizer for s in samples[k] if s.tokenizer}
         st = {"p50": p50, "p95": p95, "added_p50": common.pct(paired, 0.5), "added_p95": common.pct(paired, 0.95),
               "hdr_p50": common.pct(over, 0.5) if over else float("nan"),
               "hdr_p95": common.pct(over, 0.95) if over else float("nan"), "levels": levels,
@@ -278,7 +281,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
         ratio = "1.00×" if t.name == DIRECT else f"{p50 / d50:.2f}×"
         hdr = f"{fmt(st['hdr_p50'])} / {fmt(st['hdr_p95'])}" if over else "—"
         rows.append([door.name, t.name, fmt(p50), fmt(p95), added, ratio, hdr, fmt(st["cold"], 1),
-                     ",".join(sorted(levels)) if levels else "—"])
+                     ",".join(sorted(levels)) if levels else "—", ",".join(sorted(tokenizers)) or "—"])
     lo, hi = min(sc.tokens), max(sc.tokens)
     toks = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
     sizes = ", ".join(f"{name} {n:,}" for name, n in sc.body_bytes.items())
@@ -286,8 +289,8 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
             f"request size {toks} tokens (o200k_base, OpenAI's message formula), {len(sc.base)} base messages; "
             f"body bytes of the last iteration per door: {sizes}.\n\n"
             + common.table(["door", "target", "p50 ms", "p95 ms", "added vs direct p50 / p95 ms (paired)",
-                            "p50 ratio", "X-Ctx-Overhead-Ms p50 / p95", "first (warm-up) request ms", "X-Ctx-Levels"],
-                           rows, "llrrrrrrl") + "\n")
+                            "p50 ratio", "X-Ctx-Overhead-Ms p50 / p95", "first (warm-up) request ms", "X-Ctx-Levels",
+                            "X-Ctx-Tokenizer"], rows, "llrrrrrrll") + "\n")
     return text, stats
 
 
@@ -346,13 +349,14 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
         loop.close()
         common.progress(f"  breakdown {sc.name}: done")
     return ("### Where a steady-state turn goes (in-process, no HTTP)\n\n"
-            f"The calls `proxy/chat.py` makes on a turn below the trigger, on turn 5 of each session, timed one by "
+            f"The calls the chat door makes on a turn below the trigger, on turn 5 of each session, timed one by "
             f"one in the client process, median of {runs} runs (`Compactor.prepare` on one event loop, "
             "`run_until_complete` each time).\n\n" + common.table(["session", "call", "ms"], rows, "llr") + "\n")
 
 
 async def main_async(args: argparse.Namespace):
     common.wait_for_quiet(max_wait_s=args.max_wait)
+    common.CODE_AT_START = common.git_state()  # the code the servers start with, after the wait
     counter = common.gpt4o_counter()
     common.progress("overhead: building conversations from trajectories")
     scenarios = [
@@ -455,10 +459,20 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
         "differences). `X-Ctx-Overhead-Ms` is ctxgate's own report of its time, upstream excluded. Routes: "
         f"`{doors.CHAT_MODEL}` → `openai/{doors.CHAT_MODEL}` (chat and Responses doors), `{doors.CLAUDE_MODEL}` → "
         f"`anthropic/{doors.CLAUDE_MODEL}` (Messages door), both with `api_base` the bench upstream and "
-        "`max_input_tokens` 1,000,000, so no request was compacted (X-Ctx-Levels column).\n")
+        "`max_input_tokens` 1,000,000, so no request was compacted (X-Ctx-Levels column). "
+        "`X-Ctx-Tokenizer` is how ctxgate counted: there is no local Claude tokenizer, so the Messages door "
+        "counts an estimate (UTF-8 bytes / 3; it would ask the provider's `count_tokens` only for a first turn "
+        "the estimate puts past the speculation watermark, which a 1,000,000-token limit never reaches here) "
+        "where the chat and Responses doors run tiktoken.\n")
     if proxy:
-        lines.append(f"LiteLLM proxy: litellm {proxy} (`litellm[proxy]`), same `model_list`, same doors, one "
-                     "process, started by the command given to `--litellm-proxy`.\n")
+        lines.append(f"LiteLLM proxy: litellm {proxy} (`litellm[proxy]`), same `model_list` (plus the master key it "
+                     "refuses to start without), same doors, one process, started from the environment given to "
+                     "`--litellm-proxy`. That environment is kept apart from .venv: litellm 1.110's `proxy` extra "
+                     "needs a `litellm-proxy` package the registry here does not have, and the proxy's dependencies "
+                     "stay out of ctxgate's environment. To make it:\n\n"
+                     "    python3.11 -m venv /tmp/litellm-proxy-venv\n"
+                     "    /tmp/litellm-proxy-venv/bin/pip install 'litellm[proxy]==1.108.7'\n"
+                     "    .venv/bin/python bench/overhead.py --litellm-proxy /tmp/litellm-proxy-venv/bin/litellm\n")
     else:
         lines.append(f"LiteLLM proxy: **not run** — {proxy_why}.\n")
     if missing:

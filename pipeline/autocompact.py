@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 from .config import AutocompactConfig
 from .fingerprint import message_fingerprint, span_hash
 from .notes import AUTOCOMPACT_MARKER, system_note
+from .protocols.base import readable_text
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message, RecentWindow
@@ -87,12 +88,7 @@ class SummaryPlan:
 def serialise(messages: list[Message], counter: TokenCounter) -> str:
     lines: list[str] = []
     for m in messages:
-        content = m.get("content")
-        text = content if isinstance(content, str) else " ".join(
-            p.get("text", "") for p in content or [] if isinstance(p, dict))
-        for tc in m.get("tool_calls") or []:
-            fn = tc.get("function") or {}
-            text += f"\n[called {fn.get('name')}({fn.get('arguments', '')})]"
+        text = readable_text(m)
         if counter.count(text) > MESSAGE_TOKENS_FOR_SUMMARY:
             text = counter.head(text, MESSAGE_TOKENS_FOR_SUMMARY) + " [...]"
         lines.append(f"[{m.get('role')}] {text}")

@@ -19,7 +19,7 @@ import orjson
 
 from .config import RestoreConfig
 from .conversation import read_conversation
-from .protocols.base import text_of
+from .protocols.base import readable_text, text_of
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
@@ -106,7 +106,7 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
     state = WorkingState()
     for i, message in enumerate(messages):
         if message.get("role") in ("user", "tool"):
-            _observed_files(text_of(message), files)
+            _observed_files(readable_text(message), files)
         for action in conversation.infos[i].actions:
             answer = answers.get((i, id(action)))
             result = answer.output if answer is not None else ""

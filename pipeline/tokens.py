@@ -242,8 +242,19 @@ class TokenCounter:
             return 0
         if isinstance(part.get("text"), str):
             return self.count(part["text"])
-        if part.get("type") in ("image_url", "input_image"):
+        kind = part.get("type")
+        if kind in ("image_url", "input_image"):
             return 85  # OpenAI's fixed cost of a low-detail image: the least an image can cost
+        # Anthropic's tool blocks: what the model reads is the output, or the call's name and
+        # input; their JSON (keys, ids, escaped quotes) would count a tool result ~17% high.
+        if kind == "tool_result":
+            inner = part.get("content")
+            parts = inner if isinstance(inner, list) else [inner] if isinstance(inner, str) else []
+            return TOKENS_PER_TOOL_CALL + sum(self._count_part(p) for p in parts)
+        if kind == "tool_use":
+            name = part.get("name")
+            return (TOKENS_PER_TOOL_CALL + self.count(name if isinstance(name, str) else "")
+                    + self.count(orjson.dumps(part.get("input")).decode()))
         return self.count(orjson.dumps(part).decode())
 
     def _count_tool_call(self, call: Any) -> int:

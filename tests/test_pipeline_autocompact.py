@@ -63,7 +63,7 @@ async def test_summary_replaces_the_old_history() -> None:
     assert [line[:2] for line in SUMMARY_PROMPT.split("\n")[1:7]] == ["1.", "2.", "3.", "4.", "5.", "6."]
     plan = s.plan(CompressionRequest(h, budget, counter(), window=LAST_UNIT))
     assert prompt[1] == {"role": "user", "content": "Conversation history:\n\n" + serialise(h[2:plan.end], counter())}
-    assert "[assistant] \n[called execute_bash(" in prompt[1]["content"]
+    assert "[assistant] [called execute_bash(" in prompt[1]["content"]
     assert "[tool] line0x0 line0x1" in prompt[1]["content"]
     out = result.compressed_messages
     assert out[:2] == h[:2]

@@ -255,3 +255,27 @@ def test_any_json_shaped_messages_read_without_error() -> None:
             list(c.steps())
             c.latest_failure()
             extract_working_state(h, RestoreConfig(), dialect)
+
+
+# -- Anthropic tool blocks, as the summariser and activeRestore read them --------------------
+
+ANTHROPIC_STEP = [
+    {"role": "user", "content": "Fix the bug."},
+    {"role": "assistant", "content": [
+        {"type": "text", "text": "Opening it."},
+        {"type": "tool_use", "id": "toolu_1", "name": "open", "input": {"path": "x.py"}}]},
+    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
+        {"type": "text", "text": "[File: /testbed/x.py (3 lines total)]\n1:a"}]}]},
+]
+
+
+def test_the_summariser_reads_tool_use_and_tool_result_blocks() -> None:
+    from ctxgate.pipeline.autocompact import serialise
+
+    text = serialise(ANTHROPIC_STEP, counter())
+    assert '[called open({"path":"x.py"})]' in text and "[File: /testbed/x.py (3 lines total)]" in text
+
+
+def test_restore_finds_file_headers_inside_tool_result_blocks() -> None:
+    state = extract_working_state(ANTHROPIC_STEP, RestoreConfig(), "anthropic")
+    assert [f["path"] for f in state.to_dict()["current_files"]] == ["/testbed/x.py"]

@@ -146,3 +146,16 @@ def test_count_cached_matches_count_and_hits_the_cache() -> None:
     assert c.count_cached(text) == c.count(text)
     assert c.count_cached(text) == c.count(text)
     assert c.hits == hits + 1
+
+
+def test_anthropic_tool_blocks_count_what_the_model_reads() -> None:
+    """A tool_result counts as its output, a tool_use as its name and input: not their JSON."""
+    counter = TokenizerRegistry().for_model("gpt-4o")
+    output = 'line with "quotes" and \\ slashes\n' * 40
+    as_text = counter.count_structured({"role": "tool", "tool_call_id": "c", "content": output})
+    as_block = counter.count_structured({"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_0123456789", "content": output}]})
+    assert abs(as_block - as_text) <= 3
+    use = {"type": "tool_use", "id": "toolu_0123456789", "name": "bash", "input": {"command": "ls -la"}}
+    assert counter.count_structured({"role": "assistant", "content": [use]}) == (
+        3 + counter.count("assistant") + 3 + counter.count("bash") + counter.count('{"command":"ls -la"}'))

@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
+
 from ..failures import key_error_line
 
 
@@ -127,6 +129,28 @@ def text_of(message: dict[str, Any] | None, field: str = "content") -> str:
     if not isinstance(content, list):
         return ""
     return "\n".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def readable_text(message: dict[str, Any]) -> str:
+    """Everything a reader of the message sees, in any wire format: its text, the output of
+    each Anthropic `tool_result` block, and each `tool_use` or chat tool call as
+    `[called NAME(ARGUMENTS)]` (for the summariser's transcript and the file headers
+    activeRestore looks for)."""
+    parts = [text_of(message)]
+    content = message.get("content")
+    for block in content if isinstance(content, list) else []:
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") == "tool_result":
+            parts.append(text_of(block))
+        elif block.get("type") == "tool_use":
+            parts.append(f"[called {block.get('name')}({orjson.dumps(block.get('input')).decode()})]")
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            parts.append(f"[called {fn.get('name')}({fn.get('arguments', '')})]")
+    return "\n".join(p for p in parts if p)
 
 
 def id_of(value: Any) -> str | None:

@@ -7,6 +7,7 @@ mid-archive leaves either the old or the new file, never half of one.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from .events import decode_line
@@ -20,6 +21,24 @@ def write_atomically(path: Path, data: bytes) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def prune_folder(folder: Path, ttl_s: float, keep: int, pattern: str = "*.json") -> None:
+    """Remove the files of `folder` older than `ttl_s`, then the oldest beyond `keep`: the
+    bound of a per-tenant folder of stored replies."""
+    entries = []
+    now = time.time()
+    for f in folder.glob(pattern):
+        try:
+            mtime = f.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if now - mtime > ttl_s:
+            f.unlink(missing_ok=True)
+        else:
+            entries.append((mtime, f))
+    for _, f in sorted(entries)[:max(0, len(entries) - keep)]:
+        f.unlink(missing_ok=True)
 
 
 def archive_segment(live: Path, archive_dir: Path, split_at: int, now: float | None = None) -> Path | None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import orjson
 import xxhash
 
-from ...wal.archive import write_atomically
+from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..engine.state import reachable
 from ..errors import ApiError
@@ -154,28 +154,13 @@ class _Files:
         await asyncio.to_thread(write_atomically, path, stored.to_bytes())
         self._puts += 1
         if self._puts % _PRUNE_EVERY == 0:  # a folder scan per put would cost more than the put
-            await asyncio.to_thread(self._prune, path.parent)
+            await asyncio.to_thread(prune_folder, path.parent, TTL_S, MAX_PER_TENANT)
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         path = self._path(tenant, response_id)
         existed = path.exists()
         path.unlink(missing_ok=True)
         return existed
-
-    def _prune(self, folder: Path) -> None:
-        entries = []
-        now = time.time()
-        for f in folder.glob("*.json"):
-            try:
-                mtime = f.stat().st_mtime
-            except FileNotFoundError:
-                continue
-            if now - mtime > TTL_S:
-                f.unlink(missing_ok=True)
-            else:
-                entries.append((mtime, f))
-        for _, f in sorted(entries)[:max(0, len(entries) - MAX_PER_TENANT)]:
-            f.unlink(missing_ok=True)
 
     async def close(self) -> None:
         return None

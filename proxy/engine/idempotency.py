@@ -20,7 +20,7 @@ import orjson
 import xxhash
 
 from ...pipeline.fingerprint import message_fingerprint
-from ...wal.archive import write_atomically
+from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..errors import ApiError
 from .state import reachable
@@ -114,22 +114,7 @@ class FileIdempotencyStore:
     async def put(self, tenant: str, key: str, reply: StoredReply) -> None:
         path = self._path(tenant, key)
         await asyncio.to_thread(write_atomically, path, reply.to_bytes())
-        await asyncio.to_thread(self._prune, path.parent)
-
-    def _prune(self, folder: Path) -> None:
-        entries = []
-        now = time.time()
-        for f in folder.glob("*.json"):
-            try:
-                mtime = f.stat().st_mtime
-            except FileNotFoundError:
-                continue
-            if now - mtime > self._ttl:
-                f.unlink(missing_ok=True)
-            else:
-                entries.append((mtime, f))
-        for _, f in sorted(entries)[:max(0, len(entries) - self._max)]:
-            f.unlink(missing_ok=True)
+        await asyncio.to_thread(prune_folder, path.parent, self._ttl, self._max)
 
 
 class RedisIdempotencyStore:

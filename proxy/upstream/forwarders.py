@@ -156,6 +156,28 @@ def _openai_params() -> frozenset[str]:
     return frozenset({"messages", *litellm.OPENAI_CHAT_COMPLETION_PARAMS} - CALL_CONTROLS)
 
 
+def litellm_params(route: Route, payload: dict[str, Any], allowed: frozenset[str], api_key: str | None,
+                   timeout_s: float) -> dict[str, Any]:
+    """The keyword arguments of one litellm call: the route's own parameters, the client's
+    fields litellm takes (`allowed`), and every other client field in `extra_body`."""
+    params = {k: v for k, v in route.litellm_params.items() if k != "model"}
+    extra: dict[str, Any] = {}
+    for k, v in payload.items():
+        if k in allowed:
+            params[k] = v
+        elif k != "model" and k not in route.litellm_params:
+            # The client's own fields are data for the upstream, never litellm's controls
+            # (api_base, extra_headers, mock_response ... would steer the call and its key).
+            extra[k] = v
+    if extra:
+        params["extra_body"] = {**(params.get("extra_body") or {}), **extra}
+    if api_key:
+        params["api_key"] = api_key
+    params.setdefault("timeout", timeout_s)
+    params.setdefault("max_retries", 0)  # one call, as on the direct path: retrying is the client's choice
+    return params
+
+
 class LitellmForwarder:
     """Every provider litellm knows; replies re-serialised to OpenAI's wire format."""
 
@@ -165,22 +187,7 @@ class LitellmForwarder:
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
         import litellm
 
-        params = {k: v for k, v in route.litellm_params.items() if k != "model"}
-        extra: dict[str, Any] = {}
-        allowed = _openai_params()
-        for k, v in payload.items():
-            if k in allowed:
-                params[k] = v
-            elif k != "model" and k not in route.litellm_params:
-                # The client's own fields are data for the upstream, never litellm's controls
-                # (api_base, extra_headers, mock_response ... would steer the call and its key).
-                extra[k] = v
-        if extra:
-            params["extra_body"] = {**(params.get("extra_body") or {}), **extra}
-        if api_key:
-            params["api_key"] = api_key
-        params.setdefault("timeout", self._timeout)
-        params.setdefault("max_retries", 0)  # one call, as on the direct path: retrying is the client's choice
+        params = litellm_params(route, payload, _openai_params(), api_key, self._timeout)
         started = time.perf_counter()
         try:
             result = await litellm.acompletion(model=route.litellm_params["model"], **params)

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ApiError
-from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, map_litellm_error
+from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, litellm_params, map_litellm_error
 from .routing import Route
 
 
@@ -37,19 +37,7 @@ class ResponsesForwarder:
     async def _via_litellm(self, route: Route, payload: dict[str, Any], stream: bool, api_key: str | None) -> Reply:
         import litellm
 
-        params = {k: v for k, v in route.litellm_params.items() if k != "model"}
-        extra: dict[str, Any] = {}
-        for k, v in payload.items():
-            if k in _aresponses_params():
-                params[k] = v
-            elif k != "model" and k not in route.litellm_params:
-                extra[k] = v  # the client's own fields are data for the upstream, never litellm's controls
-        if extra:
-            params["extra_body"] = {**(params.get("extra_body") or {}), **extra}
-        if api_key:
-            params["api_key"] = api_key
-        params.setdefault("timeout", self._timeout)
-        params.setdefault("max_retries", 0)
+        params = litellm_params(route, payload, _aresponses_params(), api_key, self._timeout)
         started = time.perf_counter()
         try:
             result = await litellm.aresponses(model=route.litellm_params["model"], **params)

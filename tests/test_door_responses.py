@@ -88,7 +88,7 @@ def test_a_chain_of_five_turns_survives_a_restart(upstream: ScriptedUpstream, up
                 stop_all([gateway])
                 gateway = launch("chain", tmp_path, config).wait_ready()
             raw = client(gateway).responses.with_raw_response.create(
-                model="gpt-4o", input=f"remember {word}", store=False, previous_response_id=previous,
+                model="gpt-4o", input=f"remember {word}", previous_response_id=previous,
                 instructions="be brief" if i == 0 else None)  # not inherited: the session name must not follow it
             previous = raw.parse().id
             sessions.add(raw.headers["x-ctx-session"])
@@ -108,6 +108,20 @@ def test_get_and_delete(gw: Gateway, up: ScriptedUpstream) -> None:
     status, other = gw.get(f"/v1/responses/{r.id}", {"Authorization": f"Bearer {KEYS['relay']}"})
     assert status == 404 and other["error"]["code"] == "not_found"  # another tenant's response
     cli.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        cli.responses.retrieve(r.id)
+    up.reset()
+    with pytest.raises(openai.BadRequestError) as e:
+        cli.responses.create(model="gpt-4o", input="again", previous_response_id=r.id)
+    assert e.value.code == "previous_response_not_found" and not up.log
+
+
+def test_a_store_false_response_is_not_kept(gw: Gateway, up: ScriptedUpstream) -> None:
+    """As OpenAI: nothing to retrieve or chain. Such a client (Codex) resends its whole input
+    each turn; keeping it would write the conversation again on every turn."""
+    cli = client(gw)
+    r = cli.responses.create(model="gpt-4o", input="hi", store=False, extra_headers=session())
+    assert r.output_text == "ok"
     with pytest.raises(openai.NotFoundError):
         cli.responses.retrieve(r.id)
     up.reset()

@@ -1,11 +1,11 @@
 """What the Responses door returned, per tenant, so `previous_response_id` resolves here.
 
-Upstreams may not store (Codex sends `store: false`; many providers have no Responses
-storage at all), and the session ctxgate compacts must be the whole conversation. So
-ctxgate keeps, for each response it returned, the items that request added, the reply's
-output items and the response object, and expands a chain itself. It keeps them also
-when the client said `store: false`: a chain is resolvable only if ctxgate has it, and a
-client that never chains loses nothing.
+Upstreams may not store (many providers have no Responses storage at all), and the
+session ctxgate compacts must be the whole conversation. So ctxgate keeps, for each
+response it returned, the items that request added, the reply's output items and the
+response object, and expands a chain itself. A response made with `store: false` is not
+kept, as OpenAI keeps none: such a client (Codex) resends its whole input every turn, and
+keeping it would write the whole conversation again on every turn.
 
 Files under the data directory (they survive a restart), or Redis when the state is
 there (every replica sees them); `TTL_S` and `MAX_PER_TENANT` bound them. Only this door

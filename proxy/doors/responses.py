@@ -97,6 +97,7 @@ class ResponsesWire:
         self._session_id = session_id
         self._body = {k: v for k, v in body.items() if k not in _CHAIN_FIELDS}
         self._previous: str | None = body.get("previous_response_id")
+        self._store_false = body.get("store") is False
         self._own_items = own_items
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
@@ -126,11 +127,11 @@ class ResponsesWire:
         return None  # the local tokenizer counts these routes
 
     async def settled(self, tenant: str, facts: ReplyFacts) -> None:
-        """Keep the reply so a later `previous_response_id` resolves to it (also for `store:
-        false`: see response_store). Its id is the upstream's; its chain link is the client's."""
+        """Keep the reply so a later `previous_response_id` resolves to it (not one made with
+        `store: false`: see response_store). Its id is the upstream's; its chain link the client's."""
         response = facts.response
-        if response is None or not isinstance(response.get("id"), str) or not isinstance(response.get("output"),
-                                                                                           list):
+        if self._store_false or response is None or not isinstance(response.get("id"), str) \
+                or not isinstance(response.get("output"), list):
             return
         kept = {**response, "previous_response_id": self._previous}
         await self._store.put(tenant, StoredResponse(response["id"], self._previous, self._own_items,

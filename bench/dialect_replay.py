@@ -10,7 +10,7 @@ run. Nothing here calls an LLM: the summaries are scripted (see bench/dialects.p
 
 ctxgate, as the gateway does it (proxy/chat.py), in process, with no servers:
 - the session locked, `Compactor.prepare` (speculative Autocompact on, like the gateway);
-  a `context_exhausted` ApiError there is a turn *refused by ctxgate before the upstream*;
+  a `context_exhausted` GatewayError there is a turn *refused by ctxgate before the upstream*;
 - over the limit, the upstream refuses with OpenAI's context-length message; ctxgate calls
   `Compactor.reactive` once and sends again; if that raises `context_exhausted` or the
   retry is over the limit too (the gateway's next `reactive` would raise, the loop guard
@@ -38,7 +38,7 @@ import common  # noqa: F401  (sets up the tokenizer files and the import path)
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_calibration
-from ctxgate.proxy.errors import ApiError
+from ctxgate.proxy.errors import GatewayError
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
 from turn_replay import agent_turns
@@ -117,7 +117,7 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
                 before = _records(state)
                 try:
                     plan = await compactor.prepare(state, turn)
-                except ApiError as e:
+                except GatewayError as e:
                     if e.code != "context_exhausted":
                         raise
                     plan, sent.refused, sent.note = None, CTXGATE, e.message[:160]
@@ -134,7 +134,7 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
                             sent.levels += [lv for lv in plan.levels if lv not in sent.levels]
                             if sent.tokens > limit:
                                 sent.refused, sent.note = UPSTREAM, "over the limit after the reactive compaction"
-                        except ApiError as e:
+                        except GatewayError as e:
                             if e.code != "context_exhausted":
                                 raise
                             sent.refused, sent.note = UPSTREAM, e.message[:160]

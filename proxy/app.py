@@ -9,9 +9,10 @@ import orjson
 from aiohttp import web
 
 from .doors.chat import ChatDoor
+from .doors.errors import openai_response
 from .doors import messages as messages_door
 from .doors import responses as responses_door
-from .errors import ApiError
+from .errors import ErrorKind, GatewayError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
 from .engine.journal import RollbackError
@@ -32,24 +33,27 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
     """Every failure leaves in OpenAI's error shape; no traceback ever reaches a client."""
     try:
         return await handler(request)
-    except ApiError as e:
-        return e.response()
+    except GatewayError as e:
+        return openai_response(e)
     except web.HTTPRequestEntityTooLarge:
-        return ApiError(413, f"request body is larger than the limit of {request.client_max_size} bytes",
-                        code="request_too_large").response()
+        return openai_response(GatewayError(ErrorKind.TOO_LARGE, f"request body is larger than the limit of "
+                                            f"{request.client_max_size} bytes", code="request_too_large"))
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return ApiError(e.status, e.reason or "request failed",
-                        code="not_found" if e.status == 404 else None).response()
+        # aiohttp's own (no route, wrong method): its status as an upstream's would be.
+        return openai_response(GatewayError(ErrorKind.UPSTREAM, e.reason or "request failed", upstream_status=e.status,
+                                            code="not_found" if e.status == 404 else None))
     except (ConnectionResetError, OSError) as e:
         if request.transport is None or request.transport.is_closing():
             raise
         log.exception("I/O failure on %s %s", request.method, request.path)
-        return ApiError(502, f"I/O failure: {type(e).__name__}", code="io_error").response()
+        return openai_response(GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"I/O failure: {type(e).__name__}",
+                                            code="io_error"))
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
-        return ApiError(500, "internal error in ctxgate; it is logged on the server", code="internal_error").response()
+        return openai_response(GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server",
+                                            code="internal_error"))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -80,7 +84,7 @@ def _session_of(request: web.Request) -> tuple[Gateway, str, str]:
     try:
         session_id = validate_id(request.match_info["session_id"], "session")
     except InvalidId as e:
-        raise ApiError(400, str(e), code="invalid_session") from None
+        raise GatewayError(ErrorKind.INVALID_REQUEST, str(e), code="invalid_session") from None
     return gw, caller.tenant, session_id
 
 
@@ -88,7 +92,7 @@ async def session_summary(request: web.Request) -> web.Response:
     gw, tenant, session_id = _session_of(request)
     state = await gw.sessions.read(tenant, session_id)
     if state is None:
-        raise ApiError(404, f"no session {session_id} for this tenant", code="session_not_found")
+        raise GatewayError(ErrorKind.NOT_FOUND, f"no session {session_id} for this tenant", code="session_not_found")
     return _json({"id": state.session_id, "tenant": state.tenant, "turns": state.turns, "created_at": state.created_at,
                   "updated_at": state.updated_at, "records": [
                       {"prefix_len": r.prefix_len, "levels": r.levels, "tokens_before": r.tokens_before,
@@ -113,13 +117,14 @@ async def session_rollback(request: web.Request) -> web.Response:
         body = None
     to_seq = body.get("to_seq") if isinstance(body, dict) else None
     if not isinstance(to_seq, int) or isinstance(to_seq, bool) or to_seq < 1:
-        raise ApiError(400, 'the body must be {"to_seq": <checkpoint seq, a positive integer>}', param="to_seq",
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           'the body must be {"to_seq": <checkpoint seq, a positive integer>}', param="to_seq",
                        code="invalid_request")
     async with gw.sessions.transaction(tenant, session_id) as tx:
         try:
             tx.state = state = await gw.journal.rollback(tenant, session_id, to_seq)
         except RollbackError as e:
-            raise ApiError(404, str(e), param="to_seq", code="checkpoint_not_found") from None
+            raise GatewayError(ErrorKind.NOT_FOUND, str(e), param="to_seq", code="checkpoint_not_found") from None
     return _json({"id": session_id, "rolled_back_to": to_seq, "wal_seq": state.wal_seq,
                   "records": len(state.records), "turns": state.turns})
 

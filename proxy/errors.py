@@ -1,51 +1,62 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+"""What can go wrong in a turn, as the engine and everything below it say it.
 
-Every failure a client can see goes through `ApiError`, so no handler ever answers with
-a traceback or a 500 of aiohttp's own.
+A `GatewayError` names its kind (a bad request, an unknown model, an unreachable upstream,
+an exhausted context ...), never an HTTP status: each door turns it into its own wire
+shape and status (`doors/errors.py`), so the same failure reads as OpenAI's error object on
+the chat and Responses doors and as Anthropic's on the Messages door. An error the
+upstream itself answered keeps the upstream's status and error object (`UPSTREAM`).
 """
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
-import orjson
-from aiohttp import web
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          502: "upstream_error", 503: "service_unavailable", 504: "timeout_error"}
+class ErrorKind(Enum):
+    INVALID_REQUEST = "invalid_request"
+    AUTHENTICATION = "authentication"
+    PERMISSION = "permission"
+    NOT_FOUND = "not_found"
+    TOO_LARGE = "too_large"
+    CONFLICT = "conflict"
+    """The request contradicts an earlier one (an idempotency key reused with another body)."""
+    INTERNAL = "internal"
+    UPSTREAM_UNREACHABLE = "upstream_unreachable"
+    UNAVAILABLE = "unavailable"
+    """ctxgate's own backend (the state store, the WAL) cannot serve now: retry later."""
+    TIMEOUT = "timeout"
+    UPSTREAM = "upstream"
+    """The upstream answered with an error: its status and error object pass through."""
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None,
-                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
+class GatewayError(Exception):
+    def __init__(self, kind: ErrorKind, message: str, *, code: str | None = None, param: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None,
+                 upstream_status: int | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.kind = kind
         self.message = message
         self.code = code
         self.param = param
-        self.type = type or _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        self.type = type
+        """The error type to show, when it is not the one the kind implies (an upstream's own)."""
         self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self, extra_headers: dict[str, str] | None = None) -> web.Response:
-        return web.Response(status=self.status, body=orjson.dumps(self.body()), content_type="application/json",
-                            headers={**self.headers, **(extra_headers or {})})
+        self.upstream_status = upstream_status
 
 
-def context_exhausted(detail: str) -> ApiError:
+def context_exhausted(detail: str) -> GatewayError:
     """The loop guard's answer (spec pitfall 2): compaction already ran and did not help."""
-    return ApiError(400, f"CONTEXT_EXHAUSTED: {detail}", code="context_exhausted", param="messages",
-                    type="invalid_request_error")
+    return GatewayError(ErrorKind.INVALID_REQUEST, f"CONTEXT_EXHAUSTED: {detail}", code="context_exhausted",
+                        param="messages", type="invalid_request_error")
 
 
 def upstream_error_object(status: int, payload: Any, fallback: str) -> dict[str, Any]:
     """The upstream's own error object when it has one, else one in OpenAI's shape."""
+    kind = "api_error" if status >= 500 else "invalid_request_error"
     if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         err = payload["error"]
         return {"error": {"message": str(err.get("message") or fallback),
-                          "type": err.get("type") or _TYPES.get(status, "api_error"),
+                          "type": err.get("type") or kind,
                           "param": err.get("param"), "code": err.get("code"),
                           **{k: v for k, v in err.items() if k not in ("message", "type", "param", "code")}}}
-    return ApiError(status, fallback).body()
+    return {"error": {"message": fallback, "type": kind, "param": None, "code": None}}

@@ -15,7 +15,7 @@ from ..pipeline.tokens import TokenizerRegistry, TokenizerRule
 from .engine.compaction import Compactor
 from .config import Config
 from .upstream.demo import DemoForwarder
-from .errors import ApiError
+from .errors import ErrorKind, GatewayError
 from .engine.idempotency import IdempotencyStore, open_idempotency_store
 from .engine.journal import Journal
 from .engine.memory_turn import BlockRefresher, open_memory_store
@@ -144,9 +144,9 @@ class Gateway:
         try:
             text = orjson.loads(reply.body or b"{}")["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError, orjson.JSONDecodeError):
-            raise ApiError(502, f"summarizer {model_name} gave no text") from None
+            raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"summarizer {model_name} gave no text") from None
         if not isinstance(text, str) or not text.strip():
-            raise ApiError(502, f"summarizer {model_name} gave an empty summary")
+            raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"summarizer {model_name} gave an empty summary")
         return text
 
     async def close(self) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import xxhash
 
 from .config import Config, TenantConfig
-from .errors import ApiError
+from .errors import ErrorKind, GatewayError
 from .ids import InvalidId, is_valid_id, validate_id
 
 DEFAULT_TENANT = "default"
@@ -51,26 +51,29 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
     if keys_configured:
         tenant = _tenant_by_key(config, bearer)
         if tenant is None:
-            raise ApiError(401, "Incorrect API key provided for this gateway", code="invalid_api_key")
+            raise GatewayError(ErrorKind.AUTHENTICATION,
+                               "Incorrect API key provided for this gateway", code="invalid_api_key")
     else:
         tenant = headers.get("X-Ctx-Tenant") or DEFAULT_TENANT
         try:
             validate_id(tenant, "tenant")
         except InvalidId as e:
-            raise ApiError(400, f"X-Ctx-Tenant: {e}", param="X-Ctx-Tenant", code="invalid_tenant") from None
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"X-Ctx-Tenant: {e}", param="X-Ctx-Tenant", code="invalid_tenant") from None
     tcfg = config.ctxgate.tenants.get(tenant) or TenantConfig()
     profile: str = tcfg.profile or config.ctxgate.profile
     budget = tcfg.budget
     if (raw := headers.get("X-Ctx-Profile")) is not None:
         _allowed(tcfg, "profile", tenant)
         if raw not in ("minimal", "professional", "enterprise"):
-            raise ApiError(400, "X-Ctx-Profile must be minimal, professional or enterprise",
+            raise GatewayError(ErrorKind.INVALID_REQUEST, "X-Ctx-Profile must be minimal, professional or enterprise",
                            param="X-Ctx-Profile", code="invalid_header")
         profile = raw
     if (raw := headers.get("X-Ctx-Budget")) is not None:
         _allowed(tcfg, "budget", tenant)
         if not raw.strip().isdigit() or not 0 < int(raw) <= MAX_BUDGET:
-            raise ApiError(400, f"X-Ctx-Budget must be a whole number of tokens between 1 and {MAX_BUDGET}",
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"X-Ctx-Budget must be a whole number of tokens between 1 and {MAX_BUDGET}",
                            param="X-Ctx-Budget", code="invalid_header")
         budget = int(raw)
     return Caller(tenant=tenant, tenant_config=tcfg, bearer=bearer, profile=profile, budget=budget)
@@ -78,7 +81,7 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
 
 def _allowed(tcfg: TenantConfig, what: str, tenant: str) -> None:
     if what not in tcfg.allow_overrides:
-        raise ApiError(403, f"tenant {tenant!r} may not override its {what} (allow_overrides)",
+        raise GatewayError(ErrorKind.PERMISSION, f"tenant {tenant!r} may not override its {what} (allow_overrides)",
                        code="override_not_allowed")
 
 
@@ -99,7 +102,8 @@ def resolve_session(tenant: str, headers: Mapping[str, str], messages: list[dict
         try:
             return validate_id(own, "session")
         except InvalidId as e:
-            raise ApiError(400, f"X-Ctx-Session: {e}", param="X-Ctx-Session", code="invalid_session") from None
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"X-Ctx-Session: {e}", param="X-Ctx-Session", code="invalid_session") from None
     candidates = [headers.get(h) for h in _SESSION_HEADERS]
     if isinstance(prompt_cache_key, str):
         candidates.append(prompt_cache_key)

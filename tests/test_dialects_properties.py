@@ -41,7 +41,7 @@ from hypothesis import strategies as st
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import is_ctxgate_message
 from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of
-from ctxgate.proxy.errors import ApiError
+from ctxgate.proxy.errors import GatewayError
 from ctxgate.proxy.engine.state import SessionState
 
 from dialect_builders import (
@@ -88,7 +88,7 @@ class Forward:
     request: Request
     messages: list[Message] | None
     """None: refused."""
-    error: ApiError | None
+    error: GatewayError | None
     levels: tuple[str, ...]
     point: bool
     """A compaction point: levels were applied, or the session's compaction records changed."""
@@ -160,7 +160,7 @@ async def _replay(history: History, limit: int) -> Run:
         before = _records(state)
         try:
             plan = await compactor.prepare(state, turn)
-        except ApiError as e:
+        except GatewayError as e:
             turns.append(Forward(request, None, e, (), _records(state) != before, 0))
         else:
             levels = tuple(plan.levels)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ...memory.entries import Category, MemoryEntry, feedback_expiry
 from ...memory.store import LongTermStore
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..engine.state import reachable
 from ..tenancy import resolve_caller
@@ -51,13 +51,14 @@ async def _body(request: web.Request, model: type[BaseModel]) -> Any:
     try:
         raw = orjson.loads(await request.read())
     except orjson.JSONDecodeError as e:
-        raise ApiError(400, f"the body is not JSON: {e}", code="invalid_json") from None
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"the body is not JSON: {e}", code="invalid_json") from None
     try:
         return model.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"{where}: {first['msg']}", param=where, code="invalid_request") from None
 
 
 @contextmanager
@@ -67,11 +68,11 @@ def _store_reachable() -> Iterator[None]:
     try:
         with reachable():
             yield
-    except ApiError:
+    except GatewayError:
         raise
     except Exception as e:
         log.exception("memory store call failed")
-        raise ApiError(503, f"the memory store is unavailable ({type(e).__name__})",
+        raise GatewayError(ErrorKind.UNAVAILABLE, f"the memory store is unavailable ({type(e).__name__})",
                        code="memory_unavailable") from None
 
 
@@ -99,7 +100,7 @@ class MemoryApi:
     def _store_and_tenant(self, request: web.Request) -> tuple[LongTermStore, str]:
         tenant = resolve_caller(self.gw.config, request.headers).tenant
         if self.gw.memory is None:
-            raise ApiError(404, "memory is not enabled on this gateway", code="memory_disabled")
+            raise GatewayError(ErrorKind.NOT_FOUND, "memory is not enabled on this gateway", code="memory_disabled")
         return self.gw.memory.store, tenant
 
     def _expiry(self, category: Category, data: dict[str, Any], ttl_s: float | None, now: float) -> float | None:
@@ -116,7 +117,8 @@ class MemoryApi:
         try:
             category = Category(wanted) if wanted else None
         except ValueError:
-            raise ApiError(400, f"category must be one of {', '.join(c.value for c in Category)}",
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"category must be one of {', '.join(c.value for c in Category)}",
                            param="category", code="invalid_request") from None
         with _store_reachable():
             entries = await store.list(tenant, category, now=time.time())
@@ -139,7 +141,8 @@ class MemoryApi:
         with _store_reachable():
             entry = await store.get(tenant, entry_id)
         if entry is None or entry.tenant != tenant:
-            raise ApiError(404, f"no memory entry {entry_id} for this tenant", code="memory_not_found")
+            raise GatewayError(ErrorKind.NOT_FOUND,
+                               f"no memory entry {entry_id} for this tenant", code="memory_not_found")
         return entry
 
     async def update(self, request: web.Request) -> web.Response:

@@ -14,11 +14,12 @@ from aiohttp import web
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
-from ..errors import ApiError
+from ..errors import GatewayError
 from ..gateway import Gateway
 from ..tenancy import resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
+from .errors import openai_body
 from .chat_replies import SseReply, reply_facts
 from .respond import DoorRequest, answer
 from .validation import read_json_body, validate_chat_request
@@ -43,8 +44,8 @@ class ChatWire:
     def stream_watch(self, keep_all: bool) -> SseReply:
         return SseReply(keep_all=keep_all)
 
-    def error_event(self, error: ApiError) -> bytes:
-        return b"data: " + orjson.dumps(error.body()) + b"\n\n"
+    def error_event(self, error: GatewayError) -> bytes:
+        return b"data: " + orjson.dumps(openai_body(error)) + b"\n\n"
 
     async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
         return None  # the local tokenizer counts these routes

@@ -16,12 +16,13 @@ from aiohttp import web
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..tenancy import resolve_caller, resolve_session
 from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_native
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
+from .errors import http_status
 from .messages_model import Conversation, conversation_of, render, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
 from .respond import DoorRequest, answer
@@ -64,7 +65,8 @@ class MessagesWire:
         if route.provider == "anthropic":
             return await send_native(self._gw.direct, route, call, stream=stream, api_key=api_key)
         if route.demo:
-            raise ApiError(400, f"{route.model_name} answers chat completions only", param="model")
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"{route.model_name} answers chat completions only", param="model")
         return await send_litellm(route, call, stream=stream, api_key=api_key,
                                   timeout_s=self._gw.config.ctxgate.upstream_timeout_s)
 
@@ -81,7 +83,7 @@ class MessagesWire:
     def stream_watch(self, keep_all: bool) -> MessagesStream:
         return MessagesStream(keep_all)
 
-    def error_event(self, error: ApiError) -> bytes:
+    def error_event(self, error: GatewayError) -> bytes:
         return error_event(error)
 
     async def settled(self, tenant: str, facts: ReplyFacts) -> None:
@@ -94,14 +96,14 @@ def anthropic_errors(handler: Handler) -> Handler:
     async def handle(http: web.Request) -> web.StreamResponse:
         try:
             return await handler(http)
-        except ApiError as e:
+        except GatewayError as e:
             error = e
         except ConnectionResetError:  # the client is gone: nobody to answer
             raise
         except Exception:
             log.exception("internal error on %s %s", http.method, http.path)
-            error = ApiError(500, "internal error in ctxgate; it is logged on the server")
-        return web.Response(status=error.status, body=orjson.dumps(error_body(error)),
+            error = GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server")
+        return web.Response(status=http_status(error), body=orjson.dumps(error_body(error)),
                             content_type="application/json", headers=error.headers)
     return handle
 

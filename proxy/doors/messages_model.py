@@ -18,7 +18,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ...pipeline.notes import is_ctxgate_message
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -56,7 +56,8 @@ def validate_messages_request(body: dict[str, Any], *, counting: bool = False) -
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"{where}: {first['msg']}", param=where, code="invalid_request") from None
 
 
 @dataclass

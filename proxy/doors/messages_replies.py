@@ -7,22 +7,25 @@ from typing import Any
 import orjson
 
 from ..engine.wire import ReplyFacts
-from ..errors import ApiError
+from ..errors import GatewayError
+from .errors import http_status
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",
+                529: "overloaded_error"}
 ANTHROPIC_ERROR_TYPES = frozenset({*_ERROR_TYPES.values(), "api_error", "billing_error", "timeout_error"})
 
 
-def error_body(error: ApiError) -> dict[str, Any]:
+def error_body(error: GatewayError) -> dict[str, Any]:
     """`{"type": "error", "error": {"type", "message"}}`: the upstream's own Anthropic type when
     it gave one, else the type Anthropic uses for the status."""
+    status = http_status(error)
     kind = error.type if error.type in ANTHROPIC_ERROR_TYPES else _ERROR_TYPES.get(
-        error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+        status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": error.message}}
 
 
-def error_event(error: ApiError) -> bytes:
+def error_event(error: GatewayError) -> bytes:
     return b"event: error\ndata: " + orjson.dumps(error_body(error)) + b"\n\n"
 
 

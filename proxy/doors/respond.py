@@ -13,7 +13,8 @@ from aiohttp import web
 from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts, Wire
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
+from .errors import http_status
 from ..tenancy import Caller
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
@@ -47,13 +48,14 @@ async def answer(engine: TurnEngine, request: DoorRequest, wire: Wire) -> web.St
             if stored is None:
                 return await _turn(engine, request, wire, headers, key)
             if stored.request_hash != request_hash(request.wire_body):
-                raise ApiError(422, f"{IDEMPOTENCY_HEADER} {key!r} was already used with a different request body",
+                raise GatewayError(ErrorKind.CONFLICT,
+                                   f"{IDEMPOTENCY_HEADER} {key!r} was already used with a different request body",
                                param=IDEMPOTENCY_HEADER, code="idempotency_key_reused")
             engine.gw.metrics.idempotent_replays.inc()
             return web.Response(status=stored.status, body=stored.body, headers={
                 **stored.headers, "Content-Type": stored.content_type, "Idempotent-Replayed": "true"})
-    except ApiError as e:
-        engine.gw.metrics.requests.labels(request.route.model_name, str(e.status)).inc()
+    except GatewayError as e:
+        engine.gw.metrics.requests.labels(request.route.model_name, str(http_status(e))).inc()
         e.headers.update(headers)
         raise
 
@@ -90,7 +92,7 @@ async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -
                 await _uncancellable(done(reply, watch.body(), watch.facts()))
             await response.write(data)
         complete = True
-    except ApiError as e:
+    except GatewayError as e:
         # The headers are gone already: the error travels as the API's own stream error event.
         await response.write(wire.error_event(e))
     except (ConnectionResetError, asyncio.CancelledError):

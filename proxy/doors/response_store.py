@@ -26,7 +26,7 @@ import xxhash
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..engine.state import reachable
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 
 TTL_S = 30 * 24 * 3600
 """As long as OpenAI keeps a stored response."""
@@ -58,8 +58,9 @@ class StoredResponse:
         return cls(**orjson.loads(raw))
 
 
-def not_found(response_id: str) -> ApiError:
-    return ApiError(400, f"Previous response with id '{response_id}' not found.", param="previous_response_id",
+def not_found(response_id: str) -> GatewayError:
+    return GatewayError(ErrorKind.INVALID_REQUEST,
+                        f"Previous response with id '{response_id}' not found.", param="previous_response_id",
                     code="previous_response_not_found")
 
 
@@ -98,7 +99,7 @@ class ResponseStore:
         next_id: str | None = response_id
         while next_id is not None:
             if next_id in seen or len(turns) >= MAX_CHAIN:
-                raise ApiError(400, f"the chain of '{response_id}' is too long or loops",
+                raise GatewayError(ErrorKind.INVALID_REQUEST, f"the chain of '{response_id}' is too long or loops",
                                param="previous_response_id", code="invalid_previous_response")
             seen.add(next_id)
             stored = await self._cached(tenant, next_id)

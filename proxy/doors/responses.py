@@ -18,7 +18,7 @@ from aiohttp import web
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..tenancy import Caller, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
@@ -119,7 +119,7 @@ class ResponsesWire:
     def stream_watch(self, keep_all: bool) -> ResponsesStream:
         return ResponsesStream(keep_all)
 
-    def error_event(self, error: ApiError) -> bytes:
+    def error_event(self, error: GatewayError) -> bytes:
         event = {"type": "error", "code": error.code, "message": error.message, "param": error.param}
         return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
 
@@ -172,7 +172,8 @@ class ResponsesDoor:
         history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
         messages = to_messages(body.get("instructions"), history + input_items(body))
         if not messages:
-            raise ApiError(400, "the conversation is empty: give `input` or `instructions`", param="input",
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               "the conversation is empty: give `input` or `instructions`", param="input",
                            code="invalid_request")
         session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
         if chained_session is not None and session_id.startswith("fp-") and "X-Ctx-Session" not in http.headers:
@@ -201,8 +202,9 @@ class ResponsesDoor:
                             content_type="application/json")
 
 
-def _unknown(response_id: str) -> ApiError:
-    return ApiError(404, f"No response found with id '{response_id}'.", param="response_id", code="not_found")
+def _unknown(response_id: str) -> GatewayError:
+    return GatewayError(ErrorKind.NOT_FOUND,
+                        f"No response found with id '{response_id}'.", param="response_id", code="not_found")
 
 
 def add_routes(app: web.Application, gw: Gateway) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 
 INPUT_ROLES = ("user", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -43,8 +43,8 @@ class _ResponsesRequest(_Open):
     prompt_cache_key: str | None = None
 
 
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param, code="invalid_request")
+def _bad(message: str, param: str) -> GatewayError:
+    return GatewayError(ErrorKind.INVALID_REQUEST, message, param=param, code="invalid_request")
 
 
 def validate_responses_request(body: dict[str, Any], *, input_required: bool = True) -> None:
@@ -58,7 +58,7 @@ def validate_responses_request(body: dict[str, Any], *, input_required: bool = T
     raw = body.get("input")
     if raw is None:
         if input_required:
-            raise ApiError(400, "Missing required parameter: 'input'.", param="input",
+            raise GatewayError(ErrorKind.INVALID_REQUEST, "Missing required parameter: 'input'.", param="input",
                            code="missing_required_parameter")
     elif not isinstance(raw, (str, list)):
         raise _bad("input: must be a string or a list of input items", "input")

@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")
@@ -61,16 +61,19 @@ async def read_json_body(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, f"request body is larger than the limit of {request.client_max_size} bytes",
+        raise GatewayError(ErrorKind.TOO_LARGE,
+                           f"request body is larger than the limit of {request.client_max_size} bytes",
                        code="request_too_large") from None
     if not raw:
-        raise ApiError(400, "request body is empty; expected a JSON object", code="invalid_json")
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           "request body is empty; expected a JSON object", code="invalid_json")
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        raise ApiError(400, f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+        raise GatewayError(ErrorKind.INVALID_REQUEST, "request body must be a JSON object", code="invalid_json")
     return body
 
 
@@ -80,11 +83,12 @@ def validate_chat_request(body: dict[str, Any]) -> None:
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"{where}: {first['msg']}", param=where, code="invalid_request") from None
     for i, m in enumerate(body["messages"]):
         if m["role"] in CONTENT_REQUIRED and m.get("content") is None:
-            raise ApiError(400, f"messages.{i}.content: required for a {m['role']} message",
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"messages.{i}.content: required for a {m['role']} message",
                            param=f"messages.{i}.content", code="invalid_request")
         if m["role"] == "tool" and not m.get("tool_call_id"):
-            raise ApiError(400, f"messages.{i}.tool_call_id: required for a tool message",
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"messages.{i}.tool_call_id: required for a tool message",
                            param=f"messages.{i}.tool_call_id", code="invalid_request")

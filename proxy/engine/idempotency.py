@@ -22,7 +22,7 @@ import xxhash
 from ...pipeline.fingerprint import message_fingerprint
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from .state import reachable
 
 HEADER = "Idempotency-Key"
@@ -53,7 +53,8 @@ def key_of(headers: Any) -> str | None:
     if key is None:
         return None
     if not key or len(key) > MAX_KEY_LENGTH:
-        raise ApiError(400, f"{HEADER} must be 1 to {MAX_KEY_LENGTH} characters", param=HEADER,
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"{HEADER} must be 1 to {MAX_KEY_LENGTH} characters", param=HEADER,
                        code="invalid_idempotency_key")
     return key
 

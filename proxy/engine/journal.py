@@ -26,7 +26,7 @@ from ...wal.paths import WalPaths
 from ...wal.reader import Recovery, find_checkpoint, recover, scan_file
 from ...wal.writer import WalWriter
 from .compaction import Turn
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from .state import SessionState
 
 log = logging.getLogger("ctxgate.wal")
@@ -101,7 +101,7 @@ class Journal:
         reason = "compaction" if steps else "periodic"
         try:
             await self._write(state, events, reason, tokens_out, budget, force_checkpoint=bool(steps))
-        except ApiError:  # nothing was written: the next write carries it all
+        except GatewayError:  # nothing was written: the next write carries it all
             state.wal_logged, state.wal_logged_hash = before
             state.wal_pending = steps + state.wal_pending
             if state.speculation:
@@ -149,7 +149,8 @@ class Journal:
                 appended = self.writer.append(state.tenant, state.session_id, events, state.wal_seq)
         except OSError as e:
             log.error("WAL of session %s/%s not written: %s", state.tenant, state.session_id, e)
-            raise ApiError(503, f"the session log could not be written ({e.strerror or e}); nothing was forwarded",
+            raise GatewayError(ErrorKind.UNAVAILABLE,
+                               f"the session log could not be written ({e.strerror or e}); nothing was forwarded",
                            code="wal_unavailable") from None
         state.wal_seq = appended.last_seq
         state.wal_since_checkpoint = 0 if checkpoint else since

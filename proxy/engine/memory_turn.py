@@ -13,7 +13,7 @@ from ...memory.config import MemoryConfig
 from ...memory.file_store import FileMemoryStore
 from ...memory.store import LongTermStore
 from ...pipeline.tokens import TokenCounter
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from ..ids import InvalidId, validate_id
 from .state import SessionState
 
@@ -38,14 +38,16 @@ def scope_of(headers: Mapping[str, str], user: Any, messages: list[dict[str, Any
     workspace root the conversation names."""
     user = headers.get("X-Ctx-User") or user
     if user is not None and (not isinstance(user, str) or not user or len(user) > MAX_USER_LENGTH):
-        raise ApiError(400, f"the user (X-Ctx-User or the body's user) must be 1 to {MAX_USER_LENGTH} characters",
+        raise GatewayError(ErrorKind.INVALID_REQUEST,
+                           f"the user (X-Ctx-User or the body's user) must be 1 to {MAX_USER_LENGTH} characters",
                        param="user", code="invalid_user")
     project = headers.get("X-Ctx-Project")
     if project is not None:
         try:
             validate_id(project, "project")
         except InvalidId as e:
-            raise ApiError(400, f"X-Ctx-Project: {e}", param="X-Ctx-Project", code="invalid_project") from None
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"X-Ctx-Project: {e}", param="X-Ctx-Project", code="invalid_project") from None
     return MemoryScope(user, project or workspace_root(messages))
 
 

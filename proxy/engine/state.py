@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Iterator, Protocol
 
 import orjson
 
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
 MAX_COMPACTION_LOG = 200
@@ -179,7 +179,7 @@ class RedisSessionStore:
         with reachable():
             acquired = await lock.acquire()
         if not acquired:
-            raise ApiError(503, f"session {session_id} is busy with another request; retry later",
+            raise GatewayError(ErrorKind.UNAVAILABLE, f"session {session_id} is busy with another request; retry later",
                            code="session_busy")
         try:
             yield
@@ -217,7 +217,8 @@ def reachable() -> Iterator[None]:
     try:
         yield
     except (RedisConnectionError, RedisTimeoutError) as e:
-        raise ApiError(503, f"the session state backend is unreachable: {e}", code="state_unavailable") from None
+        raise GatewayError(ErrorKind.UNAVAILABLE,
+                           f"the session state backend is unreachable: {e}", code="state_unavailable") from None
 
 
 def open_store(url: str) -> SessionStore:

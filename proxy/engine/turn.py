@@ -12,7 +12,7 @@ and a `Wire` (its format). The engine then:
 4. settles the reply: metrics, the provider's count as calibration, the WAL's RESPONSE
    and TOOL_CALL events, the loop guard reset.
 
-Errors are `ApiError`s; each door renders them in its own wire shape.
+Errors are `GatewayError`s; each door renders them in its own wire shape.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...memory.short_term import BufferScope
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
@@ -151,7 +151,7 @@ class TurnEngine:
         headers["X-Ctx-Levels"] = ",".join(plan.levels) or "none"
         try:
             exact = await wire.upstream_count(route, inject(plan.messages, block), upstream_key(caller, route))
-        except ApiError as e:
+        except GatewayError as e:
             log.warning("session %s: the provider's count failed (%s); the estimate answers", session_id, e.message)
             exact = None
         if exact is not None:
@@ -209,7 +209,7 @@ class TurnEngine:
                     if calibration is not None:
                         state.count_offset, state.count_scale = calibration
                         state.count_offset_key = prepared.offset_key
-            except ApiError as e:  # the reply exists and the turn is logged: answer it rather than lose it
+            except GatewayError as e:  # the reply exists and the turn is logged: answer it rather than lose it
                 log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
         await wire.settled(caller.tenant, facts)
 
@@ -224,7 +224,7 @@ class TurnEngine:
         if reported is None:
             try:
                 reported = await wire.upstream_count(route, turn.messages, upstream_key(caller, route))
-            except ApiError as e:
+            except GatewayError as e:
                 log.warning("session %s: the provider's count failed (%s); the estimate decides", state.session_id,
                             e.message)
                 return
@@ -266,4 +266,4 @@ def _watermark(turn: Turn, state: SessionState) -> float:
 
 
 async def _no_summary(messages: list[dict[str, Any]]) -> str:
-    raise ApiError(500, "a preview never asks for a summary")
+    raise GatewayError(ErrorKind.INTERNAL, "a preview never asks for a summary")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import ApiError
+from ..errors import GatewayError
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 
@@ -58,7 +58,7 @@ class Wire(Protocol):
 
     def stream_watch(self, keep_all: bool) -> StreamWatch: ...
 
-    def error_event(self, error: ApiError) -> bytes:
+    def error_event(self, error: GatewayError) -> bytes:
         """An error after the reply's headers went out, as this API's stream says it."""
         ...
 
@@ -69,5 +69,5 @@ class Wire(Protocol):
     async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
         """The provider's own count of `messages` as this door would forward them, where the
         route offers one (Anthropic's count_tokens, for models with no public tokenizer); None
-        elsewhere. May raise ApiError: a count is an aid, the engine goes on without it."""
+        elsewhere. May raise GatewayError: a count is an aid, the engine goes on without it."""
         ...

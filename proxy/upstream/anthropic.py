@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 
 import orjson
 
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from .forwarders import DirectForwarder, Reply, UpstreamError, map_litellm_error
 from .routing import Route
 
@@ -82,7 +82,7 @@ async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, 
     except (orjson.JSONDecodeError, AttributeError):
         tokens = None
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-        raise ApiError(502, f"{url} answered no input_tokens", code="upstream_error")
+        raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"{url} answered no input_tokens", code="upstream_error")
     return tokens
 
 
@@ -130,9 +130,9 @@ async def _adapter_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
             else:
                 event = orjson.loads(orjson.dumps(chunk, default=_plain))
                 yield f"event: {event.get('type', 'message')}\ndata: ".encode() + orjson.dumps(event) + b"\n\n"
-    except ApiError:
+    except GatewayError:
         raise
     except Exception as e:
         err = map_litellm_error(e, route)
-        # Mid-stream the reply's headers are gone: only an ApiError becomes the stream's error event.
+        # Mid-stream the reply's headers are gone: only an GatewayError becomes the stream's error event.
         raise (err.to_api_error() if isinstance(err, UpstreamError) else err) from None

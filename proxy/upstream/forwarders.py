@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Protocol
 import aiohttp
 import orjson
 
-from ..errors import ApiError, upstream_error_object
+from ..errors import ErrorKind, GatewayError, upstream_error_object
 from .routing import Route
 
 _CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "prompt is too long",
@@ -31,9 +31,10 @@ class UpstreamError(Exception):
         self.status = status
         self.body = body
 
-    def to_api_error(self) -> ApiError:
+    def to_api_error(self) -> GatewayError:
         e = self.body["error"]
-        return ApiError(self.status, e["message"], code=e.get("code"), param=e.get("param"), type=e.get("type"))
+        return GatewayError(ErrorKind.UPSTREAM, e["message"], code=e.get("code"), param=e.get("param"),
+                            type=e.get("type"), upstream_status=self.status)
 
 
 class ContextTooLong(UpstreamError):
@@ -100,17 +101,20 @@ class DirectForwarder:
         try:
             resp = await self._client().post(url, data=data, headers=headers)
         except asyncio.TimeoutError:
-            raise ApiError(504, f"upstream {where} did not answer in time", code="upstream_timeout") from None
+            raise GatewayError(ErrorKind.TIMEOUT,
+                               f"upstream {where} did not answer in time", code="upstream_timeout") from None
         except aiohttp.ClientError as e:
-            raise ApiError(502, f"upstream {where} is unreachable: {e}", code="upstream_unreachable") from None
+            raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE,
+                               f"upstream {where} is unreachable: {e}", code="upstream_unreachable") from None
         ctype = resp.headers.get("Content-Type", "application/json")
         if resp.status >= 400 or not stream or "text/event-stream" not in ctype:
             try:
                 raw = await resp.read()
             except asyncio.TimeoutError:
-                raise ApiError(504, f"upstream {where} timed out mid-reply", code="upstream_timeout") from None
+                raise GatewayError(ErrorKind.TIMEOUT,
+                                   f"upstream {where} timed out mid-reply", code="upstream_timeout") from None
             except aiohttp.ClientError as e:
-                raise ApiError(502, f"upstream {where} broke off its reply: {e}",
+                raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"upstream {where} broke off its reply: {e}",
                                code="upstream_unreachable") from None
             finally:
                 resp.release()
@@ -136,9 +140,10 @@ async def _sse_bytes(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         async for data in resp.content.iter_any():
             yield data
     except asyncio.TimeoutError:
-        raise ApiError(504, "upstream stalled mid-stream", code="upstream_timeout") from None
+        raise GatewayError(ErrorKind.TIMEOUT, "upstream stalled mid-stream", code="upstream_timeout") from None
     except aiohttp.ClientError as e:
-        raise ApiError(502, f"upstream broke off the stream: {e}", code="upstream_unreachable") from None
+        raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE,
+                           f"upstream broke off the stream: {e}", code="upstream_unreachable") from None
     finally:
         resp.release()
 
@@ -227,12 +232,14 @@ async def _litellm_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
 def map_litellm_error(e: Exception, route: Route) -> Exception:
     import litellm
 
-    if isinstance(e, ApiError):
+    if isinstance(e, GatewayError):
         return e
     if isinstance(e, litellm.Timeout):
-        return ApiError(504, f"upstream for {route.model_name} did not answer in time", code="upstream_timeout")
+        return GatewayError(ErrorKind.TIMEOUT,
+                            f"upstream for {route.model_name} did not answer in time", code="upstream_timeout")
     if isinstance(e, litellm.APIConnectionError) or _refused(e):
-        return ApiError(502, f"upstream for {route.model_name} is unreachable: {e}", code="upstream_unreachable")
+        return GatewayError(ErrorKind.UPSTREAM_UNREACHABLE,
+                            f"upstream for {route.model_name} is unreachable: {e}", code="upstream_unreachable")
     status = getattr(e, "status_code", None) or 502
     message = getattr(e, "message", None) or str(e)
     body = getattr(getattr(e, "response", None), "text", None)
@@ -246,7 +253,7 @@ def map_litellm_error(e: Exception, route: Route) -> Exception:
         if isinstance(e, litellm.ContextWindowExceededError) and not isinstance(err, ContextTooLong):
             return ContextTooLong(err.status, err.body)
         return err
-    return ApiError(502, message)
+    return GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, message)
 
 
 def _refused(e: BaseException) -> bool:

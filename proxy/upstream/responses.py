@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 
 import orjson
 
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, litellm_params, map_litellm_error
 from .routing import Route
 
@@ -27,7 +27,8 @@ class ResponsesForwarder:
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
         if route.demo:
-            raise ApiError(400, f"the model {route.model_name} does not speak the Responses API; "
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"the model {route.model_name} does not speak the Responses API; "
                                 "configure a real upstream in the model_list", param="model",
                            code="model_not_supported")
         if route.direct:

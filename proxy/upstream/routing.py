@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ..config import Config, ModelEntry
-from ..errors import ApiError
+from ..errors import ErrorKind, GatewayError
 
 log = logging.getLogger("ctxgate.routing")
 
@@ -80,7 +80,7 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
         upstream_model, provider, dynamic_key, resolved_base = litellm.get_llm_provider(
             model=lp["model"], custom_llm_provider=lp.get("custom_llm_provider"), api_base=api_base)
     except Exception as e:
-        raise ApiError(400, f"model_list entry {entry.model_name!r}: "
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"model_list entry {entry.model_name!r}: "
                             f"litellm cannot route {lp['model']!r}: {e}") from None
     api_base = api_base or resolved_base
     api_key = lp.get("api_key") or dynamic_key
@@ -146,7 +146,7 @@ class Router:
             return next(cycle)
         found = self._matched.get(model) or self._match(model)
         if found is None:
-            raise ApiError(404, f"The model `{model}` does not exist in this gateway's model_list "
+            raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{model}` does not exist in this gateway's model_list "
                                 f"(known: {', '.join(self.model_names())})", code="model_not_found", param="model")
         return found
 

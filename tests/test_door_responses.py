@@ -257,3 +257,18 @@ def test_replicas_sharing_redis_resolve_each_others_chains(upstream: ScriptedUps
             a.responses.retrieve(first.id)
     finally:
         stop_all(replicas.values())
+
+
+def test_a_stream_that_stalls_ends_with_the_responses_error_event(upstream: ScriptedUpstream, up: ScriptedUpstream,
+                                                                   tmp_path: Path) -> None:
+    """Mid-stream the reply's headers are gone: the failure travels as the stream's own
+    `error` event (the upstream sleeps 3 s between events; ctxgate waits 1.5 s)."""
+    config = main_config(upstream.url, "auto", upstream_timeout_s=1.5)
+    gateway = launch("stall", tmp_path, config).wait_ready()
+    try:
+        events = list(client(gateway).responses.create(model="slow", input="hi", stream=True))
+        assert events[0].type == "response.created" and events[-1].type == "error"
+        assert events[-1].code == "upstream_timeout" and "stalled" in events[-1].message  # type: ignore[union-attr]
+        assert "response.completed" not in [e.type for e in events]
+    finally:
+        stop_all([gateway])

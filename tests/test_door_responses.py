@@ -272,3 +272,22 @@ def test_a_stream_that_stalls_ends_with_the_responses_error_event(upstream: Scri
         assert "response.completed" not in [e.type for e in events]
     finally:
         stop_all([gateway])
+
+
+def test_a_reply_the_store_cannot_keep_still_reaches_the_client(gw: Gateway, up: ScriptedUpstream) -> None:
+    """Keeping a response is the door's own bookkeeping: when it fails (here the tenant's
+    folder of the store is a file), the reply the upstream was paid for is answered all the
+    same, whole or streamed; a chain from it finds the store unavailable (503, retry later)."""
+    assert gw.data_dir is not None
+    folder = gw.data_dir / "responses" / "locked"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_text("not a folder")
+    cli = openai.OpenAI(base_url=gw.url, api_key=KEYS["locked"], max_retries=0)
+    r = cli.responses.create(model="gpt-4o", input="hi", extra_headers=session())
+    assert r.output_text == "ok"
+    events = [e.type for e in cli.responses.create(model="gpt-4o", input="hi", stream=True, extra_headers=session())]
+    assert events[-1] == "response.completed"
+    up.reset()
+    with pytest.raises(openai.InternalServerError) as e:
+        cli.responses.create(model="gpt-4o", input="again", previous_response_id=r.id)
+    assert e.value.status_code == 503 and e.value.code == "store_unavailable" and not up.log

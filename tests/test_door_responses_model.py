@@ -57,7 +57,8 @@ def test_an_edited_assistant_turn_drops_its_reasoning_and_carries_the_edit() -> 
     messages[1] = {**turn, "tool_calls": [{**turn["tool_calls"][0], "function": {"name": "shell",
                                                                               "arguments": "{}"}}]}
     _, items = to_request(messages)
-    assert items[1] == {**CALL, "arguments": "{}"} and REASONING not in items
+    # Without its reasoning item the call may not be given by its stored id: the API refuses that.
+    assert items[1] == {k: v for k, v in {**CALL, "arguments": "{}"}.items() if k != "id"} and REASONING not in items
 
 
 def test_custom_tool_calls_pair_like_function_calls() -> None:

@@ -44,3 +44,16 @@ def test_the_wildcard_entrys_limit_applies(wildcard_gateway: Gateway, up: Script
     with pytest.raises(openai.BadRequestError, match="context limit of 5000"):
         client.chat.completions.create(model="team-beta", messages=[{"role": "user", "content": "word " * 6000}])
     assert up.chats() == []
+
+
+def test_an_anthropic_route_without_a_key_takes_the_environments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Messages door calls Anthropic itself: a model_list entry written for litellm
+    (the key in ANTHROPIC_API_KEY) must reach it with that key."""
+    from ctxgate.proxy.config import Config
+    from ctxgate.proxy.upstream.routing import Router
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-from-env")
+    config = Config.model_validate({"model_list": [{"model_name": "claude-*",
+                                                    "litellm_params": {"model": "anthropic/claude-*"}}]})
+    route = Router(config).resolve("claude-sonnet-4-5")
+    assert route.provider == "anthropic" and route.api_key == "sk-ant-from-env"

@@ -45,10 +45,15 @@ class SseReply:
         """The end of the last chunk after its last newline: a network chunk may end mid-event."""
         self._all: bytearray | None = bytearray() if keep_all else None
         self._done = False
+        self._failed = False
 
     @property
     def complete(self) -> bool:
         return self._done
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
 
     def feed(self, data: bytes) -> None:
         if b"data: [DONE]" in data:
@@ -57,6 +62,8 @@ class SseReply:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         for line in lines:
+            if line.startswith(b'data: {"error"'):  # an upstream's error mid-stream, as OpenAI sends it
+                self._failed = True
             if b'"tool_calls"' in line:
                 self._calls += line + b"\n"
         if self._all is not None:

@@ -69,10 +69,15 @@ class MessagesStream:
         self._usage: dict[str, Any] = {}
         self._calls: dict[int, dict[str, Any]] = {}
         self._done = False
+        self._failed = False
 
     @property
     def complete(self) -> bool:
         return self._done
+
+    @property
+    def failed(self) -> bool:
+        return self._failed
 
     def feed(self, data: bytes) -> None:
         if self._all is not None:
@@ -105,6 +110,8 @@ class MessagesStream:
                 call["arguments"] += delta.get("partial_json") or ""
         elif kind == "message_stop":
             self._done = True
+        elif kind == "error":  # e.g. overloaded_error mid-stream
+            self._failed = True
 
     def _take_usage(self, usage: Any) -> None:
         if isinstance(usage, dict):

@@ -86,7 +86,7 @@ async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -
     try:
         async for data in reply.chunks:
             watch.feed(data)
-            if not settled and watch.complete:
+            if not settled and watch.complete and not watch.failed:
                 # An SDK hangs up as soon as it reads the last event: the turn's bookkeeping comes first.
                 settled = True
                 await _uncancellable(done(reply, watch.body(), watch.facts()))
@@ -101,8 +101,10 @@ async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -
     finally:
         if reply.close is not None:
             reply.close()
-    if complete and not settled:
+    if complete and not settled and not watch.failed:
         await _uncancellable(done(reply, watch.body(), watch.facts()))
+    elif watch.failed:  # not a reply: nothing settled (the loop guard stays, no stored reply for a retry)
+        done.engine.gw.metrics.requests.labels(done.prepared.route.model_name, "stream_error").inc()
     await response.write_eof()
     return response
 

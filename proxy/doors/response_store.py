@@ -14,11 +14,13 @@ reads them, so the store lives with the door.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import orjson
 import xxhash
@@ -68,6 +70,7 @@ class _Backend(Protocol):
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None: ...
     async def put(self, tenant: str, stored: StoredResponse) -> None: ...
     async def delete(self, tenant: str, response_id: str) -> bool: ...
+    async def touch(self, tenant: str, response_ids: list[str]) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -107,6 +110,9 @@ class ResponseStore:
                 raise not_found(response_id if next_id == response_id else next_id)
             turns.append(stored)
             next_id = stored.previous_response_id
+        # A chain in use is as new as its last turn: the store bounds a tenant by dropping the
+        # least recently used, and dropping an old link would break every later turn.
+        await self._backend.touch(tenant, [turn.id for turn in turns])
         items = [item for turn in reversed(turns) for item in (*turn.input, *turn.output)]
         return items, turns[0].session_id
 
@@ -143,7 +149,8 @@ class _Files:
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         path = self._path(tenant, response_id)
         try:
-            stored = StoredResponse.from_bytes(await asyncio.to_thread(path.read_bytes))
+            with _readable():
+                stored = StoredResponse.from_bytes(await asyncio.to_thread(path.read_bytes))
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
         if time.time() - stored.created_at > TTL_S or stored.id != response_id:
@@ -152,19 +159,51 @@ class _Files:
 
     async def put(self, tenant: str, stored: StoredResponse) -> None:
         path = self._path(tenant, stored.id)
-        await asyncio.to_thread(write_atomically, path, stored.to_bytes())
+        with _readable():
+            await asyncio.to_thread(write_atomically, path, stored.to_bytes())
         self._puts += 1
         if self._puts % _PRUNE_EVERY == 0:  # a folder scan per put would cost more than the put
             await asyncio.to_thread(prune_folder, path.parent, TTL_S, MAX_PER_TENANT)
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        path = self._path(tenant, response_id)
-        existed = path.exists()
-        path.unlink(missing_ok=True)
-        return existed
+        with _readable():
+            return await asyncio.to_thread(_unlink, self._path(tenant, response_id))
+
+    async def touch(self, tenant: str, response_ids: list[str]) -> None:
+        with _readable():
+            await asyncio.to_thread(_touch, [self._path(tenant, r) for r in response_ids])
 
     async def close(self) -> None:
         return None
+
+
+@contextmanager
+def _readable() -> Iterator[None]:
+    """A store folder that cannot be read or written: a 503 the client may retry, as with Redis down."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise GatewayError(ErrorKind.UNAVAILABLE, f"the response store is unavailable: {e.strerror or e}",
+                           code="store_unavailable") from None
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _touch(paths: list[Path]) -> None:
+    """Newer modification times: the files' pruning drops the oldest first."""
+    for path in paths:
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            continue
 
 
 class _Redis:
@@ -175,7 +214,12 @@ class _Redis:
 
     @staticmethod
     def _key(tenant: str, response_id: str) -> str:
-        return f"ctxgate:resp:{tenant}:{response_id}"
+        # The id is the client's to choose: hashed, it cannot reach into another tenant's keys.
+        return f"ctxgate:resp:{tenant}:{xxhash.xxh3_128_hexdigest(response_id.encode())}"
+
+    @staticmethod
+    def _index(tenant: str) -> str:
+        return f"ctxgate:resp-index:{tenant}"
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         with reachable():
@@ -183,7 +227,7 @@ class _Redis:
         return StoredResponse.from_bytes(raw) if raw else None
 
     async def put(self, tenant: str, stored: StoredResponse) -> None:
-        name, index = self._key(tenant, stored.id), f"ctxgate:resp:{tenant}"
+        name, index = self._key(tenant, stored.id), self._index(tenant)
         with reachable():
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(name, stored.to_bytes(), ex=TTL_S)
@@ -201,8 +245,18 @@ class _Redis:
         name = self._key(tenant, response_id)
         with reachable():
             removed = await self._redis.delete(name)
-            await self._redis.zrem(f"ctxgate:resp:{tenant}", name)
+            await self._redis.zrem(self._index(tenant), name)
         return bool(removed)
+
+    async def touch(self, tenant: str, response_ids: list[str]) -> None:
+        now = time.time()
+        names = [self._key(tenant, r) for r in response_ids]
+        with reachable():
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._index(tenant), {name: now for name in names}, xx=True)
+                for name in names:
+                    pipe.expire(name, TTL_S)
+                await pipe.execute()
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -54,10 +54,15 @@ class ResponsesStream:
         self._partial = b""
         self._all: bytearray | None = bytearray() if keep_all else None
         self._final: dict[str, Any] | None = None
+        self._failed = False
 
     @property
     def complete(self) -> bool:
         return self._final is not None
+
+    @property
+    def failed(self) -> bool:
+        return self._failed or (self._final is not None and self._final.get("status") == "failed")
 
     def feed(self, data: bytes) -> None:
         if self._all is not None:
@@ -65,6 +70,8 @@ class ResponsesStream:
         events = (self._partial + data).replace(b"\r\n", b"\n").split(b"\n\n")
         self._partial = events.pop()
         for event in events:
+            if event.startswith(b"event: error"):
+                self._failed = True
             if self._final is None and any(kind.encode() in event for kind in _FINAL_EVENTS):
                 self._final = _final_response(event)
 

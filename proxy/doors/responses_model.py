@@ -262,6 +262,10 @@ def _edited_turn(m: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[st
             out.append({**item, field: arguments} if field else item)
     if not text_done and m.get("content"):
         out.append({"role": "assistant", "content": _text(m["content"])})
+    if any(item.get("type") == "reasoning" for item in items):
+        # An item id names the stored turn it came from, whose reasoning is gone: the API
+        # refuses a call given by id without its reasoning item, and accepts it without the id.
+        out = [{k: v for k, v in item.items() if k != "id"} for item in out]
     return out
 
 

@@ -177,13 +177,15 @@ class Journal:
                 events += [self._tool_result(base, _text(b.get("content")), _tool_use_name(messages, i, b),
                                              b.get("tool_use_id"), turn.counter.count_cached(_text(b.get("content"))),
                                              bool(b.get("is_error"))) for b in results]
-            elif role == "user":
-                content = m.get("content")
+            content = m.get("content")
+            if results and isinstance(content, list):
+                content = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
+            if role == "user" and (content or not results):  # the user's own words, also beside tool results
                 event = {"type": EventType.USER_INPUT.value, **base, "content_hash": content_hash(content or "")}
                 if self.config.store_content:
                     event["content"] = content
                 events.append(event)
-            elif role == "tool":
+            if role == "tool":
                 events.append(self._tool_result(base, _text(m.get("content")), _tool_name(messages, i),
                                                 m.get("tool_call_id"),
                                                 turn.counter.count_structured(m, turn.fingerprints[i]), False))

@@ -157,7 +157,8 @@ class TurnEngine:
         if exact is not None:
             headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
             return exact
-        return plan.tokens_out  # the tools schema and the memory block included
+        # In the provider's tokens, as calibrated: the tools schema and the memory block included.
+        return round(plan.tokens_out * turn.count_scale) + turn.count_offset
 
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         """Send the planned request; when the upstream says it is too long, compact once
@@ -211,7 +212,10 @@ class TurnEngine:
                         state.count_offset_key = prepared.offset_key
             except GatewayError as e:  # the reply exists and the turn is logged: answer it rather than lose it
                 log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
-        await wire.settled(caller.tenant, facts)
+        try:
+            await wire.settled(caller.tenant, facts)
+        except Exception as e:  # the same: a reply the upstream was paid for reaches the client
+            log.error("session %s: the reply could not be kept by its door: %s", prepared.session_id, e)
 
     async def _provider_count(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
                               offset_key: str, headers: dict[str, str]) -> None:

@@ -36,6 +36,11 @@ class StreamWatch(Protocol):
         """The reply's last event went by: the turn can be settled before the client hangs up."""
         ...
 
+    @property
+    def failed(self) -> bool:
+        """The stream carried the API's own error event: the upstream call did not succeed."""
+        ...
+
     def body(self) -> bytes:
         """Every byte, when asked to keep them (an idempotent request's stored reply)."""
         ...

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import DirectForwarder, Reply, UpstreamError, map_litellm_error
+from .forwarders import DirectForwarder, Reply, map_litellm_error, stream_error
 from .routing import Route
 
 DEFAULT_API_BASE = "https://api.anthropic.com"
@@ -130,9 +130,5 @@ async def _adapter_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
             else:
                 event = orjson.loads(orjson.dumps(chunk, default=_plain))
                 yield f"event: {event.get('type', 'message')}\ndata: ".encode() + orjson.dumps(event) + b"\n\n"
-    except GatewayError:
-        raise
     except Exception as e:
-        err = map_litellm_error(e, route)
-        # Mid-stream the reply's headers are gone: only an GatewayError becomes the stream's error event.
-        raise (err.to_api_error() if isinstance(err, UpstreamError) else err) from None
+        raise stream_error(e, route) from None

@@ -225,8 +225,17 @@ async def _litellm_sse(stream: Any, route: Route) -> AsyncIterator[bytes]:
         async for chunk in stream:
             yield b"data: " + orjson.dumps(_wire(chunk)) + b"\n\n"
     except Exception as e:
-        raise map_litellm_error(e, route) from None
+        raise stream_error(e, route) from None
     yield b"data: [DONE]\n\n"
+
+
+def stream_error(e: Exception, route: Route) -> GatewayError:
+    """A litellm failure in the middle of a stream: the reply's headers are gone, so it can
+    only become the API's stream error event, which the edge writes for a GatewayError."""
+    err = map_litellm_error(e, route)
+    if isinstance(err, UpstreamError):
+        return err.to_api_error()
+    return err if isinstance(err, GatewayError) else GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, str(err))
 
 
 def map_litellm_error(e: Exception, route: Route) -> Exception:

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, litellm_params, map_litellm_error
+from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, litellm_params, map_litellm_error, stream_error
 from .routing import Route
 
 
@@ -72,4 +72,4 @@ async def _events(stream: Any, route: Route) -> AsyncIterator[bytes]:
             data = _wire(event)  # mode="json": an enum `type` becomes its string
             yield f"event: {data.get('type', 'message')}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
     except Exception as e:
-        raise map_litellm_error(e, route) from None
+        raise stream_error(e, route) from None

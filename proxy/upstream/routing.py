@@ -87,6 +87,9 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
     if provider == "openai":
         api_base = api_base or "https://api.openai.com/v1"
         api_key = api_key or os.environ.get("OPENAI_API_KEY")
+    elif provider == "anthropic":  # the Messages door calls Anthropic itself, not through litellm
+        api_base = api_base or os.environ.get("ANTHROPIC_API_BASE")
+        api_key = api_key or os.environ.get("ANTHROPIC_API_KEY")
     limit, source = _max_input_tokens(entry, upstream_model, provider, config.ctxgate.default_max_input_tokens)
     if source == "default":
         log.warning("no context limit known for %s; using %d (set model_info.max_input_tokens)",

@@ -41,6 +41,7 @@ from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, me
 from ctxgate.proxy.errors import GatewayError
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
+from common import in_memory_sessions
 from turn_replay import agent_turns
 
 Message = dict[str, Any]
@@ -96,7 +97,7 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
                          summary: Callable[[list[Message]], str], counter: TokenCounter) -> MethodRun:
     """`summary(prompt)`: the text the summary model answers to Autocompact's prompt."""
     sessions = MemorySessionStore()
-    speculator = Speculator(sessions)
+    speculator = Speculator(in_memory_sessions(sessions))
     compactor = Compactor(speculator=speculator)
     provider = ProviderCount(counter, tools)
     out = MethodRun()

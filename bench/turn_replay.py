@@ -16,6 +16,7 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_calibration
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
+from common import in_memory_sessions
 
 Message = dict[str, Any]
 SUMMARY = """1. User goal: fix the failing behaviour described in the task.
@@ -71,7 +72,7 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
     compaction runs (nothing else happens in it), so the replay stays fast."""
     counter = common.gpt4o_counter()
     sessions = MemorySessionStore()
-    speculator = Speculator(sessions) if speculate else None
+    speculator = Speculator(in_memory_sessions(sessions)) if speculate else None
     compactor = Compactor(speculator=speculator)
     out = Replay()
 

@@ -23,10 +23,10 @@ log = logging.getLogger("ctxgate.speculative")
 
 class Speculator:
     def __init__(self, sessions: Sessions,
-                 on_kept: Callable[[SessionState], Awaitable[None]] | None = None) -> None:
+                 on_done: Callable[[SessionState], Awaitable[None]] | None = None) -> None:
         self._sessions = sessions
-        self._on_kept = on_kept
-        """Called with the session locked once a result is kept (the WAL checkpoints it)."""
+        self._on_done = on_done
+        """Called with the session locked once a speculation ended, kept or not (the WAL checkpoints it)."""
         self._chains: dict[tuple[str, str], tuple[asyncio.Task[ChainRun], int]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -94,8 +94,10 @@ class Speculator:
         try:
             run = await chain
             async with self._sessions.transaction(tenant, session_id) as tx:
-                if self._keep(tx.state, run, records_at_start):
-                    tx.write_log = self._on_kept
+                self._keep(tx.state, run, records_at_start)
+                # Kept or dropped, the speculation ended: the log says so, or a restart would find
+                # it still in flight there and ask for its summary again.
+                tx.write_log = self._on_done
         except Exception as e:  # a background task: log, never raise into nowhere
             log.warning("speculative compaction of session %s failed: %s", session_id, e)
             await self._forget(tenant, session_id)
@@ -107,6 +109,7 @@ class Speculator:
         try:
             async with self._sessions.transaction(tenant, session_id) as tx:
                 tx.state.speculation = {}
+                tx.write_log = self._on_done
         except Exception as e:
             log.warning("session %s: a failed speculation could not be cleared: %s", session_id, e)
 

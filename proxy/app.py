@@ -10,6 +10,7 @@ from aiohttp import web
 
 from .doors.chat import ChatDoor
 from .doors.errors import openai_response
+from .doors.respond import add_door_route
 from .doors import messages as messages_door
 from .doors import responses as responses_door
 from .errors import ErrorKind, GatewayError
@@ -140,9 +141,10 @@ def create_app(gw: Gateway) -> web.Application:
     app = web.Application(middlewares=[openai_errors], client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
     app["started"] = time.time()
-    app.router.add_post("/v1/chat/completions", ChatDoor(gw))
-    app.router.add_post("/chat/completions", ChatDoor(gw))
-    app.router.add_get("/v1/models", models)
+    chat = ChatDoor(gw)
+    add_door_route(app, "POST", "/v1/chat/completions", chat)
+    add_door_route(app, "POST", "/chat/completions", chat)
+    add_door_route(app, "GET", "/v1/models", models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -110,10 +110,13 @@ def agent_env(environ: Mapping[str, str], base: str, session: str) -> dict[str, 
     # Claude Code sends one `Name: value` per line; an inherited X-Ctx-Session would name another session.
     headers = [line for line in env.get("ANTHROPIC_CUSTOM_HEADERS", "").splitlines()
                if line.strip() and not line.lower().startswith("x-ctx-session:")]
+    # The session is in the base URLs (ctxgate serves every door under /s/<session>/ too): an
+    # agent that reads its base URL from the environment but no headers still names its session.
+    own = f"{base}/s/{session}"
     env.update(
-        ANTHROPIC_BASE_URL=base,  # no /v1: the Anthropic SDK and Claude Code append /v1/messages
-        OPENAI_BASE_URL=f"{base}/v1",
-        OPENAI_API_BASE=f"{base}/v1",  # older OpenAI SDKs and tools built on them
+        ANTHROPIC_BASE_URL=own,  # no /v1: the Anthropic SDK and Claude Code append /v1/messages
+        OPENAI_BASE_URL=f"{own}/v1",
+        OPENAI_API_BASE=f"{own}/v1",  # older OpenAI SDKs and tools built on them
         CTXGATE_URL=base,
         CTXGATE_SESSION=session,
         ANTHROPIC_CUSTOM_HEADERS="\n".join([*headers, f"X-Ctx-Session: {session}"]),

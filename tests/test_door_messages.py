@@ -442,3 +442,18 @@ def test_a_moving_breakpoint_leaves_the_history_unchanged_in_the_neutral_model()
                            {"role": "assistant", "content": "b"},
                            {"role": "user", "content": [{"type": "text", "text": "c", "cache_control": marked}]}]}
     assert conversation_of(first).neutral == conversation_of(second).neutral[:1]
+
+
+def test_a_base_url_can_name_the_session(gw: Gateway, up: ScriptedUpstream) -> None:
+    """`/s/<session>/...` serves every door: an agent configured only by its base URL (as
+    `ctxgate run` sets it) still names its session; a header the client sends wins."""
+    named = anthropic.Anthropic(base_url=f"{gw.base}/s/path-session-1", api_key=CLAUDE_KEY, max_retries=0)
+    raw = named.messages.with_raw_response.create(model="claude-x", max_tokens=8,
+                                                  messages=[{"role": "user", "content": "hi"}])
+    assert raw.headers["x-ctx-session"] == "path-session-1"
+    raw = named.messages.with_raw_response.create(model="claude-x", max_tokens=8, extra_headers=session(),
+                                                  messages=[{"role": "user", "content": "hi"}])
+    assert raw.headers["x-ctx-session"].startswith("msg-")
+    with pytest.raises(anthropic.BadRequestError):  # an id the session rules refuse, as in the header
+        anthropic.Anthropic(base_url=f"{gw.base}/s/has%20space", api_key=CLAUDE_KEY, max_retries=0).messages.create(
+            model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}])

@@ -28,9 +28,8 @@ import json, os, sys
 import openai
 env = {{k: os.environ.get(k) for k in {SEEN!r}}}
 client = openai.OpenAI(max_retries=0, timeout=30)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-raw = client.chat.completions.with_raw_response.create(
-    model="gpt-4o", messages=[{{"role": "user", "content": "hi"}}],
-    extra_headers={{"X-Ctx-Session": os.environ["CTXGATE_SESSION"]}})
+raw = client.chat.completions.with_raw_response.create(  # no session header: the base URL names it
+    model="gpt-4o", messages=[{{"role": "user", "content": "hi"}}])
 seen = {{"env": env, "reply": raw.parse().choices[0].message.content, "session": raw.headers.get("x-ctx-session")}}
 open(sys.argv[1], "w").write(json.dumps(seen))
 sys.exit(int(sys.argv[2]))
@@ -92,8 +91,8 @@ def test_agent_reaches_the_started_gateway_and_its_exit_code_is_the_launchers(
     env = seen["env"]
     base = env["CTXGATE_URL"]
     assert base.startswith("http://127.0.0.1:")
-    assert env["ANTHROPIC_BASE_URL"] == base
-    assert env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == f"{base}/v1"
+    assert env["ANTHROPIC_BASE_URL"] == f"{base}/s/launch-1"
+    assert env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == f"{base}/s/launch-1/v1"
     assert env["CTXGATE_SESSION"] == "launch-1" == seen["session"]
     assert env["ANTHROPIC_CUSTOM_HEADERS"] == "X-Team: blue\nX-Ctx-Session: launch-1"
     assert env["OPENAI_API_KEY"] == KEYS["acme"]
@@ -112,8 +111,9 @@ def test_url_uses_the_running_gateway_and_starts_none(tmp_path: Path, running: G
                         sys.executable, "-c", AGENT, str(seen_file), "0"], tmp_path)
     assert done.returncode == 0, done.stderr
     seen = read_json(seen_file)
-    assert seen["env"]["OPENAI_BASE_URL"] == running.url  # the /v1 it was given is not doubled
-    assert seen["env"]["ANTHROPIC_BASE_URL"] == running.base
+    session = seen["env"]["CTXGATE_SESSION"]
+    assert seen["env"]["OPENAI_BASE_URL"] == f"{running.base}/s/{session}/v1"  # the /v1 it was given is not doubled
+    assert seen["env"]["ANTHROPIC_BASE_URL"] == f"{running.base}/s/{session}"
     assert seen["env"]["CTXGATE_SESSION"].startswith("run-") and seen["session"] == seen["env"]["CTXGATE_SESSION"]
     assert seen["reply"] == REPLY
     assert f"ctxgate: using {running.base}" in done.stderr

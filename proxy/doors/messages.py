@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -25,12 +25,11 @@ from ..upstream.routing import Route
 from .errors import http_status
 from .messages_model import Conversation, conversation_of, render, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
-from .respond import DoorRequest, answer
+from .respond import DoorRequest, Handler, add_door_route, answer
 from .validation import read_json_body
 
 log = logging.getLogger("ctxgate.doors")
 COUNT_HEADER = "X-Ctx-Count"
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class MessagesWire:
@@ -149,5 +148,5 @@ class MessagesDoor:
 
 def add_routes(app: web.Application, gw: Gateway) -> None:
     door = MessagesDoor(gw)
-    app.router.add_post("/v1/messages", anthropic_errors(door.messages))
-    app.router.add_post("/v1/messages/count_tokens", anthropic_errors(door.count_tokens))
+    add_door_route(app, "POST", "/v1/messages", anthropic_errors(door.messages))
+    add_door_route(app, "POST", "/v1/messages/count_tokens", anthropic_errors(door.count_tokens))

@@ -6,9 +6,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
@@ -20,6 +21,28 @@ from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 
 log = logging.getLogger("ctxgate.doors")
+SESSION_PREFIX = "/s/{ctx_session}"
+"""A base URL that names the session: `http://host/s/<id>/v1`. An agent that takes its base
+URL from the environment but no headers (the OpenAI SDK reads OPENAI_BASE_URL) is given its
+session this way (`ctxgate run` does)."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_door_route(app: web.Application, method: str, path: str, handler: Handler) -> None:
+    """`path`, and the same under `SESSION_PREFIX`, where the path's session is the request's
+    `X-Ctx-Session` unless the request names one itself."""
+    app.router.add_route(method, path, handler)
+    app.router.add_route(method, SESSION_PREFIX + path, _session_from_path(handler))
+
+
+def _session_from_path(handler: Handler) -> Handler:
+    async def handle(http: web.Request) -> web.StreamResponse:
+        if "X-Ctx-Session" not in http.headers:
+            headers = CIMultiDict(http.headers)
+            headers["X-Ctx-Session"] = http.match_info["ctx_session"]
+            http = http.clone(headers=headers)
+        return await handler(http)
+    return handle
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ..tenancy import Caller, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.responses import ResponsesForwarder
 from ..upstream.routing import Route
-from .respond import DoorRequest, answer
+from .respond import DoorRequest, add_door_route, answer
 from .response_store import ResponseStore, StoredResponse, open_response_store
 from .responses_model import input_items, to_messages, to_request, validate_responses_request
 from .validation import read_json_body
@@ -218,10 +218,10 @@ def add_routes(app: web.Application, gw: Gateway) -> None:
     store = open_response_store(gw.config.ctxgate.state, gw.data_dir)
     door = ResponsesDoor(gw, store)
     for prefix in ("/v1", ""):
-        app.router.add_post(f"{prefix}/responses", door.create)
-        app.router.add_post(f"{prefix}/responses/input_tokens", door.input_tokens)
-        app.router.add_get(f"{prefix}/responses/{{response_id}}", door.retrieve)
-        app.router.add_delete(f"{prefix}/responses/{{response_id}}", door.delete)
+        add_door_route(app, "POST", f"{prefix}/responses", door.create)
+        add_door_route(app, "POST", f"{prefix}/responses/input_tokens", door.input_tokens)
+        add_door_route(app, "GET", f"{prefix}/responses/{{response_id}}", door.retrieve)
+        add_door_route(app, "DELETE", f"{prefix}/responses/{{response_id}}", door.delete)
 
     async def _close(app: web.Application) -> None:
         await store.close()

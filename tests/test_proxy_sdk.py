@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import httpx
+import openai
 
 from clients import CTX_HEADERS, KEYS, MESSAGES, TOOLS, async_client, client, reference_tokens
 from servers import Gateway
@@ -54,6 +55,20 @@ def test_upstream_receives_what_the_client_sent(gateway: Gateway, up: ScriptedUp
         assert got.get(key) == value, (key, got.get(key))
     if gateway.name == "auto":
         assert got == {"model": "gpt-4o", "messages": MESSAGES, **SENT_PARAMS, **EXTRA}
+
+
+def test_an_unchanged_request_reaches_the_upstream_as_the_clients_bytes(gateway: Gateway, up: ScriptedUpstream) -> None:
+    """Nothing compacted, nothing injected: the direct path forwards the bytes the client sent
+    (no re-serialising; the provider's prompt cache sees exactly what the client would have
+    sent). Through litellm the body is rebuilt, and only its meaning is the same."""
+    sent: list[httpx.Request] = []
+    sdk = openai.OpenAI(base_url=gateway.url, api_key=KEYS["acme"], max_retries=0,
+                        http_client=httpx.Client(event_hooks={"request": [sent.append]}))
+    sdk.chat.completions.create(model="gpt-4o", messages=MESSAGES, temperature=0.25, user="bytes-test")
+    [received] = up.chats()
+    if gateway.name == "auto":
+        assert received.raw == sent[0].read()
+    assert received.body["messages"] == MESSAGES and received.body["temperature"] == 0.25
 
 
 def test_ctx_headers_below_threshold(gateway: Gateway, up: ScriptedUpstream) -> None:

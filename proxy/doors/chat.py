@@ -28,14 +28,20 @@ from .validation import read_json_body, validate_chat_request
 class ChatWire:
     name = "chat"
 
-    def __init__(self, gw: Gateway, body: dict[str, Any]) -> None:
+    def __init__(self, gw: Gateway, body: dict[str, Any], raw: bytes) -> None:
         self._gw = gw
         self._body = body
+        self._raw = raw
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
+        if messages is self._body["messages"] and not route.call_params and route.upstream_model == self._body["model"]:
+            return self._body  # nothing changed: `send` forwards the client's own bytes
         return {**route.call_params, **self._body, "model": route.upstream_model, "messages": messages}
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        if route.direct and not route.demo:
+            raw = self._raw if payload is self._body else None
+            return await self._gw.direct.send(route, payload, stream=stream, api_key=api_key, raw=raw)
         return await self._gw.forwarder_for(route).send(route, payload, stream=stream, api_key=api_key)
 
     def reply_facts(self, body: bytes) -> ReplyFacts:
@@ -71,4 +77,4 @@ class ChatDoor:
                          memory_scope=scope_of(http.headers, body.get("user"), body["messages"]) if memory_on
                          else None)
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
-        return await answer(self.engine, request, ChatWire(self.gw, body))
+        return await answer(self.engine, request, ChatWire(self.gw, body, await http.read()))

@@ -86,13 +86,15 @@ class DirectForwarder:
         return self._session
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None,
-                   path: str = "chat/completions") -> Reply:
-        """POST to `{api_base}/{path}`: chat completions, or another OpenAI endpoint (`responses`)."""
+                   path: str = "chat/completions", raw: bytes | None = None) -> Reply:
+        """POST to `{api_base}/{path}`: chat completions, or another OpenAI endpoint (`responses`).
+        `raw`: the client's own bytes, when `payload` is exactly what it sent (no re-serialising,
+        and the upstream's prompt cache sees what the client would have sent)."""
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        return await self.post(f"{route.api_base}/{path}", orjson.dumps(payload), headers, stream=stream,
-                               where=str(route.api_base))
+        data = raw if raw is not None else orjson.dumps(payload)
+        return await self.post(f"{route.api_base}/{path}", data, headers, stream=stream, where=str(route.api_base))
 
     async def post(self, url: str, data: bytes, headers: dict[str, str], *, stream: bool, where: str) -> Reply:
         """POST `data` on the pooled session: the reply's bytes untouched, an error reply raised

@@ -26,8 +26,23 @@ test: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(ARGS)
 
-bench: $(VENV)/.installed-dev
-	$(BIN)/python bench/run_all.py
+$(VENV)/.installed-bench: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $@ $(VENV)/.installed-dev $(VENV)/.installed
+
+# The LiteLLM proxy the overhead and throughput benches compare against lives in a venv of its
+# own: litellm 1.110's `proxy` extra needs a `litellm-proxy` package the registry mirror lacks,
+# so the proxy is pinned to 1.108.7, an older litellm than ctxgate's; and its many dependencies
+# (fastapi, uvicorn, ...) stay out of the environment ctxgate is tested in.
+BENCH_PROXY_VENV := .bench-litellm-proxy
+
+$(BENCH_PROXY_VENV)/bin/litellm:
+	$(PYTHON) -m venv $(BENCH_PROXY_VENV)
+	$(BENCH_PROXY_VENV)/bin/pip install -q 'litellm[proxy]==1.108.7'
+
+bench: $(VENV)/.installed-bench $(BENCH_PROXY_VENV)/bin/litellm
+	CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm $(BIN)/python bench/run_all.py
+	CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm $(BIN)/python bench/throughput.py
 
 clean:
 	rm -rf $(VENV) .ctxgate .pytest_cache .hypothesis

@@ -198,6 +198,21 @@ def _chat_reply(raw: bytes) -> str:
     return orjson.loads(raw)["choices"][0]["message"]["content"]
 
 
+def _chat_stream_reply(raw: bytes) -> str:
+    """The text of a chat-completions SSE stream: every `data:` chunk's delta content, in order."""
+    out = []
+    for line in raw.splitlines():
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            continue
+        try:
+            event = orjson.loads(line[5:])
+        except orjson.JSONDecodeError:
+            continue
+        for choice in event.get("choices") or []:
+            out.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(out)
+
+
 def _anthropic_reply(raw: bytes) -> str:
     return "".join(b.get("text", "") for b in orjson.loads(raw)["content"] if b.get("type") == "text")
 
@@ -231,9 +246,12 @@ class Door:
 
 CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, lambda msgs: {"model": CHAT_MODEL, "messages": msgs},
             _chat_reply)
+CHAT_STREAM = Door("chat-stream", "/v1/chat/completions", CHAT_MODEL,
+                   lambda msgs: {"model": CHAT_MODEL, "messages": msgs, "stream": True}, _chat_stream_reply)
 MESSAGES = Door("messages", "/v1/messages", CLAUDE_MODEL, to_anthropic, _anthropic_reply, anthropic=True)
 RESPONSES = Door("responses", "/v1/responses", CHAT_MODEL, to_responses, _responses_reply)
-DOORS = {d.name: d for d in (CHAT, MESSAGES, RESPONSES)}
+DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, RESPONSES)}
+"""`chat-stream` is the chat door with `stream: true` (the bench upstream streams chat only)."""
 
 
 def model_list(upstream: str, api_key: str, max_input_tokens: int | None = None) -> list[dict[str, Any]]:

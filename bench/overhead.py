@@ -11,17 +11,23 @@ latency is per door, against a direct call to the upstream through the same door
 `litellm.acompletion` is also called in this process against the same upstream (chat door
 only), so litellm's own cost is seen next to a plain aiohttp POST.
 
-Scenarios (conversations made of real trajectory messages, sizes by o200k_base):
-- conv-1K, conv-100K: a conversation ctxgate has not seen: every message of every
+Scenarios (conversations made of real trajectory messages, sizes by o200k_base; by default
+1K, 10K, 50K, 100K, 200K and 400K tokens, `--sizes` picks others):
+- conv-<size>: a conversation ctxgate has not seen: every message of every
   request carries a fresh `<i>` prefix, so nothing is in the fingerprint cache.
-- turn-2K, turn-200K: the steady-state next turn of a session (`X-Ctx-Session`), each
+- turn-<size>: the steady-state next turn of a session (`X-Ctx-Session`), each
   turn resending the history plus the previous replies and one new user message (a new
   session, with the same history, every 10 turns, so the size stays put); the
   model's `max_input_tokens` is 1,000,000, so nothing is compacted: this is counting with
   the fingerprint cache, plus everything else a turn does.
 
-    .venv/bin/python bench/overhead.py [--small 200] [--large 40] [--doors chat,messages,responses]
-        [--litellm-proxy /tmp/litellm-proxy-venv/bin/litellm]
+Doors: chat, chat-stream (the chat door with `stream: true`; the upstream streams SSE),
+messages, responses. The chart (bench/overhead.png, by bench/chart.py) is drawn from the
+figures, which are also kept in bench/overhead.json.
+
+    .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
+        [--small 40] [--mid 20] [--large 10] [--doors chat,chat-stream,messages,responses]
+        [--litellm-proxy .bench-litellm-proxy/bin/litellm]
 """
 from __future__ import annotations
 
@@ -154,11 +160,30 @@ class Scenario:
     base: list[dict[str, Any]]
     iterations: int
     warmup: int
+    size: int = 0
     tokens: list[int] = field(default_factory=list)
     body_bytes: dict[str, int] = field(default_factory=dict)
 
     def messages(self, i: int) -> list[dict[str, Any]]:
         return fresh(self.base, i) if self.kind == "fresh" else turn(self.base, i)
+
+
+def size_label(size: int) -> str:
+    return f"{size // 1000}K" if size % 1000 == 0 else str(size)
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    return int(float(text[:-1]) * 1000) if text.endswith("K") else int(text)
+
+
+def iterations_for(size: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(measured iterations, warm-up) for a conversation of `size` tokens."""
+    if size <= 10_000:
+        return args.small, 3
+    if size <= 100_000:
+        return args.mid, 2
+    return args.large, 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,16 +384,17 @@ async def main_async(args: argparse.Namespace):
     common.CODE_AT_START = common.git_state()  # the code the servers start with, after the wait
     counter = common.gpt4o_counter()
     common.progress("overhead: building conversations from trajectories")
-    scenarios = [
-        Scenario("conv-1K", "a new 1K-token conversation", "fresh", common.build_conversation(1_000, counter),
-                 args.small, 5),
-        Scenario("conv-100K", "a new 100K-token conversation", "fresh", common.build_conversation(100_000, counter),
-                 args.large, 2),
-        Scenario("turn-2K", "steady-state next turn of a 2K-token session", "turn",
-                 common.build_conversation(2_000, counter), args.small, 5),
-        Scenario("turn-200K", "steady-state next turn of a 200K-token session", "turn",
-                 common.build_conversation(200_000, counter), args.large, 3),
-    ]
+    scenarios = []
+    for size in args.sizes:
+        base = common.build_conversation(size, counter)
+        n, warm = iterations_for(size, args)
+        label = size_label(size)
+        if "conv" in args.kinds:
+            scenarios.append(Scenario(f"conv-{label}", f"a new {label}-token conversation", "fresh", base, n, warm,
+                                      size=size))
+        if "turn" in args.kinds:
+            scenarios.append(Scenario(f"turn-{label}", f"steady-state next turn of a {label}-token session", "turn",
+                                      base, n, warm, size=size))
     workdir = Path(tempfile.mkdtemp(prefix="ctxgate-bench-"))
     procs: list[Proc] = []
     proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, VENV_BIN)
@@ -469,48 +495,70 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
                      "refuses to start without), same doors, one process, started from the environment given to "
                      "`--litellm-proxy`. That environment is kept apart from .venv: litellm 1.110's `proxy` extra "
                      "needs a `litellm-proxy` package the registry here does not have, and the proxy's dependencies "
-                     "stay out of ctxgate's environment. To make it:\n\n"
-                     "    python3.11 -m venv /tmp/litellm-proxy-venv\n"
-                     "    /tmp/litellm-proxy-venv/bin/pip install 'litellm[proxy]==1.108.7'\n"
-                     "    .venv/bin/python bench/overhead.py --litellm-proxy /tmp/litellm-proxy-venv/bin/litellm\n")
+                     "stay out of ctxgate's environment. `make bench` makes it (`.bench-litellm-proxy/`) if "
+                     "missing and passes it on; by hand:\n\n"
+                     "    python3.11 -m venv .bench-litellm-proxy\n"
+                     "    .bench-litellm-proxy/bin/pip install 'litellm[proxy]==1.108.7'\n"
+                     "    .venv/bin/python bench/overhead.py --litellm-proxy .bench-litellm-proxy/bin/litellm\n")
     else:
         lines.append(f"LiteLLM proxy: **not run** — {proxy_why}.\n")
     if missing:
         lines.append(f"**Doors left out**: ctxgate answered 404 on {', '.join(f'`{d.path}`' for d in missing)} "
                      "when this ran (not built yet).\n")
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
-    head_rows = []
-    for door in dict.fromkeys(d for d, _ in lanes):
-        for name in names:
-            k = f"{door.name}|{name}"
-            if k in by[scenarios[0].name]:
-                head_rows.append([door.name, name, *(f"{fmt(by[sc.name][k]['added_p50'])} / "
-                                                     f"{fmt(by[sc.name][k]['added_p95'])}" for sc in scenarios)])
-    lines.append("**Added latency over a direct call through the same door, p50 / p95 ms:**\n")
-    lines.append(common.table(["door", "target", *[sc.name for sc in scenarios]], head_rows,
-                              "ll" + "r" * len(scenarios)) + "\n")
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
-    if proxy_name:
-        rows = []
+    kinds = [("fresh", "a new conversation (conv-*)"), ("turn", "the steady-state next turn of a session (turn-*)")]
+    if (common.BENCH / "overhead.png").exists():
+        lines.append("![added p50 latency against request size, ctxgate vs the LiteLLM proxy, per door]"
+                     "(overhead.png)\n\n[overhead.png](overhead.png): added p50 against size (log x), one line "
+                     "per (door, target), new conversations left, steady turns right; the figures are in "
+                     "`bench/overhead.json`.\n")
+    for kind, what in kinds:
+        scs = [sc for sc in scenarios if sc.kind == kind]
+        if not scs:
+            continue
+        head_rows = []
         for door in dict.fromkeys(d for d, _ in lanes):
-            row = [door.name]
-            for sc in scenarios:
-                a, b = by[sc.name][f"{door.name}|ctxgate forwarding=auto"], by[sc.name][f"{door.name}|{proxy_name}"]
-                row.append(f"{a['added_p50'] / b['added_p50']:.2f}×" if b["added_p50"] > 0 else "n/a")
-            rows.append(row)
-        lines.append("**ctxgate (forwarding=auto) added p50 ÷ LiteLLM proxy added p50** (issue 13's aim: ≤ 0.5×):\n")
-        lines.append(common.table(["door", *[sc.name for sc in scenarios]], rows) + "\n")
-    ratio_rows = []
-    for door in dict.fromkeys(d for d, _ in lanes):
-        for name in ("ctxgate forwarding=auto", "ctxgate forwarding=litellm"):
-            a, b = by["turn-200K"][f"{door.name}|{name}"], by["turn-2K"][f"{door.name}|{name}"]
-            ratio_rows.append([door.name, name, fmt(a["added_p50"]), fmt(b["added_p50"]),
-                               f"{a['added_p50'] / b['added_p50']:.1f}×" if b["added_p50"] > 0 else "n/a",
-                               fmt(a["hdr_p50"]), fmt(b["hdr_p50"]),
-                               f"{a['hdr_p50'] / b['hdr_p50']:.1f}×" if b["hdr_p50"] > 0 else "n/a"])
-    lines.append("**Steady-state turn, 200K-token session vs 2K-token session** (aim: ≤ 1.5×):\n")
-    lines.append(common.table(["door", "", "added p50, 200K turn", "added p50, 2K turn", "ratio",
-                               "X-Ctx-Overhead-Ms p50, 200K", "… 2K", "ratio"], ratio_rows, "ll" + "r" * 6) + "\n")
+            for name in names:
+                k = f"{door.name}|{name}"
+                if k in by[scs[0].name]:
+                    head_rows.append([door.name, name, *(f"{fmt(by[sc.name][k]['added_p50'])} / "
+                                                         f"{fmt(by[sc.name][k]['added_p95'])}" for sc in scs)])
+        lines.append(f"**Added latency over a direct call through the same door, p50 / p95 ms — {what}:**\n")
+        lines.append(common.table(["door", "target", *[sc.name for sc in scs]], head_rows,
+                                  "ll" + "r" * len(scs)) + "\n")
+        if proxy_name:
+            rows = []
+            for door in dict.fromkeys(d for d, _ in lanes):
+                pk = f"{door.name}|{proxy_name}"
+                if pk not in by[scs[0].name]:
+                    continue
+                row = [door.name]
+                for sc in scs:
+                    a, b = by[sc.name][f"{door.name}|ctxgate forwarding=auto"], by[sc.name][pk]
+                    row.append(f"{a['added_p50'] / b['added_p50']:.2f}×" if b["added_p50"] > 0 else "n/a")
+                rows.append(row)
+            lines.append(f"**ctxgate (forwarding=auto) added p50 ÷ LiteLLM proxy added p50 — {what}** "
+                         "(issue 13's aim: ≤ 0.5×):\n")
+            lines.append(common.table(["door", *[sc.name for sc in scs]], rows) + "\n")
+    turns = sorted((sc for sc in scenarios if sc.kind == "turn"), key=lambda sc: sc.size)
+    big = next((sc for sc in turns if sc.size == 200_000), turns[-1] if turns else None)
+    if big is not None and turns and big is not turns[0]:
+        small = turns[0]
+        ratio_rows = []
+        for door in dict.fromkeys(d for d, _ in lanes):
+            for name in ("ctxgate forwarding=auto", "ctxgate forwarding=litellm"):
+                a, b = by[big.name].get(f"{door.name}|{name}"), by[small.name].get(f"{door.name}|{name}")
+                if a is None or b is None:
+                    continue
+                ratio_rows.append([door.name, name, fmt(a["added_p50"]), fmt(b["added_p50"]),
+                                   f"{a['added_p50'] / b['added_p50']:.1f}×" if b["added_p50"] > 0 else "n/a",
+                                   fmt(a["hdr_p50"]), fmt(b["hdr_p50"]),
+                                   f"{a['hdr_p50'] / b['hdr_p50']:.1f}×" if b["hdr_p50"] > 0 else "n/a"])
+        lines.append(f"**Steady-state turn, {big.name} vs {small.name}** (aim for 200K vs 2K: ≤ 1.5×):\n")
+        lines.append(common.table(["door", "", f"added p50, {big.name}", f"added p50, {small.name}", "ratio",
+                                   f"X-Ctx-Overhead-Ms p50, {big.name}", f"… {small.name}", "ratio"], ratio_rows,
+                                  "ll" + "r" * 6) + "\n")
     for _, text, _ in results:
         lines.append(text)
     if extra:
@@ -519,11 +567,35 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
     common.progress(f"overhead: wrote {common.RESULTS.relative_to(common.ROOT)}")
 
 
+def save_figures(scenarios, lanes: list[Lane], results) -> None:
+    """bench/overhead.json: added p50 / p95 per (scenario, door, target), what the chart draws."""
+    rows = []
+    for sc, _, stats in results:
+        for door, t in lanes:
+            if t.name == DIRECT:
+                continue
+            st = stats[key(door, t)]
+            rows.append({"scenario": sc.name, "kind": sc.kind, "size": sc.size, "tokens": max(sc.tokens),
+                         "door": door.name, "target": t.name, "added_p50_ms": round(st["added_p50"], 3),
+                         "added_p95_ms": round(st["added_p95"], 3), "p50_ms": round(st["p50"], 3),
+                         "iterations": sc.iterations})
+    (common.BENCH / "overhead.json").write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                     time.gmtime()),
+                                                               "rows": rows}, option=orjson.OPT_INDENT_2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="ctxgate's added latency over a direct upstream call, per door")
-    p.add_argument("--small", type=int, default=200, help="iterations for the 1K and 2K scenarios")
-    p.add_argument("--large", type=int, default=40, help="iterations for the 100K and 200K scenarios")
-    p.add_argument("--doors", default="chat,messages,responses",
+    p.add_argument("--sizes", type=lambda v: [parse_size(x) for x in v.split(",")],
+                   default=[1_000, 10_000, 50_000, 100_000, 200_000, 400_000],
+                   help="comma-separated conversation sizes in tokens (1K = 1,000)")
+    p.add_argument("--kinds", type=lambda v: v.split(","), default=["conv", "turn"],
+                   help="conv (new conversations), turn (steady-state turns), or both")
+    p.add_argument("--small", type=int, default=40, help="measured iterations for sizes up to 10K")
+    p.add_argument("--mid", type=int, default=20, help="measured iterations for sizes above 10K up to 100K")
+    p.add_argument("--large", type=int, default=10, help="measured iterations for sizes above 100K")
+    p.add_argument("--no-chart", action="store_true", help="do not draw bench/overhead.png")
+    p.add_argument("--doors", default="chat,chat-stream,messages,responses",
                    help="comma-separated doors to measure (a door ctxgate answers 404 on is left out)")
     p.add_argument("--litellm-proxy", metavar="PATH",
                    help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
@@ -533,7 +605,16 @@ def main() -> None:
     args = p.parse_args()
     scenarios, lanes, results, proxy, proxy_why, missing = asyncio.run(main_async(args))
     common.progress("overhead: in-process breakdown of a steady-state chat turn")
-    extra = breakdown(scenarios)
+    extra = breakdown([sc for sc in scenarios if sc.size in (min(args.sizes), 200_000)])
+    save_figures(scenarios, lanes, results)
+    if not args.no_chart:
+        try:
+            import chart
+
+            chart.draw(common.BENCH / "overhead.json", common.BENCH / "overhead.png")
+            common.progress("overhead: drew bench/overhead.png")
+        except ImportError as e:
+            common.progress(f"overhead: no chart ({e}; `pip install -e '.[bench]'`)")
     write_results(args, scenarios, lanes, results, proxy, proxy_why, missing, extra)
 
 

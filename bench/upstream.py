@@ -1,11 +1,13 @@
 """A minimal scripted OpenAI-compatible upstream for the benchmarks.
 
-`POST /v1/chat/completions` (non-stream only) parses the JSON body and answers a fixed
-small `chat.completion` ("ok") without `usage.prompt_tokens`: counting 200K tokens exactly
+`POST /v1/chat/completions` parses the JSON body and answers a fixed
+small `chat.completion` ("ok") without `usage.prompt_tokens` (with `stream: true`: the
+same reply as server-sent `chat.completion.chunk` events — role, "ok", finish — then
+`data: [DONE]`): counting 200K tokens exactly
 would add ~60 ms of upstream time to every call and widen the spread of the figures, and
 an estimate would steer ctxgate, which anchors its budget decisions on the provider's count.
 `POST /v1/messages` (Anthropic) and `POST /v1/responses` (OpenAI Responses) answer the same
-fixed "ok" in their own shapes, non-stream only, without usage for the same reason.
+fixed "ok" in their own shapes, non-stream only (a 400 to `stream: true`), without usage for the same reason.
 
     .venv/bin/python bench/upstream.py --port 8999
 
@@ -22,7 +24,23 @@ from aiohttp import web
 REPLY = "ok"
 
 
-async def chat(request: web.Request) -> web.Response:
+def _chunk(body: dict, delta: dict, finish: str | None) -> bytes:
+    chunk = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": int(time.time()),
+             "model": body.get("model", "bench"), "system_fingerprint": "fp_bench",
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+async def chat_stream(request: web.Request, body: dict) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(_chunk(body, {"role": "assistant", "content": ""}, None)
+                     + _chunk(body, {"content": REPLY}, None) + _chunk(body, {}, "stop") + b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
     raw = await request.read()
     try:
         body = orjson.loads(raw)
@@ -30,9 +48,7 @@ async def chat(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "invalid JSON", "type": "invalid_request_error",
                                             "param": None, "code": None}}, status=400)
     if body.get("stream"):
-        return web.json_response({"error": {"message": "bench upstream: stream not supported",
-                                            "type": "invalid_request_error", "param": "stream", "code": None}},
-                                 status=400)
+        return await chat_stream(request, body)
     reply = {
         "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
         "model": body.get("model", "bench"), "system_fingerprint": "fp_bench",

@@ -1,0 +1,203 @@
+"""Requests per second through ctxgate and the LiteLLM proxy at a fixed concurrency.
+
+Real processes, as in bench/overhead.py: bench/upstream.py (the scripted "ok" upstream),
+`ctxgate serve --workers 1` (`forwarding: auto`) and the LiteLLM proxy (`--num_workers 1`,
+from the environment given to --litellm-proxy or $CTXGATE_BENCH_LITELLM_PROXY), all on
+127.0.0.1, one worker process each. This process is the load generator: C asyncio
+clients (one pooled aiohttp session, uvloop) each send their next request as soon as the
+previous one is answered, for `--seconds` after a one-second warm-up; the figure is the
+replies counted in that window divided by its length, through the chat door (non-stream).
+`direct` (the upstream alone) is the ceiling of this harness on this machine: client,
+upstream and target share its cores.
+
+Scenarios:
+- turn-2K: each client runs its own session (`X-Ctx-Session`), the steady-state next turn
+  of a 2K-token conversation (bench/overhead.py's `turn`: a new session every 10 turns).
+- conv-100K: each request a 100K-token conversation never seen before.
+
+    .venv/bin/python bench/throughput.py [--concurrency 20,100] [--seconds 8]
+        [--scenarios turn-2K,conv-100K] [--litellm-proxy .bench-litellm-proxy/bin/litellm]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+import doors  # noqa: E402
+import overhead  # noqa: E402
+
+import aiohttp  # noqa: E402
+import yaml  # noqa: E402
+
+DOOR = doors.CHAT
+
+
+class Load:
+    def __init__(self, name: str, base: str, api_key: str, session_header: bool) -> None:
+        self.name, self.base, self.api_key, self.session_header = name, base, api_key, session_header
+
+
+async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, seconds: float,
+                http: aiohttp.ClientSession, run: str) -> dict:
+    """C clients in a closed loop for 1 s of warm-up + `seconds`; replies and latencies in the window."""
+    done: list[float] = []
+    errors: list[str] = []
+    t0 = time.perf_counter()
+    window = (t0 + 1.0, t0 + 1.0 + seconds)
+
+    async def client(w: int) -> None:
+        i = 0
+        while time.perf_counter() < window[1]:
+            if scenario.startswith("turn"):
+                msgs = overhead.turn(base_msgs, i)
+                sid = f"{run}-{w}-{i // overhead.TURNS_PER_SESSION}"
+            else:
+                msgs = overhead.fresh(base_msgs, w * 1_000_000 + i)
+                sid = None
+            body = DOOR.payload(msgs)
+            headers = DOOR.headers(load.api_key)
+            if sid and load.session_header:
+                headers["X-Ctx-Session"] = sid
+            started = time.perf_counter()
+            try:
+                async with http.post(load.base + DOOR.path, data=body, headers=headers) as r:
+                    raw = await r.read()
+                    ok = r.status == 200 and DOOR.reply_text(raw) == "ok"
+                    if not ok:
+                        errors.append(f"HTTP {r.status}: {raw[:200]!r}")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                ok = False
+                errors.append(repr(e))
+            end = time.perf_counter()
+            if ok and window[0] <= end <= window[1]:
+                done.append((end - started) * 1000)
+            i += 1
+
+    await asyncio.gather(*(client(w) for w in range(concurrency)))
+    return {"rps": len(done) / seconds, "n": len(done), "p50": common.pct(done, 0.5), "p95": common.pct(done, 0.95),
+            "errors": len(errors), "first_error": errors[0] if errors else ""}
+
+
+async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
+    common.wait_for_quiet(max_wait_s=args.max_wait)
+    common.CODE_AT_START = common.git_state()
+    counter = common.gpt4o_counter()
+    sizes = {"turn-2K": 2_000, "conv-100K": 100_000}
+    bases = {name: common.build_conversation(sizes[name], counter) for name in args.scenarios}
+    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-throughput-"))
+    procs: list[overhead.Proc] = []
+    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, overhead.VENV_BIN)
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    rows = []
+    try:
+        port = overhead.free_port()
+        upstream = overhead.start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
+                                  f"http://127.0.0.1:{port}", "/healthz", workdir)
+        procs.append(upstream)
+        port = overhead.free_port()
+        cfg = overhead.ctxgate_config(upstream.url, "auto", workdir)
+        gw = overhead.start("ctxgate", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port",
+                                        str(port), "--workers", "1", "--log-level", "WARNING"],
+                            f"http://127.0.0.1:{port}", "/healthz", workdir, env)
+        procs.append(gw)
+        loads = [Load("direct", upstream.url, overhead.UPSTREAM_KEY, False),
+                 Load("ctxgate forwarding=auto", gw.url, overhead.UPSTREAM_KEY, True)]
+        if proxy_argv:
+            port = overhead.free_port()
+            lcfg = workdir / "litellm-proxy.yaml"
+            master = f"sk-bench-{os.urandom(16).hex()}"
+            lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, overhead.UPSTREAM_KEY),
+                                            "general_settings": {"master_key": master}}))
+            proxy = overhead.start("litellm-proxy", [*proxy_argv, "--config", str(lcfg), "--port", str(port),
+                                                     "--num_workers", "1"],
+                                   f"http://127.0.0.1:{port}", "/health/liveliness", workdir, env, timeout=180)
+            procs.append(proxy)
+            loads.append(Load(f"LiteLLM proxy {proxy_version}", proxy.url, master, False))
+        else:
+            common.progress(f"throughput: no LiteLLM proxy: {proxy_version}")
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
+            for scenario in args.scenarios:
+                for c in args.concurrency:
+                    for load in loads:
+                        run = f"tp-{os.urandom(4).hex()}"
+                        r = await drive(load, scenario, bases[scenario], c, args.seconds, http, run)
+                        rows.append((scenario, c, load.name, r))
+                        common.progress(f"  {scenario:9s} c={c:<3d} {load.name:34s} {r['rps']:8.1f} req/s  "
+                                        f"p50 {r['p50']:8.1f} ms  p95 {r['p95']:8.1f} ms  errors {r['errors']}"
+                                        + (f" ({r['first_error'][:120]})" if r["errors"] else ""))
+                        await asyncio.sleep(1.0)
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rows, proxy_version if proxy_argv else None, proxy_version
+
+
+def write_results(args: argparse.Namespace, rows: list, proxy: str | None, why: str) -> None:
+    lines = [common.section_header("Throughput: requests per second at concurrency 20 and 100"), ""]
+    lines.append(
+        f"`bench/throughput.py`: {args.seconds:g} s measured (after 1 s of warm-up) per (scenario, concurrency, "
+        "target); C clients in a closed loop (each sends its next request when the previous is answered), one "
+        "pooled aiohttp session in the bench process; chat door (`/v1/chat/completions`, non-stream) to "
+        "`bench/upstream.py`. One worker process each: `ctxgate serve --workers 1` (`forwarding: auto`, "
+        "`max_input_tokens` 1,000,000, so nothing is compacted) and the LiteLLM proxy `--num_workers 1`"
+        + (f" (litellm {proxy}, from its own venv, see the overhead section)" if proxy else f" (**not run**: {why})")
+        + ". `direct` is the upstream alone: the ceiling of this harness, since the load generator, the upstream "
+        "and the target share the machine's cores. turn-2K: each client its own session, the steady next turn of "
+        "a 2K-token conversation; conv-100K: every request a 100K-token conversation never seen before. Latency "
+        "is per request, under that load.\n")
+    table_rows = []
+    for scenario, c, name, r in rows:
+        table_rows.append([scenario, c, name, f"{r['rps']:.1f}", r["n"], f"{r['p50']:.1f}", f"{r['p95']:.1f}",
+                           r["errors"]])
+    lines.append(common.table(["scenario", "concurrency", "target", "req/s", "replies", "p50 ms", "p95 ms",
+                               "errors"], table_rows, "lrlrrrrr") + "\n")
+    if proxy:
+        by = {(s, c, n): r for s, c, n, r in rows}
+        ratio_rows = []
+        for scenario in args.scenarios:
+            for c in args.concurrency:
+                a = by.get((scenario, c, "ctxgate forwarding=auto"))
+                b = next((r for (s, cc, n), r in by.items() if s == scenario and cc == c
+                          and n.startswith("LiteLLM proxy")), None)
+                if a and b and b["rps"] > 0:
+                    ratio_rows.append([scenario, c, f"{a['rps'] / b['rps']:.2f}×"])
+        lines.append("**ctxgate req/s ÷ LiteLLM proxy req/s** (issue 13's aim at concurrency 20: ≥ 2×):\n")
+        lines.append(common.table(["scenario", "concurrency", "ratio"], ratio_rows, "lrr") + "\n")
+    common.write_section("throughput", "\n".join(lines))
+    common.progress(f"throughput: wrote {common.RESULTS.relative_to(common.ROOT)}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[20, 100])
+    p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per (scenario, concurrency, target)")
+    p.add_argument("--scenarios", type=lambda v: v.split(","), default=["turn-2K", "conv-100K"],
+                   help="turn-2K, conv-100K")
+    p.add_argument("--litellm-proxy", metavar="PATH",
+                   help="the `litellm` CLI of an environment with litellm[proxy]; default "
+                        "$CTXGATE_BENCH_LITELLM_PROXY")
+    p.add_argument("--max-wait", type=float, default=600.0,
+                   help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
+    args = p.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    rows, proxy, why = asyncio.run(main_async(args))
+    write_results(args, rows, proxy, why)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from . import launcher, wal_cli
+from . import launcher, wal_cli, workers
 from .config import ConfigError, load_config
 
 
@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8787)
     serve.add_argument("--log-level", default=os.environ.get("CTXGATE_LOG_LEVEL", "INFO"))
+    serve.add_argument("--workers", default="1",
+                       help="worker processes on the one port (SO_REUSEPORT); 0 or auto: one per core. "
+                            "More than one needs ctxgate.state set to a redis:// URL (default 1)")
+    serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     wal_cli.add_commands(sub, _serve_args)
     run_parser = launcher.add_command(sub, _serve_args)
     args = parser.parse_args(argv)
@@ -42,10 +47,30 @@ def main(argv: list[str] | None = None) -> int:
         return launcher.run(args, config)
     if args.command != "serve":
         return wal_cli.run(args, config)
+    if args.worker_index is not None:  # one of `--workers N`'s children
+        return _serve(config, args.host, args.port, args.data_dir, worker=(args.worker_index, args.ready_fd))
+    try:
+        n = workers.parse_workers(args.workers)
+        workers.check(n, config.ctxgate.state, args.port)
+    except workers.WorkersError as e:
+        print(f"ctxgate: refusing to start: {e}", file=sys.stderr)
+        return 2
+    if n > 1:
+        return workers.supervise(n, args.host, args.port, level, args.config, args.data_dir)
     return _serve(config, args.host, args.port, args.data_dir)
 
 
-def _serve(config, host: str, port: int, data_dir: str | None) -> int:  # type: ignore[no-untyped-def]
+def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[no-untyped-def]
+           worker: tuple[int, int | None] | None = None) -> int:
+    """One gateway process; as a worker of `--workers N`, it shares the port (SO_REUSEPORT), tells
+    the parent on `ready_fd` when it listens instead of printing, and stops if the parent goes.
+
+    Every worker runs the Gateway's housekeeping, which is safe in each: the WAL recovery at
+    start rebuilds a session under its session lock (in Redis) and only if the store lacks it,
+    so the second worker finds it there; archive pruning ignores a segment another worker
+    removed first; and the memory sweep ends the idle sessions of the worker's own short-term
+    buffer, which lives in that process (running it in one worker only would never end the
+    others')."""
     import uvloop
     from aiohttp import web
 
@@ -59,8 +84,24 @@ def _serve(config, host: str, port: int, data_dir: str | None) -> int:  # type: 
             raise SystemExit(f"ctxgate: refusing to start: {e}") from None
         runner = web.AppRunner(create_app(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=worker is not None).start()
         where = f"http://{host}:{port}/v1"
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if worker is not None:
+            index, ready_fd = worker
+            summary = (f"models: {', '.join(gw.router.model_names())}; state: {config.ctxgate.state}; "
+                       f"data: {gw.data_dir}")
+            if ready_fd is not None:
+                os.write(ready_fd, f"{index} {summary}\n".encode())
+                os.close(ready_fd)
+            watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
+            await stop.wait()
+            watcher.cancel()
+            await runner.cleanup()
+            return
         if gw.router.demo_only:
             print(f"ctxgate listening on {where} with no upstream configured: answering from the offline demo "
                   f"model `ctxgate-demo`. To use a real model: ctxgate serve --config ctxgate.yaml (a litellm "
@@ -68,15 +109,18 @@ def _serve(config, host: str, port: int, data_dir: str | None) -> int:  # type: 
         else:
             print(f"ctxgate listening on {where} (models: {', '.join(gw.router.model_names())}; state: "
                   f"{config.ctxgate.state}; data: {gw.data_dir})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         await runner.cleanup()
 
     uvloop.run(run())
     return 0
+
+
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    """A worker whose parent is gone (killed with SIGKILL) stops rather than serve unsupervised."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    stop.set()
 
 
 if __name__ == "__main__":

@@ -7,14 +7,13 @@ request bytes, so the upstream's prompt cache sees exactly what the client would
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import DirectForwarder, Reply, map_litellm_error, stream_error
+from .forwarders import DirectForwarder, Reply, call_litellm, stream_error
 from .routing import Route
 
 DEFAULT_API_BASE = "https://api.anthropic.com"
@@ -99,17 +98,8 @@ async def send_litellm(route: Route, call: MessagesCall, *, stream: bool, api_ke
         params["api_key"] = api_key
     params.setdefault("timeout", timeout_s)
     params.setdefault("max_retries", 0)  # one call, as on the native path: retrying is the client's choice
-    started = time.perf_counter()
-    try:
-        result = await litellm.anthropic_messages(model=route.litellm_params["model"], **params)
-    except Exception as e:
-        raise map_litellm_error(e, route) from None
-    elapsed = (time.perf_counter() - started) * 1000
-    if not stream:
-        return Reply(status=200, content_type="application/json", body=orjson.dumps(result, default=_plain),
-                     upstream_ms=elapsed)
-    return Reply(status=200, content_type="text/event-stream", chunks=_adapter_sse(result, route),
-                 upstream_ms=elapsed)
+    return await call_litellm(litellm.anthropic_messages, route, params, stream,
+                              lambda result: orjson.dumps(result, default=_plain), _adapter_sse)
 
 
 def _plain(obj: Any) -> Any:

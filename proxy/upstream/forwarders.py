@@ -13,7 +13,7 @@ import asyncio
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 
 import aiohttp
 import orjson
@@ -185,6 +185,23 @@ def litellm_params(route: Route, payload: dict[str, Any], allowed: frozenset[str
     return params
 
 
+async def call_litellm(call: Callable[..., Awaitable[Any]], route: Route, params: dict[str, Any], stream: bool,
+                       whole: Callable[[Any], bytes],
+                       events: Callable[[Any, Route], AsyncIterator[bytes]]) -> Reply:
+    """One litellm call (`acompletion`, `aresponses`, `anthropic_messages`) as a `Reply`: the
+    whole reply as `whole` writes it, or the stream as `events` frames it; its failure as
+    `map_litellm_error` says."""
+    started = time.perf_counter()
+    try:
+        result = await call(model=route.litellm_params["model"], **params)
+    except Exception as e:
+        raise map_litellm_error(e, route) from None
+    elapsed = (time.perf_counter() - started) * 1000
+    if not stream:
+        return Reply(status=200, content_type="application/json", body=whole(result), upstream_ms=elapsed)
+    return Reply(status=200, content_type="text/event-stream", chunks=events(result, route), upstream_ms=elapsed)
+
+
 class LitellmForwarder:
     """Every provider litellm knows; replies re-serialised to OpenAI's wire format."""
 
@@ -195,17 +212,8 @@ class LitellmForwarder:
         import litellm
 
         params = litellm_params(route, payload, _openai_params(), api_key, self._timeout)
-        started = time.perf_counter()
-        try:
-            result = await litellm.acompletion(model=route.litellm_params["model"], **params)
-        except Exception as e:
-            raise map_litellm_error(e, route) from None
-        elapsed = (time.perf_counter() - started) * 1000
-        if not stream:
-            return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
-                         upstream_ms=elapsed)
-        return Reply(status=200, content_type="text/event-stream", chunks=_litellm_sse(result, route),
-                     upstream_ms=elapsed)
+        return await call_litellm(litellm.acompletion, route, params, stream,
+                                  lambda result: orjson.dumps(_wire(result)), _litellm_sse)
 
     async def close(self) -> None:
         return None

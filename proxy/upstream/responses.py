@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import time
 from typing import Any, AsyncIterator
 
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, litellm_params, map_litellm_error, stream_error
+from .forwarders import CALL_CONTROLS, DirectForwarder, Reply, call_litellm, litellm_params, stream_error
 from .routing import Route
 
 
@@ -39,16 +38,8 @@ class ResponsesForwarder:
         import litellm
 
         params = litellm_params(route, payload, _aresponses_params(), api_key, self._timeout)
-        started = time.perf_counter()
-        try:
-            result = await litellm.aresponses(model=route.litellm_params["model"], **params)
-        except Exception as e:
-            raise map_litellm_error(e, route) from None
-        elapsed = (time.perf_counter() - started) * 1000
-        if not stream:
-            return Reply(status=200, content_type="application/json", body=orjson.dumps(_wire(result)),
-                         upstream_ms=elapsed)
-        return Reply(status=200, content_type="text/event-stream", chunks=_events(result, route), upstream_ms=elapsed)
+        return await call_litellm(litellm.aresponses, route, params, stream,
+                                  lambda result: orjson.dumps(_wire(result)), _events)
 
 
 @functools.lru_cache(maxsize=1)

@@ -279,7 +279,7 @@ def litellm_proxy_command(path: str | None, venv_bin: Path) -> tuple[list[str] |
     `litellm` if `litellm.proxy.proxy_server` imports there."""
     path = path or os.environ.get("CTXGATE_BENCH_LITELLM_PROXY")
     if path:
-        exe = Path(path)
+        exe = Path(path).absolute()  # the servers start in a temporary folder
         if not exe.exists():
             return None, f"{path} does not exist"
         is_python = exe.name.startswith("python")

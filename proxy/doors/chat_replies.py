@@ -6,6 +6,7 @@ from typing import Any
 import orjson
 
 from ..engine.wire import ReplyFacts
+from .sse import SseWatch
 
 _USAGE_TAIL = 16_384
 
@@ -34,43 +35,24 @@ def _prompt_tokens(data: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) else None
 
 
-class SseReply:
-    """Watches a streamed reply go by: keeps its tail for `usage`, the chunks that carry
-    tool-call deltas, and, for an idempotent request, every byte."""
+class SseReply(SseWatch):
+    """Watches a streamed chat completion go by: keeps its tail for `usage` and the chunks
+    that carry tool-call deltas; complete at `data: [DONE]`."""
 
     def __init__(self, keep_all: bool = False) -> None:
+        super().__init__(keep_all)
         self._tail = b""
         self._calls = bytearray()
-        self._partial = b""
-        """The end of the last chunk after its last newline: a network chunk may end mid-event."""
-        self._all: bytearray | None = bytearray() if keep_all else None
-        self._done = False
-        self._failed = False
-
-    @property
-    def complete(self) -> bool:
-        return self._done
-
-    @property
-    def failed(self) -> bool:
-        return self._failed
 
     def feed(self, data: bytes) -> None:
         if b"data: [DONE]" in data:
             self._done = True
         self._tail = (self._tail + data)[-_USAGE_TAIL:]
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for line in self._lines(data):
             if line.startswith(b'data: {"error"'):  # an upstream's error mid-stream, as OpenAI sends it
                 self._failed = True
             if b'"tool_calls"' in line:
                 self._calls += line + b"\n"
-        if self._all is not None:
-            self._all += data
-
-    def body(self) -> bytes:
-        return bytes(self._all) if self._all is not None else b""
 
     def facts(self) -> ReplyFacts:
         return ReplyFacts(self._usage(), self._tool_calls())

@@ -9,6 +9,7 @@ import orjson
 from ..engine.wire import ReplyFacts
 from ..errors import GatewayError
 from .errors import http_status
+from .sse import SseWatch
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error",
@@ -57,34 +58,18 @@ def reply_facts(body: bytes | None) -> ReplyFacts:
     return ReplyFacts(_prompt_tokens(data.get("usage")), calls)
 
 
-class MessagesStream:
+class MessagesStream(SseWatch):
     """Watches Anthropic SSE go by: usage from `message_start` (and `message_delta`, which may
     restate it), tool calls from `content_block_start` and their `input_json_delta` pieces,
     `complete` once `message_stop` went by. Events may be split across network chunks."""
 
     def __init__(self, keep_all: bool) -> None:
-        self._partial = b""
-        """The end of the last chunk after its last newline: a network chunk may end mid-event."""
-        self._all: bytearray | None = bytearray() if keep_all else None
+        super().__init__(keep_all)
         self._usage: dict[str, Any] = {}
         self._calls: dict[int, dict[str, Any]] = {}
-        self._done = False
-        self._failed = False
-
-    @property
-    def complete(self) -> bool:
-        return self._done
-
-    @property
-    def failed(self) -> bool:
-        return self._failed
 
     def feed(self, data: bytes) -> None:
-        if self._all is not None:
-            self._all += data
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+        for line in self._lines(data):
             if line.startswith(b"data:"):
                 try:
                     event = orjson.loads(line[5:])
@@ -117,9 +102,6 @@ class MessagesStream:
         if isinstance(usage, dict):
             # message_delta's usage is cumulative: a later count replaces an earlier one.
             self._usage.update({k: v for k, v in usage.items() if isinstance(v, int) and v > 0})
-
-    def body(self) -> bytes:
-        return bytes(self._all) if self._all is not None else b""
 
     def facts(self) -> ReplyFacts:
         calls = [_tool_call(c["id"], c["name"], c["arguments"] or "{}") for _, c in sorted(self._calls.items())]

@@ -97,6 +97,7 @@ class WalWriter:
         with lf.guard:  # one file, one writer; other sessions (and their fsyncs) go on meanwhile
             lf = self._current(key, lf)
             with flocked(lf.fh):
+                self._catch_up(lf)
                 written, data, checkpoint_at = [], bytearray(), None
                 seq = max(after_seq, lf.last_seq)
                 now = timestamp(self._clock())
@@ -123,6 +124,18 @@ class WalWriter:
                 self._close_one(tenant, session)
             prune_archives(self.paths.archive_root, self._retention_s, self._clock())
         return Appended(written, archived)
+
+    @staticmethod
+    def _catch_up(lf: _LiveFile) -> None:
+        """Another process (a worker of the same gateway) appended since this one last wrote:
+        take the file's size, last seq and checkpoint count from the file itself, or an archive
+        pass would split the log at a stale offset, mid-line. Call with the file locked."""
+        size = os.fstat(lf.fh.fileno()).st_size
+        if size == lf.size:
+            return
+        with open(lf.path, "rb") as rd:
+            scan = scan_bytes(lf.path, rd.read())
+        lf.size, lf.last_seq, lf.checkpoints = size, max(lf.last_seq, scan.last_seq), len(scan.checkpoints)
 
     def changed_externally(self, tenant: str, session: str) -> bool:
         """Did something else (a rollback from the CLI) write the file since this writer did?"""

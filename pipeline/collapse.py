@@ -18,10 +18,10 @@ from typing import Any
 from rbloom import Bloom
 
 from .config import CollapseConfig
-from .conversation import Conversation, Kind
+from .conversation import Conversation, Kind, counted_result, read_conversation
 from .fingerprint import message_fingerprint, span_hash
 from .notes import COLLAPSE_MARKER, system_note
-from .strategy import Stopwatch, level_result
+from .strategy import Stopwatch
 from .tokens import TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message
 
@@ -81,18 +81,29 @@ class CollapseStore:
         """The spec's applyCollapseProjection: folded spans replaced by their summaries."""
         if not self.entries:
             return messages
+        return self.project_with_fingerprints(messages, fingerprints)[0]
+
+    def project_with_fingerprints(self, messages: list[Message],
+                                  fingerprints: list[str] | None = None) -> tuple[list[Message], list[str]]:
+        """project(), with the fingerprints of what it returns."""
         fps = fingerprints or [message_fingerprint(m) for m in messages]
+        if not self.entries:
+            return messages, fps
         out: list[Message] = []
+        out_fps: list[str] = []
         i = 0
         while i < len(messages):
             entry = self.entries.get(fps[i])
             if entry is not None and span_hash(fps[i:i + entry.length]) == entry.span_hash:
-                out.append(system_note(note_text(entry)))
+                note = system_note(note_text(entry))
+                out.append(note)
+                out_fps.append(message_fingerprint(note))
                 i += entry.length
                 continue
             out.append(messages[i])
+            out_fps.append(fps[i])
             i += 1
-        return out
+        return out, out_fps
 
 
 def context_keys(fingerprints: list[str]) -> list[str]:
@@ -132,9 +143,9 @@ def collapse_summary(messages: list[Message], counter: TokenCounter, user_chars:
             lines.append("Called tools: " + " ".join((tc.get("function") or {}).get("name", "?")
                                                      for tc in m["tool_calls"]))
         elif role == "tool":
-            lines.append(f"Tool result ({counter.count(text)} tokens)")
+            lines.append(f"Tool result ({counter.count_cached(text)} tokens)")
         else:
-            lines.append(f"Message from {role} ({counter.count(text)} tokens)")
+            lines.append(f"Message from {role} ({counter.count_cached(text)} tokens)")
     return "\n".join(lines)
 
 
@@ -146,9 +157,16 @@ class CollapseStrategy:
         self.store = store
         self.pin_first_user = pin_first_user
 
-    def _runs(self, request: CompressionRequest) -> list[tuple[int, int]]:
-        """Runs of at least `window` consecutive non-critical messages inside the workable range."""
-        conversation = request.conversation
+    def _runs(self, request: CompressionRequest, conversation: Conversation) -> list[tuple[int, int]]:
+        """Runs of at least `window` consecutive non-critical messages inside the workable range
+        (kept with the reading: they depend on its content alone)."""
+        memo = conversation.memo(("collapse-runs", self.pin_first_user, request.window))
+        found = memo.get(self.config.window)
+        if found is None:
+            found = memo[self.config.window] = self._find_runs(request, conversation)
+        return list(found)
+
+    def _find_runs(self, request: CompressionRequest, conversation: Conversation) -> list[tuple[int, int]]:
         shape = conversation.shape(self.pin_first_user, request.window)
         runs: list[tuple[int, int]] = []
         start: int | None = None
@@ -168,12 +186,16 @@ class CollapseStrategy:
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
         counter = request.counter
-        original = [message_fingerprint(m) for m in request.messages]
-        messages = self.store.project(request.messages, original)
-        fps = [message_fingerprint(m) for m in messages]
-        keys = context_keys(fps)
-        projected_request = request if messages is request.messages else request.with_messages(messages)
-        for a, b in self._runs(projected_request):
+        conversation = request.conversation
+        original = conversation.fingerprints
+        messages, fps = self.store.project_with_fingerprints(request.messages, original)
+        projected = (conversation if messages is request.messages
+                     else read_conversation(messages, request.dialect, fingerprints=fps))
+        memo = projected.memo("collapse-keys")
+        keys = memo.get("keys")
+        if keys is None:
+            keys = memo["keys"] = context_keys(fps)
+        for a, b in self._runs(request, projected):
             span = fps[a:b]
             if self.store.already_folded(span_hash(span)) or any(self.store.already_folded(k) for k in keys[a:b]):
                 continue  # folded before: project() below shows it folded, never folds it again
@@ -181,13 +203,15 @@ class CollapseStrategy:
             summary = collapse_summary(folded, counter, self.config.user_chars)
             entry = CollapseEntry(original_span=(a, b), first_fingerprint=span[0], span_hash=span_hash(span),
                                   length=b - a, collapsed_tokens=0, summary=summary, collapsed_at=time.time(),
-                                  original_total_tokens=sum(counter.count_structured(m) for m in folded))
+                                  original_total_tokens=sum(counter.count_structured(m, fp)
+                                                            for m, fp in zip(folded, span)))
             entry.collapsed_tokens = counter.count_structured(system_note(note_text(entry)))
             self.store.add(entry, keys[a:b])
-        projected = self.store.project(messages, fps)
-        if len(projected) == len(request.messages):
+        out, out_fps = self.store.project_with_fingerprints(messages, fps)
+        if len(out) == len(request.messages):
             return None
         changed = [i for i, fp in enumerate(original) if fp in self.store.entries]
         changed_span = (changed[0], changed[-1] + 1) if changed else (0, 0)
-        return level_result(self.level, request, projected, changed_span, watch, len(request.messages) - len(projected),
-                            [f"collapse: folded {len(request.messages) - len(projected)} messages"])
+        return counted_result(self.level, request, conversation, out, out_fps, changed_span, watch,
+                              len(request.messages) - len(out),
+                              [f"collapse: folded {len(request.messages) - len(out)} messages"])

@@ -14,10 +14,13 @@ complete steps, widened to a unit boundary.
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Collection, Iterator
+from typing import TYPE_CHECKING, Any, Collection, Iterator
 
+from .fingerprint import message_fingerprint
 from .notes import is_ctxgate_message
 from .protocols import STRUCTURAL_DIALECTS, detect_dialect, text_reader
 from .protocols.anthropic import has_results, results_of, uses_of
@@ -25,6 +28,11 @@ from .protocols.base import Action, Observation, id_of, text_of
 from .protocols.tool_calls import calls_of, result_of
 from .turns import INSTRUCTION_ROLES, leading_instructions, newest_user_index, task_index
 from .types import RecentWindow
+
+from .tokens import REPLY_PRIMING
+
+if TYPE_CHECKING:
+    from .tokens import TokenCounter
 
 Message = dict[str, Any]
 PLAN_TOOLS = ("update_plan", "plan", "set_plan")
@@ -81,12 +89,49 @@ class Shape:
 
 
 class Conversation:
-    def __init__(self, messages: list[Message], dialect: str, infos: list[MessageInfo], units: list[Unit]) -> None:
+    def __init__(self, messages: list[Message], dialect: str, infos: list[MessageInfo], units: list[Unit],
+                 task: int | None | object = ..., fingerprints: list[str] | None = None,
+                 memo: dict[Any, Any] | None = None) -> None:
         self.messages = messages
         self.dialect = dialect
         self.infos = infos
         self.units = units
-        self.task = task_index(messages)
+        self.task: int | None = task_index(messages) if task is ... else task  # type: ignore[assignment]
+        self._fingerprints = fingerprints
+        self._memo: dict[Any, Any] = {} if memo is None else memo
+        """What is derived from the messages' content alone (shapes, token counts), shared by
+        every reading of the same messages (`read_conversation` memoises them)."""
+
+    @property
+    def fingerprints(self) -> list[str]:
+        """`message_fingerprint` of each message, computed once per reading."""
+        if self._fingerprints is None:
+            self._fingerprints = [message_fingerprint(m) for m in self.messages]
+        return self._fingerprints
+
+    def memo(self, key: Any) -> dict[Any, Any]:
+        """A dict a strategy keeps derived values of this content in, under `key`."""
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = {}
+        return found
+
+    def counts(self, counter: "TokenCounter") -> list[int]:
+        """`counter.count_structured` of each message, counted once per content."""
+        key = ("counts", counter)
+        found = self._memo.get(key)
+        if found is None:
+            found = [counter.count_structured(m, fp) for m, fp in zip(self.messages, self.fingerprints)]
+            self._memo[key] = found
+        return found
+
+    def total(self, counter: "TokenCounter") -> int:
+        """`counter.count_messages(self.messages)`, from the memoised counts."""
+        key = ("total", counter)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = counter.count_messages(self.messages, self.fingerprints)
+        return found
 
     def kind(self, index: int) -> Kind:
         return self.infos[index].kind
@@ -106,6 +151,13 @@ class Conversation:
         return next((u.start for u in self.units if u.start <= start < u.end), start)
 
     def shape(self, pin_first_user: bool = True, window: RecentWindow | None = None) -> Shape:
+        key = ("shape", pin_first_user, window or RecentWindow())
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._shape(pin_first_user, window)
+        return found
+
+    def _shape(self, pin_first_user: bool, window: RecentWindow | None) -> Shape:
         head = leading_instructions(self.messages)
         if pin_first_user and self.task == head and head < len(self.messages):
             head += 1
@@ -139,10 +191,63 @@ class Conversation:
         return None
 
 
+_MEMO_SIZE = 16
+_memo: OrderedDict[tuple[Any, ...], tuple[str, list[MessageInfo], list[Unit], int | None, dict[Any, Any]]] = \
+    OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def counted_result(level: Any, request: Any, conversation: Conversation, messages: list[Message],
+                   fingerprints: list[str], span: tuple[int, int], watch: Any, affected: int,
+                   hints: list[str] | None = None, after: int | None = None) -> Any:
+    """`strategy.level_result` for a level whose output's fingerprints it already knows:
+    the same result, counted from the reading's memoised counts instead of hashing both
+    message lists again (`after`: the output's count, when the level has it already)."""
+    from .types import CompactionStep, CompressionResult
+    counter = request.counter
+    before = conversation.total(counter)
+    if after is None:
+        known = conversation.memo(("counts-by-fingerprint", counter))
+        if not known:
+            known.update(zip(conversation.fingerprints, conversation.counts(counter)))
+        after = REPLY_PRIMING
+        for m, fp in zip(messages, fingerprints):
+            n = known.get(fp)
+            after += counter.count_structured(m, fp) if n is None else n
+    step = CompactionStep(level=level, span=span, tokens_before=before, tokens_after=after,
+                          duration_ms=watch.ms, messages_affected=affected)
+    return CompressionResult(compressed_messages=messages, tokens_freed=max(0, before - after), level_used=level,
+                             recovery_hints=list(hints or []), steps=[step], tokens_after=after,
+                             fits=after <= request.token_budget)
+
+
 def read_conversation(messages: list[Message], dialect: str | None = None,
-                      plan_tools: Collection[str] = PLAN_TOOLS + TODO_TOOLS) -> Conversation:
+                      plan_tools: Collection[str] = PLAN_TOOLS + TODO_TOOLS,
+                      fingerprints: list[str] | None = None) -> Conversation:
     """Read `messages` in `dialect` (detected from the messages when None). `plan_tools`
-    names the tools whose calls update the plan or the todo list."""
+    names the tools whose calls update the plan or the todo list. A reading depends on the
+    messages' content alone, so the last few are memoised by the messages' fingerprints
+    (`fingerprints` when the caller has them): the same history sent again, or read again
+    by the next level of the chain, is not parsed again."""
+    fps = [message_fingerprint(m) for m in messages] if fingerprints is None else fingerprints
+    key = (dialect, frozenset(name.lower() for name in plan_tools), tuple(fps))
+    with _memo_lock:
+        seen = _memo.get(key)
+        if seen is not None:
+            _memo.move_to_end(key)
+    if seen is None:
+        read = _read_conversation(messages, dialect, plan_tools)
+        seen = (read.dialect, read.infos, read.units, read.task, read._memo)
+        with _memo_lock:
+            _memo[key] = seen
+            if len(_memo) > _MEMO_SIZE:
+                _memo.popitem(last=False)
+    found_dialect, infos, units, task, memo = seen
+    return Conversation(messages, found_dialect, infos, units, task=task, fingerprints=fps, memo=memo)
+
+
+def _read_conversation(messages: list[Message], dialect: str | None,
+                       plan_tools: Collection[str]) -> Conversation:
     task = task_index(messages)
     dialect = dialect or detect_dialect(messages, task)
     reader = text_reader(dialect)

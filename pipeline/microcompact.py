@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 
 from .config import MicrocompactConfig
-from .conversation import Conversation, Kind
+from .conversation import Conversation, Kind, counted_result
+from .fingerprint import message_fingerprint
 from .protocols.anthropic import map_result_texts
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
@@ -109,8 +110,22 @@ class MicrocompactStrategy:
         shape = conversation.shape(self.pin_first_user, request.window)
         out = list(request.messages)
         changed: list[int] = []
-        for i, tool_name, results_in_step in self.candidates(conversation, start, end, shape.pinned):
-            cut = self.compact_message(out[i], tool_name, request.counter, results_in_step)
+        cfg, counter = self.config, request.counter
+        found = conversation.memo("microcompact-candidates")
+        key = (start, end, shape.pinned)
+        if key not in found:
+            found[key] = self.candidates(conversation, start, end, shape.pinned)
+        for i, tool_name, results_in_step in found[key]:
+            # What a message is cut to depends on its content, the limit and the counter alone:
+            # kept with the reading, so a history sent again is not re-scanned for its cuts.
+            limit = self.threshold_for(tool_name, results_in_step)
+            memo = conversation.memo(("microcompact", counter, limit, cfg.head_tokens, cfg.tail_tokens))
+            if i in memo:
+                kept = memo[i]
+                cut = out[i] if kept is None else {**kept}
+            else:
+                cut = self.compact_message(out[i], tool_name, counter, results_in_step, threshold=limit)
+                memo[i] = None if cut is out[i] else {**cut}
             if cut is not out[i]:
                 out[i] = cut
                 changed.append(i)
@@ -122,8 +137,15 @@ class MicrocompactStrategy:
         messages, changed = self.compact_range(request, shape.head, shape.tail)
         if not changed:
             return None
-        return level_result(self.level, request, messages, (changed[0], changed[-1] + 1), watch, len(changed),
-                            [f"microcompact: truncated {len(changed)} tool outputs"])
+        conversation, counter = request.conversation, request.counter
+        fps, counts = list(conversation.fingerprints), conversation.counts(counter)
+        after = conversation.total(counter)
+        for i in changed:
+            fps[i] = message_fingerprint(messages[i])
+            after += counter.count_structured(messages[i], fps[i]) - counts[i]
+        return counted_result(self.level, request, conversation, messages, fps, (changed[0], changed[-1] + 1),
+                              watch, len(changed), [f"microcompact: truncated {len(changed)} tool outputs"],
+                              after=after)
 
 
 class RecentWindowCut:

@@ -11,10 +11,11 @@ instructions, the pinned task statement and the recent window stay, and the newe
 from __future__ import annotations
 
 from .config import SnipConfig
-from .conversation import Kind
+from .conversation import Kind, counted_result
+from .fingerprint import message_fingerprint
 from .notes import SNIP_MARKER, system_note
-from .strategy import Stopwatch, level_result
-from .tokens import TokenCounter
+from .strategy import Stopwatch
+from .tokens import REPLY_PRIMING, TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 NOTE_SHARE = 0.05
@@ -25,7 +26,12 @@ def preview(message: Message, chars: int) -> str:
     content = message.get("content")
     if isinstance(content, list):
         content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    text = " ".join((content or "").split())
+    content = content or ""
+    # Only the start is shown: whitespace-normalising a prefix gives a prefix of the whole
+    # text normalised, so a long output is not split in full for its first `chars` characters.
+    text = " ".join(content[:4 * chars + 64].split())
+    if len(text) < chars + 1 and len(content) > 4 * chars + 64:
+        text = " ".join(content.split())
     if not text and message.get("tool_calls"):
         text = "called " + ", ".join((tc.get("function") or {}).get("name", "?") for tc in message["tool_calls"])
     return text[:chars]
@@ -84,10 +90,34 @@ class SnipStrategy:
         messages, counter, cfg = request.messages, request.counter, self.config
         if len(messages) < cfg.min_messages:
             return None
-        need = counter.count_messages(messages) - request.token_budget
+        conversation = request.conversation
+        # What Snip cuts depends on the messages' content, the budget, the counter and the
+        # settings alone: decided once per content, and re-applied when the history comes again.
+        plans = conversation.memo(("snip", counter, request.token_budget, self.pin_first_user, request.window,
+                                   cfg.keep_recent, cfg.min_block, cfg.preview_chars))
+        if "plan" not in plans:
+            plans["plan"] = self._plan(request)
+        plan = plans["plan"]
+        if plan is None:
+            return None
+        head, cut, dropped, kept_inside, made, made_fp, made_count = plan
+        fps, counts = conversation.fingerprints, conversation.counts(counter)
+        out = messages[:head] + [dict(made)] + [messages[i] for i in kept_inside] + messages[cut:]
+        out_fps = fps[:head] + [made_fp] + [fps[i] for i in kept_inside] + fps[cut:]
+        after = (REPLY_PRIMING + sum(counts[:head]) + made_count + sum(counts[i] for i in kept_inside)
+                 + sum(counts[cut:]))
+        return counted_result(self.level, request, conversation, out, out_fps, (head, cut), watch,
+                              dropped, [f"snip: cut {dropped} messages"], after=after)
+
+    def _plan(self, request: CompressionRequest) -> tuple[int, int, int, list[int], Message, str, int] | None:
+        """(head, cut, how many dropped, indices kept inside [head, cut), the note, its fingerprint,
+        its count), or None when Snip has nothing to do."""
+        messages, counter, cfg = request.messages, request.counter, self.config
+        conversation = request.conversation
+        need = conversation.total(counter) - request.token_budget
         if need <= 0:
             return None
-        conversation = request.conversation
+        counts = conversation.counts(counter)
         shape = conversation.shape(self.pin_first_user, request.window)
         limit = min(shape.tail, max(shape.head, len(messages) - cfg.keep_recent))
         note = SnipNote(counter, request.token_budget, cfg.preview_chars)
@@ -107,7 +137,7 @@ class SnipStrategy:
             else:
                 dropped.extend(members)
                 for i in members:
-                    freed += counter.count_structured(messages[i])
+                    freed += counts[i]
                     note.add(messages[i])
             cut = unit.end
             if freed >= need and len(dropped) < cfg.min_block:
@@ -116,6 +146,6 @@ class SnipStrategy:
                 break
         if len(dropped) < cfg.min_block:
             return None
-        out = messages[:shape.head] + [note.message()] + [messages[i] for i in kept_inside] + messages[cut:]
-        return level_result(self.level, request, out, (shape.head, cut), watch, len(dropped),
-                            [f"snip: cut {len(dropped)} messages"])
+        made = note.message()
+        made_fp = message_fingerprint(made)
+        return shape.head, cut, len(dropped), kept_inside, made, made_fp, counter.count_structured(made, made_fp)

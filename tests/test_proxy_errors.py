@@ -232,3 +232,16 @@ def test_fuzzed_requests_never_500(gateway: Gateway, body: Any, headers: dict[st
 def test_fuzzed_bytes_never_500(gateway: Gateway, raw: bytes) -> None:
     _check(post(gateway, raw=raw))
 
+
+
+def test_the_upstreams_retry_and_rate_limit_headers_reach_the_client(gateway: Gateway, up: ScriptedUpstream) -> None:
+    """A 429's `retry-after` tells the SDK when to retry (without it, it retries sooner than the
+    provider asked); `x-ratelimit-*` and the provider's request id come with every reply."""
+    with pytest.raises(openai.RateLimitError) as e:
+        client(gateway).chat.completions.create(model="error-429", messages=MESSAGES)
+    assert e.value.response.headers["retry-after"] == "1"
+    assert e.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+    raw = client(gateway).chat.completions.with_raw_response.create(model="gpt-4o", messages=MESSAGES)
+    raw.parse()
+    if gateway.name == "auto":  # through litellm a reply is rebuilt from its objects, without the headers
+        assert raw.headers["x-request-id"] == "req_scripted" and raw.headers["x-ratelimit-remaining-requests"] == "99"

@@ -8,7 +8,7 @@ it receives:
   chunk when `stream_options.include_usage`), `n`, `stop` and `response_format`;
   `usage.prompt_tokens` is OpenAI's published formula over o200k_base (`prompt_tokens`);
 - a name containing `tools`: a tool call to the first tool of the request;
-- `error-<status>`: that HTTP status with an OpenAI error object;
+- `error-<status>`: that HTTP status with an OpenAI error object (a 429 with `retry-after: 1`);
 - `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
 - a name containing `summarizer`: a fixed six-field summary.
@@ -48,6 +48,9 @@ REPLY = "ok"
 SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: read the files, ran the tests.\n"
            "3. Key decisions: used read_file and bash to inspect the project.\n4. Open issues: one failing test.\n"
            "5. Files: src/app.py, tests/test_app.py.\n6. Skill/tool context: none active.")
+RATE_LIMIT = {"x-ratelimit-remaining-requests": "99", "x-request-id": "req_scripted"}
+"""Sent with every JSON answer, as providers send them; a 429 also says when to come back."""
+RATE_LIMITED = {**RATE_LIMIT, "retry-after": "1", "x-ratelimit-remaining-requests": "0"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 429: "rate_limit_error"}
 
@@ -295,7 +298,8 @@ class ScriptedUpstream:
 
     def _send(self, entry: Received, data: dict[str, Any], status: int = 200) -> web.Response:
         entry.response = _json(data)
-        return web.Response(status=status, body=entry.response, content_type="application/json")
+        return web.Response(status=status, body=entry.response, content_type="application/json",
+                            headers=RATE_LIMITED if status == 429 else RATE_LIMIT)
 
     def _error(self, entry: Received, status: int, message: str, code: str | None,
                param: str | None = None) -> web.Response:

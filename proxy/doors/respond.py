@@ -93,8 +93,8 @@ async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: d
         headers["X-Ctx-Overhead-Ms"] = f"{prepared.overhead_ms():.2f}"
         body = reply.body or b""
         await _uncancellable(done(reply, body, wire.reply_facts(body)))
-        return web.Response(status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type,
-                                                                            **headers})
+        return web.Response(status=reply.status, body=reply.body, headers={
+            "Content-Type": reply.content_type, **reply.headers, **headers})
     return await _relay(request.http, reply, done, wire)
 
 
@@ -103,7 +103,7 @@ async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -
     headers = done.prepared.headers
     headers["X-Ctx-Overhead-Ms"] = f"{done.prepared.overhead_ms():.2f}"
     response = web.StreamResponse(status=reply.status, headers={
-        "Content-Type": reply.content_type, "Cache-Control": "no-cache", **headers})
+        "Content-Type": reply.content_type, "Cache-Control": "no-cache", **reply.headers, **headers})
     await response.prepare(http)
     watch, complete, settled = wire.stream_watch(keep_all=done.idempotency_key is not None), False, False
     try:

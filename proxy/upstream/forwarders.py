@@ -25,16 +25,31 @@ _CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "contex
                     "too many tokens", "reduce the length", "input is too long")
 
 
+# What a client needs of the upstream's own headers: when to retry, its rate-limit state, the
+# request id to quote to the provider. Passed on with replies and errors on every door.
+_PASSED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
+_PASSED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
+
+
+def passed_headers(headers: Any) -> dict[str, str]:
+    """The upstream headers a client needs (`headers`: any mapping, possibly None)."""
+    if not headers:
+        return {}
+    return {k: v for k, v in headers.items()
+            if isinstance(k, str) and (k.lower() in _PASSED_HEADERS or k.lower().startswith(_PASSED_PREFIXES))}
+
+
 class UpstreamError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
+    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         super().__init__(body["error"]["message"])
         self.status = status
         self.body = body
+        self.headers = headers or {}
 
     def to_api_error(self) -> GatewayError:
         e = self.body["error"]
         return GatewayError(ErrorKind.UPSTREAM, e["message"], code=e.get("code"), param=e.get("param"),
-                            type=e.get("type"), upstream_status=self.status)
+                            type=e.get("type"), upstream_status=self.status, headers=dict(self.headers))
 
 
 class ContextTooLong(UpstreamError):
@@ -49,9 +64,9 @@ def _is_context_error(status: int, body: dict[str, Any]) -> bool:
     return any(m in text for m in _CONTEXT_MARKERS)
 
 
-def raise_for_error(status: int, payload: Any, fallback: str) -> None:
+def raise_for_error(status: int, payload: Any, fallback: str, headers: dict[str, str] | None = None) -> None:
     body = upstream_error_object(status, payload, fallback)
-    raise (ContextTooLong if _is_context_error(status, body) else UpstreamError)(status, body)
+    raise (ContextTooLong if _is_context_error(status, body) else UpstreamError)(status, body, headers)
 
 
 @dataclass
@@ -127,10 +142,13 @@ class DirectForwarder:
                 except orjson.JSONDecodeError:
                     parsed = None
                 raise_for_error(resp.status, parsed,
-                                raw[:500].decode("utf-8", "replace") or f"upstream HTTP {resp.status}")
-            return Reply(status=resp.status, content_type=ctype, body=raw, upstream_ms=elapsed)
+                                raw[:500].decode("utf-8", "replace") or f"upstream HTTP {resp.status}",
+                                passed_headers(resp.headers))
+            return Reply(status=resp.status, content_type=ctype, body=raw, upstream_ms=elapsed,
+                         headers=passed_headers(resp.headers))
         return Reply(status=resp.status, content_type=ctype, chunks=_sse_bytes(resp),
-                     upstream_ms=(time.perf_counter() - started) * 1000, close=resp.release)
+                     upstream_ms=(time.perf_counter() - started) * 1000, close=resp.release,
+                     headers=passed_headers(resp.headers))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -261,16 +279,17 @@ def map_litellm_error(e: Exception, route: Route) -> Exception:
                             f"upstream for {route.model_name} is unreachable: {e}", code="upstream_unreachable")
     status = getattr(e, "status_code", None) or 502
     message = getattr(e, "message", None) or str(e)
-    body = getattr(getattr(e, "response", None), "text", None)
+    response = getattr(e, "response", None)
+    body = getattr(response, "text", None)
     try:
         parsed = orjson.loads(body) if body else None
     except (orjson.JSONDecodeError, TypeError):
         parsed = None
     try:
-        raise_for_error(int(status), parsed, message)
+        raise_for_error(int(status), parsed, message, passed_headers(getattr(response, "headers", None)))
     except UpstreamError as err:
         if isinstance(e, litellm.ContextWindowExceededError) and not isinstance(err, ContextTooLong):
-            return ContextTooLong(err.status, err.body)
+            return ContextTooLong(err.status, err.body, err.headers)
         return err
     return GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, message)
 

@@ -133,6 +133,8 @@ async def session_rollback(request: web.Request) -> web.Response:
 async def session_end(request: web.Request) -> web.Response:
     """The agent is done: consolidate the session's short-term memory now (auto-dream trigger B)."""
     gw, tenant, session_id = _session_of(request)
+    if await gw.sessions.read(tenant, session_id) is None:
+        raise GatewayError(ErrorKind.NOT_FOUND, f"no session {session_id} for this tenant", code="session_not_found")
     event = await gw.memory.end_session((tenant, session_id)) if gw.memory is not None else None
     return _json({"id": session_id, "ended": True, "auto_dream": event})
 

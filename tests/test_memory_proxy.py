@@ -148,6 +148,11 @@ def test_session_end_consolidates_what_the_session_taught(memgw: Gateway, up: Sc
     assert any(e["data"].get("consolidated_from") == 2 for e in users)
 
 
+def test_ending_a_session_that_does_not_exist_is_404(memgw: Gateway, up: ScriptedUpstream) -> None:
+    ended = post(memgw, {}, path=f"/v1/ctx/sessions/never-{uuid.uuid4().hex[:8]}/end")
+    assert ended.status_code == 404 and ended.json()["error"]["code"] == "session_not_found"
+
+
 def test_a_slow_dream_model_at_session_end_writes_the_raw_entries(upstream: ScriptedUpstream, tmp_path: Path) -> None:
     config = main_config(upstream.url, "auto", memory={"dream_model": "slow", "end_timeout_s": 0.5})
     gw = start_gateways({"slowdream": (tmp_path, config)})["slowdream"]

@@ -53,6 +53,21 @@ def test_upstream_rate_limit_reaches_the_sdk_as_such(gateway: Gateway, up: Scrip
     assert caught.value.status_code == 429 and caught.value.code == "scripted_429"
 
 
+def test_an_unknown_model_name_is_not_echoed_whole(gateway: Gateway, up: ScriptedUpstream) -> None:
+    err = assert_error_shape(post(gateway, {"model": "x" * 100_000, "messages": MESSAGES}), 404, "model_not_found")
+    assert len(err["message"]) < 1000 and "100000 characters" in err["message"]
+
+
+@pytest.mark.parametrize("text", [5, None, ["a"], {"a": 1}, True])
+def test_a_text_part_whose_text_is_not_a_string_is_refused_before_anything(gateway: Gateway, up: ScriptedUpstream,
+                                                                         text: Any) -> None:
+    body = {"model": "gpt-4o", "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}]}
+    err = assert_error_shape(post(gateway, body, headers={"X-Ctx-Session": "bad-text-part"}), 400, "invalid_request")
+    assert err["param"] == "messages.0.content.0.text" and up.chats() == []
+    status, _ = gateway.get("/v1/ctx/sessions/bad-text-part", {"Authorization": f"Bearer {KEYS['acme']}"})
+    assert status == 404  # no session was made for it
+
+
 def test_unreachable_upstream_is_502(gateway: Gateway, up: ScriptedUpstream) -> None:
     err = assert_error_shape(post(gateway, {"model": "deadend", "messages": MESSAGES}), 502)
     assert err["code"] == "upstream_unreachable"

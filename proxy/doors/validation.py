@@ -86,6 +86,11 @@ def validate_chat_request(body: dict[str, Any]) -> None:
         raise GatewayError(ErrorKind.INVALID_REQUEST,
                            f"{where}: {first['msg']}", param=where, code="invalid_request") from None
     for i, m in enumerate(body["messages"]):
+        for j, part in enumerate(m["content"] if isinstance(m.get("content"), list) else []):
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                # Every provider refuses it: answered here, before any state or upstream call.
+                raise GatewayError(ErrorKind.INVALID_REQUEST, f"messages.{i}.content.{j}.text: a text part's text "
+                                   "must be a string", param=f"messages.{i}.content.{j}.text", code="invalid_request")
         if m["role"] in CONTENT_REQUIRED and m.get("content") is None:
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"messages.{i}.content: required for a {m['role']} message",
                            param=f"messages.{i}.content", code="invalid_request")

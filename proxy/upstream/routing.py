@@ -101,6 +101,11 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
                  call_params={k: v for k, v in lp.items() if k not in _ROUTING_KEYS})
 
 
+def _shown(model: str, limit: int = 200) -> str:
+    """A client's model name as an error message quotes it: a 1 MB name is not echoed whole."""
+    return model if len(model) <= limit else model[:limit] + f"... ({len(model)} characters)"
+
+
 def demo_route() -> Route:
     return Route(model_name=DEMO_MODEL, litellm_params={"model": DEMO_MODEL}, provider=DEMO_PROVIDER,
                  upstream_model=DEMO_MODEL, api_base=None, api_key=None, max_input_tokens=128_000,
@@ -149,8 +154,9 @@ class Router:
             return next(cycle)
         found = self._matched.get(model) or self._match(model)
         if found is None:
-            raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{model}` does not exist in this gateway's model_list "
-                                f"(known: {', '.join(self.model_names())})", code="model_not_found", param="model")
+            raise GatewayError(ErrorKind.NOT_FOUND, f"The model `{_shown(model)}` does not exist in this gateway's "
+                               f"model_list (known: {', '.join(self.model_names())})", code="model_not_found",
+                               param="model")
         return found
 
     def _match(self, model: str) -> Route | None:

@@ -304,3 +304,13 @@ def in_memory_sessions(store: Any) -> Any:
     from ctxgate.wal.config import WalConfig
 
     return Sessions(store, Journal(tempfile.mkdtemp(prefix="ctxgate-bench-"), WalConfig(enabled=False)))
+
+
+def add_proxy_and_wait_args(parser: Any) -> None:
+    """The flags every side-by-side bench takes: where the LiteLLM proxy lives, and how long to
+    wait for a quiet machine."""
+    parser.add_argument("--litellm-proxy", metavar="PATH",
+                        help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
+                             "default $CTXGATE_BENCH_LITELLM_PROXY, else .venv's if it has the proxy")
+    parser.add_argument("--max-wait", type=float, default=600.0,
+                        help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")

@@ -597,11 +597,7 @@ def main() -> None:
     p.add_argument("--no-chart", action="store_true", help="do not draw bench/overhead.png")
     p.add_argument("--doors", default="chat,chat-stream,messages,responses",
                    help="comma-separated doors to measure (a door ctxgate answers 404 on is left out)")
-    p.add_argument("--litellm-proxy", metavar="PATH",
-                   help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
-                        "default $CTXGATE_BENCH_LITELLM_PROXY, else .venv's if it has the proxy")
-    p.add_argument("--max-wait", type=float, default=600.0,
-                   help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
+    common.add_proxy_and_wait_args(p)
     args = p.parse_args()
     scenarios, lanes, results, proxy, proxy_why, missing = asyncio.run(main_async(args))
     common.progress("overhead: in-process breakdown of a steady-state chat turn")

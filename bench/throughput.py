@@ -183,11 +183,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per (scenario, concurrency, target)")
     p.add_argument("--scenarios", type=lambda v: v.split(","), default=["turn-2K", "conv-100K"],
                    help="turn-2K, conv-100K")
-    p.add_argument("--litellm-proxy", metavar="PATH",
-                   help="the `litellm` CLI of an environment with litellm[proxy]; default "
-                        "$CTXGATE_BENCH_LITELLM_PROXY")
-    p.add_argument("--max-wait", type=float, default=600.0,
-                   help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
+    common.add_proxy_and_wait_args(p)
     args = p.parse_args()
     try:
         import uvloop

@@ -109,6 +109,11 @@ class PipelineConfig(_Strict):
     def window(self) -> RecentWindow:
         return RecentWindow(self.recent_messages, self.recent_steps)
 
+    def watermark_ratio(self) -> float:
+        """Where a session may start compacting, as a share of the effective budget: a
+        speculation starts there, or, with speculation off, the trigger itself."""
+        return min(self.autocompact.speculative_ratio or self.trigger_ratio, self.trigger_ratio)
+
     def effective_budget(self, max_input_tokens: int) -> int:
         return max(1, int(max_input_tokens * self.safety_ratio) - self.reserve_tokens)
 

@@ -265,7 +265,7 @@ class Compactor:
             state.has_attempted_reactive_compact = False  # a new turn, not a retry of the refused one
         view, tokens = self._view(state, turn)
         cfg = turn.config
-        watermark = min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio)
+        watermark = cfg.watermark_ratio()
         if state.speculation or tokens > watermark * budget:
             _read_dialect(state, turn)  # only a turn that may compact reads the conversation
         if state.speculation and self.speculator is not None:
@@ -321,7 +321,7 @@ class Compactor:
         view = record.messages + turn.messages[k:]
         tokens = turn.counter.count_messages(view) + turn.outside_tokens()
         cfg = turn.config
-        if tokens > min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget:
+        if tokens > cfg.watermark_ratio() * budget:
             state.speculative = {}
             state.speculation_wasted += 1
             return None

@@ -265,8 +265,7 @@ def upstream_key(caller: Caller, route: Route) -> str | None:
 
 def _watermark(turn: Turn, state: SessionState) -> float:
     """Where a session may start compacting (a speculation starts, or the trigger)."""
-    cfg = turn.config
-    return min(cfg.autocompact.speculative_ratio or cfg.trigger_ratio, cfg.trigger_ratio) * budget_of(state, turn)
+    return turn.config.watermark_ratio() * budget_of(state, turn)
 
 
 async def _no_summary(messages: list[dict[str, Any]]) -> str:

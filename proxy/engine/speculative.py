@@ -78,16 +78,16 @@ class Speculator:
             return
         self._keep(state, run, records_at_start)
 
-    def _keep(self, state: SessionState, run: ChainRun, records_at_start: int) -> bool:
+    def _keep(self, state: SessionState, run: ChainRun, records_at_start: int) -> None:
+        """The speculation ended: its result is kept as the pending record, unless stale."""
         state.speculation = {}
         if not run.result.steps or len(state.records) != records_at_start or state.speculative:
-            return False  # nothing done, or the session compacted meanwhile: stale
+            return  # nothing done, or the session compacted meanwhile: stale
         state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
                              "working": run.working}
         log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens, %.0f ms)",
                  state.session_id, ",".join(run.record.levels), run.record.tokens_before,
                  run.record.tokens_after, run.duration_ms)
-        return True
 
     async def _persist(self, tenant: str, session_id: str) -> None:
         chain, records_at_start = self._chains[(tenant, session_id)]

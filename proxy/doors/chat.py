@@ -22,7 +22,7 @@ from ..upstream.routing import Route
 from .errors import openai_body
 from .chat_replies import SseReply, reply_facts
 from .respond import DoorRequest, answer
-from .validation import read_json_body, validate_chat_request
+from .validation import read_json_body, validate_chat_messages, validate_chat_request
 
 
 class ChatWire:
@@ -70,11 +70,15 @@ class ChatDoor:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http)
         validate_chat_request(body)
+        messages = body["messages"]
+        session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
+        known = self.gw.histories.match(caller.tenant, session_id, messages)
+        validate_chat_messages(messages, known.length)
         route = self.gw.router.resolve(body["model"])
-        session_id = resolve_session(caller.tenant, http.headers, body["messages"], body.get("prompt_cache_key"))
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        turn = TurnInput(messages=body["messages"], tools=body.get("tools"), stream=bool(body.get("stream")),
-                         memory_scope=scope_of(http.headers, body.get("user"), body["messages"]) if memory_on
-                         else None)
+        raw = await http.read()
+        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
+                         memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
+                         known=known, body_bytes=len(raw))
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
-        return await answer(self.engine, request, ChatWire(self.gw, body, await http.read()))
+        return await answer(self.engine, request, ChatWire(self.gw, body, raw))

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import ErrorKind, GatewayError
 
@@ -47,14 +47,18 @@ class _StreamOptions(_Open):
 
 
 class _ChatRequest(_Open):
+    """The body but its messages' contents, which `validate_chat_messages` checks."""
     model: str = Field(min_length=1)
-    messages: list[_Message] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
     n: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+
+
+_MESSAGES = TypeAdapter(list[_Message])
 
 
 async def read_json_body(request: web.Request) -> dict[str, Any]:
@@ -78,14 +82,22 @@ async def read_json_body(request: web.Request) -> dict[str, Any]:
 
 
 def validate_chat_request(body: dict[str, Any]) -> None:
+    """Everything but the contents of the messages (see `validate_chat_messages`)."""
     try:
         _ChatRequest.model_validate(body)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise GatewayError(ErrorKind.INVALID_REQUEST,
-                           f"{where}: {first['msg']}", param=where, code="invalid_request") from None
-    for i, m in enumerate(body["messages"]):
+        raise _invalid(e, 0) from None
+
+
+def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
+    """The messages from `start` on: those before it were checked when they arrived (a steady
+    turn pays only for what is new in it, see `HistoryCache`)."""
+    new = messages[start:]
+    try:
+        _MESSAGES.validate_python(new)
+    except ValidationError as e:
+        raise _invalid(e, start, "messages") from None
+    for i, m in enumerate(new, start):
         for j, part in enumerate(m["content"] if isinstance(m.get("content"), list) else []):
             if part.get("type") == "text" and not isinstance(part.get("text"), str):
                 # Every provider refuses it: answered here, before any state or upstream call.
@@ -97,3 +109,13 @@ def validate_chat_request(body: dict[str, Any]) -> None:
         if m["role"] == "tool" and not m.get("tool_call_id"):
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"messages.{i}.tool_call_id: required for a tool message",
                            param=f"messages.{i}.tool_call_id", code="invalid_request")
+
+
+def _invalid(e: ValidationError, offset: int, prefix: str = "") -> GatewayError:
+    """The first error, where it is in the body (`offset` added to the leading list index)."""
+    loc = list(e.errors()[0]["loc"])
+    if prefix:
+        loc = [prefix, int(loc[0]) + offset, *loc[1:]] if loc else [prefix]
+    where = ".".join(str(p) for p in loc)
+    return GatewayError(ErrorKind.INVALID_REQUEST, f"{where}: {e.errors()[0]['msg']}", param=where,
+                        code="invalid_request")

@@ -19,11 +19,12 @@ from ...pipeline.chain import build_pipeline
 from ...pipeline.collapse import CollapseStore
 from ...pipeline.config import PipelineConfig
 from ...pipeline.fingerprint import message_fingerprint, prefix_hashes, tools_fingerprint
+from ...pipeline.history_index import HistoryIndex
 from ...pipeline.conversation import Kind, read_conversation
 from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
 from ...pipeline.protocols import PLAIN, detect_dialect
 from ...pipeline.restore import extract_working_state
-from ...pipeline.tokens import TokenCounter
+from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, Reason, RecentWindow
 from ..errors import context_exhausted
@@ -59,10 +60,28 @@ class Turn:
     """The provider's count over ctxgate's, for a counter that only estimates (`calibration_of`):
     the limit is divided by it, so budget decisions are made in ctxgate's own units."""
 
+    index: HistoryIndex | None = None
+    """The messages' fingerprints, prefix hashes and counts, when the engine built them
+    (extending the session's last turn's); None: computed here when asked."""
+
     @cached_property
     def prefix_hashes(self) -> list[str]:
         """`[i]` names the client's first i + 1 messages; computed once per turn for every user."""
+        if self._indexed():
+            assert self.index is not None
+            return self.index.prefix_hashes
         return prefix_hashes(self.fingerprints)
+
+    def message_tokens(self, start: int = 0) -> int:
+        """ctxgate's count of the client's messages from `start` on (`TokenCounter.count_messages`)."""
+        if self._indexed():
+            assert self.index is not None
+            return self.index.tokens(start)
+        return self.counter.count_messages(self.messages[start:], self.fingerprints[start:])
+
+    def _indexed(self) -> bool:
+        return (self.index is not None and len(self.index) == len(self.messages)
+                and self.index.counter_name == self.counter.name)
 
     def fixed_tokens(self) -> int:
         return self.counter.count_tools(self.tools) + self.reserved_tokens
@@ -102,15 +121,15 @@ class Plan:
     """Made in the degraded mode (the loop guard was set): a refusal of it ends the turn."""
 
 
-def _apply_records(state: SessionState, turn: Turn) -> list[dict[str, Any]]:
-    """The client's messages with the longest matching record's replacement in front. What
-    arrived since is forwarded as the client sent it: it is the recent window."""
+def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], CompactionRecord | None]:
+    """The client's messages with the longest matching record's replacement in front, and that
+    record. What arrived since is forwarded as the client sent it: it is the recent window."""
     hashes = turn.prefix_hashes
     for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
         k = record.prefix_len
         if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
-            return record.messages + turn.messages[k:]
-    return turn.messages
+            return record.messages + turn.messages[k:], record
+    return turn.messages, None
 
 
 def provider_offset(reported: int, counted: int, tools_tokens: int) -> int:
@@ -248,7 +267,8 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
         tokens_before=turn.counter.count_messages(view),
-        tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time())
+        tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
+        counted_by=turn.counter.name)
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                     (time.perf_counter() - started) * 1000)
 
@@ -298,11 +318,13 @@ class Compactor:
 
     @staticmethod
     def _view(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
-        """What to forward as the records have it, and its size as the provider counts it."""
-        view = _apply_records(state, turn)
-        # Counting by fingerprint hits the counter's cache: a turn costs O(new messages).
-        fps = turn.fingerprints if view is turn.messages else fingerprints_of(view)
-        return view, turn.counter.count_messages(view, fps) + turn.outside_tokens()
+        """What to forward as the records have it, and its size as the provider counts it:
+        the record's own count plus the turn's count of what arrived since, O(new messages)."""
+        view, record = _apply_records(state, turn)
+        if record is None:
+            return view, turn.message_tokens() + turn.outside_tokens()
+        return view, (record_tokens(record, turn.counter) + turn.message_tokens(record.prefix_len) - REPLY_PRIMING
+                      + turn.outside_tokens())
 
     def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int) -> Plan | None:
         """Promote the background compaction to a record if it still matches the client's
@@ -396,6 +418,14 @@ class Compactor:
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
+
+
+def record_tokens(record: CompactionRecord, counter: TokenCounter) -> int:
+    """A record's messages as `counter` counts them: its stored count when it was made with
+    that counter (every turn after a compaction re-applies the record: no recount)."""
+    if record.counted_by == counter.name:
+        return record.tokens_after
+    return counter.count_messages(record.messages)
 
 
 def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:

@@ -31,6 +31,8 @@ class CompactionRecord:
     tokens_before: int
     tokens_after: int
     created_at: float
+    counted_by: str = ""
+    """The tokenizer `tokens_after` is in (its counter's name); empty in records made before it was kept."""
 
 
 @dataclass

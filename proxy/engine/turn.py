@@ -22,12 +22,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...memory.short_term import BufferScope
+from ...pipeline.history_index import HistoryIndex
+from ...pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
 from .compaction import (Compactor, Plan, Turn, budget_of, calibration_of, count_offset_key, fingerprints_of,
                          measured_calibration)
+from .history import KnownPrefix
 from .memory_turn import MemoryScope, block_tokens, inject, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
@@ -48,6 +51,10 @@ class TurnInput:
     stream: bool
     memory_scope: MemoryScope | None = None
     """Whose long-term memory the turn reads and feeds; None when memory is off."""
+    known: KnownPrefix | None = None
+    """What the door found of the session's last request (`HistoryCache.match`); None: the engine looks."""
+    body_bytes: int = 0
+    """The request body's size: what the history cache weighs it at."""
 
 
 @dataclass
@@ -86,13 +93,14 @@ class TurnEngine:
         gw = self.gw
         messages = request.messages
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
-        fps = fingerprints_of(messages)
-        tokens_in = counter.count_request(messages, request.tools, fps)
+        index = self._index(caller, session_id, request, counter)
+        fps = index.fingerprints
+        tokens_in = index.tokens() + counter.count_tools(request.tools)
         config = gw.pipeline_config(caller.profile, caller.tenant)
         summarizer = config.autocompact.model or route.model_name
         turn = Turn(messages=messages, fingerprints=fps, tools=request.tools, counter=counter, config=config,
                     max_input_tokens=caller.budget or route.max_input_tokens,
-                    summarize=lambda msgs: gw.summarize(summarizer, msgs))
+                    summarize=lambda msgs: gw.summarize(summarizer, msgs), index=index)
         headers.update({"X-Ctx-Tokens-In": str(tokens_in), "X-Ctx-Tokenizer": counter.name})
         memory = gw.memory if gw.memory is not None and gw.memory.enabled(caller.profile) else None
         scope = request.memory_scope if memory is not None else None
@@ -122,6 +130,17 @@ class TurnEngine:
                                                                     summarizer), messages, fps, counter.head)
         return PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                             levels=list(plan.levels))
+
+    def _index(self, caller: Caller, session_id: str, request: TurnInput, counter: TokenCounter) -> HistoryIndex:
+        """The turn's per-message facts: the session's last request's, extended by what is new."""
+        histories = self.gw.histories
+        known = request.known or histories.match(caller.tenant, session_id, request.messages)
+        if known.index is None:
+            index = HistoryIndex.build(request.messages, counter)
+        else:
+            index = known.index.extend(request.messages, known.length, counter)
+        histories.remember(caller.tenant, session_id, request.messages, index, request.body_bytes)
+        return index
 
     async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str]) -> int:
@@ -237,7 +256,7 @@ class TurnEngine:
             self._counts[key] = reported
             while len(self._counts) > MAX_PROVIDER_COUNTS:
                 self._counts.pop(next(iter(self._counts)))
-        counted = turn.counter.count_messages(turn.messages, turn.fingerprints) + turn.counter.count_tools(turn.tools)
+        counted = turn.message_tokens() + turn.counter.count_tools(turn.tools)
         turn.count_offset, turn.count_scale = calibration_of(turn, counted, reported)
         state.count_offset, state.count_scale, state.count_offset_key = turn.count_offset, turn.count_scale, offset_key
         headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"

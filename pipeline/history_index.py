@@ -1,0 +1,62 @@
+"""Per-message facts of a conversation, built incrementally.
+
+A stateless client resends its whole history every turn, and what ctxgate computes per
+message (its fingerprint, the prefix hash ending at it, its token count) is the same every
+time it sees that message. A `HistoryIndex` holds those facts for one conversation;
+`extend` computes them only for the messages past a prefix already indexed, so a turn
+whose history was seen costs O(new messages).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .fingerprint import EMPTY_PREFIX, extend_prefix, message_fingerprint
+from .tokens import REPLY_PRIMING, TokenCounter
+
+Message = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HistoryIndex:
+    fingerprints: list[str]
+    prefix_hashes: list[str]
+    """`[i]` names the first i + 1 messages."""
+    cumulative_tokens: list[int]
+    """`[i]` is the token count of the first i messages (no reply priming): one more entry than messages."""
+    counter_name: str
+    """The tokenizer the counts are in."""
+
+    @classmethod
+    def build(cls, messages: list[Message], counter: TokenCounter) -> "HistoryIndex":
+        return cls([], [], [0], counter.name).extend(messages, 0, counter)
+
+    def __len__(self) -> int:
+        return len(self.fingerprints)
+
+    def extend(self, messages: list[Message], known: int, counter: TokenCounter) -> "HistoryIndex":
+        """The index of `messages`, whose first `known` messages are this index's first ones."""
+        if counter.name != self.counter_name or known > len(self):
+            known = 0
+        fps = self.fingerprints[:known]
+        hashes = self.prefix_hashes[:known]
+        totals = self.cumulative_tokens[:known + 1]
+        h = hashes[-1] if hashes else EMPTY_PREFIX
+        total = totals[-1]
+        for m in messages[known:]:
+            fp = message_fingerprint(m)
+            h = extend_prefix(h, fp)
+            total += counter.count_structured(m, fp)
+            fps.append(fp)
+            hashes.append(h)
+            totals.append(total)
+        return HistoryIndex(fps, hashes, totals, counter.name)
+
+    def head(self, n: int) -> "HistoryIndex":
+        """The index of the first `n` messages."""
+        return HistoryIndex(self.fingerprints[:n], self.prefix_hashes[:n], self.cumulative_tokens[:n + 1],
+                            self.counter_name)
+
+    def tokens(self, start: int = 0) -> int:
+        """The count of the messages from `start` on, as `TokenCounter.count_messages` gives it."""
+        return self.cumulative_tokens[-1] - self.cumulative_tokens[start] + REPLY_PRIMING

@@ -188,6 +188,7 @@ def gateway_config(upstream: str, workdir: Path, name: str, wal: bool) -> Path:
                                               "api_key": overhead.UPSTREAM_KEY},
                            "model_info": {"max_input_tokens": 1_000_000}}],
            "ctxgate": {"forwarding": "auto", "data_dir": str(workdir / f"data-{name}"), "wal": {"enabled": wal},
+                       "tenants": {"default": {"allow_overrides": ["budget"]}},
                        "pipeline": {"autocompact": {"speculative_ratio": None}}}}
     path = workdir / f"ctxgate-{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -18,6 +18,8 @@ from .gateway import Gateway
 from .ids import InvalidId, validate_id
 from .engine.journal import RollbackError
 from .admin.memory_api import MemoryApi
+from .admin.metrics import authorize_metrics
+from .connections import guard_requests
 from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate")
@@ -76,6 +78,7 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    authorize_metrics(request.app[GATEWAY].config, request.headers)
     return web.Response(body=request.app[GATEWAY].metrics.exposition(), content_type="text/plain")
 
 
@@ -140,7 +143,9 @@ async def session_end(request: web.Request) -> web.Response:
 
 
 def create_app(gw: Gateway) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=gw.config.ctxgate.max_body_bytes)
+    # openai_errors outermost: a body over the size limit, met while guard_requests reads it, is its 413.
+    guard = guard_requests(gw.config.ctxgate.connections.body_read_timeout_s)
+    app = web.Application(middlewares=[openai_errors, guard], client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
     app["started"] = time.time()
     chat = ChatDoor(gw)

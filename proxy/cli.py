@@ -75,6 +75,7 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
     from aiohttp import web
 
     from .app import create_app
+    from .connections import ConnectionGuard, raise_fd_limit
     from .gateway import Gateway
 
     async def run() -> None:
@@ -82,9 +83,11 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
             gw = Gateway.build(config, data_dir)
         except (ConfigError, ValueError) as e:
             raise SystemExit(f"ctxgate: refusing to start: {e}") from None
+        guard = ConnectionGuard(config.ctxgate.connections, raise_fd_limit())
+        gw.metrics.watch_connections(guard)
         runner = web.AppRunner(create_app(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
-        await web.TCPSite(runner, host, port, reuse_port=worker is not None).start()
+        await guard.listen(runner, host, port, reuse_port=worker is not None)
         where = f"http://{host}:{port}/v1"
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -100,6 +103,7 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
             watcher = asyncio.create_task(_watch_parent(os.getppid(), stop))
             await stop.wait()
             watcher.cancel()
+            await guard.stop_listening()
             await runner.cleanup()
             return
         if gw.router.demo_only:
@@ -110,6 +114,7 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
             print(f"ctxgate listening on {where} (models: {', '.join(gw.router.model_names())}; state: "
                   f"{config.ctxgate.state}; data: {gw.data_dir})", flush=True)
         await stop.wait()
+        await guard.stop_listening()
         await runner.cleanup()
 
     uvloop.run(run())

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
 from ..memory.config import MemoryConfig
@@ -20,7 +20,6 @@ from .ids import validate_id
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
 Override = Literal["profile", "budget"]
-_ALL_OVERRIDES: tuple[Override, ...] = ("profile", "budget")
 
 
 class ConfigError(Exception):
@@ -56,7 +55,9 @@ class TenantConfig(_Strict):
     profile: ProfileName | None = None
     budget: int | None = Field(default=None, gt=0)
     """max_input_tokens for this tenant's requests (otherwise the model's own limit)."""
-    allow_overrides: list[Override] = Field(default_factory=lambda: list(_ALL_OVERRIDES))
+    allow_overrides: list[Override] = Field(default_factory=list)
+    """Which per-request headers (X-Ctx-Profile, X-Ctx-Budget) this tenant may send: none unless
+    listed, since a small X-Ctx-Budget from any caller would force paid compaction."""
     pass_through_key: bool = False
     """Send the tenant's own bearer key upstream instead of the configured upstream key."""
     pipeline: dict[str, Any] = Field(default_factory=dict)
@@ -64,6 +65,21 @@ class TenantConfig(_Strict):
 
 class ProfileOverrides(_Strict):
     pipeline: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConnectionSettings(_Strict):
+    """How long a client may take, and how many connections it may hold (slowloris, idle floods)."""
+    header_read_timeout_s: float = Field(default=10.0, gt=0)
+    """From a connection's first byte (or its opening) to the end of a request's headers."""
+    body_read_timeout_s: float = Field(default=60.0, gt=0)
+    """From the end of the headers to the end of the body: a 408 past it, and the connection closes."""
+    keepalive_timeout_s: float = Field(default=75.0, gt=0)
+    """An idle keep-alive connection is closed after this."""
+    max_connections: int | None = Field(default=None, gt=0)
+    """Open client connections; past it a new one is answered 503 (but /healthz, /readyz).
+    None: 80% of the open-file limit (raised to its hard limit at start)."""
+    rejection_log_interval_s: float = Field(default=10.0, ge=0)
+    """Malformed HTTP requests are logged at most once per kind per interval, with a count."""
 
 
 class CtxgateSettings(_Strict):
@@ -84,6 +100,19 @@ class CtxgateSettings(_Strict):
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
     wal: WalConfig = Field(default_factory=WalConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
+    admin_key: str | None = Field(default=None, min_length=16)
+    """An operator's key: reads /metrics (as a bearer token or x-api-key), serves no chat."""
+    metrics_auth: Literal["auto", "key", "open"] = "auto"
+    """auto: /metrics needs a tenant key or the admin key when any is configured; key: always;
+    open: never."""
+
+    @model_validator(mode="after")
+    def _metrics_readable(self) -> "CtxgateSettings":
+        if self.metrics_auth == "key" and self.admin_key is None and not any(t.api_keys for t in self.tenants.values()):
+            raise ValueError("metrics_auth: key needs ctxgate.admin_key or a tenant's api_keys (else nobody can "
+                             "read /metrics)")
+        return self
 
     @field_validator("state")
     @classmethod

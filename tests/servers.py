@@ -25,7 +25,9 @@ import yaml
 UPSTREAM_KEY = "sk-up"
 KEYS = {"acme": "sk-acme", "relay": "sk-relay", "locked": "sk-locked"}
 """The tenants of `main_config`: acme is the default caller, relay passes its own key
-upstream, locked may override nothing."""
+upstream (both may send X-Ctx-Profile and X-Ctx-Budget), locked may override nothing."""
+METRICS_HEADERS = {"Authorization": f"Bearer {KEYS['acme']}"}
+"""/metrics needs a tenant key where the config has tenant keys (ctxgate.metrics_auth: auto)."""
 LIVE: list["Gateway"] = []
 """Gateways running now: conftest shows their output when a test fails."""
 
@@ -79,8 +81,9 @@ def main_config(upstream_url: str, forwarding: str, **ctxgate: Any) -> dict[str,
         "forwarding": forwarding,
         "max_body_bytes": 1_000_000,
         "pipeline": {"autocompact": {"model": "summarizer"}},
-        "tenants": {"acme": {"api_keys": [KEYS["acme"]]},
-                    "relay": {"api_keys": [KEYS["relay"]], "pass_through_key": True},
+        "tenants": {"acme": {"api_keys": [KEYS["acme"]], "allow_overrides": ["profile", "budget"]},
+                    "relay": {"api_keys": [KEYS["relay"]], "pass_through_key": True,
+                              "allow_overrides": ["profile", "budget"]},
                     "locked": {"api_keys": [KEYS["locked"]], "allow_overrides": []}},
         **ctxgate}}
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from clients import KEYS, MESSAGES, assert_error_shape, client, post
-from servers import UPSTREAM_KEY, Gateway, launch, model_list, run_ctxgate
+from servers import METRICS_HEADERS, UPSTREAM_KEY, Gateway, launch, model_list, run_ctxgate
 from upstream import ScriptedUpstream
 
 BODY = {"model": "gpt-4o", "messages": MESSAGES}
@@ -119,7 +119,7 @@ def test_models_lists_the_model_list(gateway: Gateway) -> None:
 def test_health_and_readiness(gateway: Gateway) -> None:
     assert gateway.get("/healthz") == (200, {"status": "ok"})
     assert gateway.get("/readyz") == (200, {"status": "ready"})
-    status, text = gateway.get("/metrics")
+    status, text = gateway.get("/metrics", METRICS_HEADERS)
     assert status == 200 and "ctxgate_requests_total" in text
 
 

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 from clients import MESSAGES, TOOLS, client, estimate_tokens, reference_tokens
 from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter, TokenizerRegistry
-from servers import Gateway
+from servers import METRICS_HEADERS, Gateway
 from upstream import ScriptedUpstream, prompt_tokens
 
 O200K = tiktoken.get_encoding("o200k_base")
@@ -89,11 +89,11 @@ def test_deepseek_uses_its_own_tokenizer(gateway: Gateway, up: ScriptedUpstream)
 
 
 def test_unknown_model_is_estimated_and_counted(gateway: Gateway, up: ScriptedUpstream) -> None:
-    _, before = gateway.get("/metrics")
+    _, before = gateway.get("/metrics", METRICS_HEADERS)
     tokens, tokenizer = _tokens_in(gateway, "mystery-model", MESSAGES)
     assert tokenizer == "estimate"
     assert tokens == estimate_tokens(MESSAGES) >= reference_tokens(MESSAGES)
-    _, after = gateway.get("/metrics")
+    _, after = gateway.get("/metrics", METRICS_HEADERS)
     assert _metric(after, "ctxgate_token_estimates", "mystery-model") == \
         _metric(before, "ctxgate_token_estimates", "mystery-model") + 1
 
@@ -101,7 +101,7 @@ def test_unknown_model_is_estimated_and_counted(gateway: Gateway, up: ScriptedUp
 def test_calibration_sees_no_difference_for_exact_counts(gateway: Gateway, up: ScriptedUpstream) -> None:
     def figures() -> list[float]:
         """How many diffs were < 0, <= 0, and in all (the histogram has no _sum: its buckets go negative)."""
-        status, text = gateway.get("/metrics")
+        status, text = gateway.get("/metrics", METRICS_HEADERS)
         assert status == 200
         names = ('bucket{le="-1.0",model="gpt-4o"}', 'bucket{le="0.0",model="gpt-4o"}', 'count{model="gpt-4o"}')
         got = [re.search(rf"^ctxgate_calibration_diff_tokens_{re.escape(n)} ([0-9.e+]+)$", text, re.M) for n in names]

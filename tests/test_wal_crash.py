@@ -68,6 +68,8 @@ def gateway_config(upstream_url: str, upstream_key: str, **pipeline: Any) -> dic
     # consolidated by nobody while the control's is at shutdown: other summarizer calls.
     return {"model_list": models, "ctxgate": {"forwarding": "auto", "max_body_bytes": 4_000_000,
                                                "memory": {"enabled": False},
+                                               "tenants": {t: {"allow_overrides": ["budget"]}
+                                                           for t in ("control", "crash")},
                                                "pipeline": {"autocompact": autocompact, **pipeline}}}
 
 

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from clients import MESSAGES, post
-from servers import (LIVE, Gateway, RedisServer, child_env, ctxgate_command, free_port, main_config, stop_all,
-                     wait_until)
+from servers import (LIVE, METRICS_HEADERS, Gateway, RedisServer, child_env, ctxgate_command, free_port, main_config,
+                     stop_all, wait_until)
 from upstream import ScriptedUpstream
 
 WORKERS = 3
@@ -64,7 +64,7 @@ def port_free(port: int) -> bool:
 
 def served(gw: Gateway) -> int:
     """The chat requests the worker that answers counted, from its /metrics."""
-    status, text = gw.get("/metrics")
+    status, text = gw.get("/metrics", METRICS_HEADERS)
     assert status == 200
     return sum(int(float(line.rsplit(" ", 1)[1])) for line in str(text).splitlines()
                if line.startswith("ctxgate_requests_total{") and 'model="gpt-4o"' in line)

@@ -1,14 +1,24 @@
-"""Counters a metrics endpoint reads: token-count calibration, estimates, compactions.
+"""Counters a metrics endpoint reads: token-count calibration, estimates, compactions,
+connections; and who may read them.
 
 Prometheus collectors live in a registry of their own per app, so two apps in one process
 (tests) do not collide.
 """
 from __future__ import annotations
 
+import hmac
 import logging
 from dataclasses import dataclass
+from typing import Iterator, Mapping, Protocol
 
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..config import Config
+from ..errors import ErrorKind, GatewayError
+from ..tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate.calibration")
 
@@ -64,3 +74,65 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+    def watch_connections(self, figures: ConnectionFigures) -> None:
+        self.registry.register(_ConnectionCollector(figures))
+
+
+class ConnectionFigures(Protocol):
+    """What the connection guard counts (proxy/connections.py)."""
+    open: int
+    overflow_open: int
+    max_connections: int
+    refusals: dict[str, int]
+    rejections: dict[str, int]
+
+
+class _ConnectionCollector(Collector):
+    """Read at scrape time from the guard's plain counters, which the accept path updates cheaply."""
+
+    def __init__(self, figures: ConnectionFigures) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        f = self._figures
+        yield GaugeMetricFamily("ctxgate_connections_open", "Client connections open (under the cap)", f.open)
+        yield GaugeMetricFamily("ctxgate_connections_overflow_open", "Connections open past the cap (health "
+                                "checks and 503s)", f.overflow_open)
+        yield GaugeMetricFamily("ctxgate_connections_max", "The cap on client connections", f.max_connections)
+        refused = CounterMetricFamily("ctxgate_connections_refused", "Connections refused or closed early, by "
+                                      "reason (over_cap, reset, header_timeout, body_timeout)", labels=["reason"])
+        for reason, n in sorted(f.refusals.items()):
+            refused.add_metric([reason], n)
+        yield refused
+        rejected = CounterMetricFamily("ctxgate_http_rejections", "Requests the HTTP parser refused, by kind",
+                                       labels=["kind"])
+        for kind, n in sorted(f.rejections.items()):
+            rejected.add_metric([kind], n)
+        yield rejected
+
+
+def _presented_key(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("Authorization", "")
+    key = auth[7:] if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+    return key.strip() or None
+
+
+def authorize_metrics(config: Config, headers: Mapping[str, str]) -> None:
+    """/metrics names models and traffic: with `metrics_auth: auto` it needs a tenant key or the
+    admin key whenever the config has one; `key` always; `open` never. A 401 otherwise."""
+    settings = config.ctxgate
+    tenant_keys = any(t.api_keys for t in settings.tenants.values())
+    if settings.metrics_auth == "open" or (settings.metrics_auth == "auto" and not tenant_keys
+                                           and settings.admin_key is None):
+        return
+    key = _presented_key(headers)
+    if settings.admin_key is not None and key is not None and hmac.compare_digest(key.encode(),
+                                                                                  settings.admin_key.encode()):
+        return
+    if tenant_keys and key is not None:
+        # Only the key: a per-request override header has no meaning here and must not be refused.
+        resolve_caller(config, CIMultiDict((k, v) for k, v in headers.items()
+                                           if k.lower() in ("authorization", "x-api-key")))
+        return
+    raise GatewayError(ErrorKind.AUTHENTICATION, "/metrics needs a tenant key or the admin key", code="invalid_api_key")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import orjson
 
+from ..wal.paths import safe_name
 from .entries import REFERENCE_SUMMARY_TOKENS, Category
 from .short_term import Candidate
 
@@ -180,6 +181,12 @@ def _listing(text: str) -> list[str]:
 
 _WORKSPACE = re.compile(r"(?<![\w.])(/(?:workspace|testbed|repo|repos|project|projects|src|app|code)(?:/[\w.@+-]+)?)"
                         r"(?=[/\s'\"`.,:;)]|$)")
+
+
+def project_id(root: str) -> str:
+    """A workspace path as a project id under the proxy's id rule: `/workspace/shop` is
+    `workspace:shop`, hashed when it still breaks the rule."""
+    return safe_name(root.strip("/").replace("/", ":"))
 
 
 def workspace_root(messages: list[dict[str, Any]]) -> str | None:

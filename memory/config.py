@@ -42,6 +42,12 @@ class MemoryConfig(BaseModel):
         "code_style": 30.0, "tool_choice": 7.0, "approach": 14.0, "other": 14.0})
     workspace_root: str | None = None
     """A readable project root to scan at session start and refresh by modification time."""
+    max_entries: int = Field(default=2000, gt=0)
+    """Per tenant: unexpired entries kept at most (memory/limits.py)."""
+    max_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    """Per tenant: the entries' content and data, as UTF-8 JSON, at most this many bytes."""
+    max_entry_bytes: int = Field(default=16 * 1024, gt=0)
+    """One entry written through the API: its content and data at most this many bytes."""
 
     def enabled_for(self, profile: str) -> bool:
         return self.enabled if self.enabled is not None else profile != "minimal"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -45,6 +45,9 @@ class MemoryEntry(BaseModel):
     created_at: float = Field(default_factory=time.time)
     updated_at: float = Field(default_factory=time.time)
     expires_at: float | None = None
+    origin: Literal["api", "capture"] = "api"
+    """Who wrote it: a client through the API, or ctxgate from what sessions taught (auto-dream,
+    the project scan). Only captured entries are evicted to make room (memory/limits.py)."""
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and self.expires_at <= now

@@ -3,8 +3,9 @@
 - `context_block`: the loader's block for a turn;
 - `observe`: capture from a turn's new messages into the short-term buffer, the project
   scan on a session's first sight, and auto-dream triggers A and C — all in background
-  tasks, so a response never waits for memory (pitfall 4);
-- `end_session` (trigger B: idle timeout or an explicit end), with `end_timeout_s`.
+  tasks, so a response never waits for memory;
+- `end_session` (trigger B: idle timeout or an explicit end), with `end_timeout_s`;
+- the tenant's caps on every write (memory/limits.py).
 """
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from .capture import Truncate, capture
+from .capture import Truncate, capture, project_id
 from .config import MemoryConfig
 from .dream import Complete, auto_dream
 from .entries import Category, MemoryEntry
+from .limits import BoundedStore
 from .loader import MemoryContextLoader
 from .project_scan import describe, scan_project
 from .short_term import BufferScope, SessionBuffer, SessionKey, ShortTermStore
@@ -32,7 +34,10 @@ _TRIGGER_C_MIN = 5
 class MemoryManager:
     def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
                  clock: Callable[[], float] = time.time) -> None:
-        self.store = store
+        self.store = BoundedStore(store, config, clock=clock)
+        """What the API writes through: a write past the tenant's caps is refused."""
+        self._captured = self.store.capturing()
+        """What capture writes through: the oldest captured entries make room, or it is skipped."""
         self.config = config
         self.loader = MemoryContextLoader(store)
         self.short_term = ShortTermStore()
@@ -82,7 +87,7 @@ class MemoryManager:
         if not root.is_dir():
             log.warning("memory.workspace_root %s is not a readable directory: no project scan", root)
             return
-        project = buf.project or str(root.resolve())
+        project = buf.project or project_id(str(root.resolve()))
         existing = next((e for e in await self.store.list(buf.tenant, Category.PROJECT)
                          if e.project == project and e.data.get("root_path")), None)
         data = await asyncio.to_thread(scan_project, root, existing.data if existing else None, self._clock())
@@ -92,7 +97,7 @@ class MemoryManager:
                             data=data)
         if existing is not None:
             entry.id, entry.created_at = existing.id, existing.created_at
-        await self.store.put(entry)
+        await self._captured.put(entry)
 
     async def end_session(self, key: SessionKey) -> dict[str, Any] | None:
         """Trigger B: the session ended; consolidate within `end_timeout_s`, then forget the buffer."""
@@ -131,7 +136,7 @@ class MemoryManager:
         if self.config.classifier_model:
             classifier = self.config.classifier_model
             classify = lambda msgs: self._complete(classifier, msgs)  # noqa: E731
-        event = await auto_dream(buf, entries, self.store, complete, self.config.feedback_ttl_s(), timeout,
+        event = await auto_dream(buf, entries, self._captured, complete, self.config.feedback_ttl_s(), timeout,
                                  classify, now)
         event["trigger"] = trigger
         try:

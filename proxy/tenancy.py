@@ -9,7 +9,7 @@ import xxhash
 
 from .config import Config, TenantConfig
 from .errors import ErrorKind, GatewayError
-from .ids import InvalidId, is_valid_id, validate_id
+from .ids import derived_id, require_id
 
 DEFAULT_TENANT = "default"
 MAX_BUDGET = 100_000_000
@@ -54,12 +54,7 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
             raise GatewayError(ErrorKind.AUTHENTICATION,
                                "Incorrect API key provided for this gateway", code="invalid_api_key")
     else:
-        tenant = headers.get("X-Ctx-Tenant") or DEFAULT_TENANT
-        try:
-            validate_id(tenant, "tenant")
-        except InvalidId as e:
-            raise GatewayError(ErrorKind.INVALID_REQUEST,
-                               f"X-Ctx-Tenant: {e}", param="X-Ctx-Tenant", code="invalid_tenant") from None
+        tenant = require_id(headers.get("X-Ctx-Tenant") or DEFAULT_TENANT, "tenant", "X-Ctx-Tenant")
     tcfg = config.ctxgate.tenants.get(tenant) or TenantConfig()
     profile: str = tcfg.profile or config.ctxgate.profile
     budget = tcfg.budget
@@ -99,17 +94,12 @@ def resolve_session(tenant: str, headers: Mapping[str, str], messages: list[dict
     fingerprint of the conversation's start (`messages` in the neutral model)."""
     own = headers.get("X-Ctx-Session")
     if own is not None:
-        try:
-            return validate_id(own, "session")
-        except InvalidId as e:
-            raise GatewayError(ErrorKind.INVALID_REQUEST,
-                               f"X-Ctx-Session: {e}", param="X-Ctx-Session", code="invalid_session") from None
+        return require_id(own, "session", "X-Ctx-Session")
     candidates = [headers.get(h) for h in _SESSION_HEADERS]
     if isinstance(prompt_cache_key, str):
         candidates.append(prompt_cache_key)
     for value in candidates:
         if value:
-            # Other tools' ids are not ours to refuse: a safe one is used as is, any other hashed.
-            return value if is_valid_id(value) else "h-" + xxhash.xxh3_128_hexdigest(value.encode())
+            return derived_id(value)  # other tools' ids are not ours to refuse
     seed = "\x00".join((tenant, _first_text(messages, ("system", "developer")), _first_text(messages, ("user",))))
     return "fp-" + xxhash.xxh3_128_hexdigest(seed.encode())[:24]

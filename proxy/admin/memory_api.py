@@ -1,7 +1,11 @@
-"""`/v1/ctx/memory`: list, add, update and delete memory entries, for the caller's tenant
-only. An entry of another tenant is answered exactly like one that does not exist (404)."""
+"""`/v1/ctx/memory`: list (a page at a time), add, update and delete memory entries, for
+the caller's tenant only. An entry of another tenant is answered exactly like one that does
+not exist (404). Scope ids follow the one id rule (proxy/ids.py); a write past the tenant's
+caps (memory/limits.py) is refused and changes nothing."""
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import time
 from contextlib import contextmanager
@@ -12,27 +16,37 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ...memory.entries import Category, MemoryEntry, feedback_expiry
+from ...memory.limits import MemoryFull, entry_bytes
 from ...memory.store import LongTermStore
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..engine.state import reachable
+from ..ids import require_id
 from ..tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate.memory")
 
-MAX_CONTENT_CHARS = 20_000
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
 
 
 class _Scope(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: str | None = Field(default=None, min_length=1, max_length=256)
-    project: str | None = Field(default=None, min_length=1, max_length=256)
+    user: str | None = None
+    project: str | None = None
+
+    def checked(self) -> _Scope:
+        """The one id rule, with the same 400 as the headers that name a user or project."""
+        for what in ("user", "project"):
+            if (value := getattr(self, what)) is not None:
+                require_id(value, what, f"scope.{what}")
+        return self
 
 
 class NewEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
     category: Category
-    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+    content: str = Field(min_length=1)
     scope: _Scope = Field(default_factory=_Scope)
     data: dict[str, Any] = Field(default_factory=dict)
     ttl_s: float | None = Field(default=None, gt=0)
@@ -41,7 +55,7 @@ class NewEntry(BaseModel):
 
 class EntryChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    content: str | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
+    content: str | None = Field(default=None, min_length=1)
     scope: _Scope | None = None
     data: dict[str, Any] | None = None
     ttl_s: float | None = Field(default=None, gt=0)
@@ -87,6 +101,41 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(data), content_type="application/json")
 
 
+def _category(wanted: str | None) -> Category | None:
+    try:
+        return Category(wanted) if wanted else None
+    except ValueError:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"category must be one of {', '.join(c.value for c in Category)}",
+                           param="category", code="invalid_request") from None
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_PAGE
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"limit must be a whole number from 1 to {MAX_PAGE}",
+                           param="limit", code="invalid_request")
+    return int(raw)
+
+
+def _cursor(entry: MemoryEntry) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([entry.created_at, entry.id])).decode().rstrip("=")
+
+
+def _position(cursor: str | None) -> tuple[float, str] | None:
+    """Where the page before ended: (created_at, id) of its last entry, the list's order."""
+    if cursor is None:
+        return None
+    try:
+        created_at, entry_id = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        if isinstance(created_at, (int, float)) and isinstance(entry_id, str):
+            return float(created_at), entry_id
+    except (ValueError, TypeError, binascii.Error):
+        pass
+    raise GatewayError(ErrorKind.INVALID_REQUEST, "cursor is not a next_cursor this endpoint returned",
+                       param="cursor", code="invalid_cursor")
+
+
 def _place(entry: MemoryEntry, scope: _Scope) -> None:
     """The scope a category has: user memory per user, project and feedback per project."""
     entry.user = scope.user if entry.category == Category.USER else None
@@ -112,19 +161,39 @@ class MemoryApi:
         return None
 
     async def list(self, request: web.Request) -> web.Response:
+        """A page of the tenant's unexpired entries, oldest first: `limit` (default 100, at
+        most 1000) and `cursor`, the `next_cursor` of the page before; `has_more` says
+        whether there is another page. Entries added or removed meanwhile neither shift nor
+        repeat the rest: a cursor names a position, not an offset."""
         store, tenant = self._store_and_tenant(request)
-        wanted = request.query.get("category")
-        try:
-            category = Category(wanted) if wanted else None
-        except ValueError:
-            raise GatewayError(ErrorKind.INVALID_REQUEST,
-                               f"category must be one of {', '.join(c.value for c in Category)}",
-                           param="category", code="invalid_request") from None
+        category = _category(request.query.get("category"))
+        user, project = (None if (v := request.query.get(what)) is None else require_id(v, what, what)
+                         for what in ("user", "project"))
+        limit = _limit(request.query.get("limit"))
+        after = _position(request.query.get("cursor"))
         with _store_reachable():
             entries = await store.list(tenant, category, now=time.time())
-        user, project = request.query.get("user"), request.query.get("project")
-        entries = [e for e in entries if (user is None or e.user == user) and (project is None or e.project == project)]
-        return _json({"object": "list", "data": [_public(e) for e in entries]})
+        page = [e for e in entries if (user is None or e.user == user) and (project is None or e.project == project)
+                and (after is None or (e.created_at, e.id) > after)][:limit + 1]
+        more = len(page) > limit
+        page = page[:limit]
+        return _json({"object": "list", "data": [_public(e) for e in page], "has_more": more,
+                      "next_cursor": _cursor(page[-1]) if more else None})
+
+    def _fits(self, entry: MemoryEntry) -> None:
+        limit = self.gw.config.ctxgate.memory.max_entry_bytes
+        if (size := entry_bytes(entry)) > limit:
+            raise GatewayError(ErrorKind.TOO_LARGE, f"this entry's content and data are {size} bytes as JSON, over "
+                               f"the {limit} an entry may have (ctxgate.memory.max_entry_bytes)",
+                               param="content", code="memory_entry_too_large")
+
+    async def _put(self, store: LongTermStore, entry: MemoryEntry) -> None:
+        self._fits(entry)
+        with _store_reachable():
+            try:
+                await store.put(entry)
+            except MemoryFull as e:  # the tenant's caps: a 422 that changed nothing, not a store failure
+                raise GatewayError(ErrorKind.CONFLICT, str(e), code=e.code) from None
 
     async def add(self, request: web.Request) -> web.Response:
         store, tenant = self._store_and_tenant(request)
@@ -132,9 +201,8 @@ class MemoryApi:
         now = time.time()
         entry = MemoryEntry(category=new.category, tenant=tenant, content=new.content, data=new.data, created_at=now,
                             updated_at=now, expires_at=self._expiry(new.category, new.data, new.ttl_s, now))
-        _place(entry, new.scope)
-        with _store_reachable():
-            await store.put(entry)
+        _place(entry, new.scope.checked())
+        await self._put(store, entry)
         return _json(_public(entry), 201)
 
     async def _own(self, store: LongTermStore, tenant: str, entry_id: str) -> MemoryEntry:
@@ -148,7 +216,10 @@ class MemoryApi:
     async def update(self, request: web.Request) -> web.Response:
         store, tenant = self._store_and_tenant(request)
         change: EntryChange = await _body(request, EntryChange)
-        entry = await self._own(store, tenant, request.match_info["entry_id"])
+        if change.scope is not None:
+            change.scope.checked()
+        # A copy: the store's own object stays as it is if the write is refused.
+        entry = (await self._own(store, tenant, request.match_info["entry_id"])).model_copy(deep=True)
         now = time.time()
         if change.content is not None:
             entry.content = change.content
@@ -159,8 +230,7 @@ class MemoryApi:
         if change.ttl_s is not None:
             entry.expires_at = now + change.ttl_s
         entry.updated_at = now
-        with _store_reachable():
-            await store.put(entry)
+        await self._put(store, entry)
         return _json(_public(entry))
 
     async def delete(self, request: web.Request) -> web.Response:

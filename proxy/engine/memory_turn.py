@@ -1,4 +1,4 @@
-"""Memory in the request path (DESIGN.md step 6): who the memory is for, the block a
+"""Memory in the request path: who the memory is for, the block a
 session injects (byte-identical until memory changes), and where it goes."""
 from __future__ import annotations
 
@@ -8,18 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
-from ...memory.capture import text_of, workspace_root
+from ...memory.capture import project_id, text_of, workspace_root
 from ...memory.config import MemoryConfig
 from ...memory.file_store import FileMemoryStore
 from ...memory.store import LongTermStore
 from ...pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
-from ..ids import InvalidId, validate_id
+from ..ids import derived_id, require_id
 from .state import SessionState
 
 log = logging.getLogger("ctxgate.memory")
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
-MAX_USER_LENGTH = 256
 _QUERY_CHARS = 2000
 
 
@@ -34,21 +33,24 @@ class MemoryScope:
 
 
 def scope_of(headers: Mapping[str, str], user: Any, messages: list[dict[str, Any]]) -> MemoryScope:
-    """User: `X-Ctx-User`, else the body's OpenAI `user`; project: `X-Ctx-Project`, else the
-    workspace root the conversation names."""
-    user = headers.get("X-Ctx-User") or user
-    if user is not None and (not isinstance(user, str) or not user or len(user) > MAX_USER_LENGTH):
-        raise GatewayError(ErrorKind.INVALID_REQUEST,
-                           f"the user (X-Ctx-User or the body's user) must be 1 to {MAX_USER_LENGTH} characters",
-                       param="user", code="invalid_user")
+    """User: `X-Ctx-User` (an id under the one rule, else 400), else the body's free-form
+    end-user id (OpenAI `user`, Anthropic `metadata.user_id`), which clients fill with
+    emails or anything: one that breaks the rule is hashed into an id, never refused.
+    Project: `X-Ctx-Project` (the rule, else 400), else the workspace root the conversation
+    names, as an id (`/workspace/shop` is `workspace:shop`)."""
+    header_user = headers.get("X-Ctx-User")
+    if header_user is not None:
+        user = require_id(header_user, "user", "X-Ctx-User")
+    elif user is not None:
+        if not isinstance(user, str):
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"user must be a string, not {type(user).__name__}",
+                               param="user", code="invalid_user")
+        user = derived_id(user) if user else None
     project = headers.get("X-Ctx-Project")
     if project is not None:
-        try:
-            validate_id(project, "project")
-        except InvalidId as e:
-            raise GatewayError(ErrorKind.INVALID_REQUEST,
-                               f"X-Ctx-Project: {e}", param="X-Ctx-Project", code="invalid_project") from None
-    return MemoryScope(user, project or workspace_root(messages))
+        return MemoryScope(user, require_id(project, "project", "X-Ctx-Project"))
+    root = workspace_root(messages)
+    return MemoryScope(user, project_id(root) if root else None)
 
 
 def query_of(messages: list[dict[str, Any]]) -> str:

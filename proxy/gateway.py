@@ -27,6 +27,7 @@ from .engine.speculative import Speculator
 from .engine.session import Sessions
 from .engine.state import SessionState, open_store
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
+from .upstream.retry import Retrier
 
 log = logging.getLogger("ctxgate")
 
@@ -59,12 +60,13 @@ class Gateway:
         tokenizers.validate()
         s = config.ctxgate
         root = Path(data_dir or s.data_dir)
+        retrier = Retrier(metrics.registry)
         journal = Journal(root, s.wal, watch_external=s.state == "memory",
                           on_damage=lambda kind: metrics.wal_damage.labels(kind).inc())
         gw = cls(config=config, data_dir=root, router=Router(config, forwarding),
                  tokenizers=tokenizers, sessions=Sessions(open_store(s.state), journal), metrics=metrics,
-                 direct=DirectForwarder(s.connect_timeout_s, s.upstream_timeout_s),
-                 via_litellm=LitellmForwarder(s.upstream_timeout_s), journal=journal,
+                 direct=DirectForwarder(s.connect_timeout_s, retrier),
+                 via_litellm=LitellmForwarder(retrier), journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model

@@ -11,7 +11,13 @@ it receives:
 - `error-<status>`: that HTTP status with an OpenAI error object (a 429 with `retry-after: 1`);
 - `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
-- a name containing `summarizer`: a fixed six-field summary.
+- a name containing `summarizer`: a fixed six-field summary;
+- faults, on every door (`fault_reply`, `faulty_stream`): `fault-notjson` answers 200 with an
+  HTML body; `fault-shape` 200 with JSON that is not the API's reply; `fault-brokensse` streams
+  an event whose data is not JSON after the first one; `fault-unterminated` stops the stream
+  before its last events (chat: the finish reason, usage and `[DONE]`); `flaky-<status>`
+  answers that status (a 429 with `retry-after: 1`) to the first request with these exact
+  bytes, and normally to the next.
 
 It also speaks Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`)
 and OpenAI's Responses (`POST /v1/responses`), with the same model-name rules: see
@@ -53,6 +59,38 @@ RATE_LIMIT = {"x-ratelimit-remaining-requests": "99", "x-request-id": "req_scrip
 RATE_LIMITED = {**RATE_LIMIT, "retry-after": "1", "x-ratelimit-remaining-requests": "0"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 429: "rate_limit_error"}
+
+
+BROKEN_EVENT = b'data: {"choices": [{"delta": {"content": "cut\n\n'
+"""An SSE event whose data is not JSON (a proxy in between cut it)."""
+NOT_JSON = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+
+
+def fault_reply(model: str) -> web.Response | None:
+    """A 200 that is not the API's reply, for the `fault-notjson` and `fault-shape` models."""
+    if "fault-notjson" in model:
+        return web.Response(body=NOT_JSON, content_type="text/html")
+    if "fault-shape" in model:
+        return web.Response(body=b'{"id": "x", "object": "unexpected"}', content_type="application/json")
+    return None
+
+
+def faulty_stream(model: str, frames: list[bytes], ending: int) -> list[bytes]:
+    """`fault-brokensse`: an event that is not JSON after the first; `fault-unterminated`: the
+    stream without its last `ending` frames."""
+    if "fault-brokensse" in model:
+        return [frames[0], BROKEN_EVENT, *frames[1:]]
+    if "fault-unterminated" in model:
+        return frames[:-ending]
+    return frames
+
+
+def flaky_status(model: str, entry: "Received", log: list["Received"]) -> int | None:
+    """`flaky-<status>`: the status for the first request with these bytes (`entry` is logged last)."""
+    found = re.fullmatch(r"flaky-(\d{3})", model)
+    if found is None or any(r.raw == entry.raw and r.door == entry.door for r in log[:-1]):
+        return None
+    return int(found.group(1))
 
 
 def encode(text: str) -> list[int]:
@@ -215,6 +253,10 @@ class ScriptedUpstream:
         if found := re.fullmatch(r"error-(\d{3})", model):
             status = int(found.group(1))
             return self._error(entry, status, f"scripted upstream error {status}", f"scripted_{status}")
+        if status := flaky_status(model, entry, self.log):
+            return self._error(entry, status, f"scripted flaky error {status}", f"scripted_{status}")
+        if (faulty := fault_reply(model)) is not None:
+            return faulty
         limit = max(1, used // 2) if "overflow" in model else self.limit
         if limit and used > limit:
             return self._error(entry, 400, f"This model's maximum context length is {limit} tokens. However, your "
@@ -286,6 +328,7 @@ class ScriptedUpstream:
         if usage is not None:
             frames.append(frame([], usage=usage))
         frames.append(b"data: [DONE]\n\n")
+        frames = faulty_stream(model, frames, 3 if usage is not None else 2)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
         for i, data in enumerate(frames):

@@ -14,7 +14,8 @@
 The model name chooses the behaviour, as on the chat door: any name answers "ok"; `tools` calls
 the first tool of the request with `{"path": "a.py"}`; `thinking` (or Anthropic's `thinking`
 enabled) leads with a thinking block carrying a deterministic `signature` (Responses: a
-`reasoning` item); `error-<status>` answers that status; `overflow` (limit: half the input) or an
+`reasoning` item); `error-<status>` answers that status; the faults of tests/upstream.py (`fault-*`, `flaky-<status>`)
+as there; `overflow` (limit: half the input) or an
 input over the instance's `limit` answers 400 (Anthropic: `invalid_request_error` "prompt is too
 long: N tokens > LIMIT maximum"; OpenAI: `context_length_exceeded`); `slow` sleeps `slow_s`
 before answering, or between SSE frames; `summarizer` answers `SUMMARY`. Anthropic's
@@ -47,7 +48,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 
-from upstream import CREATED, O200K, REPLY, SUMMARY, Received, _json, encode, error_object
+from upstream import (CREATED, O200K, REPLY, SUMMARY, Received, _json, encode, error_object, fault_reply,
+                      faulty_stream, flaky_status)
 
 if TYPE_CHECKING:
     from upstream import ScriptedUpstream
@@ -258,6 +260,10 @@ class Doors:
         if found := re.fullmatch(r"error-(\d{3})", model):
             status = int(found.group(1))
             return self._anthropic_error(entry, status, f"scripted upstream error {status}")
+        if status := flaky_status(model, entry, self.up.log):
+            return self._anthropic_error(entry, status, f"scripted flaky error {status}")
+        if (faulty := fault_reply(model)) is not None:
+            return faulty
         limit = self._limit(model, used)
         if limit and used > limit:
             return self._anthropic_error(entry, 400, f"prompt is too long: {used} tokens > {limit} maximum")
@@ -269,7 +275,8 @@ class Doors:
                    "usage": {"input_tokens": used, "output_tokens": output, "cache_creation_input_tokens": 0,
                              "cache_read_input_tokens": 0}}
         if body.get("stream") is True:
-            return await self._stream(request, entry, self._anthropic_frames(message), "slow" in model)
+            frames = faulty_stream(model, self._anthropic_frames(message), 2)  # message_delta, message_stop
+            return await self._stream(request, entry, frames, "slow" in model)
         if "slow" in model:
             await asyncio.sleep(self.up.slow_s)
         return self.up._send(entry, message)
@@ -345,6 +352,10 @@ class Doors:
         if found := re.fullmatch(r"error-(\d{3})", model):
             status = int(found.group(1))
             return self._openai_error(entry, status, f"scripted upstream error {status}", f"scripted_{status}")
+        if status := flaky_status(model, entry, self.up.log):
+            return self._openai_error(entry, status, f"scripted flaky error {status}", f"scripted_{status}")
+        if (faulty := fault_reply(model)) is not None:
+            return faulty
         limit = self._limit(model, used)
         if limit and used > limit:
             return self._openai_error(entry, 400, CONTEXT_EXCEEDED, "context_length_exceeded", "input")
@@ -358,7 +369,8 @@ class Doors:
             "input_tokens": used, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out_tokens,
             "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": used + out_tokens})
         if body.get("stream") is True:
-            return await self._stream(request, entry, self._responses_frames(response), "slow" in model)
+            frames = faulty_stream(model, self._responses_frames(response), 1)  # response.completed
+            return await self._stream(request, entry, frames, "slow" in model)
         if "slow" in model:
             await asyncio.sleep(self.up.slow_s)
         return self.up._send(entry, response)

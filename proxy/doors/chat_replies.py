@@ -13,16 +13,14 @@ _USAGE_TAIL = 16_384
 
 def reply_facts(body: bytes | None) -> ReplyFacts:
     """From a non-streaming chat completion."""
-    if not body:
-        return ReplyFacts()
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(body or b"")
     except orjson.JSONDecodeError:
-        return ReplyFacts()
-    if not isinstance(data, dict):
-        return ReplyFacts()
+        return ReplyFacts(malformed="not JSON")
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        return ReplyFacts(malformed="JSON without a `choices` list")
     calls: list[dict[str, Any]] = []
-    for choice in data.get("choices") or []:
+    for choice in data["choices"]:
         message = choice.get("message") if isinstance(choice, dict) else None
         if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
             calls += [c for c in message["tool_calls"] if isinstance(c, dict)]

@@ -66,8 +66,7 @@ class MessagesWire:
         if route.demo:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                f"{route.model_name} answers chat completions only", param="model")
-        return await send_litellm(route, call, stream=stream, api_key=api_key,
-                                  timeout_s=self._gw.config.ctxgate.upstream_timeout_s)
+        return await send_litellm(self._gw.direct, route, call, stream=stream, api_key=api_key)
 
     async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
         if route.provider != "anthropic":

@@ -48,13 +48,11 @@ def reply_facts(body: bytes | None) -> ReplyFacts:
     try:
         data = orjson.loads(body or b"")
     except orjson.JSONDecodeError:
-        return ReplyFacts()
-    if not isinstance(data, dict):
-        return ReplyFacts()
-    content = data.get("content")
+        return ReplyFacts(malformed="not JSON")
+    if not isinstance(data, dict) or not isinstance(data.get("content"), list):
+        return ReplyFacts(malformed="JSON without a `content` list")
     calls = [_tool_call(b.get("id"), b.get("name"), orjson.dumps(b.get("input", {})).decode())
-             for b in (content if isinstance(content, list) else [])
-             if isinstance(b, dict) and b.get("type") == "tool_use"]
+             for b in data["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
     return ReplyFacts(_prompt_tokens(data.get("usage")), calls)
 
 

@@ -16,8 +16,9 @@ from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts, Wire
 from ..errors import ErrorKind, GatewayError
 from .errors import http_status
+from .sse import SseEvents
 from ..tenancy import Caller
-from ..upstream.forwarders import Reply
+from ..upstream.forwarders import BAD_REPLY, Reply
 from ..upstream.routing import Route
 
 log = logging.getLogger("ctxgate.doors")
@@ -92,44 +93,87 @@ async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: d
     if reply.chunks is None:
         headers["X-Ctx-Overhead-Ms"] = f"{prepared.overhead_ms():.2f}"
         body = reply.body or b""
-        await _uncancellable(done(reply, body, wire.reply_facts(body)))
+        facts = wire.reply_facts(body)
+        if facts.malformed is not None:  # not an answer: nothing is settled, the client gets a 502
+            raise _failed(prepared, wire, GatewayError(
+                ErrorKind.UPSTREAM_UNREACHABLE, f"upstream for {prepared.route.model_name} answered HTTP "
+                f"{reply.status} with a body that is not a {wire.name} reply ({facts.malformed})",
+                code=BAD_REPLY, headers=dict(reply.headers)))
+        await _uncancellable(done(reply, body, facts))
         return web.Response(status=reply.status, body=reply.body, headers={
             "Content-Type": reply.content_type, **reply.headers, **headers})
     return await _relay(request.http, reply, done, wire)
 
 
 async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -> web.StreamResponse:
+    """The stream, relayed in whole events checked as they pass (`SseEvents`): an event that
+    is not JSON ends it with the API's error event, and so does an end without the API's
+    last event; neither is settled as an answered turn."""
     assert reply.chunks is not None
-    headers = done.prepared.headers
-    headers["X-Ctx-Overhead-Ms"] = f"{done.prepared.overhead_ms():.2f}"
+    prepared = done.prepared
+    prepared.headers["X-Ctx-Overhead-Ms"] = f"{prepared.overhead_ms():.2f}"
     response = web.StreamResponse(status=reply.status, headers={
-        "Content-Type": reply.content_type, "Cache-Control": "no-cache", **reply.headers, **headers})
+        "Content-Type": reply.content_type, "Cache-Control": "no-cache", **reply.headers, **prepared.headers})
     await response.prepare(http)
-    watch, complete, settled = wire.stream_watch(keep_all=done.idempotency_key is not None), False, False
+    watch, events = wire.stream_watch(keep_all=done.idempotency_key is not None), SseEvents()
+    settled, open_event, ended_by_error = False, False, False
+
+    async def relay(data: bytes) -> None:
+        nonlocal settled
+        watch.feed(data)
+        if not settled and watch.complete and not watch.failed:
+            # An SDK hangs up as soon as it reads the last event: the turn's bookkeeping comes first.
+            settled = True
+            await _uncancellable(done(reply, watch.body(), watch.facts()))
+        await response.write(data)
+
     try:
         async for data in reply.chunks:
-            watch.feed(data)
-            if not settled and watch.complete and not watch.failed:
-                # An SDK hangs up as soon as it reads the last event: the turn's bookkeeping comes first.
-                settled = True
-                await _uncancellable(done(reply, watch.body(), watch.facts()))
-            await response.write(data)
-        complete = True
+            ready, problem = events.push(data)
+            if ready:
+                await relay(ready)
+            if problem is not None:
+                raise _broken(prepared, problem)
+        rest, problem = events.rest()
+        if problem is not None:
+            raise _broken(prepared, problem)
+        if rest:
+            await relay(rest)
+            open_event = True
+        if not watch.complete and not watch.failed:
+            raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"upstream for {prepared.route.model_name} ended "
+                               f"the stream before its last event: the reply is incomplete",
+                               code="upstream_incomplete")
     except GatewayError as e:
-        # The headers are gone already: the error travels as the API's own stream error event.
-        await response.write(wire.error_event(e))
+        # The headers are gone already: the error travels as the API's own stream error event
+        # (after a blank line when the upstream left an event unfinished).
+        await response.write((b"\n\n" if open_event else b"") + wire.error_event(e))
+        ended_by_error = True
+        if not settled:
+            _failed(prepared, wire, e)
     except (ConnectionResetError, asyncio.CancelledError):
-        log.info("client left session %s mid-stream; upstream call cancelled", done.prepared.session_id)
+        log.info("client left session %s mid-stream; upstream call cancelled", prepared.session_id)
         raise
     finally:
         if reply.close is not None:
             reply.close()
-    if complete and not settled and not watch.failed:
-        await _uncancellable(done(reply, watch.body(), watch.facts()))
-    elif watch.failed:  # not a reply: nothing settled (the loop guard stays, no stored reply for a retry)
-        done.engine.gw.metrics.requests.labels(done.prepared.route.model_name, "stream_error").inc()
+    if (watch.failed or ended_by_error) and not settled:  # not a reply: nothing settled
+        done.engine.gw.metrics.requests.labels(prepared.route.model_name, "stream_error").inc()
     await response.write_eof()
     return response
+
+
+def _broken(prepared: PreparedTurn, problem: str) -> GatewayError:
+    return GatewayError(ErrorKind.UPSTREAM_UNREACHABLE,
+                        f"upstream for {prepared.route.model_name} sent {problem}", code=BAD_REPLY)
+
+
+def _failed(prepared: PreparedTurn, wire: Wire, error: GatewayError) -> GatewayError:
+    """An upstream reply that is not an answer, logged as such (the turn is not settled: no
+    RESPONSE in the WAL, the loop guard stays, no stored reply for a retry)."""
+    log.warning("session %s: upstream failure on the %s door (%s): %s", prepared.session_id, wire.name,
+                error.code, error.message)
+    return error
 
 
 @dataclass

@@ -119,9 +119,12 @@ class ResponsesWire:
 
     def reply_facts(self, body: bytes) -> ReplyFacts:
         try:
-            return response_facts(orjson.loads(body)) if body else ReplyFacts()
+            data = orjson.loads(body or b"")
         except orjson.JSONDecodeError:
-            return ReplyFacts()
+            return ReplyFacts(malformed="not JSON")
+        if not isinstance(data, dict) or not isinstance(data.get("output"), list):
+            return ReplyFacts(malformed="JSON without an `output` list")
+        return response_facts(data)
 
     def stream_watch(self, keep_all: bool) -> ResponsesStream:
         return ResponsesStream(keep_all)
@@ -150,7 +153,7 @@ class ResponsesDoor:
         self.gw = gw
         self.store = store
         self.engine = TurnEngine(gw)
-        self.forwarder = ResponsesForwarder(gw.direct, gw.config.ctxgate.upstream_timeout_s)
+        self.forwarder = ResponsesForwarder(gw.direct)
 
     async def create(self, http: web.Request) -> web.StreamResponse:
         started = time.perf_counter()

@@ -1,7 +1,12 @@
 """What every door's stream watch shares (`engine.wire.StreamWatch`): every byte kept when
 asked (an idempotent request's stored reply), whole lines across network chunks (a chunk
-may end mid-event), and whether the stream completed or carried an error."""
+may end mid-event), and whether the stream completed or carried an error. And `SseEvents`,
+the edge's check that what it relays is whole events of JSON."""
 from __future__ import annotations
+
+import re
+
+import orjson
 
 
 class SseWatch:
@@ -30,3 +35,54 @@ class SseWatch:
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         return lines
+
+
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
+
+
+class SseEvents:
+    """Cuts an upstream's SSE bytes into whole events, as they arrive, and checks that each
+    event's data is JSON (or chat's `[DONE]`). The edge relays only whole, checked events, so
+    a client never reads half an event nor one its SDK cannot parse; the bytes it relays are
+    the upstream's, unchanged, only cut at other places."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def push(self, data: bytes) -> tuple[bytes, str | None]:
+        """The whole events `data` completes, and what is wrong with the first event that is
+        not JSON (None when all are fine); nothing from that event on is returned."""
+        self._pending += data
+        ready = 0
+        for end in _EVENT_END.finditer(self._pending):
+            problem = _problem(self._pending[ready:end.start()])
+            if problem is not None:
+                return self._take(ready), problem
+            ready = end.end()
+        return self._take(ready), None
+
+    def rest(self) -> tuple[bytes, str | None]:
+        """At the end of the stream: what is left of an event that was never finished."""
+        rest, self._pending = self._pending, b""
+        problem = _problem(rest)
+        return (b"", problem) if problem is not None else (rest, None)
+
+    def _take(self, size: int) -> bytes:
+        ready, self._pending = self._pending[:size], self._pending[size:]
+        return ready
+
+
+def _problem(event: bytes) -> str | None:
+    """Why one event's data (its `data:` lines, joined) is not JSON; None when it is, or has none."""
+    lines = [line[5:].removeprefix(b" ") for line in event.replace(b"\r\n", b"\n").split(b"\n")
+             if line.startswith(b"data:")]
+    if not lines:
+        return None
+    data = b"\n".join(lines)
+    if data == b"[DONE]":
+        return None
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return f"an event whose data is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
+    return None

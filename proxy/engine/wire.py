@@ -24,6 +24,9 @@ class ReplyFacts:
     """As chat completions has them: `{"id", "function": {"name", "arguments"}}`."""
     response: dict[str, Any] | None = None
     """The whole reply object, for a door that keeps replies (Responses' `previous_response_id`)."""
+    malformed: str | None = None
+    """What makes a whole reply's body not this API's reply ("not JSON", "no `choices` list"):
+    the edge answers 502 instead of passing it on. None for a reply."""
 
 
 class StreamWatch(Protocol):

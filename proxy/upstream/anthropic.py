@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import DirectForwarder, Reply, call_litellm, stream_error
+from .forwarders import DirectForwarder, Reply, call_litellm, route_params, stream_error
 from .routing import Route
 
 DEFAULT_API_BASE = "https://api.anthropic.com"
@@ -66,7 +66,7 @@ async def send_native(pool: DirectForwarder, route: Route, call: MessagesCall, *
                       api_key: str | None) -> Reply:
     data = call.raw if call.raw is not None else orjson.dumps(call.body)
     url = messages_url(route.api_base)
-    return await pool.post(url, data, _headers(call, api_key, stream), stream=stream, where=url)
+    return await pool.post(route, url, data, _headers(call, api_key, stream), stream=stream, where=url)
 
 
 async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, api_key: str | None) -> int:
@@ -75,7 +75,7 @@ async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, 
     url = messages_url(route.api_base, "messages/count_tokens")
     body = {k: call.body[k] for k in COUNTED_FIELDS if k in call.body}
     body.update(model=call.body["model"], messages=call.body["messages"])
-    reply = await pool.post(url, orjson.dumps(body), _headers(call, api_key, False), stream=False, where=url)
+    reply = await pool.post(route, url, orjson.dumps(body), _headers(call, api_key, False), stream=False, where=url)
     try:
         tokens = orjson.loads(reply.body or b"{}").get("input_tokens")
     except (orjson.JSONDecodeError, AttributeError):
@@ -85,20 +85,17 @@ async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, 
     return tokens
 
 
-async def send_litellm(route: Route, call: MessagesCall, *, stream: bool, api_key: str | None,
-                       timeout_s: float) -> Reply:
+async def send_litellm(pool: DirectForwarder, route: Route, call: MessagesCall, *, stream: bool,
+                       api_key: str | None) -> Reply:
+    """Through litellm's adapter, retried by the pool's retrier as the native path is."""
     import litellm
 
     # A model_list deployment of another provider is a chat-completions deployment: many
     # OpenAI-compatible servers have no Responses API, which litellm would use for OpenAI.
     litellm.use_chat_completions_url_for_anthropic_messages = True
-    params: dict[str, Any] = {k: v for k, v in route.litellm_params.items() if k != "model"}
+    params = route_params(route, api_key)
     params.update({k: call.body[k] for k in _ADAPTER_PARAMS if k in call.body})
-    if api_key:
-        params["api_key"] = api_key
-    params.setdefault("timeout", timeout_s)
-    params.setdefault("max_retries", 0)  # one call, as on the native path: retrying is the client's choice
-    return await call_litellm(litellm.anthropic_messages, route, params, stream,
+    return await call_litellm(pool.retrier, litellm.anthropic_messages, route, params, stream,
                               lambda result: orjson.dumps(result, default=_plain), _adapter_sse)
 
 

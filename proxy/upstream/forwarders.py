@@ -5,7 +5,9 @@ upstream that speaks the OpenAI API, over a pooled aiohttp session, and returns 
 untouched (ids, fields, SSE framing). `LitellmForwarder` goes through
 `litellm.acompletion` for every other provider and serialises litellm's objects back to
 OpenAI's wire format. Both raise `UpstreamError` for an error reply, `ContextTooLong`
-when the provider says the prompt does not fit.
+when the provider says the prompt does not fit. Both try again as the route's `RetryPolicy`
+says (`retry.py`), and only until the reply is handed back: never once a byte may have
+reached the client.
 """
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ import aiohttp
 import orjson
 
 from ..errors import ErrorKind, GatewayError, upstream_error_object
+from .retry import Retrier
 from .routing import Route
 
+BAD_REPLY = "upstream_bad_reply"
+"""The code of an upstream success whose body is not the API's reply (a 502)."""
 _CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "prompt is too long",
                     "too many tokens", "reduce the length", "input is too long")
 
@@ -89,14 +94,15 @@ class Forwarder(Protocol):
 class DirectForwarder:
     """The pooled client: one aiohttp session for all OpenAI-compatible upstreams."""
 
-    def __init__(self, connect_timeout_s: float, read_timeout_s: float) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=read_timeout_s)
+    def __init__(self, connect_timeout_s: float, retrier: Retrier) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self.retrier = retrier
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=True,
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True,
                                                   skip_auto_headers=("User-Agent",))
         return self._session
 
@@ -109,14 +115,26 @@ class DirectForwarder:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         data = raw if raw is not None else orjson.dumps(payload)
-        return await self.post(f"{route.api_base}/{path}", data, headers, stream=stream, where=str(route.api_base))
+        return await self.post(route, f"{route.api_base}/{path}", data, headers, stream=stream,
+                               where=str(route.api_base))
 
-    async def post(self, url: str, data: bytes, headers: dict[str, str], *, stream: bool, where: str) -> Reply:
+    async def post(self, route: Route, url: str, data: bytes, headers: dict[str, str], *, stream: bool,
+                   where: str) -> Reply:
         """POST `data` on the pooled session: the reply's bytes untouched, an error reply raised
-        (`raise_for_error`). Shared by every door that forwards natively; `where` names the upstream."""
+        (`raise_for_error`), retried as `route.retry` says until a reply is handed back. Shared by
+        every door that forwards natively; `where` names the upstream."""
+        # A whole reply must arrive within the timeout; a stream must start within it and then
+        # never stall longer (the client is reading it as it comes).
+        timeout = aiohttp.ClientTimeout(total=None if stream else route.retry.timeout_s,
+                                        sock_connect=self._connect_timeout_s, sock_read=route.retry.timeout_s)
+        return await self.retrier.run(route.retry, route.model_name,
+                                      lambda: self._attempt(url, data, headers, stream, where, timeout))
+
+    async def _attempt(self, url: str, data: bytes, headers: dict[str, str], stream: bool, where: str,
+                       timeout: aiohttp.ClientTimeout) -> Reply:
         started = time.perf_counter()
         try:
-            resp = await self._client().post(url, data=data, headers=headers)
+            resp = await self._client().post(url, data=data, headers=headers, timeout=timeout)
         except asyncio.TimeoutError:
             raise GatewayError(ErrorKind.TIMEOUT,
                                f"upstream {where} did not answer in time", code="upstream_timeout") from None
@@ -181,11 +199,22 @@ def _openai_params() -> frozenset[str]:
     return frozenset({"messages", *litellm.OPENAI_CHAT_COMPLETION_PARAMS} - CALL_CONTROLS)
 
 
-def litellm_params(route: Route, payload: dict[str, Any], allowed: frozenset[str], api_key: str | None,
-                   timeout_s: float) -> dict[str, Any]:
+def route_params(route: Route, api_key: str | None) -> dict[str, Any]:
+    """What every litellm call of `route` takes from the config: its `litellm_params` (but
+    the model, and the retries, which `call_litellm` makes), its key and its timeout."""
+    params = {k: v for k, v in route.litellm_params.items() if k not in ("model", "num_retries")}
+    if api_key:
+        params["api_key"] = api_key
+    params["timeout"] = route.retry.timeout_s
+    params["max_retries"] = 0  # ctxgate retries, as on the direct path: litellm's would multiply them
+    return params
+
+
+def litellm_params(route: Route, payload: dict[str, Any], allowed: frozenset[str],
+                   api_key: str | None) -> dict[str, Any]:
     """The keyword arguments of one litellm call: the route's own parameters, the client's
     fields litellm takes (`allowed`), and every other client field in `extra_body`."""
-    params = {k: v for k, v in route.litellm_params.items() if k != "model"}
+    params = route_params(route, api_key)
     extra: dict[str, Any] = {}
     for k, v in payload.items():
         if k in allowed:
@@ -196,24 +225,24 @@ def litellm_params(route: Route, payload: dict[str, Any], allowed: frozenset[str
             extra[k] = v
     if extra:
         params["extra_body"] = {**(params.get("extra_body") or {}), **extra}
-    if api_key:
-        params["api_key"] = api_key
-    params.setdefault("timeout", timeout_s)
-    params.setdefault("max_retries", 0)  # one call, as on the direct path: retrying is the client's choice
     return params
 
 
-async def call_litellm(call: Callable[..., Awaitable[Any]], route: Route, params: dict[str, Any], stream: bool,
-                       whole: Callable[[Any], bytes],
+async def call_litellm(retrier: Retrier, call: Callable[..., Awaitable[Any]], route: Route, params: dict[str, Any],
+                       stream: bool, whole: Callable[[Any], bytes],
                        events: Callable[[Any, Route], AsyncIterator[bytes]]) -> Reply:
     """One litellm call (`acompletion`, `aresponses`, `anthropic_messages`) as a `Reply`: the
     whole reply as `whole` writes it, or the stream as `events` frames it; its failure as
-    `map_litellm_error` says."""
+    `map_litellm_error` says, retried as `route.retry` says until the stream is handed back."""
     started = time.perf_counter()
-    try:
-        result = await call(model=route.litellm_params["model"], **params)
-    except Exception as e:
-        raise map_litellm_error(e, route) from None
+
+    async def attempt() -> Any:
+        try:
+            return await call(model=route.litellm_params["model"], **params)
+        except Exception as e:
+            raise map_litellm_error(e, route) from None
+
+    result = await retrier.run(route.retry, route.model_name, attempt)
     elapsed = (time.perf_counter() - started) * 1000
     if not stream:
         return Reply(status=200, content_type="application/json", body=whole(result), upstream_ms=elapsed)
@@ -223,14 +252,14 @@ async def call_litellm(call: Callable[..., Awaitable[Any]], route: Route, params
 class LitellmForwarder:
     """Every provider litellm knows; replies re-serialised to OpenAI's wire format."""
 
-    def __init__(self, read_timeout_s: float) -> None:
-        self._timeout = read_timeout_s
+    def __init__(self, retrier: Retrier) -> None:
+        self._retrier = retrier
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
         import litellm
 
-        params = litellm_params(route, payload, _openai_params(), api_key, self._timeout)
-        return await call_litellm(litellm.acompletion, route, params, stream,
+        params = litellm_params(route, payload, _openai_params(), api_key)
+        return await call_litellm(self._retrier, litellm.acompletion, route, params, stream,
                                   lambda result: orjson.dumps(_wire(result)), _litellm_sse)
 
     async def close(self) -> None:
@@ -266,11 +295,18 @@ def stream_error(e: Exception, route: Route) -> GatewayError:
     return err if isinstance(err, GatewayError) else GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, str(err))
 
 
+# litellm reports an upstream 2xx it could not read (not JSON, no `choices`) as a 500 of its own.
+_BAD_REPLY_MARKERS = ("Empty or invalid response from LLM endpoint", "provider returned a response with no")
+
+
 def map_litellm_error(e: Exception, route: Route) -> Exception:
     import litellm
 
     if isinstance(e, GatewayError):
         return e
+    if any(marker in str(e) for marker in _BAD_REPLY_MARKERS):  # as the direct path's edge check says it
+        return GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"upstream for {route.model_name} answered with a "
+                            f"body that is not the API's reply: {e}", code=BAD_REPLY)
     if isinstance(e, litellm.Timeout):
         return GatewayError(ErrorKind.TIMEOUT,
                             f"upstream for {route.model_name} did not answer in time", code="upstream_timeout")

@@ -20,9 +20,8 @@ from .routing import Route
 
 
 class ResponsesForwarder:
-    def __init__(self, direct: DirectForwarder, read_timeout_s: float) -> None:
+    def __init__(self, direct: DirectForwarder) -> None:
         self._direct = direct
-        self._timeout = read_timeout_s
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
         if route.demo:
@@ -37,8 +36,8 @@ class ResponsesForwarder:
     async def _via_litellm(self, route: Route, payload: dict[str, Any], stream: bool, api_key: str | None) -> Reply:
         import litellm
 
-        params = litellm_params(route, payload, _aresponses_params(), api_key, self._timeout)
-        return await call_litellm(litellm.aresponses, route, params, stream,
+        params = litellm_params(route, payload, _aresponses_params(), api_key)
+        return await call_litellm(self._direct.retrier, litellm.aresponses, route, params, stream,
                                   lambda result: orjson.dumps(_wire(result)), _events)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from ..config import Config, ModelEntry
 from ..errors import ErrorKind, GatewayError
+from .retry import RetryPolicy
 
 log = logging.getLogger("ctxgate.routing")
 
@@ -25,7 +26,9 @@ DEMO_PROVIDER = "ctxgate-demo"
 OPENAI_COMPATIBLE = {"openai", "custom_openai", "hosted_vllm", "openai_like", "lm_studio", "llamafile"}
 # litellm_params keys that choose the deployment; the rest are call parameters.
 _ROUTING_KEYS = {"model", "api_base", "base_url", "api_key", "custom_llm_provider", "api_version", "organization",
-                 "timeout", "stream_timeout", "max_retries", "rpm", "tpm", "order", "weight"}
+                 "timeout", "stream_timeout", "max_retries", "num_retries", "rpm", "tpm", "order", "weight"}
+# LiteLLM's routing features ctxgate does not have yet: a config that sets them is told so at start.
+_UNSUPPORTED = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks", "default_fallbacks")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Route:
     direct: bool
     call_params: dict[str, Any] = field(default_factory=dict)
     """Parameters the config sets for every call (e.g. temperature); the client's win."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     @property
     def demo(self) -> bool:
@@ -71,6 +75,59 @@ def _max_input_tokens(entry: ModelEntry, upstream_model: str, provider: str, def
     return default, "default"
 
 
+def _settings(config: Config, section: str) -> dict[str, Any]:
+    """A LiteLLM proxy section of the config (`router_settings`, `litellm_settings`), or {}."""
+    found = (config.model_extra or {}).get(section)
+    return found if isinstance(found, dict) else {}
+
+
+def _number(where: str, value: Any, integer: bool = False) -> float | None:
+    """A config value as a number >= 0 (YAML or an environment reference may give a string)."""
+    if value is None:
+        return None
+    try:
+        number = float(value) if not isinstance(value, bool) else -1.0
+    except (TypeError, ValueError):
+        number = -1.0
+    if number < 0 or (integer and not number.is_integer()):
+        raise ValueError(f"{where}: must be a {'whole ' if integer else ''}number >= 0, not {value!r}")
+    return number
+
+
+def _first(*found: tuple[str, Any]) -> float | None:
+    """The first key of `found` (dotted name, value) that is set, checked as a number."""
+    for where, value in found:
+        got = _number(where, value, integer=where.endswith("num_retries"))
+        if got is not None:
+            return got
+    return None
+
+
+def retry_policy(config: Config, model_name: str, params: dict[str, Any]) -> RetryPolicy:
+    """A deployment's retries and timeout from LiteLLM's keys: its own `litellm_params` first,
+    then `router_settings`, then `litellm_settings`, then `ctxgate.upstream_timeout_s`."""
+    router, settings = _settings(config, "router_settings"), _settings(config, "litellm_settings")
+    here = f"model_list[{model_name}].litellm_params"
+    retries = _first((f"{here}.num_retries", params.get("num_retries")),
+                     ("router_settings.num_retries", router.get("num_retries")),
+                     ("litellm_settings.num_retries", settings.get("num_retries")))
+    timeout = _first((f"{here}.timeout", params.get("timeout")), ("router_settings.timeout", router.get("timeout")),
+                     ("litellm_settings.request_timeout", settings.get("request_timeout")),
+                     ("litellm_settings.timeout", settings.get("timeout")))
+    min_wait = _first(("router_settings.retry_after", router.get("retry_after")))
+    return RetryPolicy(num_retries=int(retries or 0), min_wait_s=float(min_wait or 0.0),
+                       timeout_s=float(timeout) if timeout else config.ctxgate.upstream_timeout_s)
+
+
+def warn_unsupported(config: Config) -> None:
+    """LiteLLM's fallbacks are not ctxgate's yet: say so rather than ignore them silently."""
+    for section in ("router_settings", "litellm_settings"):
+        for key in _UNSUPPORTED:
+            if _settings(config, section).get(key):
+                log.warning("%s.%s is not supported by ctxgate yet and is ignored: a failed call is answered "
+                            "with its error (after the configured retries)", section, key)
+
+
 def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
     import litellm
 
@@ -98,7 +155,8 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
     return Route(model_name=entry.model_name, litellm_params=lp, provider=provider, upstream_model=upstream_model,
                  api_base=api_base.rstrip("/") if api_base else None, api_key=api_key, max_input_tokens=limit,
                  limit_source=source, direct=direct,
-                 call_params={k: v for k, v in lp.items() if k not in _ROUTING_KEYS})
+                 call_params={k: v for k, v in lp.items() if k not in _ROUTING_KEYS},
+                 retry=retry_policy(config, entry.model_name, lp))
 
 
 def _shown(model: str, limit: int = 200) -> str:
@@ -127,6 +185,9 @@ class Router:
 
     def __init__(self, config: Config, forwarding: str | None = None) -> None:
         mode = forwarding or config.ctxgate.forwarding
+        warn_unsupported(config)
+        for entry in config.model_list:  # a bad retry or timeout value is refused at start, not per request
+            retry_policy(config, entry.model_name, {k: _env_ref(v) for k, v in entry.litellm_params.items()})
         groups: dict[str, list[Route]] = {}
         self._patterns: list[ModelEntry] = []
         for entry in config.model_list:

@@ -21,6 +21,9 @@ from ctxgate.memory.entries import Category, MemoryEntry
 from ctxgate.memory.file_store import FileMemoryStore
 from ctxgate.memory.capture import project_id
 from ctxgate.memory.limits import BoundedStore, MemoryFull
+from ctxgate.memory.manager import MemoryManager
+from ctxgate.memory.short_term import BufferScope
+from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.proxy.ids import derived_id, is_valid_id
 from ctxgate.wal.paths import safe_name
 from clients import assert_error_shape
@@ -111,6 +114,20 @@ def test_the_write_past_the_byte_cap_is_refused_and_changes_nothing(gw: Gateway)
     assert_error_shape(api(gw, "caps", "PATCH", f"/{small['id']}", {"content": "w" * 900}), 422, "memory_full")
     assert listing(gw, "caps") == before
     assert api(gw, "caps", "PATCH", f"/{made[0]['id']}", {"content": "shorter"}).status_code == 200
+
+
+def test_racing_writes_stop_exactly_at_the_cap(gw: Gateway) -> None:
+    for entry in listing(gw, "caps"):
+        api(gw, "caps", "DELETE", f"/{entry['id']}")
+    statuses: list[int] = []
+    racers = [threading.Thread(target=lambda i=i: statuses.append(add(gw, "caps", f"racer {i}").status_code))
+              for i in range(12)]
+    for t in racers:
+        t.start()
+    for t in racers:
+        t.join()
+    assert sorted(statuses) == [201] * 5 + [422] * 7
+    assert len(listing(gw, "caps")) == 5
 
 
 # -- pages --------------------------------------------------------------------------------
@@ -253,6 +270,35 @@ def test_capture_evicts_the_oldest_captured_entries_never_the_apis(tmp_path: Pat
     asyncio.run(run())
 
 
+def test_a_session_end_past_the_cap_evicts_the_oldest_captured_entry(tmp_path: Path) -> None:
+    """Through the manager: auto-dream writes the session's correction (feedback, verbatim)
+    through the capture view, which makes room by evicting the oldest captured entry."""
+    async def summarize(model: str, messages: list[dict[str, Any]]) -> str:
+        return "unused: feedback needs no model"
+
+    async def dreamt(key: Any, event: dict[str, Any]) -> None:
+        return None
+
+    async def run() -> list[MemoryEntry]:
+        manager = MemoryManager(FileMemoryStore(tmp_path), MemoryConfig(max_entries=3, triggers=["B"]), summarize,
+                                dreamt)
+        await manager.store.put(_entry("the client's", updated_at=1.0))
+        for i in range(2):
+            await manager.store.capturing().put(_entry(f"captured {i}", updated_at=10.0 + i))
+        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "Write the test."},
+                    {"role": "assistant", "content": "I used unittest for the new test."},
+                    {"role": "user", "content": "No, use pytest instead of unittest, that is our code style."}]
+        manager.observe(("t", "s1"), BufferScope(None, "p1", "professional", None), messages,
+                        [message_fingerprint(m) for m in messages], lambda text, tokens: text)
+        await manager.idle_tasks()
+        await manager.end_session(("t", "s1"))
+        return await manager.store.list("t")
+
+    kept = asyncio.run(run())
+    assert len(kept) == 3 and [e.content for e in kept[:2]] == ["the client's", "captured 1"]
+    assert kept[2].category == Category.FEEDBACK and kept[2].origin == "capture"
+
+
 # -- the one id rule ------------------------------------------------------------------------
 
 def _headers(headers: dict[str, str]) -> dict[str, bytes]:
@@ -334,3 +380,8 @@ def test_the_body_user_is_free_form_and_hashed_into_an_id(gw: Gateway, up: Scrip
             assert fact in sent and other not in sent
         else:
             assert "Esperanto" not in sent and "A.L." not in sent
+    up.reset()
+    resp = httpx.post(gw.base + "/v1/responses", json={"model": "gpt-4o", "input": "Hi", "user": odd}, timeout=30,
+                      headers={"Authorization": f"Bearer {key('ids')}"})
+    assert resp.status_code == 200, resp.text[:300]
+    assert "Esperanto" in json.dumps([r.body for r in up.log][-1])

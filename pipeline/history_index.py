@@ -5,6 +5,10 @@ message (its fingerprint, the prefix hash ending at it, its token count) is the 
 time it sees that message. A `HistoryIndex` holds those facts for one conversation;
 `extend` computes them only for the messages past a prefix already indexed, so a turn
 whose history was seen costs O(new messages).
+
+Hashing is cheap and counting is not (tokenizing is ~50x slower than hashing): `extend`
+can leave the new messages uncounted, and `counted` counts them later, e.g. in a thread
+beside the upstream call.
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ class HistoryIndex:
     prefix_hashes: list[str]
     """`[i]` names the first i + 1 messages."""
     cumulative_tokens: list[int]
-    """`[i]` is the token count of the first i messages (no reply priming): one more entry than messages."""
+    """`[i]` is the token count of the first i messages (no reply priming): one more entry than
+    messages once counted, fewer while the newest are still uncounted."""
     counter_name: str
     """The tokenizer the counts are in."""
 
@@ -34,23 +39,34 @@ class HistoryIndex:
     def __len__(self) -> int:
         return len(self.fingerprints)
 
-    def extend(self, messages: list[Message], known: int, counter: TokenCounter) -> "HistoryIndex":
-        """The index of `messages`, whose first `known` messages are this index's first ones."""
-        if counter.name != self.counter_name or known > len(self):
+    @property
+    def is_counted(self) -> bool:
+        return len(self.cumulative_tokens) == len(self.fingerprints) + 1
+
+    def extend(self, messages: list[Message], known: int, counter: TokenCounter, count: bool = True) -> "HistoryIndex":
+        """The index of `messages`, whose first `known` messages are this index's first ones;
+        `count=False` leaves the new ones uncounted (see `counted`)."""
+        if counter.name != self.counter_name or known > len(self) or known >= len(self.cumulative_tokens):
             known = 0
         fps = self.fingerprints[:known]
         hashes = self.prefix_hashes[:known]
-        totals = self.cumulative_tokens[:known + 1]
         h = hashes[-1] if hashes else EMPTY_PREFIX
-        total = totals[-1]
         for m in messages[known:]:
             fp = message_fingerprint(m)
             h = extend_prefix(h, fp)
-            total += counter.count_structured(m, fp)
             fps.append(fp)
             hashes.append(h)
+        index = HistoryIndex(fps, hashes, self.cumulative_tokens[:known + 1], counter.name)
+        return index.counted(messages, counter) if count else index
+
+    def counted(self, messages: list[Message], counter: TokenCounter) -> "HistoryIndex":
+        """This index with every message counted (`messages` are the ones it indexes)."""
+        totals = list(self.cumulative_tokens)
+        total = totals[-1]
+        for i in range(len(totals) - 1, len(self.fingerprints)):
+            total += counter.count_structured(messages[i], self.fingerprints[i])
             totals.append(total)
-        return HistoryIndex(fps, hashes, totals, counter.name)
+        return HistoryIndex(self.fingerprints, self.prefix_hashes, totals, self.counter_name)
 
     def head(self, n: int) -> "HistoryIndex":
         """The index of the first `n` messages."""
@@ -59,4 +75,5 @@ class HistoryIndex:
 
     def tokens(self, start: int = 0) -> int:
         """The count of the messages from `start` on, as `TokenCounter.count_messages` gives it."""
+        assert self.is_counted, "an index is counted before its counts are read"
         return self.cumulative_tokens[-1] - self.cumulative_tokens[start] + REPLY_PRIMING

@@ -37,6 +37,8 @@ REPLY_PRIMING = 3
 TOKENS_PER_TOOL_CALL = 3
 TOKENS_PER_TOOL = 8
 TOOLS_OVERHEAD = 12
+IMAGE_TOKENS = 85
+"""OpenAI's fixed cost of a low-detail image: the least an image can cost, and what one is counted at."""
 _CACHE_SIZE = 200_000
 _CUTS_SIZE = 1024
 """Cut outputs kept (head and tail, at most a few thousand tokens each)."""
@@ -119,9 +121,12 @@ class EstimateEncoder:
 class TokenCounter:
     """Counts text, messages and tool schemas for one tokenizer, with a fingerprint cache."""
 
-    def __init__(self, name: str, encoder: Encoder, exact: bool = True) -> None:
+    def __init__(self, name: str, encoder: Encoder, exact: bool = True, byte_bounded: bool = False) -> None:
         self.name = name
         self.exact = exact
+        self.byte_bounded = byte_bounded
+        """Its count of a text is at most the text's UTF-8 bytes (a byte-level BPE: every token
+        covers at least one byte; the estimate: a third of them): `json_bound` holds for it."""
         self._encoder = encoder
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._cuts: OrderedDict[str, tuple[str, str]] = OrderedDict()
@@ -244,7 +249,7 @@ class TokenCounter:
             return self.count(part["text"])
         kind = part.get("type")
         if kind in ("image_url", "input_image"):
-            return 85  # OpenAI's fixed cost of a low-detail image: the least an image can cost
+            return IMAGE_TOKENS
         # Anthropic's tool blocks: what the model reads is the output, or the call's name and
         # input; their JSON (keys, ids, escaped quotes) would count a tool result ~17% high.
         if kind == "tool_result":
@@ -299,6 +304,16 @@ class TokenCounter:
         return self.count_messages(messages, fingerprints) + self.count_tools(tools)
 
 
+def json_bound(body: bytes) -> int:
+    """At least what a `byte_bounded` counter counts for every message and tool of a JSON
+    request body, at the cost of two scans of its bytes. A string's JSON is at least its
+    UTF-8 bytes, and the JSON around each message, part, call and tool (keys, quotes, braces)
+    outweighs the fixed tokens counted for it; only an image, counted at a fixed cost larger
+    than its JSON may be, is added per mention."""
+    images = body.count(b"image_url") + body.count(b"input_image")
+    return len(body) + IMAGE_TOKENS * images + REPLY_PRIMING + TOOLS_OVERHEAD
+
+
 @dataclass(frozen=True)
 class TokenizerRule:
     pattern: str
@@ -337,11 +352,11 @@ class TokenizerRegistry:
             if arg not in _BUNDLED_ENCODINGS:
                 raise ValueError(f"tiktoken encoding {arg!r} is not bundled offline"
                                  f" (have {', '.join(_BUNDLED_ENCODINGS)})")
-            made = TokenCounter(spec, TiktokenEncoder(arg))
+            made = TokenCounter(spec, TiktokenEncoder(arg), byte_bounded=True)
         elif kind == "hf":
             made = TokenCounter(spec, HuggingFaceEncoder(arg))
         elif kind == "estimate":
-            made = TokenCounter("estimate", EstimateEncoder(), exact=False)
+            made = TokenCounter("estimate", EstimateEncoder(), exact=False, byte_bounded=True)
         else:
             raise ValueError("a tokenizer is tiktoken:<encoding>, hf:<path or repo id>, or estimate")
         with self._lock:

@@ -55,6 +55,47 @@ def test_an_index_in_another_tokenizer_is_rebuilt_not_reused() -> None:
     assert index == HistoryIndex.build(messages + [{"role": "user", "content": "more"}], COUNTER)
 
 
+def _bodies() -> list[dict[str, Any]]:
+    """Chat bodies with what costs most per byte: short strings, many messages, tool calls,
+    images, non-ASCII text, a tools schema."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [
+        {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]},
+        {"model": "gpt-4o", "messages": [{"role": "user", "content": ""}] * 50},
+        {"model": "gpt-4o", "messages": [{"role": "assistant", "content": None, "tool_calls": [call] * 20},
+                                         *({"role": "tool", "tool_call_id": "c1", "content": "1"} for _ in range(20))]},
+        {"model": "gpt-4o", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "a"}] * 10}]},
+        {"model": "gpt-4o", "messages": [{"role": "user", "content": "東京 🚀 naïve " * 400, "name": "n"}],
+         "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}] * 5},
+        *({"model": "gpt-4o", "messages": _history(60, seed)} for seed in range(3)),
+    ]
+
+
+@pytest.mark.parametrize("counter_name", ["tiktoken:o200k_base", "tiktoken:cl100k_base", "estimate"])
+def test_the_json_bound_is_at_least_the_count(counter_name: str) -> None:
+    import orjson
+
+    from ctxgate.pipeline.tokens import json_bound
+
+    counter = TokenizerRegistry().counter(counter_name)
+    assert counter.byte_bounded
+    for body in _bodies():
+        raw = orjson.dumps(body)
+        assert counter.count_request(body["messages"], body.get("tools")) <= json_bound(raw), body["messages"][:2]
+
+
+def test_the_json_bound_holds_for_recorded_runs() -> None:
+    import orjson
+
+    from ctxgate.pipeline.tokens import json_bound
+    from trajectories import every_dialect
+
+    for t in every_dialect():
+        raw = orjson.dumps({"model": "gpt-4o", "messages": t.messages, "tools": t.tools})
+        assert COUNTER.count_request(t.messages, t.tools) <= json_bound(raw), t.name
+
+
 # -- the cache, as a unit -----------------------------------------------------------------
 
 def test_the_cache_knows_a_grown_history_a_retry_and_nothing_else() -> None:
@@ -97,7 +138,8 @@ def test_a_steady_session_counts_what_a_new_one_counts(gateway: Gateway, up: Scr
     session = f"steady-{uuid.uuid4().hex[:8]}"
     messages = list(MESSAGES)
     for turn in range(4):
-        messages += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": f"next {turn} 東京"}]
+        messages += [{"role": "assistant", "content": f"answer {turn}"},
+                     {"role": "user", "content": f"next {turn} 東京"}]
         steady = _tokens_in(gateway, session, messages)
         fresh = _tokens_in(gateway, f"fresh-{uuid.uuid4().hex[:8]}", messages)
         assert steady == fresh == reference_tokens(messages)
@@ -108,7 +150,8 @@ def test_a_bad_new_message_in_a_known_history_is_refused_at_its_index(gateway: G
     messages = list(MESSAGES)
     _tokens_in(gateway, session, messages)
     before = len(up.chats())
-    bad = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": [{"type": "text", "text": 5}]}]
+    bad = [*messages, {"role": "assistant", "content": "ok"},
+           {"role": "user", "content": [{"type": "text", "text": 5}]}]
     with pytest.raises(openai.BadRequestError) as e:
         _tokens_in(gateway, session, bad)
     where = f"messages.{len(messages) + 1}.content.0.text"
@@ -128,3 +171,65 @@ def test_a_rewritten_old_message_is_checked_again(gateway: Gateway, up: Scripted
     with pytest.raises(openai.BadRequestError) as e:
         _tokens_in(gateway, session, rewritten)
     assert e.value.body["param"] == "messages.1.content", e.value.body
+
+
+# -- a large new conversation, counted beside its upstream call ------------------------------
+
+def _large_conversation(tag: str) -> list[dict[str, Any]]:
+    """~30 KB of JSON (over the inline bound), ~7K tokens (far below gpt-4o's trigger)."""
+    return [{"role": "system", "content": f"{tag}: you are a careful engineer."},
+            *({"role": "user" if i % 2 == 0 else "assistant",
+               "content": f"step {i}: " + "the parser reads each token and checks its span. " * 60}
+              for i in range(11))]
+
+
+def _wal_events(gw: Gateway, session: str) -> list[dict[str, Any]]:
+    from ctxgate.wal.paths import WalPaths
+    from ctxgate.wal.reader import scan_file
+
+    assert gw.data_dir is not None
+    return scan_file(WalPaths(gw.data_dir).live("acme", session)).events
+
+
+def test_a_large_new_conversation_is_logged_and_counted_before_its_reply(gateway: Gateway,
+                                                                         up: ScriptedUpstream) -> None:
+    session = f"late-{uuid.uuid4().hex[:8]}"
+    messages = _large_conversation(session)
+    raw = client(gateway).chat.completions.with_raw_response.create(model="gpt-4o", messages=messages,
+                                                                    extra_headers={"X-Ctx-Session": session})
+    raw.parse()
+    expected = reference_tokens(messages)
+    assert int(raw.headers["x-ctx-tokens-in"]) == expected
+    assert int(raw.headers["x-ctx-tokens-out"]) == expected
+    events = _wal_events(gateway, session)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("USER_INPUT") == 6 and kinds.index("RESPONSE") > max(
+        i for i, k in enumerate(kinds) if k == "USER_INPUT")  # the request is logged before its reply
+    reply = next(e for e in events if e["type"] == "RESPONSE")
+    assert reply["tokens_in"] == reply["tokens_out"] == expected
+    # The next turn extends what the late count left: the same figures as a session that counted it all.
+    grown = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "next"}]
+    assert _tokens_in(gateway, session, grown) == reference_tokens(grown)
+
+
+def test_a_large_new_streamed_conversation_logs_its_count(gateway: Gateway, up: ScriptedUpstream) -> None:
+    session = f"late-stream-{uuid.uuid4().hex[:8]}"
+    messages = _large_conversation(session)
+    stream = client(gateway).chat.completions.create(model="gpt-4o", messages=messages, stream=True,
+                                                     extra_headers={"X-Ctx-Session": session})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    reply = next(e for e in _wal_events(gateway, session) if e["type"] == "RESPONSE")
+    assert reply["tokens_in"] == reference_tokens(messages)
+
+
+def test_a_large_new_conversation_the_upstream_fails_is_still_logged(gateway: Gateway, up: ScriptedUpstream) -> None:
+    session = f"late-failed-{uuid.uuid4().hex[:8]}"
+    messages = _large_conversation(session)
+    with pytest.raises(openai.APIStatusError):
+        client(gateway).with_options(max_retries=0).chat.completions.create(
+            model="error-500", messages=messages, extra_headers={"X-Ctx-Session": session})
+    from servers import wait_until
+
+    events = wait_until(lambda: _wal_events(gateway, session), what="the failed turn's log")
+    assert [e["type"] for e in events].count("USER_INPUT") == 6
+    assert not any(e["type"] == "RESPONSE" for e in events)

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ...pipeline.tokens import json_bound
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
@@ -79,6 +80,6 @@ class ChatDoor:
         raw = await http.read()
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         known=known, body_bytes=len(raw))
+                         known=known, body_bytes=len(raw), count_bound=json_bound(raw))
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
         return await answer(self.engine, request, ChatWire(self.gw, body, raw))

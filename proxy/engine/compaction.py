@@ -81,7 +81,7 @@ class Turn:
 
     def _indexed(self) -> bool:
         return (self.index is not None and len(self.index) == len(self.messages)
-                and self.index.counter_name == self.counter.name)
+                and self.index.counter_name == self.counter.name and self.index.is_counted)
 
     def fixed_tokens(self) -> int:
         return self.counter.count_tools(self.tools) + self.reserved_tokens
@@ -114,11 +114,17 @@ class Turn:
 class Plan:
     """What to forward, and what was done to get it."""
     messages: list[dict[str, Any]]
-    tokens_out: int
+    tokens_out: int | None
+    """ctxgate's count of what is forwarded; None until a turn counted beside its upstream call is."""
     levels: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
     degraded: bool = False
     """Made in the degraded mode (the loop guard was set): a refusal of it ends the turn."""
+
+    def counted_tokens(self) -> int:
+        """`tokens_out`, of a plan whose turn is counted (every plan but a late-counted turn's, until it is)."""
+        assert self.tokens_out is not None, "a late-counted turn is counted before its plan's count is read"
+        return self.tokens_out
 
 
 def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], CompactionRecord | None]:
@@ -371,13 +377,13 @@ class Compactor:
             turn.count_scale = state.count_scale = max(1.0, turn.count_scale)
         budget = budget_of(state, turn)
         ratio = turn.config.target_ratio
-        target = min(turn.target(budget, ratio), int(previous.tokens_out * ratio) - turn.fixed_tokens())
+        target = min(turn.target(budget, ratio), int(previous.counted_tokens() * ratio) - turn.fixed_tokens())
         if not state.has_attempted_reactive_compact:
             return await self._compact(state, turn, previous.messages, target, "reactive"), False
         if turn.config.on_exhausted == "degrade" and not degraded:
             return await self._degrade(state, turn, previous.messages, target), True
-        raise context_exhausted(f"the upstream refused {previous.tokens_out} tokens as too long after a compaction "
-                                f"already ran: {upstream_message[:200]}")
+        raise context_exhausted(f"the upstream refused {previous.counted_tokens()} tokens as too long after a "
+                                f"compaction already ran: {upstream_message[:200]}")
 
     async def _degrade(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> Plan:
         """The spec's degraded mode: one forced Autocompact keeping only the newest messages."""

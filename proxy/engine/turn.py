@@ -16,6 +16,7 @@ Errors are `GatewayError`s; each door renders them in its own wire shape.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...memory.short_term import BufferScope
 from ...pipeline.history_index import HistoryIndex
-from ...pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
@@ -31,6 +31,7 @@ from ..upstream.routing import Route
 from .compaction import (Compactor, Plan, Turn, budget_of, calibration_of, count_offset_key, fingerprints_of,
                          measured_calibration)
 from .history import KnownPrefix
+from .session import Transaction
 from .memory_turn import MemoryScope, block_tokens, inject, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ctxgate.turn")
 MAX_PROVIDER_COUNTS = 4096
+INLINE_COUNT_BOUND = 16_384
+"""A new conversation whose count is bounded below this is counted before it is forwarded
+(about a millisecond); a larger one far below the trigger is counted beside the upstream call."""
 
 
 @dataclass
@@ -55,6 +59,9 @@ class TurnInput:
     """What the door found of the session's last request (`HistoryCache.match`); None: the engine looks."""
     body_bytes: int = 0
     """The request body's size: what the history cache weighs it at."""
+    count_bound: int | None = None
+    """At least what a byte-bounded tokenizer counts for the messages and tools
+    (`tokens.json_bound` of the body), when the body holds all of them; else None."""
 
 
 @dataclass
@@ -73,6 +80,9 @@ class PreparedTurn:
     headers: dict[str, str]
     levels: list[str] = field(default_factory=list)
     upstream_ms: float = 0.0
+    counting: "asyncio.Task[None] | None" = None
+    """A new conversation far below the trigger is counted beside the upstream call: this
+    counts it, logs the turn's messages and fills the plan's count (`TurnEngine._count_late`)."""
 
     def forwarded(self) -> list[dict[str, Any]]:
         """The conversation to forward: the plan's messages with the memory block in."""
@@ -93,54 +103,100 @@ class TurnEngine:
         gw = self.gw
         messages = request.messages
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
-        index = self._index(caller, session_id, request, counter)
-        fps = index.fingerprints
-        tokens_in = index.tokens() + counter.count_tools(request.tools)
+        known = request.known or gw.histories.match(caller.tenant, session_id, messages)
+        bound = request.count_bound
+        index = (known.index or HistoryIndex.build([], counter)).extend(messages, known.length, counter, count=False)
+        counting: asyncio.Future[HistoryIndex] | None = None
+        if known.length == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded:
+            counting = asyncio.ensure_future(asyncio.to_thread(index.counted, messages, counter))
+        else:
+            index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
         summarizer = config.autocompact.model or route.model_name
-        turn = Turn(messages=messages, fingerprints=fps, tools=request.tools, counter=counter, config=config,
-                    max_input_tokens=caller.budget or route.max_input_tokens,
+        turn = Turn(messages=messages, fingerprints=index.fingerprints, tools=request.tools, counter=counter,
+                    config=config, max_input_tokens=caller.budget or route.max_input_tokens,
                     summarize=lambda msgs: gw.summarize(summarizer, msgs), index=index)
-        headers.update({"X-Ctx-Tokens-In": str(tokens_in), "X-Ctx-Tokenizer": counter.name})
+        headers["X-Ctx-Tokenizer"] = counter.name
+        if counting is None:
+            self._counted(caller, session_id, request, turn, headers)
         memory = gw.memory if gw.memory is not None and gw.memory.enabled(caller.profile) else None
         scope = request.memory_scope if memory is not None else None
         offset_key = count_offset_key(route.model_name, turn.tools)
         plan: Plan | None = None
         block = ""
-        async with gw.sessions.transaction(caller.tenant, session_id) as tx:
-            # Before anything is forwarded, what the client sent is in the log, also when planning fails.
-            tx.write_log = lambda s: gw.journal.log_request(s, turn, plan.tokens_out if plan else None,
-                                                            budget_of(s, turn))
-            state = tx.state
-            state.profile = caller.profile
-            if state.count_offset_key == offset_key:
-                turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
-            if scope is not None:
-                block = await self._memory_block(state, scope, turn)
-                turn.reserved_tokens = block_tokens(block, counter)
-            if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
-                await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
-            try:
-                plan = await gw.compactor.prepare(state, turn)
-            finally:
-                guard_set = state.has_attempted_reactive_compact
-                state.turns += 1
+        try:
+            async with gw.sessions.transaction(caller.tenant, session_id) as tx:
+                state = tx.state
+                state.profile = caller.profile
+                if state.count_offset_key == offset_key:
+                    turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
+                if scope is not None:
+                    block = await self._memory_block(state, scope, turn)
+                    turn.reserved_tokens = block_tokens(block, counter)
+                if counting is not None and not (_fresh(state) and bound is not None
+                                                 and bound + turn.reserved_tokens <= _watermark(turn, state)):
+                    # It may compact: counted before anything else (in the thread it started in).
+                    turn.index, counting = await counting, None
+                    self._counted(caller, session_id, request, turn, headers)
+                try:
+                    if counting is None:
+                        plan = await self._plan(wire, caller, route, turn, state, offset_key, headers, tx)
+                    else:  # nothing to plan; logged once counted (`_count_late`)
+                        plan = Plan(messages=messages, tokens_out=None)
+                finally:
+                    guard_set = state.has_attempted_reactive_compact
+                    state.turns += 1
+        except BaseException:
+            if counting is not None:
+                counting.cancel()
+            raise
         if memory is not None and scope is not None:
             memory.observe((caller.tenant, session_id), BufferScope(scope.user, scope.project, caller.profile,
-                                                                    summarizer), messages, fps, counter.head)
-        return PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
-                            levels=list(plan.levels))
+                                                                    summarizer), messages, turn.fingerprints,
+                           counter.head)
+        prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
+                                levels=list(plan.levels))
+        if counting is not None:
+            prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, counting))
+        return prepared
 
-    def _index(self, caller: Caller, session_id: str, request: TurnInput, counter: TokenCounter) -> HistoryIndex:
-        """The turn's per-message facts: the session's last request's, extended by what is new."""
-        histories = self.gw.histories
-        known = request.known or histories.match(caller.tenant, session_id, request.messages)
-        if known.index is None:
-            index = HistoryIndex.build(request.messages, counter)
-        else:
-            index = known.index.extend(request.messages, known.length, counter)
-        histories.remember(caller.tenant, session_id, request.messages, index, request.body_bytes)
-        return index
+    async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
+                    offset_key: str, headers: dict[str, str], tx: Transaction) -> Plan:
+        """A counted turn planned, and logged before anything is forwarded (also when planning fails)."""
+        gw = self.gw
+        plan: Plan | None = None
+        tx.write_log = lambda s: gw.journal.log_request(s, turn, plan.tokens_out if plan else None,
+                                                        budget_of(s, turn))
+        tokens_in = turn.message_tokens() + turn.counter.count_tools(turn.tools)
+        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
+            await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
+        plan = await gw.compactor.prepare(state, turn)
+        return plan
+
+    def _counted(self, caller: Caller, session_id: str, request: TurnInput, turn: Turn,
+                 headers: dict[str, str]) -> None:
+        """The turn's count is known: reported, and its index kept for the session's next turn."""
+        assert turn.index is not None
+        headers["X-Ctx-Tokens-In"] = str(turn.message_tokens() + turn.counter.count_tools(turn.tools))
+        self.gw.histories.remember(caller.tenant, session_id, request.messages, turn.index, request.body_bytes)
+
+    async def _count_late(self, prepared: PreparedTurn, request: TurnInput,
+                          counting: "asyncio.Future[HistoryIndex]") -> None:
+        """A turn forwarded before it was counted: count it (in a thread, beside the upstream
+        call), then log its messages as `prepare` logs a counted turn's. Awaited by `settle`, so
+        an answered turn is in the WAL before its reply is, and calibrated with its count."""
+        gw, turn, plan = self.gw, prepared.turn, prepared.plan
+        try:
+            turn.index = await counting
+            tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
+            self._counted(prepared.caller, prepared.session_id, request, turn, prepared.headers)
+            prepared.headers["X-Ctx-Tokens-Out"] = str(tokens_out)
+            async with gw.sessions.transaction(prepared.caller.tenant, prepared.session_id) as tx:
+                if tx.state.wal_logged == 0:  # unless a later turn of the session logged its messages already
+                    tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
+        except Exception as e:  # forwarded already: the reply is answered rather than lost
+            log.error("session %s: the turn could not be logged: %s", prepared.session_id,
+                      e.message if isinstance(e, GatewayError) else repr(e))
 
     async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str]) -> int:
@@ -177,7 +233,7 @@ class TurnEngine:
             headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
             return exact
         # In the provider's tokens, as calibrated: the tools schema and the memory block included.
-        return round(plan.tokens_out * turn.count_scale) + turn.count_offset
+        return round(plan.counted_tokens() * turn.count_scale) + turn.count_offset
 
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         """Send the planned request; when the upstream says it is too long, compact once
@@ -192,6 +248,8 @@ class TurnEngine:
                 reply = await wire.send(route, payload, stream=stream, api_key=api_key)
                 break
             except ContextTooLong as e:
+                if prepared.counting is not None:  # compacting needs the count: wait for it
+                    await prepared.counting
                 plan = prepared.plan
                 async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
                     tx.write_log = lambda s: gw.journal.log_request(s, prepared.turn, plan.tokens_out,
@@ -206,8 +264,9 @@ class TurnEngine:
             except UpstreamError as e:  # the upstream's own status and error object
                 raise e.to_api_error() from None
         prepared.upstream_ms += reply.upstream_ms
-        prepared.headers.update({"X-Ctx-Tokens-Out": str(prepared.plan.tokens_out),
-                                 "X-Ctx-Levels": ",".join(prepared.levels) or "none"})
+        if prepared.plan.tokens_out is not None:
+            prepared.headers["X-Ctx-Tokens-Out"] = str(prepared.plan.tokens_out)
+        prepared.headers["X-Ctx-Levels"] = ",".join(prepared.levels) or "none"
         return reply
 
     async def settle(self, prepared: PreparedTurn, wire: Wire, status: int, facts: ReplyFacts) -> None:
@@ -215,15 +274,20 @@ class TurnEngine:
         gw = self.gw
         gw.metrics.requests.labels(prepared.route.model_name, "200").inc()
         gw.metrics.overhead.observe(prepared.overhead_ms())
+        if prepared.counting is not None:  # its messages are logged before its reply is
+            await prepared.counting
+        turn = prepared.turn
+        tokens_in = turn.message_tokens() + turn.counter.count_tools(turn.tools)
         calibration = None
-        if facts.prompt_tokens is not None:
+        if facts.prompt_tokens is not None and prepared.plan.tokens_out is not None:
             gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)
             calibration = measured_calibration(prepared.turn, prepared.plan.tokens_out, facts.prompt_tokens)
         caller = prepared.caller
         if prepared.guard_set or calibration is not None or gw.journal.enabled(caller.profile):
             try:
                 async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
-                    tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls)
+                    tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
+                                                                  tokens_in, prepared.plan.tokens_out)
                     state = tx.state
                     state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
                     if calibration is not None:
@@ -280,6 +344,11 @@ class TurnEngine:
 def upstream_key(caller: Caller, route: Route) -> str | None:
     """The key the upstream is called with: the route's, or the caller's own when its tenant passes it through."""
     return caller.bearer if caller.tenant_config.pass_through_key else route.api_key
+
+
+def _fresh(state: SessionState) -> bool:
+    """A session with nothing in it yet: no turn, no log, no compaction to re-apply."""
+    return state.turns == 0 and state.wal_seq == 0 and not state.records and not state.speculation
 
 
 def _watermark(turn: Turn, state: SessionState) -> float:

@@ -19,11 +19,12 @@ from typing import Any, Awaitable, Callable, cast
 
 import orjson
 from aiohttp import web
-from aiohttp.http_exceptions import (BadHttpMessage, BadHttpMethod, BadStatusLine, ContentLengthError,
-                                     HttpProcessingError, InvalidHeader, InvalidURLError, LineTooLong,
-                                     TransferEncodingError)
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import (BadHttpMessage, BadHttpMethod, BadStatusLine, ContentEncodingError,
+                                     ContentLengthError, HttpProcessingError, InvalidHeader, InvalidURLError,
+                                     LineTooLong, TransferEncodingError)
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
+from aiohttp.streams import StreamReader
 from aiohttp.typedefs import Middleware
 
 from .config import ConnectionSettings
@@ -43,6 +44,7 @@ _DESCRIPTIONS: tuple[tuple[type[HttpProcessingError], str, str], ...] = (
     (InvalidHeader, "a header name or value holds characters HTTP does not allow", "invalid_header"),
     (ContentLengthError, "the body does not match its Content-Length", "invalid_content_length"),
     (TransferEncodingError, "the chunked body is not valid", "invalid_chunked_body"),
+    (ContentEncodingError, "the body does not decode as its Content-Encoding says", "invalid_content_encoding"),
     (BadHttpMessage, "the request is not valid HTTP/1.1", "invalid_http"),
 )
 
@@ -169,12 +171,25 @@ class GuardedConnection(RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("the response has begun; no error can be sent")
         if status == 400:
-            text, code = describe(exc)
-            self.guard.rejected(code, request.remote, exc)
-            return error_response(400, f"malformed HTTP request: {text}", code)
+            return self.reject(request, exc)
         log.error("request from %s failed outside every handler (%d)", request.remote, status, exc_info=exc)
         return error_response(status, "internal error in ctxgate; it is logged on the server", "internal_error",
                               "api_error")
+
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp drains an unread body after the reply ("lingering"); a body that timed out or
+        does not decode fails there, after it was answered: not worth a traceback."""
+        if isinstance(kw.get("exc_info"), (BodyReadTimeout, RequestPayloadError)):
+            log.debug("unread request body dropped: %r", kw["exc_info"])
+            return
+        super().log_exception(*args, **kw)
+
+    def reject(self, request: BaseRequest, exc: BaseException | None) -> web.Response:
+        """A 400 for a request the parser refused: its kind, never its bytes, to client and log."""
+        text, code = describe(exc)
+        self.guard.rejected(code, request.remote, exc)
+        return error_response(400, f"malformed HTTP request: {text}", code)
 
 
 class _Refused(asyncio.Protocol):
@@ -249,9 +264,18 @@ class ConnectionGuard:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class BodyReadTimeout(Exception):
+    """Set on a request's body stream when it did not arrive in time: the handler's read raises it."""
+
+
+def _body_late(body: StreamReader) -> None:
+    if not body.is_eof():
+        body.set_exception(BodyReadTimeout())
+
+
 def guard_requests(body_read_timeout_s: float) -> Middleware:
     """The middleware: headers are in (the header timer stops), past the cap only health checks
-    are answered, and the body must arrive within `body_read_timeout_s`."""
+    are answered, and the body must arrive within `body_read_timeout_s` (else a 408)."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -259,24 +283,29 @@ def guard_requests(body_read_timeout_s: float) -> Middleware:
         if not isinstance(conn, GuardedConnection):  # an app served some other way (none in ctxgate)
             return await handler(request)
         conn.request_started()
+        # A deadline on the body stream, not a read here: a handler may still clone the request
+        # (aiohttp refuses to clone one whose body was read) and reads the body itself.
+        deadline = None
+        if request.body_exists and not request.content.is_eof():
+            deadline = asyncio.get_running_loop().call_later(body_read_timeout_s, _body_late, request.content)
         try:
             if conn.over_cap and request.path not in HEALTH_PATHS:
                 return error_response(503, f"ctxgate has {conn.guard.max_connections} connections open, its limit; "
                                       "retry shortly", "too_many_connections", "service_unavailable",
                                       {"Retry-After": "1"})
-            if request.body_exists:
-                try:
-                    # Read here, bounded; the handlers' own request.read() returns these bytes.
-                    await asyncio.wait_for(request.read(), body_read_timeout_s)
-                except asyncio.TimeoutError:
-                    conn.guard.count_refusal("body_timeout")
-                    return error_response(408, f"the request body did not arrive within {body_read_timeout_s:g} s",
-                                          "body_timeout")
             resp = await handler(request)
             if conn.over_cap:
                 resp.force_close()
             return resp
+        except BodyReadTimeout:
+            conn.guard.count_refusal("body_timeout")
+            return error_response(408, f"the request body did not arrive within {body_read_timeout_s:g} s",
+                                  "body_timeout")
+        except RequestPayloadError as e:  # the body's framing or encoding, found while reading it
+            return conn.reject(request, e.__cause__)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             conn.request_finished()
 
     return middleware

@@ -129,6 +129,7 @@ def test_a_body_trickled_a_byte_at_a_time_is_answered_408_and_closed(tight: Gate
         assert json.loads(answer)["error"]["code"] == "body_timeout"
         assert headers.get("connection") == "close"
         assert closed_by_server(s)
+    assert "Traceback" not in tight.text()
 
 
 def test_a_body_shorter_than_its_content_length_is_not_waited_for(tight: Gateway) -> None:
@@ -199,6 +200,9 @@ PARSER_CASES = {
     "invalid_header": get("/healthz", f"X-Ctl: {MARKER}\x01bell"),
     "invalid_content_length": (f"POST /v1/chat/completions HTTP/1.1\r\nHost: ctxgate\r\n"
                                f"Content-Length: {MARKER}\r\n\r\n").encode(),
+    "invalid_content_encoding": (f"POST /v1/chat/completions HTTP/1.1\r\nHost: ctxgate\r\nAuthorization: Bearer "
+                                 f"{KEYS['acme']}\r\nContent-Length: {len(MARKER)}\r\nContent-Encoding: gzip\r\n"
+                                 f"\r\n{MARKER}").encode(),
 }
 
 
@@ -222,6 +226,16 @@ def test_a_request_the_parser_refuses_is_a_json_400_logged_once(tight: Gateway, 
     assert "Traceback" not in tight.text()
     with connect(tight) as s:  # and the gateway serves on
         assert exchange(s, get("/healthz"))[0] == 200
+
+
+def test_an_unread_body_that_does_not_decode_logs_no_traceback(tight: Gateway) -> None:
+    raw = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: ctxgate\r\nContent-Length: {len(MARKER)}\r\n"
+           f"Content-Encoding: gzip\r\n\r\n{MARKER}").encode()
+    with connect(tight) as s:
+        status, _, body = exchange(s, raw)  # refused (no key) before the body is read
+        assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+        assert closed_by_server(s)
+    assert "Traceback" not in tight.text() and "Unhandled exception" not in tight.text()
 
 
 def test_the_rejection_log_counts_what_it_left_out(caplog: pytest.LogCaptureFixture) -> None:

@@ -34,6 +34,8 @@ HEALTH_PATHS = frozenset({"/healthz", "/readyz"})
 """Answered even past the connection cap: an orchestrator must still see the process is alive."""
 FD_SHARE = 0.8
 """The default cap's share of the open-file limit; the rest is for upstream sockets and files."""
+UNLIMITED_FDS = 1 << 20
+"""What an unlimited open-file limit counts as (the kernel's own ceiling, nr_open, by default)."""
 
 # What the client is told, per parser error: a fixed sentence, never the bytes it sent.
 _DESCRIPTIONS: tuple[tuple[type[HttpProcessingError], str, str], ...] = (
@@ -105,7 +107,7 @@ def raise_fd_limit() -> int:
             soft = hard
         except (ValueError, OSError) as e:
             log.info("open-file limit stays at %d (raising it to %d failed: %s)", soft, hard, e)
-    return soft
+    return UNLIMITED_FDS if soft == resource.RLIM_INFINITY else soft
 
 
 class Phase(Enum):
@@ -176,7 +178,6 @@ class GuardedConnection(RequestHandler):
         return error_response(status, "internal error in ctxgate; it is logged on the server", "internal_error",
                               "api_error")
 
-
     def log_exception(self, *args: Any, **kw: Any) -> None:
         """aiohttp drains an unread body after the reply ("lingering"); a body that timed out or
         does not decode fails there, after it was answered: not worth a traceback."""
@@ -213,6 +214,9 @@ class ConnectionGuard:
         self.rejections: dict[str, int] = {}
         self._log = RateLimitedLog(log, settings.rejection_log_interval_s)
         self._server: asyncio.AbstractServer | None = None
+        log.info("connections: at most %d (open-file limit %d), headers within %g s, bodies within %g s, idle "
+                 "keep-alive %g s", self.max_connections, fd_limit, settings.header_read_timeout_s,
+                 settings.body_read_timeout_s, settings.keepalive_timeout_s)
 
     def protocol_factory(self, manager: web.Server, **handler_kwargs: Any) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:

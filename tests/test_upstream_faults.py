@@ -18,7 +18,9 @@ import pytest
 
 from clients import KEYS, MESSAGES, client
 from conftest import FORWARDING
+from ctxgate.proxy.config import Config
 from ctxgate.proxy.upstream.retry import MAX_WAIT_S, RetryPolicy, asked_wait_s
+from ctxgate.proxy.upstream.routing import retry_policy
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
 from servers import UPSTREAM_KEY, Gateway, main_config, run_ctxgate, start_gateways, stop_all
@@ -279,7 +281,8 @@ def test_a_messages_rate_limit_is_retried(native: Gateway, up: ScriptedUpstream)
 def test_a_deployment_with_no_retries_answers_the_first_error(gw: Gateway, up: ScriptedUpstream) -> None:
     with pytest.raises(openai.InternalServerError):
         client(gw).chat.completions.create(model="no-retry-500", messages=messages())
-    assert len(chat_calls(up, "flaky-500")) == 1
+    sent = chat_calls(up, "flaky-500")
+    assert len(sent) == 1 and "num_retries" not in sent[0].body  # a routing key, never a body field
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404])
@@ -352,3 +355,13 @@ def test_the_backoff_without_a_retry_after_grows_and_is_jittered() -> None:
     policy = RetryPolicy(num_retries=5)
     waits = [policy.wait_s(3, {}) for _ in range(50)]
     assert all(0 <= w <= 0.5 * 2 ** 3 for w in waits) and len(set(waits)) > 1
+
+
+def test_a_deployments_keys_win_over_the_routers_over_litellms() -> None:
+    config = Config.model_validate({"litellm_settings": {"num_retries": 1, "request_timeout": 40},
+                                    "router_settings": {"retry_after": 2}, "ctxgate": {"upstream_timeout_s": 90}})
+    assert retry_policy(config, "m", {}) == RetryPolicy(num_retries=1, min_wait_s=2, timeout_s=40)
+    assert retry_policy(config, "m", {"num_retries": 0, "timeout": 5}) == RetryPolicy(0, 2, 5)
+    routed = Config.model_validate({**config.model_dump(), "router_settings": {"num_retries": 3, "timeout": 20}})
+    assert retry_policy(routed, "m", {}) == RetryPolicy(num_retries=3, min_wait_s=0, timeout_s=20)
+    assert retry_policy(Config(), "m", {}) == RetryPolicy(num_retries=0, min_wait_s=0, timeout_s=600)

@@ -457,3 +457,26 @@ def test_a_base_url_can_name_the_session(gw: Gateway, up: ScriptedUpstream) -> N
     with pytest.raises(anthropic.BadRequestError):  # an id the session rules refuse, as in the header
         anthropic.Anthropic(base_url=f"{gw.base}/s/has%20space", api_key=CLAUDE_KEY, max_retries=0).messages.create(
             model="claude-x", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_a_bad_new_message_in_a_known_history_is_refused_at_its_index(gw: Gateway, up: ScriptedUpstream) -> None:
+    """A steady turn checks only its new messages (the session's last request is known): a bad
+    one is still a 400 that says where it is in the body, and nothing is forwarded."""
+    headers = session()
+    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+               {"role": "user", "content": "go on"}]
+    client(gw).messages.create(model="claude-x", max_tokens=16, system="terse", messages=history,
+                               extra_headers=headers)
+    before = len(sent(up))
+    bad = [*history, {"role": "assistant", "content": "ok"}, {"role": "wizard", "content": "x"}]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client(gw).messages.create(model="claude-x", max_tokens=16, system="terse", messages=bad,  # type: ignore
+                                   extra_headers=headers)
+    assert e.value.body["error"]["message"].startswith("messages.4.role"), e.value.body
+    rewritten = [{"role": "user", "content": 5}, *history[1:], {"role": "assistant", "content": "ok"},
+                 {"role": "user", "content": "more"}]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client(gw).messages.create(model="claude-x", max_tokens=16, system="terse", messages=rewritten,  # type: ignore
+                                   extra_headers=headers)
+    assert e.value.body["error"]["message"].startswith("messages.0.content"), e.value.body
+    assert len(sent(up)) == before

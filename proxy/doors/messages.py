@@ -23,7 +23,7 @@ from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .errors import http_status
-from .messages_model import Conversation, conversation_of, render, validate_messages_request
+from .messages_model import Conversation, conversation_of, render, validate_messages, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
 from .respond import DoorRequest, Handler, add_door_route, answer
 from .validation import read_json_body
@@ -116,14 +116,17 @@ class MessagesDoor:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http)
         validate_messages_request(body, counting=counting)
-        route = self.gw.router.resolve(body["model"])
         conversation = conversation_of(body)
         messages = conversation.neutral
         session_id = resolve_session(caller.tenant, http.headers, messages)
+        known = self.gw.histories.match(caller.tenant, session_id, messages)
+        validate_messages(body["messages"], max(0, known.length - (len(messages) - len(body["messages"]))))
+        route = self.gw.router.resolve(body["model"])
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         user = (body.get("metadata") or {}).get("user_id")
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
-                         memory_scope=scope_of(http.headers, user, messages) if memory_on else None)
+                         memory_scope=scope_of(http.headers, user, messages) if memory_on else None,
+                         known=known, body_bytes=len(await http.read()))
         return DoorRequest(http, caller, route, session_id, turn, body, started), conversation
 
     async def messages(self, http: web.Request) -> web.StreamResponse:

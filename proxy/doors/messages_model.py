@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ...pipeline.notes import is_ctxgate_message
-from ..errors import ErrorKind, GatewayError
+from .validation import validation_error
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -37,8 +37,9 @@ class _Message(_Open):
 
 
 class _CountRequest(_Open):
+    """The body but its messages' contents, which `validate_messages` checks."""
     model: str = Field(min_length=1)
-    messages: list[_Message] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     metadata: dict[str, Any] | None = None
@@ -49,15 +50,23 @@ class _MessagesRequest(_CountRequest):
     stream: bool | None = None
 
 
+_MESSAGES = TypeAdapter(list[_Message])
+
+
 def validate_messages_request(body: dict[str, Any], *, counting: bool = False) -> None:
     """A clear 400 for a body the door cannot read; every field it does not read passes as is."""
     try:
         (_CountRequest if counting else _MessagesRequest).model_validate(body)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise GatewayError(ErrorKind.INVALID_REQUEST,
-                           f"{where}: {first['msg']}", param=where, code="invalid_request") from None
+        raise validation_error(e, 0) from None
+
+
+def validate_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
+    """The messages from `start` on: those before it were checked when they arrived (see `HistoryCache`)."""
+    try:
+        _MESSAGES.validate_python(messages[start:])
+    except ValidationError as e:
+        raise validation_error(e, start, "messages") from None
 
 
 @dataclass
@@ -96,6 +105,8 @@ def _unmarked(message: Message) -> Message:
 def render(conversation: Conversation, neutral: list[Message]) -> tuple[Any, list[Message]]:
     """`system` and `messages` for the forwarded body, from the (compacted) neutral list."""
     body = conversation.body
+    if neutral is conversation.neutral:  # nothing compacted or added: the client's own, as sent
+        return body.get("system"), body["messages"]
     systems = [m for m in neutral if m.get("role") == "system"]
     # The client's breakpoints go back on the messages that reach the upstream as it sent them.
     turns = [conversation.marked.get(id(m), m) for m in neutral if m.get("role") != "system"]

@@ -86,7 +86,7 @@ def validate_chat_request(body: dict[str, Any]) -> None:
     try:
         _ChatRequest.model_validate(body)
     except ValidationError as e:
-        raise _invalid(e, 0) from None
+        raise validation_error(e, 0) from None
 
 
 def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
@@ -96,7 +96,7 @@ def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> No
     try:
         _MESSAGES.validate_python(new)
     except ValidationError as e:
-        raise _invalid(e, start, "messages") from None
+        raise validation_error(e, start, "messages") from None
     for i, m in enumerate(new, start):
         for j, part in enumerate(m["content"] if isinstance(m.get("content"), list) else []):
             if part.get("type") == "text" and not isinstance(part.get("text"), str):
@@ -111,8 +111,9 @@ def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> No
                            param=f"messages.{i}.tool_call_id", code="invalid_request")
 
 
-def _invalid(e: ValidationError, offset: int, prefix: str = "") -> GatewayError:
-    """The first error, where it is in the body (`offset` added to the leading list index)."""
+def validation_error(e: ValidationError, offset: int, prefix: str = "") -> GatewayError:
+    """The first error of a check of the body (`prefix` empty) or of its list `prefix` from
+    index `offset` on, as a 400 that says where in the body it is."""
     loc = list(e.errors()[0]["loc"])
     if prefix:
         loc = [prefix, int(loc[0]) + offset, *loc[1:]] if loc else [prefix]

@@ -1,4 +1,5 @@
-"""The three front doors of the overhead bench: one conversation, three wire formats.
+"""The three front doors of the overhead bench (each non-stream and streamed): one conversation,
+three wire formats.
 
 bench/overhead.py builds its conversations as chat-completions messages (real trajectory
 messages, see common.build_conversation); each door here turns such a list into the body
@@ -15,6 +16,10 @@ its API takes, in code:
   assistant messages `message` items (`input_text` / `output_text` parts), a tool call a
   `function_call` item, a tool message a `function_call_output` item; `store: false`, as
   Codex sends it.
+- chat-stream, messages-stream, responses-stream: the same bodies with `stream: true`; the reply
+  is that API's SSE stream, read back as its text (chat: the chunks' `delta.content`; Messages:
+  the `text_delta`s; Responses: the `response.output_text.delta`s), and a stream that does not
+  end on its terminator (`[DONE]`, `message_stop`, `response.completed`) fails the check.
 
 `model_list` gives the bench's routes (an OpenAI one for chat and Responses, an Anthropic
 one for Messages, both on the scripted upstream); `served` tells whether a running ctxgate
@@ -198,19 +203,63 @@ def _chat_reply(raw: bytes) -> str:
     return orjson.loads(raw)["choices"][0]["message"]["content"]
 
 
-def _chat_stream_reply(raw: bytes) -> str:
-    """The text of a chat-completions SSE stream: every `data:` chunk's delta content, in order."""
-    out = []
+def _sse_data(raw: bytes) -> list[Any]:
+    """The parsed `data:` payloads of an SSE stream, in order (`[DONE]` as the string "[DONE]";
+    a payload that is not JSON as the string "<not JSON>", so a check on the text fails)."""
+    out: list[Any] = []
     for line in raw.splitlines():
-        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            out.append("[DONE]")
             continue
         try:
-            event = orjson.loads(line[5:])
+            out.append(orjson.loads(data))
         except orjson.JSONDecodeError:
-            continue
-        for choice in event.get("choices") or []:
-            out.append((choice.get("delta") or {}).get("content") or "")
-    return "".join(out)
+            out.append("<not JSON>")
+    return out
+
+
+def _unterminated(text: str, terminator: str) -> str:
+    """A stream's text with a mark when its terminator never came: the text check then fails."""
+    return f"{text} [stream ended without {terminator}]"
+
+
+def _chat_stream_reply(raw: bytes) -> str:
+    """The text of a chat-completions SSE stream: every chunk's delta content, in order; it must
+    end with `data: [DONE]`."""
+    events = _sse_data(raw)
+    parts: list[str] = []
+    for e in events:
+        if isinstance(e, dict):
+            parts.extend((choice.get("delta") or {}).get("content") or "" for choice in e.get("choices") or [])
+        elif e != "[DONE]":
+            parts.append(e)
+    text = "".join(parts)
+    return text if events and events[-1] == "[DONE]" else _unterminated(text, "[DONE]")
+
+
+def _anthropic_stream_reply(raw: bytes) -> str:
+    """The text of a Messages SSE stream: every `content_block_delta`'s `text_delta`, in order;
+    the last event must be `message_stop` (an `error` event, or anything else, fails the check)."""
+    events = [e for e in _sse_data(raw) if e != "[DONE]"]
+    text = "".join((e.get("delta") or {}).get("text", "") if isinstance(e, dict) else e for e in events
+                   if not isinstance(e, dict) or (e.get("type") == "content_block_delta"
+                                                  and (e.get("delta") or {}).get("type") == "text_delta"))
+    done = bool(events) and isinstance(events[-1], dict) and events[-1].get("type") == "message_stop"
+    return text if done else _unterminated(text, "message_stop")
+
+
+def _responses_stream_reply(raw: bytes) -> str:
+    """The text of a Responses SSE stream: every `response.output_text.delta`, in order; the
+    last event must be `response.completed` (a `data: [DONE]` after it is let pass: the LiteLLM proxy
+    1.108.7 appends one, which the Responses API does not send)."""
+    events = [e for e in _sse_data(raw) if e != "[DONE]"]
+    text = "".join(e.get("delta", "") if isinstance(e, dict) else e for e in events
+                   if not isinstance(e, dict) or e.get("type") == "response.output_text.delta")
+    done = bool(events) and isinstance(events[-1], dict) and events[-1].get("type") == "response.completed"
+    return text if done else _unterminated(text, "response.completed")
 
 
 def _anthropic_reply(raw: bytes) -> str:
@@ -249,9 +298,14 @@ CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, lambda msgs: {"model": C
 CHAT_STREAM = Door("chat-stream", "/v1/chat/completions", CHAT_MODEL,
                    lambda msgs: {"model": CHAT_MODEL, "messages": msgs, "stream": True}, _chat_stream_reply)
 MESSAGES = Door("messages", "/v1/messages", CLAUDE_MODEL, to_anthropic, _anthropic_reply, anthropic=True)
+MESSAGES_STREAM = Door("messages-stream", "/v1/messages", CLAUDE_MODEL,
+                       lambda msgs: {**to_anthropic(msgs), "stream": True}, _anthropic_stream_reply, anthropic=True)
 RESPONSES = Door("responses", "/v1/responses", CHAT_MODEL, to_responses, _responses_reply)
-DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, RESPONSES)}
-"""`chat-stream` is the chat door with `stream: true` (the bench upstream streams chat only)."""
+RESPONSES_STREAM = Door("responses-stream", "/v1/responses", CHAT_MODEL,
+                        lambda msgs: {**to_responses(msgs), "stream": True}, _responses_stream_reply)
+DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM)}
+"""`<door>-stream` is that door with `stream: true` (the bench upstream streams each API's SSE events);
+its reply parser also checks the stream ended on the API's terminator."""
 
 
 def model_list(upstream: str, api_key: str, max_input_tokens: int | None = None) -> list[dict[str, Any]]:

@@ -21,12 +21,15 @@ Scenarios (conversations made of real trajectory messages, sizes by o200k_base; 
   model's `max_input_tokens` is 1,000,000, so nothing is compacted: this is counting with
   the fingerprint cache, plus everything else a turn does.
 
-Doors: chat, chat-stream (the chat door with `stream: true`; the upstream streams SSE),
-messages, responses. The chart (bench/overhead.png, by bench/chart.py) is drawn from the
-figures, which are also kept in bench/overhead.json.
+Doors (six lanes): chat, messages, responses, and each of them streamed (chat-stream,
+messages-stream, responses-stream: the same body with `stream: true`; the upstream streams
+each API's own SSE events, and the reply check wants the stream's terminator). The chart
+(bench/overhead.png, by bench/chart.py) is drawn from the figures, which are also kept in
+bench/overhead.json.
 
     .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
-        [--small 40] [--mid 20] [--large 10] [--doors chat,chat-stream,messages,responses]
+        [--small 40] [--mid 20] [--large 10]
+        [--doors chat,chat-stream,messages,messages-stream,responses,responses-stream]
         [--litellm-proxy .bench-litellm-proxy/bin/litellm]
 """
 from __future__ import annotations
@@ -474,11 +477,13 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
     lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
     lines.append(
         "ctxgate (`.venv/bin/ctxgate serve`, one process each for `forwarding: auto` and `forwarding: litellm`) in "
-        "front of `bench/upstream.py` (a fixed 'ok' reply in each API's shape, no `usage`), all on "
-        "127.0.0.1. The client is this script: one pooled aiohttp session; each iteration builds one "
+        "front of `bench/upstream.py` (a fixed 'ok' reply in each API's shape, no input `usage`; to "
+        "`stream: true` the same reply as that API's SSE events), all on 127.0.0.1. The client is this "
+        "script: one pooled aiohttp session; each iteration builds one "
         "conversation, writes it in each door's wire format (`bench/doors.py`: chat `messages`; Anthropic "
         "`system` + alternating turns with `tool_use`/`tool_result` blocks; Responses `instructions` + `message`/"
-        "`function_call`/`function_call_output` items) and sends it through every (door, target) lane in a "
+        "`function_call`/`function_call_output` items; the `-stream` doors: the same body with `stream: true`, "
+        "the whole stream read, ending on its terminator) and sends it through every (door, target) lane in a "
         "shuffled order. `direct` is a plain aiohttp POST to the upstream's own endpoint for that door; "
         "`litellm.acompletion (in-process)` is the litellm SDK called in the client process (chat door only). "
         "*Added* is the per-iteration difference target − direct on the same door (p50 / p95 of those "
@@ -595,7 +600,7 @@ def main() -> None:
     p.add_argument("--mid", type=int, default=20, help="measured iterations for sizes above 10K up to 100K")
     p.add_argument("--large", type=int, default=10, help="measured iterations for sizes above 100K")
     p.add_argument("--no-chart", action="store_true", help="do not draw bench/overhead.png")
-    p.add_argument("--doors", default="chat,chat-stream,messages,responses",
+    p.add_argument("--doors", default=",".join(doors.DOORS),
                    help="comma-separated doors to measure (a door ctxgate answers 404 on is left out)")
     common.add_proxy_and_wait_args(p)
     args = p.parse_args()

@@ -7,7 +7,13 @@ same reply as server-sent `chat.completion.chunk` events — role, "ok", finish 
 would add ~60 ms of upstream time to every call and widen the spread of the figures, and
 an estimate would steer ctxgate, which anchors its budget decisions on the provider's count.
 `POST /v1/messages` (Anthropic) and `POST /v1/responses` (OpenAI Responses) answer the same
-fixed "ok" in their own shapes, non-stream only (a 400 to `stream: true`), without usage for the same reason.
+fixed "ok" in their own shapes, without input usage for the same reason; with `stream: true`,
+as each API streams it (the event sequence tests/upstream_doors.py scripts, one text block):
+Anthropic `message_start`, `content_block_start`, `content_block_delta` (`text_delta` "ok"),
+`content_block_stop`, `message_delta` (`stop_reason` end_turn, `usage.output_tokens` only),
+`message_stop`; Responses `response.created`, `response.output_item.added`,
+`response.content_part.added`, `response.output_text.delta` "ok", `response.output_text.done`,
+`response.content_part.done`, `response.output_item.done`, `response.completed` (`usage` null).
 
     .venv/bin/python bench/upstream.py --port 8999
 
@@ -32,12 +38,51 @@ def _chunk(body: dict, delta: dict, finish: str | None) -> bytes:
 
 
 async def chat_stream(request: web.Request, body: dict) -> web.StreamResponse:
+    return await _send_stream(request, _chunk(body, {"role": "assistant", "content": ""}, None)
+                              + _chunk(body, {"content": REPLY}, None) + _chunk(body, {}, "stop")
+                              + b"data: [DONE]\n\n")
+
+
+async def _send_stream(request: web.Request, frames: bytes) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    await resp.write(_chunk(body, {"role": "assistant", "content": ""}, None)
-                     + _chunk(body, {"content": REPLY}, None) + _chunk(body, {}, "stop") + b"data: [DONE]\n\n")
+    await resp.write(frames)
     await resp.write_eof()
     return resp
+
+
+def _event(kind: str, data: dict) -> bytes:
+    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+
+def _messages_events(message: dict) -> bytes:
+    start = {**message, "content": [], "stop_reason": None}
+    return b"".join([
+        _event("message_start", {"message": start}),
+        _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": REPLY}}),
+        _event("content_block_stop", {"index": 0}),
+        _event("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                 "usage": {"output_tokens": 1}}),
+        _event("message_stop", {}),
+    ])
+
+
+def _responses_events(response: dict) -> bytes:
+    item = response["output"][0]
+    part = item["content"][0]
+    ids = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+    events = [
+        ("response.created", {"response": {**response, "status": "in_progress", "output": []}}),
+        ("response.output_item.added", {"output_index": 0, "item": {**item, "status": "in_progress", "content": []}}),
+        ("response.content_part.added", {**ids, "part": {**part, "text": ""}}),
+        ("response.output_text.delta", {**ids, "delta": REPLY}),
+        ("response.output_text.done", {**ids, "text": REPLY}),
+        ("response.content_part.done", {**ids, "part": part}),
+        ("response.output_item.done", {"output_index": 0, "item": item}),
+        ("response.completed", {"response": response}),
+    ]
+    return b"".join(_event(kind, {**data, "sequence_number": n}) for n, (kind, data) in enumerate(events))
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
@@ -58,31 +103,25 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
 
-async def messages(request: web.Request) -> web.Response:
+async def messages(request: web.Request) -> web.StreamResponse:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
                                                              "message": "invalid JSON"}}, status=400)
-    if body.get("stream"):
-        return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
-                                                             "message": "bench upstream: stream not supported"}},
-                                 status=400)
     reply = {"id": "msg_bench", "type": "message", "role": "assistant", "model": body.get("model", "bench"),
              "content": [{"type": "text", "text": REPLY}], "stop_reason": "end_turn", "stop_sequence": None}
+    if body.get("stream"):
+        return await _send_stream(request, _messages_events(reply))
     return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
 
-async def responses(request: web.Request) -> web.Response:
+async def responses(request: web.Request) -> web.StreamResponse:
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         return web.json_response({"error": {"message": "invalid JSON", "type": "invalid_request_error",
                                             "param": None, "code": None}}, status=400)
-    if body.get("stream"):
-        return web.json_response({"error": {"message": "bench upstream: stream not supported",
-                                            "type": "invalid_request_error", "param": "stream", "code": None}},
-                                 status=400)
     reply = {
         "id": "resp_bench", "object": "response", "created_at": int(time.time()), "status": "completed",
         "model": body.get("model", "bench"), "error": None, "incomplete_details": None,
@@ -90,6 +129,8 @@ async def responses(request: web.Request) -> web.Response:
                     "content": [{"type": "output_text", "text": REPLY, "annotations": []}]}],
         "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
     }
+    if body.get("stream"):
+        return await _send_stream(request, _responses_events({**reply, "usage": None}))
     return web.Response(body=orjson.dumps(reply), content_type="application/json")
 
 

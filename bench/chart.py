@@ -15,7 +15,8 @@ import orjson
 
 BENCH = Path(__file__).resolve().parent
 TARGETS = {"ctxgate forwarding=auto": "ctxgate", "LiteLLM proxy": "LiteLLM proxy"}
-DOOR_COLOURS = {"chat": "tab:blue", "chat-stream": "tab:cyan", "messages": "tab:orange", "responses": "tab:green"}
+DOOR_COLOURS = {"chat": "tab:blue", "chat-stream": "tab:cyan", "messages": "tab:orange", "messages-stream": "tab:red",
+                "responses": "tab:green", "responses-stream": "tab:olive"}
 
 
 def _target(name: str) -> str | None:

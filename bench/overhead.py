@@ -113,11 +113,14 @@ def start(name: str, argv: list[str], base: str, health: str, workdir: Path, env
     return Proc(name, popen, log, base)
 
 
-def ctxgate_config(upstream: str, forwarding: str, workdir: Path) -> Path:
-    cfg = {
+def ctxgate_config(upstream: str, forwarding: str, workdir: Path, state: str | None = None) -> Path:
+    """`state`: ctxgate.state (a redis:// URL, which `serve --workers N` with N > 1 needs); None: the default."""
+    cfg: dict[str, Any] = {
         "model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=1_000_000),
         "ctxgate": {"forwarding": forwarding, "data_dir": str(workdir / f"data-{forwarding}")},
     }
+    if state:
+        cfg["ctxgate"]["state"] = state
     path = workdir / f"ctxgate-{forwarding}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -1,9 +1,12 @@
 """Requests per second through ctxgate and the LiteLLM proxy at a fixed concurrency.
 
 Real processes, as in bench/overhead.py: bench/upstream.py (the scripted "ok" upstream),
-`ctxgate serve --workers 1` (`forwarding: auto`) and the LiteLLM proxy (`--num_workers 1`,
+`ctxgate serve --workers N` (`forwarding: auto`) and the LiteLLM proxy (`--num_workers N`,
 from the environment given to --litellm-proxy or $CTXGATE_BENCH_LITELLM_PROXY), all on
-127.0.0.1, one worker process each. This process is the load generator: C asyncio
+127.0.0.1, the same N worker processes each (`--workers`, default 1). ctxgate refuses N > 1
+with its default in-memory session state (each worker would keep its own copy of a session),
+so N > 1 needs `--state redis://...` (or $CTXGATE_BENCH_STATE), given to ctxgate as
+`ctxgate.state`. This process is the load generator: C asyncio
 clients (one pooled aiohttp session, uvloop) each send their next request as soon as the
 previous one is answered, for `--seconds` after a one-second warm-up; the figure is the
 replies counted in that window divided by its length, through the chat door (non-stream).
@@ -15,8 +18,9 @@ Scenarios:
   of a 2K-token conversation (bench/overhead.py's `turn`: a new session every 10 turns).
 - conv-100K: each request a 100K-token conversation never seen before.
 
-    .venv/bin/python bench/throughput.py [--concurrency 20,100] [--seconds 8]
-        [--scenarios turn-2K,conv-100K] [--litellm-proxy .bench-litellm-proxy/bin/litellm]
+    .venv/bin/python bench/throughput.py [--concurrency 20,100] [--seconds 8] [--workers 1]
+        [--state redis://127.0.0.1:6379/0] [--scenarios turn-2K,conv-100K]
+        [--litellm-proxy .bench-litellm-proxy/bin/litellm]
 """
 from __future__ import annotations
 
@@ -103,9 +107,9 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
                                   f"http://127.0.0.1:{port}", "/healthz", workdir)
         procs.append(upstream)
         port = overhead.free_port()
-        cfg = overhead.ctxgate_config(upstream.url, "auto", workdir)
+        cfg = overhead.ctxgate_config(upstream.url, "auto", workdir, args.state)
         gw = overhead.start("ctxgate", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port",
-                                        str(port), "--workers", "1", "--log-level", "WARNING"],
+                                        str(port), "--workers", str(args.workers), "--log-level", "WARNING"],
                             f"http://127.0.0.1:{port}", "/healthz", workdir, env)
         procs.append(gw)
         loads = [Load("direct", upstream.url, overhead.UPSTREAM_KEY, False),
@@ -117,7 +121,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
             lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, overhead.UPSTREAM_KEY),
                                             "general_settings": {"master_key": master}}))
             proxy = overhead.start("litellm-proxy", [*proxy_argv, "--config", str(lcfg), "--port", str(port),
-                                                     "--num_workers", "1"],
+                                                     "--num_workers", str(args.workers)],
                                    f"http://127.0.0.1:{port}", "/health/liveliness", workdir, env, timeout=180)
             procs.append(proxy)
             loads.append(Load(f"LiteLLM proxy {proxy_version}", proxy.url, master, False))
@@ -143,13 +147,19 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
 
 
 def write_results(args: argparse.Namespace, rows: list, proxy: str | None, why: str) -> None:
-    lines = [common.section_header("Throughput: requests per second at concurrency 20 and 100"), ""]
+    concurrency = " and ".join(str(c) for c in args.concurrency)
+    n = args.workers
+    workers = f"{n} worker process{'es' if n > 1 else ''} each"
+    lines = [common.section_header(f"Throughput: requests per second at concurrency {concurrency}"), ""]
     lines.append(
         f"`bench/throughput.py`: {args.seconds:g} s measured (after 1 s of warm-up) per (scenario, concurrency, "
         "target); C clients in a closed loop (each sends its next request when the previous is answered), one "
         "pooled aiohttp session in the bench process; chat door (`/v1/chat/completions`, non-stream) to "
-        "`bench/upstream.py`. One worker process each: `ctxgate serve --workers 1` (`forwarding: auto`, "
-        "`max_input_tokens` 1,000,000, so nothing is compacted) and the LiteLLM proxy `--num_workers 1`"
+        "`bench/upstream.py`. "
+        f"The same number of workers, {workers}: `ctxgate serve --workers {n}` (`forwarding: auto`, "
+        "`max_input_tokens` 1,000,000, so nothing is compacted"
+        + (f"; `ctxgate.state` {args.state}" if args.state and n > 1 else "")
+        + f") and the LiteLLM proxy `--num_workers {n}`"
         + (f" (litellm {proxy}, from its own venv, see the overhead section)" if proxy else f" (**not run**: {why})")
         + ". `direct` is the upstream alone: the ceiling of this harness, since the load generator, the upstream "
         "and the target share the machine's cores. turn-2K: each client its own session, the steady next turn of "
@@ -183,8 +193,19 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per (scenario, concurrency, target)")
     p.add_argument("--scenarios", type=lambda v: v.split(","), default=["turn-2K", "conv-100K"],
                    help="turn-2K, conv-100K")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes, the same for both: `ctxgate serve --workers N`, LiteLLM proxy "
+                        "--num_workers N")
+    p.add_argument("--state", default=os.environ.get("CTXGATE_BENCH_STATE"),
+                   help="ctxgate.state for ctxgate (a redis:// URL); needed when --workers > 1, since ctxgate "
+                        "refuses several workers on its in-memory state (default $CTXGATE_BENCH_STATE)")
     common.add_proxy_and_wait_args(p)
     args = p.parse_args()
+    if args.workers < 1:
+        p.error("--workers: give a number of processes, 1 or more (the same for both servers)")
+    if args.workers > 1 and not (args.state or "").startswith("redis://"):
+        p.error(f"--workers {args.workers}: ctxgate needs a shared state backend for more than one worker; "
+                "give --state redis://HOST:PORT/DB (or set $CTXGATE_BENCH_STATE)")
     try:
         import uvloop
 

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -31,8 +32,8 @@ def gw(upstream: ScriptedUpstream, workdir: Path) -> Iterator[Gateway]:
     stop_all([gateway])
 
 
-def client(gw: Gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gw.url, api_key=KEYS["acme"], max_retries=0)
+def client(gw: Gateway, **kw: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url, api_key=KEYS["acme"], max_retries=0, **kw)
 
 
 def session() -> dict[str, str]:
@@ -44,11 +45,16 @@ def sent(up: ScriptedUpstream, model: str = "gpt-4o") -> list[dict[str, Any]]:
 
 
 def test_plain_reply_is_the_upstream_response(gw: Gateway, up: ScriptedUpstream) -> None:
-    r = client(gw).responses.create(model="gpt-4o", input="hi", instructions="be brief", extra_headers=session())
+    seen: list[httpx.Request] = []
+    cli = client(gw, http_client=httpx.Client(event_hooks={"request": [seen.append]}))
+    r = cli.responses.create(model="gpt-4o", input="hi", instructions="be brief", extra_headers=session(),
+                             extra_body={"future_field": {"b": 1, "a": [2.50, None]}})
     assert r.output_text == "ok" and r.id.startswith("resp_up")
-    [body] = sent(up)
-    assert body["instructions"] == "be brief" and body["input"] == [{"role": "user", "content": "hi"}]
-    assert "previous_response_id" not in body
+    [entry] = [e for e in up.log if e.door == "responses"]
+    # Nothing to compact, add or chain: the upstream gets the client's own bytes.
+    assert entry.raw == seen[0].content
+    assert entry.body["instructions"] == "be brief" and entry.body["input"] == "hi"
+    assert "previous_response_id" not in entry.body
 
 
 def test_stream_relays_the_events_and_keeps_the_response(gw: Gateway, up: ScriptedUpstream) -> None:

@@ -98,16 +98,24 @@ class ResponsesWire:
     name = "responses"
 
     def __init__(self, forwarder: ResponsesForwarder, store: ResponseStore, body: dict[str, Any],
-                 own_items: list[dict[str, Any]], session_id: str) -> None:
+                 own_items: list[dict[str, Any]], session_id: str, conversation: list[dict[str, Any]] | None = None,
+                 raw: bytes | None = None) -> None:
         self._forwarder = forwarder
         self._store = store
         self._session_id = session_id
+        self._original = body
         self._body = {k: v for k, v in body.items() if k not in _CHAIN_FIELDS}
         self._previous: str | None = body.get("previous_response_id")
         self._store_false = body.get("store") is False
         self._own_items = own_items
+        self._conversation = conversation
+        """The request's own conversation (neutral model): forwarded unchanged, the client's bytes go."""
+        self._raw = raw
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
+        if (messages is self._conversation and self._previous is None and not route.call_params
+                and route.upstream_model == self._original.get("model")):
+            return self._original  # nothing compacted, added or chained: `send` forwards the client's own bytes
         instructions, items = to_request(messages)
         payload = {**route.call_params, **self._body, "model": route.upstream_model, "input": items}
         if instructions is not None:
@@ -115,7 +123,8 @@ class ResponsesWire:
         return payload
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
-        return await self._forwarder.send(route, payload, stream=stream, api_key=api_key)
+        raw = self._raw if payload is self._original else None
+        return await self._forwarder.send(route, payload, stream=stream, api_key=api_key, raw=raw)
 
     def reply_facts(self, body: bytes) -> ReplyFacts:
         try:
@@ -159,7 +168,8 @@ class ResponsesDoor:
         started = time.perf_counter()
         caller, body, route, turn, session_id = await self._read(http, input_required=True)
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
-        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id)
+        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id, turn.messages,
+                             await http.read())
         return await answer(self.engine, request, wire)
 
     async def input_tokens(self, http: web.Request) -> web.Response:

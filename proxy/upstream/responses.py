@@ -23,14 +23,16 @@ class ResponsesForwarder:
     def __init__(self, direct: DirectForwarder) -> None:
         self._direct = direct
 
-    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None,
+                   raw: bytes | None = None) -> Reply:
+        """`raw`: `payload` as the client's bytes, sent as they are on a direct route."""
         if route.demo:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                f"the model {route.model_name} does not speak the Responses API; "
                                 "configure a real upstream in the model_list", param="model",
                            code="model_not_supported")
         if route.direct:
-            return await self._direct.send(route, payload, stream=stream, api_key=api_key, path="responses")
+            return await self._direct.send(route, payload, stream=stream, api_key=api_key, path="responses", raw=raw)
         return await self._via_litellm(route, payload, stream, api_key)
 
     async def _via_litellm(self, route: Route, payload: dict[str, Any], stream: bool, api_key: str | None) -> Reply:

@@ -278,6 +278,14 @@ def test_a_messages_rate_limit_is_retried(native: Gateway, up: ScriptedUpstream)
     assert reply.content[0].type == "text" and len([r for r in up.log if r.door == "messages"]) == 2
 
 
+def test_the_providers_count_is_asked_once_and_the_estimate_answers_without_it(native: Gateway,
+                                                                               up: ScriptedUpstream) -> None:
+    claude = anthropic.Anthropic(base_url=native.base, api_key=KEYS["acme"], max_retries=0)
+    counted = claude.messages.count_tokens(model="claude-flaky-429",
+                                           messages=[{"role": "user", "content": f"hi {uuid.uuid4().hex}"}])
+    assert counted.input_tokens > 0 and len([r for r in up.log if r.door == "count_tokens"]) == 1
+
+
 def test_a_deployment_with_no_retries_answers_the_first_error(gw: Gateway, up: ScriptedUpstream) -> None:
     with pytest.raises(openai.InternalServerError):
         client(gw).chat.completions.create(model="no-retry-500", messages=messages())

@@ -244,6 +244,8 @@ class Doors:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return self._anthropic_error(entry, 400, "messages: Field required")
         entry.prompt_tokens = used = anthropic_input_tokens(body)
+        if status := flaky_status(str(body.get("model")), entry, self.up.log):
+            return self._anthropic_error(entry, status, f"scripted flaky error {status}")
         return self.up._send(entry, {"input_tokens": used})
 
     async def _answer_messages(self, request: web.Request, entry: Received, raw: bytes) -> web.StreamResponse:

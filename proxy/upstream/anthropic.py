@@ -7,13 +7,13 @@ request bytes, so the upstream's prompt cache sees exactly what the client would
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import DirectForwarder, Reply, call_litellm, route_params, stream_error
+from .forwarders import DirectForwarder, Reply, UpstreamError, call_litellm, route_params, stream_error
 from .routing import Route
 
 DEFAULT_API_BASE = "https://api.anthropic.com"
@@ -75,7 +75,13 @@ async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, 
     url = messages_url(route.api_base, "messages/count_tokens")
     body = {k: call.body[k] for k in COUNTED_FIELDS if k in call.body}
     body.update(model=call.body["model"], messages=call.body["messages"])
-    reply = await pool.post(route, url, orjson.dumps(body), _headers(call, api_key, False), stream=False, where=url)
+    # Asked inside the session's lock, and only an aid (the estimate answers without it): never waited for.
+    once = replace(route, retry=replace(route.retry, num_retries=0))
+    try:
+        reply = await pool.post(once, url, orjson.dumps(body), _headers(call, api_key, False), stream=False,
+                                where=url)
+    except UpstreamError as e:  # a GatewayError is what the engine takes for "no count": the estimate answers
+        raise e.to_api_error() from None
     try:
         tokens = orjson.loads(reply.body or b"{}").get("input_tokens")
     except (orjson.JSONDecodeError, AttributeError):

@@ -43,6 +43,7 @@ $(BENCH_PROXY_VENV)/bin/litellm:
 bench: $(VENV)/.installed-bench $(BENCH_PROXY_VENV)/bin/litellm
 	CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm $(BIN)/python bench/run_all.py
 	CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm $(BIN)/python bench/throughput.py
+	$(BIN)/python bench/rss.py
 
 clean:
 	rm -rf $(VENV) .ctxgate .pytest_cache .hypothesis

@@ -1,8 +1,8 @@
 """Session state: what ctxgate remembers about a conversation between two requests.
 
 One interface, two backends: in-process (the embedded default) and Redis (shared by
-replicas). Both hold the state behind a per-session lock, so two requests of one
-session never interleave their read-modify-write.
+replicas, saved as a delta: `redis_state`). Both hold the state behind a per-session
+lock, so two requests of one session never interleave their read-modify-write.
 """
 from __future__ import annotations
 
@@ -160,57 +160,6 @@ class MemorySessionStore:
         return None
 
 
-class RedisSessionStore:
-    """State as one orjson value per session; a Redis lock per session across replicas."""
-
-    def __init__(self, url: str, ttl_s: int = 7 * 24 * 3600, lock_timeout_s: float = 120.0) -> None:
-        import redis.asyncio as redis
-
-        self._redis = redis.from_url(url)
-        self._ttl = ttl_s
-        self._lock_timeout = lock_timeout_s
-
-    @staticmethod
-    def _key(tenant: str, session_id: str) -> str:
-        return f"ctxgate:session:{tenant}:{session_id}"
-
-    @asynccontextmanager
-    async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
-        lock = self._redis.lock(self._key(tenant, session_id) + ":lock", timeout=self._lock_timeout,
-                                blocking_timeout=self._lock_timeout)
-        with reachable():
-            acquired = await lock.acquire()
-        if not acquired:
-            raise GatewayError(ErrorKind.UNAVAILABLE, f"session {session_id} is busy with another request; retry later",
-                           code="session_busy")
-        try:
-            yield
-        finally:
-            try:
-                await lock.release()
-            except Exception:  # expired under a very slow turn: the next holder already owns it
-                pass
-
-    async def load(self, tenant: str, session_id: str) -> SessionState | None:
-        with reachable():
-            raw = await self._redis.get(self._key(tenant, session_id))
-        return SessionState.from_bytes(raw) if raw else None
-
-    async def save(self, state: SessionState) -> None:
-        state.updated_at = time.time()
-        with reachable():
-            await self._redis.set(self._key(*state.key), state.to_bytes(), ex=self._ttl)
-
-    async def ping(self) -> bool:
-        try:
-            return bool(await self._redis.ping())
-        except Exception:
-            return False
-
-    async def close(self) -> None:
-        await self._redis.aclose()
-
-
 @contextmanager
 def reachable() -> Iterator[None]:
     """Redis down or partitioned: a 503 the client may retry, not an internal error."""
@@ -224,4 +173,8 @@ def reachable() -> Iterator[None]:
 
 
 def open_store(url: str) -> SessionStore:
-    return MemorySessionStore() if url == "memory" else RedisSessionStore(url)
+    if url == "memory":
+        return MemorySessionStore()
+    from .redis_state import RedisSessionStore  # imports this module: imported here, not at the top
+
+    return RedisSessionStore(url)

@@ -1,0 +1,164 @@
+"""Session state in Redis, saved as a delta.
+
+A state's bulk is its compaction records (compacted message lists, often 10-100 KB each)
+and a few other large fields that change only when a compaction or a memory refresh
+happens; a steady turn changes a few counters. So the main value holds the small fields
+and names where the large parts are: each record under its own key, written once when the
+record is new, and each other large part under a key named by a digest of its content,
+written when the field holds a new object with other content. Both rest on one rule the
+engine keeps: records, and these fields' values, are replaced, never changed in place
+(a change in place would not be saved). A save writes the new parts, the main value and an
+EXPIRE for each kept part in one MULTI/EXEC: the main value never names a part that is not
+there, whatever fails.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import weakref
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, fields
+from typing import Any, AsyncIterator
+
+import orjson
+
+from ..errors import ErrorKind, GatewayError
+from .state import CompactionRecord, SessionState, reachable
+
+log = logging.getLogger("ctxgate.state")
+
+BLOB_PARTS = ("speculative", "compaction_log", "memory_block")
+"""The large fields other than `records` that a steady turn leaves alone."""
+PARTS = "parts"
+"""The main value's field naming the part keys: {"records": [key, ...], name: key or ""}."""
+SMALL_FIELDS = tuple(f.name for f in fields(SessionState) if f.name not in ("records", *BLOB_PARTS))
+
+
+@dataclass
+class _InRedis:
+    """What Redis holds for one live state object, as it was loaded or last saved."""
+    parts: dict[str, Any] = field(default_factory=lambda: {"records": []})
+    """The main value's `parts`."""
+    values: dict[str, Any] = field(default_factory=dict)
+    """The blob parts' objects then: a field still holding its object is unchanged, known
+    without serialising it."""
+
+
+class RedisSessionStore:
+    """State in Redis (main value plus part keys); a Redis lock per session across replicas."""
+
+    def __init__(self, url: str, ttl_s: int = 7 * 24 * 3600, lock_timeout_s: float = 120.0) -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+        self._ttl = ttl_s
+        self._lock_timeout = lock_timeout_s
+        self._stored: dict[int, _InRedis] = {}
+        """By `id(state)`: what Redis already holds, so a save writes only what is not."""
+
+    @staticmethod
+    def _key(tenant: str, session_id: str) -> str:
+        return f"ctxgate:session:{tenant}:{session_id}"
+
+    @asynccontextmanager
+    async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
+        lock = self._redis.lock(self._key(tenant, session_id) + ":lock", timeout=self._lock_timeout,
+                                blocking_timeout=self._lock_timeout)
+        with reachable():
+            acquired = await lock.acquire()
+        if not acquired:
+            raise GatewayError(ErrorKind.UNAVAILABLE, f"session {session_id} is busy with another request; retry later",
+                               code="session_busy")
+        try:
+            yield
+        finally:
+            try:
+                await lock.release()
+            except Exception:  # expired under a very slow turn: the next holder already owns it
+                pass
+
+    async def load(self, tenant: str, session_id: str) -> SessionState | None:
+        with reachable():
+            raw = await self._redis.get(self._key(tenant, session_id))
+            if not raw:
+                return None
+            main = orjson.loads(raw)
+            parts: dict[str, Any] | None = main.pop(PARTS, None)
+            if parts is None:  # saved whole, before parts: the next save writes it as parts
+                return self._remember(SessionState.from_dict(main), {"records": []})
+            names = [name for name in BLOB_PARTS if parts.get(name)]
+            keys = parts["records"] + [parts[name] for name in names]
+            values = await self._redis.mget(keys) if keys else []
+        records, blobs = values[:len(parts["records"])], values[len(parts["records"]):]
+        main["records"] = [orjson.loads(r) for r in records if r is not None]
+        if len(main["records"]) < len(records):  # only if Redis itself evicted keys (maxmemory)
+            log.warning("session %s/%s: %d compaction records were missing from Redis", tenant, session_id,
+                        len(records) - len(main["records"]))
+            parts["records"] = [k for k, r in zip(parts["records"], records) if r is not None]
+        for name, blob in zip(names, blobs):
+            if blob is not None:
+                main[name] = orjson.loads(blob)
+            else:
+                parts[name] = ""
+        return self._remember(SessionState.from_dict(main), parts)
+
+    async def save(self, state: SessionState) -> None:
+        state.updated_at = time.time()
+        base = self._key(*state.key)
+        stored = self._stored.get(id(state), _InRedis())
+        parts: dict[str, Any] = {"records": [self._record_key(base, r) for r in state.records]}
+        writes: dict[str, bytes] = {}
+        known = set(stored.parts["records"])
+        for key, record in zip(parts["records"], state.records):
+            if key not in known:
+                writes[key] = orjson.dumps(record)
+        for name in BLOB_PARTS:
+            value = getattr(state, name)
+            if name in stored.values and value is stored.values[name]:
+                parts[name] = stored.parts[name]
+                continue
+            raw = orjson.dumps(value) if value else b""
+            parts[name] = f"{base}:{name}:{hashlib.blake2b(raw, digest_size=8).hexdigest()}" if raw else ""
+            if parts[name] and parts[name] != stored.parts.get(name):
+                writes[parts[name]] = raw
+        main = {name: getattr(state, name) for name in SMALL_FIELDS}
+        main[PARTS] = parts
+        kept = {k for k in _part_keys(parts) if k not in writes}
+        dropped = _part_keys(stored.parts) - kept - writes.keys()
+        with reachable():
+            async with self._redis.pipeline(transaction=True) as pipe:
+                for key, raw in writes.items():  # parts before the main value that names them
+                    pipe.set(key, raw, ex=self._ttl)
+                pipe.set(base, orjson.dumps(main), ex=self._ttl)
+                for key in kept:  # a kept part lives as long as the main value naming it
+                    pipe.expire(key, self._ttl)
+                if dropped:
+                    pipe.delete(*dropped)
+                await pipe.execute()
+        self._remember(state, parts)
+
+    def _remember(self, state: SessionState, parts: dict[str, Any]) -> SessionState:
+        if id(state) not in self._stored:
+            weakref.finalize(state, self._stored.pop, id(state), None)
+        self._stored[id(state)] = _InRedis(parts, {name: getattr(state, name) for name in BLOB_PARTS if name in parts})
+        return state
+
+    @staticmethod
+    def _record_key(base: str, record: CompactionRecord) -> str:
+        """Names a record by what makes it unique without reading its messages (which would
+        cost a serialisation of every record on every save)."""
+        return f"{base}:record:{record.prefix_len}:{record.prefix_hash}:{record.created_at!r}"
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except Exception:
+            return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _part_keys(parts: dict[str, Any]) -> set[str]:
+    return set(parts["records"]) | {parts[name] for name in BLOB_PARTS if parts.get(name)}

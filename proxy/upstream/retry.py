@@ -43,7 +43,7 @@ class RetryPolicy:
         """Before retry number `retry` (0-based): what the upstream asked for, else a jittered
         exponential backoff; at least `min_wait_s`, at most `MAX_WAIT_S` and the timeout."""
         asked = asked_wait_s(headers)
-        wait = asked if asked is not None else random.uniform(0, BACKOFF_BASE_S * 2 ** retry)
+        wait = asked if asked is not None else random.uniform(0, BACKOFF_BASE_S * 2 ** min(retry, 16))
         return min(max(wait, self.min_wait_s), MAX_WAIT_S, self.timeout_s)
 
 
@@ -92,7 +92,7 @@ class Retrier:
     """Runs one upstream call under a route's `RetryPolicy`, counting each retry in `registry`
     (the gateway's metrics) as `ctxgate_upstream_retries_total{model,reason}`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self._retries = Counter("ctxgate_upstream_retries", "Upstream calls tried again, by why (an HTTP status, "
                                 "connection, timeout)", ["model", "reason"], registry=registry)
 

@@ -113,16 +113,22 @@ def test_the_cache_knows_a_grown_history_a_retry_and_nothing_else() -> None:
     assert cache.match("other", "s", grown).length == 0
 
 
-def test_the_cache_is_bounded_by_bytes_oldest_first() -> None:
-    cache = HistoryCache(max_bytes=250)
+def test_the_cache_is_bounded_by_bytes_and_sessions_oldest_first() -> None:
+    from ctxgate.proxy.engine.history import ENTRY_OVERHEAD
+
+    cache = HistoryCache(max_bytes=2 * (100 + ENTRY_OVERHEAD) + 50)
     index = HistoryIndex.build([], COUNTER)
     for i in range(4):
         cache.remember("t", f"s{i}", [], index, 100)
     assert len(cache) == 2
     assert cache.match("t", "s0", []).length == 0 and cache.match("t", "s0", []).index is None
     assert cache.match("t", "s3", []).index is index
-    cache.remember("t", "huge", [], index, 1000)  # over the whole bound: not kept
+    cache.remember("t", "huge", [], index, 10_000)  # over the whole bound: not kept
     assert cache.match("t", "huge", []).index is None
+    few = HistoryCache(max_sessions=3)
+    for i in range(5):
+        few.remember("t", f"s{i}", [], index, 1)
+    assert len(few) == 3 and few.match("t", "s1", []).index is None and few.match("t", "s4", []).index is index
 
 
 # -- through the gateway ------------------------------------------------------------------

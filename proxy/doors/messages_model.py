@@ -18,7 +18,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ...pipeline.notes import is_ctxgate_message
-from .validation import validation_error
+from .validation import check_nesting, validation_error
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -63,6 +63,7 @@ def validate_messages_request(body: dict[str, Any], *, counting: bool = False) -
 
 def validate_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
     """The messages from `start` on: those before it were checked when they arrived (see `HistoryCache`)."""
+    check_nesting(messages[start:], 2)
     try:
         _MESSAGES.validate_python(messages[start:])
     except ValidationError as e:

@@ -59,6 +59,8 @@ class _ChatRequest(_Open):
 
 
 _MESSAGES = TypeAdapter(list[_Message])
+MAX_NESTING = 200
+"""Objects and arrays inside one another in a request body, the body itself the first."""
 
 
 async def read_json_body(request: web.Request) -> dict[str, Any]:
@@ -78,7 +80,22 @@ async def read_json_body(request: web.Request) -> dict[str, Any]:
                            f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(ErrorKind.INVALID_REQUEST, "request body must be a JSON object", code="invalid_json")
+    check_nesting({k: v for k, v in body.items() if k != "messages"})  # the messages: as each door checks them
     return body
+
+
+def check_nesting(value: Any, level: int = 1) -> None:
+    """`value`, found `level` containers deep in a body, nests no deeper than MAX_NESTING:
+    a body ctxgate parsed but could not re-encode (orjson's own limit is 254 levels) would
+    fail after the turn was logged; the same limit is checked before anything happens."""
+    stack = [(value, level)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > MAX_NESTING:
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"the request body nests objects and arrays more than "
+                               f"{MAX_NESTING} levels deep", code="nesting_too_deep")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
 
 
 def validate_chat_request(body: dict[str, Any]) -> None:
@@ -93,6 +110,7 @@ def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> No
     """The messages from `start` on: those before it were checked when they arrived (a steady
     turn pays only for what is new in it, see `HistoryCache`)."""
     new = messages[start:]
+    check_nesting(new, 2)
     try:
         _MESSAGES.validate_python(new)
     except ValidationError as e:

@@ -21,7 +21,12 @@ from typing import Any
 from ...pipeline.history_index import HistoryIndex
 
 Message = dict[str, Any]
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_SESSIONS = 1024
+"""An agent's session sends a turn every few seconds: a process serves far fewer sessions at
+once than this, and a new conversation that never comes back must not hold memory long."""
+ENTRY_OVERHEAD = 2048
+"""What an entry weighs besides its body: the index's lists, the key, the bookkeeping."""
 
 
 @dataclass(frozen=True)
@@ -42,12 +47,14 @@ class _Entry:
 
 
 class HistoryCache:
-    """Bounded by the request sizes it holds (the parsed messages take about as much)."""
+    """Bounded by the request sizes it holds (the parsed messages take about as much) and by
+    the number of sessions; the least recently used go first."""
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, max_sessions: int = DEFAULT_MAX_SESSIONS) -> None:
         self._entries: OrderedDict[tuple[str, str], _Entry] = OrderedDict()
         self._bytes = 0
         self._max = max_bytes
+        self._max_sessions = max_sessions
         self.hits = 0
         self.misses = 0
 
@@ -72,11 +79,12 @@ class HistoryCache:
         old = self._entries.pop(key, None)
         if old is not None:
             self._bytes -= old.size
+        size += ENTRY_OVERHEAD
         if size > self._max:
             return
         self._entries[key] = _Entry(list(messages), index, size)
         self._bytes += size
-        while self._bytes > self._max:
+        while self._bytes > self._max or len(self._entries) > self._max_sessions:
             _, evicted = self._entries.popitem(last=False)
             self._bytes -= evicted.size
 

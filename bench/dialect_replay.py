@@ -37,7 +37,8 @@ from typing import Any
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.tokens import TokenCounter
-from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of, measured_calibration
+from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+from ctxgate.proxy.engine.turn_budget import Turn, measured_calibration
 from ctxgate.proxy.errors import GatewayError
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState

@@ -329,7 +329,8 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
     """Where a steady-state turn's time goes inside ctxgate: the same calls chat.py makes,
     timed in this process (no HTTP), median of `runs`, on turn 5 of each session."""
     from ctxgate.pipeline.config import PipelineConfig
-    from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of
+    from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+    from ctxgate.proxy.engine.turn_budget import Turn
     from ctxgate.proxy.engine.state import SessionState
     from ctxgate.proxy.doors.validation import validate_chat_request
 

@@ -44,7 +44,8 @@ import yaml  # noqa: E402
 
 from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
 from ctxgate.pipeline.fingerprint import prefix_hashes  # noqa: E402
-from ctxgate.proxy.engine.compaction import Compactor, Turn, budget_of, fingerprints_of  # noqa: E402
+from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of  # noqa: E402
+from ctxgate.proxy.engine.turn_budget import Turn, budget_of  # noqa: E402
 from ctxgate.proxy.engine.journal import Journal  # noqa: E402
 from ctxgate.proxy.engine.state import SessionState  # noqa: E402
 from ctxgate.wal.config import WalConfig  # noqa: E402

@@ -97,7 +97,9 @@ async def session_summary(request: web.Request) -> web.Response:
     state = await gw.sessions.read(tenant, session_id)
     if state is None:
         raise GatewayError(ErrorKind.NOT_FOUND, f"no session {session_id} for this tenant", code="session_not_found")
-    return _json({"id": state.session_id, "tenant": state.tenant, "turns": state.turns, "created_at": state.created_at,
+    return _json({"id": state.session_id, "tenant": state.tenant, "turns": state.turns,
+                  "answered_turns": state.answered_turns, "unanswered_turns": state.turns - state.answered_turns,
+                  "created_at": state.created_at,
                   "updated_at": state.updated_at, "records": [
                       {"prefix_len": r.prefix_len, "levels": r.levels, "tokens_before": r.tokens_before,
                        "tokens_after": r.tokens_after} for r in state.records],

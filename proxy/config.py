@@ -92,6 +92,10 @@ class CtxgateSettings(_Strict):
     byte-exact, lower overhead), every other provider through litellm.acompletion."""
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    session_idle_ttl_s: float = Field(default=3600.0, gt=0)
+    """With `state: memory`, a session idle this long leaves memory (its WAL rebuilds it if it returns)."""
+    max_memory_sessions: int = Field(default=10_000, gt=0)
+    """With `state: memory`, the sessions held in memory; the least recently used leave first."""
     default_max_input_tokens: int = Field(default=128_000, gt=0)
     tokenizers: list[TokenizerRuleConfig] = Field(default_factory=list)
     pipeline: dict[str, Any] = Field(default_factory=dict)

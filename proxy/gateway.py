@@ -64,7 +64,8 @@ class Gateway:
         journal = Journal(root, s.wal, watch_external=s.state == "memory",
                           on_damage=lambda kind: metrics.wal_damage.labels(kind).inc())
         gw = cls(config=config, data_dir=root, router=Router(config, forwarding),
-                 tokenizers=tokenizers, sessions=Sessions(open_store(s.state), journal), metrics=metrics,
+                 tokenizers=tokenizers, metrics=metrics,
+                 sessions=Sessions(open_store(s.state, s.max_memory_sessions, s.session_idle_ttl_s), journal),
                  direct=DirectForwarder(s.connect_timeout_s, retrier),
                  via_litellm=LitellmForwarder(retrier), journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,

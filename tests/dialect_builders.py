@@ -37,7 +37,7 @@ from typing import Any
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import is_ctxgate_message
 from ctxgate.pipeline.turns import is_valid_sequence
-from ctxgate.proxy.engine.compaction import Turn
+from ctxgate.proxy.engine.turn_budget import Turn
 
 from pipeline_builders import Message, call, calls, counter, filler, system, tool, user
 

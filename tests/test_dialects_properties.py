@@ -40,7 +40,8 @@ from hypothesis import strategies as st
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import is_ctxgate_message
-from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of
+from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+from ctxgate.proxy.engine.turn_budget import Turn
 from ctxgate.proxy.errors import GatewayError
 from ctxgate.proxy.engine.state import SessionState
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import prefix_hashes
-from ctxgate.proxy.engine.compaction import Compactor, Turn, fingerprints_of
+from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+from ctxgate.proxy.engine.turn_budget import Turn
 from ctxgate.proxy.engine.state import CompactionRecord, SessionState
 from pipeline_builders import Message, assistant, counter, filler, system, tool_turn, user
 

@@ -12,7 +12,8 @@ import openai
 from clients import client
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.tokens import TokenizerRegistry
-from ctxgate.proxy.engine.compaction import Turn, fingerprints_of, limit_of, measured_calibration, provider_offset
+from ctxgate.proxy.engine.compaction import fingerprints_of
+from ctxgate.proxy.engine.turn_budget import Turn, limit_of, measured_calibration, provider_offset
 from ctxgate.proxy.engine.state import SessionState
 from pipeline_builders import Message, counter, filler, system, tool_turn, user
 from servers import KEYS, Gateway

@@ -334,8 +334,8 @@ class ScriptedUpstream:
         for i, data in enumerate(frames):
             if slow and i:
                 await asyncio.sleep(self.slow_s)
+            entry.response += data  # what it sent, also when the reader hangs up before it is written
             await response.write(data)
-            entry.response += data
         await response.write_eof()
         return response
 

@@ -25,7 +25,7 @@ from ...wal.mirror import DB_NAME, SqliteMirror
 from ...wal.paths import WalPaths
 from ...wal.reader import Recovery, find_checkpoint, recover, scan_file
 from ...wal.writer import WalWriter
-from .compaction import Turn
+from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .state import SessionState
 
@@ -264,6 +264,7 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
             state.speculation = {k: event[k] for k in ("prefix_len", "prefix_hash", "target", "records")}
             state.speculation["logged"] = True
         elif kind == EventType.RESPONSE.value:
+            state.answered_turns += 1
             state.has_attempted_reactive_compact = False  # a reply arrived: the loop guard was reset
             state.count_offset = int(event.get("count_offset") or 0)
             state.count_offset_key = str(event.get("count_offset_key") or "")

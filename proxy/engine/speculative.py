@@ -14,7 +14,8 @@ import logging
 from dataclasses import asdict, replace
 from typing import Any, Awaitable, Callable
 
-from .compaction import ChainRun, Turn, run_chain
+from .compaction import ChainRun, run_chain
+from .turn_budget import Turn
 from .session import Sessions
 from .state import SessionState
 

@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Iterator, Protocol
+from typing import Any, AsyncIterator, Callable, Iterator, Protocol
 
 import orjson
 
@@ -42,6 +42,9 @@ class SessionState:
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     turns: int = 0
+    """Requests the session planned and forwarded (attempts, the failed and the in-flight ones included)."""
+    answered_turns: int = 0
+    """Of those, the ones answered by the upstream and settled (a RESPONSE in the WAL)."""
     profile: str = ""
     """The profile of the latest turn (it decides whether the WAL is written)."""
     records: list[CompactionRecord] = field(default_factory=list)
@@ -123,12 +126,18 @@ class SessionStore(Protocol):
 
 
 class MemorySessionStore:
-    """In-process state; the least recently used sessions are forgotten past `max_sessions`."""
+    """In-process state, a cache of what the WAL holds: the least recently used sessions are
+    forgotten past `max_sessions`, and any idle past `idle_ttl_s`, so memory does not grow
+    with every conversation ever seen. A forgotten session that returns is rebuilt from its
+    WAL (`Sessions.transaction`)."""
 
-    def __init__(self, max_sessions: int = 100_000) -> None:
+    def __init__(self, max_sessions: int = 10_000, idle_ttl_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self._states: OrderedDict[tuple[str, str], SessionState] = OrderedDict()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._max = max_sessions
+        self._ttl = idle_ttl_s
+        self._clock = clock
 
     @asynccontextmanager
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -146,12 +155,22 @@ class MemorySessionStore:
         return state
 
     async def save(self, state: SessionState) -> None:
-        state.updated_at = time.time()
+        now = self._clock()
+        state.updated_at = now
         self._states[state.key] = state
         self._states.move_to_end(state.key)
-        while len(self._states) > self._max:
-            old, _ = self._states.popitem(last=False)
-            self._locks.pop(old, None)
+        # Least recently used first: the oldest go while there are too many or they are idle.
+        while self._states:
+            key, oldest = next(iter(self._states.items()))
+            if len(self._states) <= self._max and now - oldest.updated_at <= self._ttl:
+                break
+            del self._states[key]
+            lock = self._locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._locks[key]
+
+    def __len__(self) -> int:
+        return len(self._states)
 
     async def ping(self) -> bool:
         return True
@@ -172,9 +191,9 @@ def reachable() -> Iterator[None]:
                            f"the session state backend is unreachable: {e}", code="state_unavailable") from None
 
 
-def open_store(url: str) -> SessionStore:
+def open_store(url: str, max_memory_sessions: int = 10_000, idle_ttl_s: float = 3600.0) -> SessionStore:
     if url == "memory":
-        return MemorySessionStore()
+        return MemorySessionStore(max_memory_sessions, idle_ttl_s)
     from .redis_state import RedisSessionStore  # imports this module: imported here, not at the top
 
     return RedisSessionStore(url)

@@ -28,8 +28,8 @@ from ..errors import ErrorKind, GatewayError
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
-from .compaction import (Compactor, Plan, Turn, budget_of, calibration_of, count_offset_key, fingerprints_of,
-                         measured_calibration)
+from .compaction import Compactor, fingerprints_of
+from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
 from .session import Transaction
 from .memory_turn import MemoryScope, block_tokens, inject, query_of
@@ -283,18 +283,18 @@ class TurnEngine:
             gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)
             calibration = measured_calibration(prepared.turn, prepared.plan.tokens_out, facts.prompt_tokens)
         caller = prepared.caller
-        if prepared.guard_set or calibration is not None or gw.journal.enabled(caller.profile):
-            try:
-                async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
-                    tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
-                                                                  tokens_in, prepared.plan.tokens_out)
-                    state = tx.state
-                    state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
-                    if calibration is not None:
-                        state.count_offset, state.count_scale = calibration
-                        state.count_offset_key = prepared.offset_key
-            except GatewayError as e:  # the reply exists and the turn is logged: answer it rather than lose it
-                log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
+        try:
+            async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
+                tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
+                                                              tokens_in, prepared.plan.tokens_out)
+                state = tx.state
+                state.answered_turns += 1
+                state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
+                if calibration is not None:
+                    state.count_offset, state.count_scale = calibration
+                    state.count_offset_key = prepared.offset_key
+        except GatewayError as e:  # the reply exists and the turn is logged: answer it rather than lose it
+            log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
         try:
             await wire.settled(caller.tenant, facts)
         except Exception as e:  # the same: a reply the upstream was paid for reaches the client

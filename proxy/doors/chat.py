@@ -80,6 +80,7 @@ class ChatDoor:
         raw = await http.read()
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         known=known, body_bytes=len(raw), count_bound=json_bound(raw))
+                         known=known, body_bytes=len(raw),
+                         count_bound=json_bound(raw) if known.length == 0 else None)  # only a new one is bounded
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
         return await answer(self.engine, request, ChatWire(self.gw, body, raw))

@@ -18,7 +18,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ...pipeline.notes import is_ctxgate_message
-from .validation import check_nesting, validation_error
+from .validation import check_nesting, require_objects, validation_error
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -39,7 +39,8 @@ class _Message(_Open):
 class _CountRequest(_Open):
     """The body but its messages' contents, which `validate_messages` checks."""
     model: str = Field(min_length=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
+    """Each an object (`validate_messages_request`); their contents: `validate_messages`."""
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     metadata: dict[str, Any] | None = None
@@ -59,6 +60,7 @@ def validate_messages_request(body: dict[str, Any], *, counting: bool = False) -
         (_CountRequest if counting else _MessagesRequest).model_validate(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
+    require_objects(body["messages"], "messages")
 
 
 def validate_messages(messages: list[dict[str, Any]], start: int = 0) -> None:

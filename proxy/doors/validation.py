@@ -49,7 +49,8 @@ class _StreamOptions(_Open):
 class _ChatRequest(_Open):
     """The body but its messages' contents, which `validate_chat_messages` checks."""
     model: str = Field(min_length=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
+    """Each an object (`validate_chat_request`); their contents: `validate_chat_messages`."""
     stream: bool | None = None
     stream_options: _StreamOptions | None = None
     n: int | None = Field(default=None, ge=1)
@@ -104,6 +105,16 @@ def validate_chat_request(body: dict[str, Any]) -> None:
         _ChatRequest.model_validate(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
+    require_objects(body["messages"], "messages")
+
+
+def require_objects(items: list[Any], where: str) -> None:
+    """Every item of a list is an object: checked apart from their contents, which a steady
+    turn checks only for its new items (a model of `list[dict]` would copy every one)."""
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"{where}.{i}: Input should be a valid dictionary",
+                               param=f"{where}.{i}", code="invalid_request")
 
 
 def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> None:

@@ -36,6 +36,10 @@ from ctxgate.pipeline.turns import is_valid_sequence  # noqa: E402
 from trajectories import Trajectory, all_trajectories, every_dialect  # noqa: E402
 
 Message = dict[str, Any]
+CLIENT_KEEPALIVE_S = 2.0
+"""How long the benches' HTTP clients keep an idle connection: below the LiteLLM proxy's
+(uvicorn closes idle keep-alive connections after 5 s), so no request goes out on a
+connection the server is closing (a ServerDisconnectedError mid-run)."""
 
 
 def gpt4o_counter() -> TokenCounter:

@@ -452,7 +452,7 @@ async def main_async(args: argparse.Namespace):
 
         litellm.suppress_debug_info = True
         rng = random.Random(20240601)
-        connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=60)
+        connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=600)
         results: list[tuple[Scenario, str, dict[str, dict]]] = []
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:

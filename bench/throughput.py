@@ -127,7 +127,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
             loads.append(Load(f"LiteLLM proxy {proxy_version}", proxy.url, master, False))
         else:
             common.progress(f"throughput: no LiteLLM proxy: {proxy_version}")
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
             for scenario in args.scenarios:
                 for c in args.concurrency:

@@ -88,10 +88,9 @@ def _first_text(messages: list[dict[str, Any]], roles: tuple[str, ...]) -> str:
     return ""
 
 
-def resolve_session(tenant: str, headers: Mapping[str, str], messages: list[dict[str, Any]],
-                    prompt_cache_key: Any = None) -> str:
-    """X-Ctx-Session, else the conventions agents send (headers, the body's cache key), else a
-    fingerprint of the conversation's start (`messages` in the neutral model)."""
+def named_session(headers: Mapping[str, str], prompt_cache_key: Any = None) -> str | None:
+    """The session the request names: X-Ctx-Session, else the conventions agents send
+    (headers, the body's cache key); None when it names none."""
     own = headers.get("X-Ctx-Session")
     if own is not None:
         return require_id(own, "session", "X-Ctx-Session")
@@ -101,5 +100,15 @@ def resolve_session(tenant: str, headers: Mapping[str, str], messages: list[dict
     for value in candidates:
         if value:
             return derived_id(value)  # other tools' ids are not ours to refuse
+    return None
+
+
+def resolve_session(tenant: str, headers: Mapping[str, str], messages: list[dict[str, Any]],
+                    prompt_cache_key: Any = None) -> str:
+    """The session the request names (`named_session`), else a fingerprint of the
+    conversation's start (`messages` in the neutral model)."""
+    named = named_session(headers, prompt_cache_key)
+    if named is not None:
+        return named
     seed = "\x00".join((tenant, _first_text(messages, ("system", "developer")), _first_text(messages, ("user",))))
     return "fp-" + xxhash.xxh3_128_hexdigest(seed.encode())[:24]

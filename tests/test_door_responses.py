@@ -297,3 +297,33 @@ def test_a_reply_the_store_cannot_keep_still_reaches_the_client(gw: Gateway, up:
     with pytest.raises(openai.InternalServerError) as e:
         cli.responses.create(model="gpt-4o", input="again", previous_response_id=r.id)
     assert e.value.status_code == 503 and e.value.code == "store_unavailable" and not up.log
+
+
+def test_a_steady_session_sends_what_a_new_one_sends_and_checks_its_new_items(gw: Gateway,
+                                                                              up: ScriptedUpstream) -> None:
+    """Codex's way (`store: false`, the whole input every turn, a prompt_cache_key): a turn
+    converts and checks only its new items, and forwards what a session seeing the whole
+    conversation for the first time forwards; a bad new item is refused at its own index."""
+    cli = client(gw)
+    key = f"codex-{uuid.uuid4().hex[:8]}"
+    items: list[dict[str, Any]] = [{"role": "user", "content": "list files"}]
+    for turn in range(3):
+        cli.responses.create(model="gpt-4o", input=items, instructions="be brief", store=False,
+                             prompt_cache_key=key)
+        steady = sent(up)[-1]
+        cli.responses.create(model="gpt-4o", input=items, instructions="be brief", store=False,
+                             prompt_cache_key=f"{key}-fresh-{turn}")
+        assert sent(up)[-1]["input"] == steady["input"] and steady["instructions"] == "be brief"
+        items = [*items, {"type": "function_call", "call_id": f"c{turn}", "name": "shell", "arguments": "{}"},
+                 {"type": "function_call_output", "call_id": f"c{turn}", "output": "a.py"},
+                 {"role": "user", "content": f"next {turn}"}]
+    before = len(up.log)
+    with pytest.raises(openai.BadRequestError) as e:
+        cli.responses.create(model="gpt-4o", input=[*items, {"type": "function_call", "name": "shell"}],
+                             instructions="be brief", store=False, prompt_cache_key=key)
+    assert e.value.body["param"] == f"input.{len(items)}.call_id", e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        cli.responses.create(model="gpt-4o", input=[{"role": "wizard", "content": "x"}, *items[1:]],
+                             instructions="be brief", store=False, prompt_cache_key=key)
+    assert e.value.body["param"] == "input.0", e.value.body
+    assert len(up.log) == before

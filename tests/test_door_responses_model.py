@@ -84,3 +84,26 @@ def test_the_stream_watch_finds_the_final_response_in_events_split_anywhere() ->
     assert watch.complete and watch.body() == stream and facts.response == final and facts.prompt_tokens == 42
     assert facts.tool_calls == [{"id": "call_1", "type": "function",
                                  "function": {"name": "shell", "arguments": '{"cmd":"ls"}'}}]
+
+
+def test_a_conversion_continued_from_the_last_one_is_the_conversion_from_scratch() -> None:
+    """A steady turn converts only what is new (`convert` with the last request's result): the
+    messages must be those a whole conversion gives, at every split, also one inside a run of
+    reasoning and calls that grows."""
+    from ctxgate.proxy.doors.responses_model import convert
+
+    extra = [{"type": "reasoning", "id": "rs_2", "summary": []},
+             {"type": "function_call", "id": "fc_2", "call_id": "call_2", "name": "shell", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "call_2", "output": "ok"},
+             {"role": "user", "content": "more"}]
+    items = ITEMS + extra
+    for instructions in (None, "be brief"):
+        for cut in range(len(items) + 1):
+            last = convert(instructions, items[:cut])
+            for end in range(cut, len(items) + 1):
+                continued = convert(instructions, items[:end], last)
+                assert continued.messages == to_messages(instructions, items[:end]), (instructions, cut, end)
+                assert continued.starts == convert(instructions, items[:end]).starts
+        assert convert("other", items, convert(instructions, items)).messages == to_messages("other", items)
+    rewritten = [{"role": "user", "content": "changed"}, *items[1:]]
+    assert convert(None, rewritten, convert(None, items)).messages == to_messages(None, rewritten)

@@ -10,6 +10,7 @@ store anything. Errors leave in OpenAI's error shape, which is also this API's.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -20,13 +21,14 @@ from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
-from ..tenancy import Caller, resolve_caller, resolve_session
+from ..tenancy import Caller, named_session, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.responses import ResponsesForwarder
 from ..upstream.routing import Route
 from .respond import DoorRequest, add_door_route, answer
 from .response_store import ResponseStore, StoredResponse, open_response_store
-from .responses_model import input_items, to_messages, to_request, validate_responses_request
+from .responses_model import (Converted, checked_items, convert, input_items, to_request,
+                              validate_responses_request)
 from .validation import read_json_body
 
 _FINAL_EVENTS = ("response.completed", "response.failed", "response.incomplete")
@@ -186,11 +188,19 @@ class ResponsesDoor:
                     ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str]:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http)
-        validate_responses_request(body, input_required=input_required)
-        route = self.gw.router.resolve(body["model"])
+        named = named_session(http.headers, body.get("prompt_cache_key"))
+        # The session's last request as this door read it: a steady turn checks and converts only what is new.
+        last = self.gw.histories.door_state(caller.tenant, named) if named else None
+        last = last if isinstance(last, Converted) else None
         previous = body.get("previous_response_id")
+        known = checked_items(last, body.get("instructions"), body.get("input")) if not previous else 0
+        validate_responses_request(body, input_required=input_required, start=known)
+        route = self.gw.router.resolve(body["model"])
         history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
-        messages = to_messages(body.get("instructions"), history + input_items(body))
+        converted = convert(body.get("instructions"), history + input_items(body), last)
+        if not previous:  # every item is the request's own input, checked above
+            converted = replace(converted, checked=len(converted.items))
+        messages = converted.messages
         if not messages:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                "the conversation is empty: give `input` or `instructions`", param="input",
@@ -202,7 +212,8 @@ class ResponsesDoor:
             session_id = chained_session
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
-                         memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None)
+                         memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
+                         door_state=converted, body_bytes=len(await http.read()))
         return caller, body, route, turn, session_id
 
     async def retrieve(self, http: web.Request) -> web.Response:

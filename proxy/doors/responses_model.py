@@ -16,6 +16,7 @@ byte-identical, and the conversion is deterministic (stable message fingerprints
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,8 +48,9 @@ def _bad(message: str, param: str) -> GatewayError:
     return GatewayError(ErrorKind.INVALID_REQUEST, message, param=param, code="invalid_request")
 
 
-def validate_responses_request(body: dict[str, Any], *, input_required: bool = True) -> None:
-    """The shapes ctxgate relies on; every other field passes through untouched."""
+def validate_responses_request(body: dict[str, Any], *, input_required: bool = True, start: int = 0) -> None:
+    """The shapes ctxgate relies on; every other field passes through untouched. Input items
+    before `start` were checked when they arrived (a steady turn checks only what is new)."""
     try:
         _ResponsesRequest.model_validate(body)
     except ValidationError as e:
@@ -63,7 +65,7 @@ def validate_responses_request(body: dict[str, Any], *, input_required: bool = T
     elif not isinstance(raw, (str, list)):
         raise _bad("input: must be a string or a list of input items", "input")
     else:
-        for i, item in enumerate(raw if isinstance(raw, list) else []):
+        for i, item in enumerate(raw[start:] if isinstance(raw, list) else [], start):
             if not isinstance(item, dict):
                 raise _bad(f"input.{i}: an input item must be an object", f"input.{i}")
             _validate_item(item, f"input.{i}")
@@ -109,22 +111,65 @@ def input_items(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 def to_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses input (the whole conversation) -> chat-completions messages."""
+    return convert(instructions, items).messages
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A conversation's items and the chat-completions messages they became."""
+    instructions: str | None
+    items: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    starts: list[int]
+    """`[j]`: the index in `items` of message j's first item (-1: the instructions)."""
+    checked: int = 0
+    """How many leading items were checked as a request's own input (not a chain's history)."""
+
+
+def known_items(previous: Converted | None, instructions: Any, raw_input: Any) -> int:
+    """How many leading items of a request's own input `previous` had (0 if it is not its continuation)."""
+    if previous is None or previous.instructions != instructions or not isinstance(raw_input, list):
+        return 0
+    known = len(previous.items)
+    return known if len(raw_input) >= known and raw_input[:known] == previous.items else 0
+
+
+def checked_items(previous: Converted | None, instructions: Any, raw_input: Any) -> int:
+    """How many leading items of a request's own input were checked already, as `previous`'s own input."""
+    return min(known_items(previous, instructions, raw_input), previous.checked) if previous is not None else 0
+
+
+def convert(instructions: str | None, items: list[dict[str, Any]], previous: Converted | None = None) -> Converted:
+    """`to_messages`, reusing what `previous` converted when `items` starts with its items:
+    every message but its last is closed (an item followed it), so only the last is made
+    again, with what came since (a run of calls and reasoning may have grown)."""
     messages: list[dict[str, Any]] = []
+    starts: list[int] = []
+    first = 0
     if instructions:
         messages.append({"role": "system", "content": instructions, "instructions": True})
+        starts.append(-1)
+    if previous is not None and len(previous.messages) >= 2 and previous.starts[-1] >= 0 \
+            and known_items(previous, instructions, items):
+        last = len(previous.messages) - 1
+        messages, starts, first = previous.messages[:last], previous.starts[:last], previous.starts[last]
     run: list[dict[str, Any]] = []
-    for item in items:
+    for i in range(first, len(items)):
+        item = items[i]
         if _is_input_message(item) or _is_output(item):
             if run:
                 messages.append(_assistant_turn(run))
+                starts.append(i - len(run))
                 run = []
             messages.append(_tool_message(item) if _is_output(item) else
                             {"role": item["role"], "content": _content(item["content"]), "item": item})
+            starts.append(i)
         else:
             run.append(item)
     if run:
         messages.append(_assistant_turn(run))
-    return messages
+        starts.append(len(items) - len(run))
+    return Converted(instructions, list(items), messages, starts)
 
 
 def _content(content: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:

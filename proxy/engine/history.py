@@ -44,6 +44,7 @@ class _Entry:
     messages: list[Message]
     index: HistoryIndex
     size: int
+    door_state: Any
 
 
 class HistoryCache:
@@ -71,8 +72,14 @@ class HistoryCache:
         self.misses += 1
         return NOTHING_KNOWN
 
+    def door_state(self, tenant: str, session_id: str) -> Any:
+        """What the door that served the session's last request kept of its own reading of it
+        (the Responses door: its items and the messages they became), or None."""
+        entry = self._entries.get((tenant, session_id))
+        return entry.door_state if entry is not None else None
+
     def remember(self, tenant: str, session_id: str, messages: list[Message], index: HistoryIndex,
-                 size: int) -> None:
+                 size: int, door_state: Any = None) -> None:
         """`messages` as this request had them (a copy of the list is kept: callers may build
         on theirs); `size` is what they weigh, the request body's bytes."""
         key = (tenant, session_id)
@@ -82,7 +89,7 @@ class HistoryCache:
         size += ENTRY_OVERHEAD
         if size > self._max:
             return
-        self._entries[key] = _Entry(list(messages), index, size)
+        self._entries[key] = _Entry(list(messages), index, size, door_state)
         self._bytes += size
         while self._bytes > self._max or len(self._entries) > self._max_sessions:
             _, evicted = self._entries.popitem(last=False)

@@ -59,6 +59,8 @@ class TurnInput:
     """What the door found of the session's last request (`HistoryCache.match`); None: the engine looks."""
     body_bytes: int = 0
     """The request body's size: what the history cache weighs it at."""
+    door_state: Any = None
+    """The door's own reading of the request, kept with the session's history for its next turn."""
     count_bound: int | None = None
     """At least what a byte-bounded tokenizer counts for the messages and tools
     (`tokens.json_bound` of the body), when the body holds all of them; else None."""
@@ -178,7 +180,8 @@ class TurnEngine:
         """The turn's count is known: reported, and its index kept for the session's next turn."""
         assert turn.index is not None
         headers["X-Ctx-Tokens-In"] = str(turn.message_tokens() + turn.counter.count_tools(turn.tools))
-        self.gw.histories.remember(caller.tenant, session_id, request.messages, turn.index, request.body_bytes)
+        self.gw.histories.remember(caller.tenant, session_id, request.messages, turn.index, request.body_bytes,
+                                   request.door_state)
 
     async def _count_late(self, prepared: PreparedTurn, request: TurnInput,
                           counting: "asyncio.Future[HistoryIndex]") -> None:

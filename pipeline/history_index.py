@@ -61,10 +61,16 @@ class HistoryIndex:
 
     def counted(self, messages: list[Message], counter: TokenCounter) -> "HistoryIndex":
         """This index with every message counted (`messages` are the ones it indexes)."""
+        start = len(self.cumulative_tokens) - 1
+        return self.with_counts([counter.count_structured(messages[i], self.fingerprints[i])
+                                 for i in range(start, len(self.fingerprints))])
+
+    def with_counts(self, counts: list[int]) -> "HistoryIndex":
+        """This index with the uncounted messages' counts, in order, added."""
         totals = list(self.cumulative_tokens)
         total = totals[-1]
-        for i in range(len(totals) - 1, len(self.fingerprints)):
-            total += counter.count_structured(messages[i], self.fingerprints[i])
+        for n in counts:
+            total += n
             totals.append(total)
         return HistoryIndex(self.fingerprints, self.prefix_hashes, totals, self.counter_name)
 

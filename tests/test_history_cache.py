@@ -239,3 +239,4 @@ def test_a_large_new_conversation_the_upstream_fails_is_still_logged(gateway: Ga
     events = wait_until(lambda: _wal_events(gateway, session), what="the failed turn's log")
     assert [e["type"] for e in events].count("USER_INPUT") == 6
     assert not any(e["type"] == "RESPONSE" for e in events)
+

@@ -111,6 +111,9 @@ class TurnEngine:
         counting: asyncio.Future[HistoryIndex] | None = None
         if known.length == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded:
             counting = asyncio.ensure_future(asyncio.to_thread(index.counted, messages, counter))
+        elif known.length == 0 and request.body_bytes > INLINE_COUNT_BOUND:
+            # A large count in a thread: the event loop serves other requests meanwhile.
+            index = await asyncio.to_thread(index.counted, messages, counter)
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)

@@ -130,7 +130,7 @@ def ctxgate_config(upstream: str, forwarding: str, workdir: Path, state: str | N
 # Payloads
 
 
-def fresh(messages: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+def fresh(messages: list[dict[str, Any]], i: int | str) -> list[dict[str, Any]]:
     """The conversation with `<i> ` in front of every message's text: nothing cached."""
     out = []
     for m in messages:
@@ -170,8 +170,11 @@ class Scenario:
     tokens: list[int] = field(default_factory=list)
     body_bytes: dict[str, int] = field(default_factory=dict)
 
-    def messages(self, i: int) -> list[dict[str, Any]]:
-        return fresh(self.base, i) if self.kind == "fresh" else turn(self.base, i)
+    def messages(self, i: int, door: str) -> list[dict[str, Any]]:
+        """Iteration i's conversation for a door. A new conversation is new to each door too:
+        one gateway serves them all, and a second door sending the same messages would find
+        them counted and known (its counts, its session's history) — a steady turn, not a new one."""
+        return fresh(self.base, f"{i}:{door}") if self.kind == "fresh" else turn(self.base, i)
 
 
 def size_label(size: int) -> str:
@@ -262,18 +265,20 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
     run_id = f"{sc.name}-{rng.randrange(1 << 30):x}"
     total = sc.warmup + sc.iterations
     used = list(dict.fromkeys(d for d, _ in lanes))
+    door_of = {d.name: d for d in used}
     started = time.perf_counter()
     for i in range(total):
-        msgs = sc.messages(i)
-        bodies = {d.name: d.payload(msgs) for d in used}
+        conversations = {d.name: sc.messages(i, d.name) for d in used}
+        bodies = {name: door_of[name].payload(msgs) for name, msgs in conversations.items()}
         if i in (0, TURNS_PER_SESSION - 1, total - 1):
-            sc.tokens.append(counter.count_messages(msgs))
+            sc.tokens.append(counter.count_messages(next(iter(conversations.values()))))
             sc.body_bytes = {name: len(b) for name, b in bodies.items()}
         order = list(lanes)
         rng.shuffle(order)
         for door, t in order:
             sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // TURNS_PER_SESSION}-{door.name}-{t.name}")
-            s = await t.send(http, door, msgs, bodies[door.name], sid if sc.kind == "turn" else None)
+            s = await t.send(http, door, conversations[door.name], bodies[door.name],
+                             sid if sc.kind == "turn" else None)
             if i >= sc.warmup:
                 samples[key(door, t)].append(s)
             elif i == 0:
@@ -326,13 +331,16 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
 
 
 def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
-    """Where a steady-state turn's time goes inside ctxgate: the same calls chat.py makes,
-    timed in this process (no HTTP), median of `runs`, on turn 5 of each session."""
+    """Where a steady-state turn's time goes inside ctxgate: the calls chat.py and the engine
+    make on turn 5 of a session whose turn 4 they saw, timed in this process (no HTTP),
+    median of `runs`."""
     from ctxgate.pipeline.config import PipelineConfig
-    from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
-    from ctxgate.proxy.engine.turn_budget import Turn
+    from ctxgate.pipeline.history_index import HistoryIndex
+    from ctxgate.proxy.doors.validation import validate_chat_messages, validate_chat_request
+    from ctxgate.proxy.engine.compaction import Compactor
+    from ctxgate.proxy.engine.history import HistoryCache
     from ctxgate.proxy.engine.state import SessionState
-    from ctxgate.proxy.doors.validation import validate_chat_request
+    from ctxgate.proxy.engine.turn_budget import Turn
 
     async def no_summary(_msgs):  # never called: nothing is over the trigger
         raise RuntimeError("unexpected compaction")
@@ -342,17 +350,18 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
         if sc.kind != "turn":
             continue
         counter = common.TokenizerRegistry().for_model(MODEL)
-        msgs = sc.messages(5)
+        before, msgs = sc.messages(4, "chat"), sc.messages(5, "chat")
         body = orjson.dumps({"model": MODEL, "messages": msgs})
         parsed = orjson.loads(body)
-        fps = fingerprints_of(msgs)
-        counter.count_request(msgs, None, fps)  # the session's earlier turns filled the cache
-        config = PipelineConfig()
-        turn_ = Turn(messages=msgs, fingerprints=fps, tools=None, counter=counter, config=config,
-                     max_input_tokens=1_000_000, summarize=no_summary)
+        histories = HistoryCache()
+        histories.remember("t", "s", before, HistoryIndex.build(before, counter), len(body))
+        known = histories.match("t", "s", parsed["messages"])
+        assert known.index is not None and known.length == len(before)
+        index = known.index.extend(msgs, known.length, counter)
+        turn_ = Turn(messages=msgs, fingerprints=index.fingerprints, tools=None, counter=counter,
+                     config=PipelineConfig(), max_input_tokens=1_000_000, summarize=no_summary, index=index)
         compactor = Compactor()
         loop = asyncio.new_event_loop()
-        payload = {"model": MODEL, **parsed}
 
         def timed(fn) -> float:
             out = []
@@ -364,26 +373,31 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
 
         steps = [
             ("orjson.loads(body)", lambda: orjson.loads(body)),
-            ("validation.validate_chat_request(body)", lambda: validate_chat_request(parsed)),
-            ("compaction.fingerprints_of(messages)", lambda: fingerprints_of(msgs)),
-            ("counter.count_request(messages, tools, fps) — cached, as chat.py calls it",
-             lambda: counter.count_request(msgs, None, fps)),
-            ("counter.count_messages(messages) — no fingerprints: one full tokenizer pass",
-             lambda: counter.count_messages(msgs)),
-            ("counter.count_messages(messages, fps) — by fingerprint (cached)",
-             lambda: counter.count_messages(msgs, fps)),
+            ("validate_chat_request(body) — everything but the messages' contents",
+             lambda: validate_chat_request(parsed)),
+            ("HistoryCache.match — the last turn's messages, compared in C", lambda: histories.match(
+                "t", "s", parsed["messages"])),
+            ("validate_chat_messages(messages, known) — the new ones", lambda: validate_chat_messages(
+                parsed["messages"], known.length)),
+            ("HistoryIndex.extend — hash and count the new ones", lambda: known.index.extend(
+                msgs, known.length, counter)),
             ("Compactor.prepare(state, turn) — whole, below trigger",
              lambda: loop.run_until_complete(compactor.prepare(SessionState("t", "s"), turn_))),
-            ("orjson.dumps(payload) — forwarded body", lambda: orjson.dumps(payload)),
+            ("for comparison: HistoryIndex.build — hash and count them all (cached counts)",
+             lambda: HistoryIndex.build(msgs, counter)),
+            ("for comparison: counter.count_messages(messages) — fingerprints computed, counts cached",
+             lambda: counter.count_messages(msgs)),
         ]
         for label, fn in steps:
             rows.append([sc.name, label, fmt(timed(fn), 3)])
         loop.close()
         common.progress(f"  breakdown {sc.name}: done")
     return ("### Where a steady-state turn goes (in-process, no HTTP)\n\n"
-            f"The calls the chat door makes on a turn below the trigger, on turn 5 of each session, timed one by "
-            f"one in the client process, median of {runs} runs (`Compactor.prepare` on one event loop, "
-            "`run_until_complete` each time).\n\n" + common.table(["session", "call", "ms"], rows, "llr") + "\n")
+            f"The calls the chat door and the engine make on a turn below the trigger, on turn 5 of a session "
+            f"whose turn 4 they saw, timed one by one in the client process, median of {runs} runs "
+            "(`Compactor.prepare` on one event loop, `run_until_complete` each time). The client's bytes are "
+            "forwarded as they are: nothing is re-encoded.\n\n" + common.table(["session", "call", "ms"], rows, "llr")
+            + "\n")
 
 
 async def main_async(args: argparse.Namespace):

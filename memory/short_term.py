@@ -49,9 +49,11 @@ class SessionBuffer:
 
 
 class ShortTermStore:
-    def __init__(self) -> None:
+    def __init__(self, max_sessions: int = 10_000) -> None:
         self._buffers: dict[SessionKey, SessionBuffer] = {}
         self.lock = asyncio.Lock()
+        self.max_sessions = max_sessions
+        """Past this many buffers, the empty ones go (`_forget_empty`)."""
 
     async def add(self, key: SessionKey, scope: "BufferScope", fingerprint_list: list[str],
                   found: list[tuple[int, Candidate]], now: float) -> tuple[SessionBuffer, bool]:
@@ -62,6 +64,8 @@ class ShortTermStore:
             first = buf is None
             if buf is None:
                 buf = self._buffers[key] = SessionBuffer(key[0], scope.user, scope.project, last_dream_at=now)
+                if len(self._buffers) > self.max_sessions:
+                    self._forget_empty()
             buf.user, buf.project = scope.user or buf.user, scope.project or buf.project
             buf.profile, buf.model, buf.last_seen_at = scope.profile, scope.model, now
             fresh = {i for i, fp in enumerate(fingerprint_list) if fp not in buf.seen}
@@ -71,6 +75,19 @@ class ShortTermStore:
             while len(buf.seen) > _SEEN_LIMIT:
                 buf.seen.pop(next(iter(buf.seen)))
             return buf, first
+
+    def _forget_empty(self) -> None:
+        """The buffers that hold no candidate go, oldest first, down to 90% of `max_sessions`:
+        a conversation that never comes back must not hold memory. One that does comes back
+        unseen: its messages are read for candidates again, and none were found the first time."""
+        target = self.max_sessions * 9 // 10
+        for key in [k for k, b in self._buffers.items() if not b.entries]:
+            if len(self._buffers) <= target:
+                break
+            del self._buffers[key]
+
+    def __len__(self) -> int:
+        return len(self._buffers)
 
     def unseen(self, key: SessionKey, fingerprint_list: list[str]) -> set[int]:
         buf = self._buffers.get(key)

@@ -39,7 +39,10 @@ TOKENS_PER_TOOL = 8
 TOOLS_OVERHEAD = 12
 IMAGE_TOKENS = 85
 """OpenAI's fixed cost of a low-detail image: the least an image can cost, and what one is counted at."""
-_CACHE_SIZE = 200_000
+_CACHE_SIZE = 50_000
+"""Counts kept by fingerprint (~200 bytes each). A session's own history is counted once in
+its `HistoryIndex`; this serves what sessions share (system prompts, tool schemas) and the
+compaction levels' recounts."""
 _CUTS_SIZE = 1024
 """Cut outputs kept (head and tail, at most a few thousand tokens each)."""
 

@@ -370,3 +370,23 @@ def test_a_classifier_answering_other_json_loses_nothing_the_rules_placed(tmp_pa
                                    MemoryConfig().feedback_ttl_s(), 5.0, classify=_llm('{"1": "project"}'), now=1.0))
     assert event["categories"] == ["project"]
     assert [e.content for e in asyncio.run(store.list("t1"))] == ["Deploy script: ops/deploy.sh"]
+
+
+def test_short_term_buffers_that_hold_nothing_go_past_the_cap() -> None:
+    """A conversation that never comes back must not hold memory: past `max_sessions`, the
+    empty buffers go, oldest first; one holding candidates stays (they are not consolidated yet)."""
+    from ctxgate.memory.entries import Category
+    from ctxgate.memory.short_term import BufferScope, Candidate, ShortTermStore
+
+    async def run() -> None:
+        store = ShortTermStore(max_sessions=10)
+        scope = BufferScope("u1", "p1", "professional", None)
+        await store.add(("t", "keeper"), scope, ["fp-k"], [(0, Candidate(Category.USER, "I prefer tabs."))], 1.0)
+        for i in range(30):
+            await store.add(("t", f"s{i}"), scope, [f"fp-{i}"], [], 2.0 + i)
+        assert len(store) <= 10
+        assert store.get(("t", "keeper")) is not None and store.get(("t", "s29")) is not None
+        assert store.get(("t", "s0")) is None
+        assert store.unseen(("t", "s0"), ["fp-0"]) == {0}  # it comes back unseen
+
+    asyncio.run(run())

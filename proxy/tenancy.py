@@ -58,18 +58,20 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
     tcfg = config.ctxgate.tenants.get(tenant) or TenantConfig()
     profile: str = tcfg.profile or config.ctxgate.profile
     budget = tcfg.budget
+    # A malformed override is a bad request whoever sends it (400); a well-formed one the
+    # tenant may not send is refused (403).
     if (raw := headers.get("X-Ctx-Profile")) is not None:
-        _allowed(tcfg, "profile", tenant)
         if raw not in ("minimal", "professional", "enterprise"):
             raise GatewayError(ErrorKind.INVALID_REQUEST, "X-Ctx-Profile must be minimal, professional or enterprise",
                            param="X-Ctx-Profile", code="invalid_header")
+        _allowed(tcfg, "profile", tenant)
         profile = raw
     if (raw := headers.get("X-Ctx-Budget")) is not None:
-        _allowed(tcfg, "budget", tenant)
         if not raw.strip().isdigit() or not 0 < int(raw) <= MAX_BUDGET:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                f"X-Ctx-Budget must be a whole number of tokens between 1 and {MAX_BUDGET}",
                            param="X-Ctx-Budget", code="invalid_header")
+        _allowed(tcfg, "budget", tenant)
         budget = int(raw)
     return Caller(tenant=tenant, tenant_config=tcfg, bearer=bearer, profile=profile, budget=budget)
 

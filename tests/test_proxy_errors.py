@@ -185,6 +185,9 @@ def test_overrides_the_tenant_may_not_make_are_403(gateway: Gateway, up: Scripte
     for header, value in (("X-Ctx-Budget", "5000"), ("X-Ctx-Profile", "minimal")):
         resp = post(gateway, BODY, headers={header: value}, key=KEYS["locked"])
         assert_error_shape(resp, 403, "override_not_allowed")
+    # A malformed override is a bad request whoever sends it: 400 before the permission.
+    for header, value in (("X-Ctx-Budget", "lots"), ("X-Ctx-Profile", "maximal")):
+        assert_error_shape(post(gateway, BODY, headers={header: value}, key=KEYS["locked"]), 400, "invalid_header")
     assert post(gateway, BODY, headers={"X-Ctx-Budget": "50000", "X-Ctx-Profile": "minimal"}).status_code == 200
 
 

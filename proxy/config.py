@@ -55,9 +55,11 @@ class TenantConfig(_Strict):
     profile: ProfileName | None = None
     budget: int | None = Field(default=None, gt=0)
     """max_input_tokens for this tenant's requests (otherwise the model's own limit)."""
-    allow_overrides: list[Override] = Field(default_factory=list)
-    """Which per-request headers (X-Ctx-Profile, X-Ctx-Budget) this tenant may send: none unless
-    listed, since a small X-Ctx-Budget from any caller would force paid compaction."""
+    allow_overrides: list[Override] | None = None
+    """Which per-request headers (X-Ctx-Profile, X-Ctx-Budget) this tenant may send. Unset: every
+    one on a gateway with no tenant keys (whoever reaches it runs it: a laptop, a trusted
+    network), none on one with keys, where a small X-Ctx-Budget from any key would force paid
+    compaction."""
     pass_through_key: bool = False
     """Send the tenant's own bearer key upstream instead of the configured upstream key."""
     pipeline: dict[str, Any] = Field(default_factory=dict)

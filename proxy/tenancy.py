@@ -64,20 +64,23 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
         if raw not in ("minimal", "professional", "enterprise"):
             raise GatewayError(ErrorKind.INVALID_REQUEST, "X-Ctx-Profile must be minimal, professional or enterprise",
                            param="X-Ctx-Profile", code="invalid_header")
-        _allowed(tcfg, "profile", tenant)
+        _allowed(tcfg, "profile", tenant, keys_configured)
         profile = raw
     if (raw := headers.get("X-Ctx-Budget")) is not None:
         if not raw.strip().isdigit() or not 0 < int(raw) <= MAX_BUDGET:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                f"X-Ctx-Budget must be a whole number of tokens between 1 and {MAX_BUDGET}",
                            param="X-Ctx-Budget", code="invalid_header")
-        _allowed(tcfg, "budget", tenant)
+        _allowed(tcfg, "budget", tenant, keys_configured)
         budget = int(raw)
     return Caller(tenant=tenant, tenant_config=tcfg, bearer=bearer, profile=profile, budget=budget)
 
 
-def _allowed(tcfg: TenantConfig, what: str, tenant: str) -> None:
-    if what not in tcfg.allow_overrides:
+def _allowed(tcfg: TenantConfig, what: str, tenant: str, keys_configured: bool) -> None:
+    allowed = tcfg.allow_overrides
+    if allowed is None:  # unset: all on an open gateway, none on one with tenant keys
+        allowed = [] if keys_configured else ["profile", "budget"]
+    if what not in allowed:
         raise GatewayError(ErrorKind.PERMISSION, f"tenant {tenant!r} may not override its {what} (allow_overrides)",
                        code="override_not_allowed")
 

@@ -148,6 +148,15 @@ def test_demo_model_answers_without_config(demo: Gateway) -> None:
         cli.chat.completions.create(model="gpt-4o", messages=MESSAGES)
 
 
+def test_an_open_gateway_takes_overrides_unless_its_tenant_config_says_otherwise(demo: Gateway) -> None:
+    """No tenant keys: whoever reaches the gateway runs it, so X-Ctx-Budget and X-Ctx-Profile
+    are taken unless a tenant's allow_overrides is set (a gateway with keys: see test_proxy_errors)."""
+    cli = openai.OpenAI(base_url=demo.url, api_key="anything", max_retries=0)
+    raw = cli.chat.completions.with_raw_response.create(
+        model="ctxgate-demo", messages=MESSAGES, extra_headers={"X-Ctx-Budget": "100000", "X-Ctx-Profile": "minimal"})
+    assert raw.http_response.status_code == 200
+
+
 # -- a bad config is refused at start ---------------------------------------------------
 
 GOOD_MODEL = {"model_name": "m", "litellm_params": {"model": "openai/m", "api_base": "http://127.0.0.1:9/v1"}}

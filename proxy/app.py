@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 
 import orjson
 from aiohttp import web
@@ -54,9 +55,11 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
         return openai_response(GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"I/O failure: {type(e).__name__}",
                                             code="io_error"))
     except Exception:
-        log.exception("internal error on %s %s", request.method, request.path)
-        return openai_response(GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server",
-                                            code="internal_error"))
+        request_id = uuid.uuid4().hex[:16]  # what an operator greps the log for, from the client's error
+        log.exception("internal error on %s %s (request %s)", request.method, request.path, request_id)
+        return openai_response(GatewayError(ErrorKind.INTERNAL, f"internal error in ctxgate (request {request_id}); "
+                                            "it is logged on the server", code="internal_error",
+                                            headers={"X-Request-Id": request_id}))
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -1,7 +1,7 @@
 """Capture: rules that turn the traffic into short-term memory candidates.
 
 - user messages: stated preferences (User) and corrections of what the agent did
-  (Feedback, with the spec's fields and the three turns before it);
+  (Feedback, with its `data` fields and the three turns before it);
 - tool results (and SWE-agent style observations in user messages): manifests such as
   `pyproject.toml`, `package.json`, `go.mod`, `Cargo.toml`, and directory listings (Project);
 - results of fetch/browse tools: documents (Reference, summarised to at most 500 tokens).

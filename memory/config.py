@@ -6,7 +6,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Trigger = Literal["A", "B", "C"]
-# The spec's scale guide: professional consolidates at session end only, enterprise on all three.
+# By profile: professional consolidates at session end only, enterprise on all three.
 PROFILE_TRIGGERS: dict[str, list[Trigger]] = {"minimal": [], "professional": ["B"], "enterprise": ["A", "B", "C"]}
 
 
@@ -14,7 +14,7 @@ class MemoryConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool | None = None
-    """None: by profile (minimal keeps no memory, as the spec's scale guide says)."""
+    """None: by profile (minimal keeps no memory)."""
     store: Literal["files", "redis", "vector"] | None = None
     """None: `redis` when the session state is in Redis, else `files`."""
     qdrant_path: str | None = None

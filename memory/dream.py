@@ -1,7 +1,7 @@
-"""Auto-dream (spec): consolidate a session's short-term buffer into long-term memory.
+"""Auto-dream (docs/memory.md): consolidate a session's short-term buffer into long-term memory.
 
-Classify, then per category: Reference, Project and User through the LLM with the spec's
-prompts; Feedback persisted entry by entry, verbatim, with its TTL. The buffer is then
+Classify, then per category: Reference, Project and User through the LLM with the
+prompts below; Feedback persisted entry by entry, verbatim, with its TTL. The buffer is then
 empty and an AUTO_DREAM event is reported. It always runs in a background task; with a
 `timeout` (session end: 5 s) whatever is not consolidated by then is written raw.
 """

@@ -1,4 +1,4 @@
-"""The four categories of memory and one entry of them (spec: *four-category model*).
+"""The four categories of memory and one entry of them (docs/memory.md).
 
 Every entry has a text `content` (what the loader injects) and a `data` dict with the
 category's own structure: User `preferences`/`history`; Feedback `correction_type`,

@@ -1,4 +1,4 @@
-"""MemoryContextLoader (spec): the memory blocks relevant to this turn, in priority
+"""MemoryContextLoader (docs/memory.md, injection): the memory blocks relevant to this turn, in priority
 order (User, Feedback, Project, Reference), within the memory share of the budget, as
 the text of one system message the proxy injects after the client's system prompt."""
 from __future__ import annotations

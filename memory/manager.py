@@ -82,7 +82,7 @@ class MemoryManager:
             self._dream(key, "C", None)
 
     async def _refresh_project(self, buf: SessionBuffer) -> None:
-        """Spec: project memory is refreshed by a scan at session start, incrementally by mtime."""
+        """Project memory is refreshed by a scan at session start, incrementally by mtime."""
         root = Path(self.config.workspace_root or "")
         if not root.is_dir():
             log.warning("memory.workspace_root %s is not a readable directory: no project scan", root)

@@ -1,4 +1,4 @@
-"""Project memory from the file system (spec: refreshed at session start, incrementally).
+"""Project memory from the file system (refreshed at session start, incrementally).
 
 Only files modified since `last_scan` are looked at again; nothing outside the root is
 ever read: symbolic links are not followed, and a path that resolves outside is skipped.
@@ -19,7 +19,7 @@ _MANIFEST_NAMES = frozenset(MANIFEST_LANGUAGE)
 
 
 def scan_project(root: str | Path, previous: dict[str, Any] | None = None, now: float | None = None) -> dict[str, Any]:
-    """The spec's ProjectMemory: root_path, file_index, tech_stack, conventions, last_scan."""
+    """Project memory's data: root_path, file_index, tech_stack, conventions, last_scan."""
     base = Path(root).resolve()
     at = time.time() if now is None else now
     prev = previous or {}

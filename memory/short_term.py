@@ -1,5 +1,5 @@
-"""The short-term buffer (spec: ShortTermStore): what a session taught, until auto-dream
-consolidates it. In memory, per session, guarded by an asyncio.Lock (build instruction 3)."""
+"""The short-term buffer (docs/memory.md): what a session taught, until auto-dream
+consolidates it. In memory, per session, guarded by an asyncio.Lock."""
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,6 @@
 """Level 4, Autocompact: an LLM summary of the old history, with a recovery message.
 
-As the spec says: scan from the tail towards the head to find the smallest span to
+Scan from the tail towards the head to find the smallest span to
 compress, keep at least the last 10 messages (the recent window, which also keeps the
 last two complete steps), ask for the six-field structured summary,
 and put a recovery message in the span's place. A proxy adds: the call has a timeout;
@@ -40,7 +40,7 @@ RECOVERY = ("{marker}\nThe history before this point was compressed into a summa
             "2. Re-read the current working files when you need them.\n"
             "3. The tool context in use is restored in the messages above.")
 DEGRADE_KEEP = 3
-"""The spec's degraded mode (professional): only the last 3 messages and the system prompt."""
+"""The degraded mode (docs/compaction.md): only the last 3 messages and the system prompt."""
 MIN_SUMMARY_TOKENS = 64
 """The least a summary keeps however tight the budget: about a line for each of the six fields."""
 MESSAGE_TOKENS_FOR_SUMMARY = 800

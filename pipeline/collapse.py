@@ -44,7 +44,7 @@ class CollapseEntry:
 
 
 class CollapseStore:
-    """The spec's collapseStore, plus the bloom filter of what it already folded."""
+    """The folds made so far, plus the bloom filter of what it already folded."""
 
     def __init__(self, config: CollapseConfig | None = None) -> None:
         self.config = config or CollapseConfig()
@@ -78,7 +78,7 @@ class CollapseStore:
         return store
 
     def project(self, messages: list[Message], fingerprints: list[str] | None = None) -> list[Message]:
-        """The spec's applyCollapseProjection: folded spans replaced by their summaries."""
+        """The projection: folded spans replaced by their summaries."""
         if not self.entries:
             return messages
         return self.project_with_fingerprints(messages, fingerprints)[0]
@@ -122,7 +122,7 @@ CRITICAL_KINDS = frozenset({Kind.ACTION, Kind.PLAN, Kind.NOTE})
 
 
 def is_decision_critical(conversation: Conversation, index: int) -> bool:
-    """The spec: tool calls, plan changes and task status changes are decision-critical. In
+    """Tool calls, plan changes and task status changes are decision-critical. In
     any dialect that is every action (a tool call, or a command in a text protocol), every
     plan or todo update, a failed observation, and ctxgate's own notes. An observation that
     succeeded goes with its action: they are one unit, kept or folded together."""
@@ -131,7 +131,7 @@ def is_decision_critical(conversation: Conversation, index: int) -> bool:
 
 
 def collapse_summary(messages: list[Message], counter: TokenCounter, user_chars: int) -> str:
-    """The spec's generateCollapseSummary: a template, one line per message."""
+    """The fold's summary: a template, one line per message."""
     lines: list[str] = []
     for m in messages:
         content = m.get("content")

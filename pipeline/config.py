@@ -1,4 +1,4 @@
-"""Typed settings of the pipeline, with the spec's three profiles as defaults."""
+"""Typed settings of the pipeline, with the three profiles' defaults (docs/compaction.md)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -17,9 +17,9 @@ class SnipConfig(_Strict):
     keep_recent: int = 10
     """Snip never cuts into the newest this-many messages (nor into the recent window)."""
     min_block: int = 5
-    """Cut nothing smaller than this many messages (spec: N < 5 -> no Snip)."""
+    """Cut nothing smaller than this many messages (N < 5 -> no Snip)."""
     min_messages: int = 10
-    """Leave conversations shorter than this alone (spec: fewer than 10 -> no Snip)."""
+    """Leave conversations shorter than this alone (fewer than 10 -> no Snip)."""
     preview_chars: int = 80
 
 
@@ -31,10 +31,10 @@ class MicrocompactConfig(_Strict):
         "read_file": 8000, "view": 8000, "str_replace_editor": 8000, "cat": 8000, "open": 8000,
         "bash": 2000, "execute_bash": 2000, "shell": 2000, "run": 2000, "terminal": 2000,
     })
-    """Per-tool thresholds by tool name (the spec's `meta.outputProfile`); a name matches
+    """Per-tool thresholds by tool name; a name matches
     when it equals a key or contains it, so `read_file` also covers `fs_read_file`."""
     budget_share: float = Field(default=0.05, gt=0, le=1)
-    """No single output keeps more than this share of the effective budget: the spec's
+    """No single output keeps more than this share of the effective budget: the default
     thresholds are for 100K+ windows, and an 8,000-token read cannot fit a 4K budget."""
     min_threshold: int = 64
 
@@ -87,15 +87,15 @@ class PipelineConfig(_Strict):
     reserve_tokens: int = 0
     trigger_ratio: float = 0.85
     target_ratio: float = 0.50
-    """Compact down to this share of the effective budget (spec: Autocompact target 50%)."""
+    """Compact down to this share of the effective budget (docs/compaction.md)."""
     recent_messages: int = Field(default=10, ge=1)
-    """Every level leaves the newest this-many messages byte-identical (the spec's Autocompact
-    keeps the last 10; here no level touches them)."""
+    """Every level leaves the newest this-many messages byte-identical (the recent window,
+    docs/conversation-model.md)."""
     recent_steps: int = Field(default=2, ge=0)
     """...and never fewer than this many complete steps (an action with its observation)."""
     on_exhausted: Literal["error", "degrade"] = "error"
     """When a compaction already ran and the context still does not fit (the loop guard is
-    set): CONTEXT_EXHAUSTED, or the spec's degraded mode (one forced Autocompact keeping the
+    set): CONTEXT_EXHAUSTED, or the degraded mode (one forced Autocompact keeping the
     newest 3 messages) before it."""
     pin_first_user: bool = True
     """Keep the task statement (the first user message, or the one after a SWE-agent

@@ -1,9 +1,9 @@
 """Level 2, Microcompact: cut the middle out of long tool outputs.
 
-As the spec says: a tool result over its tool's threshold keeps its first 1,500 and last
+A tool result over its tool's threshold keeps its first 1,500 and last
 500 tokens (cut with the tokenizer, not by characters) around the separator
-`... [middle N tokens truncated] ...`. The separator itself is the spec's
-`microcompacted: true` mark: a proxy cannot add fields to messages a provider validates,
+`... [middle N tokens truncated] ...`. The separator itself marks the message as cut
+(rather than a `microcompacted: true` field): a proxy cannot add fields to messages a provider validates,
 and a message that carries the separator is never truncated again.
 
 What counts as tool output is the conversation model's observations, in any dialect: a
@@ -72,7 +72,7 @@ class MicrocompactStrategy:
         head, tail = self.config.head_tokens, self.config.tail_tokens
         if head + tail > threshold:
             # A budget-scaled (or last-resort) threshold: the cut text, separator included, keeps at most the
-            # threshold, in the spec's 3:1 split.
+            # threshold, split 3:1 between head and tail.
             kept = threshold - counter.count(SEPARATOR.format(n=tokens))
             head, tail = kept * 3 // 4, kept // 4
         middle = tokens - head - tail

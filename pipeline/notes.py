@@ -1,6 +1,6 @@
 """The system messages ctxgate itself adds to a conversation, and how to recognise them.
 
-The spec asks for exactly these notes: Snip's "history was cut", Collapse's folded span,
+ctxgate adds exactly these notes: Snip's "history was cut", Collapse's folded span,
 Autocompact's recovery message, and activeRestore's blocks. Each starts with a fixed
 marker so a later compaction can tell them from the client's own messages (restore blocks
 are regenerated at every compaction, never stacked).

@@ -1,4 +1,4 @@
-"""activeRestore, the mandatory step after every compaction (the spec's pitfall 1).
+"""activeRestore, the mandatory step after every compaction (docs/compaction.md, activeRestore).
 
 A proxy cannot call the agent's `read_file`, so it restores from the transcript it has
 seen, read through the conversation model (so in any dialect): the current files (every

@@ -1,6 +1,6 @@
 """Level 1, Snip: drop the oldest contiguous block of history and say so.
 
-As the spec says: take the oldest N messages whose tokens cover what must be freed, and
+Take the oldest N messages whose tokens cover what must be freed, and
 put a system note in their place with an 80-character preview of each, so the model
 knows the context was cut. No Snip when N < 5 or the conversation has fewer than 10
 messages. A proxy adds: cuts fall on unit boundaries (a tool call and its results go
@@ -141,7 +141,7 @@ class SnipStrategy:
                     note.add(messages[i])
             cut = unit.end
             if freed >= need and len(dropped) < cfg.min_block:
-                return None  # the spec: no Snip when fewer than N=5 messages would cover it
+                return None  # no Snip when fewer than N=5 messages would cover it
             if freed >= need + note.tokens:  # the note takes room too
                 break
         if len(dropped) < cfg.min_block:

@@ -1,4 +1,4 @@
-"""The tokenCounter (spec build instruction 1): counts with the target model's own tokenizer.
+"""The tokenCounter: counts with the target model's own tokenizer.
 
 OpenAI models use tiktoken with the BPE files the litellm wheel ships (never downloaded).
 Other models use a Hugging Face tokenizer through transformers, from a local

@@ -1,4 +1,4 @@
-"""The pipeline's interface, as the spec gives it: a CompressionRequest in, a
+"""The pipeline's interface: a CompressionRequest in, a
 CompressionResult out. The pipeline never mutates the caller's messages."""
 from __future__ import annotations
 

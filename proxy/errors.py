@@ -45,7 +45,7 @@ class GatewayError(Exception):
 
 
 def context_exhausted(detail: str) -> GatewayError:
-    """The loop guard's answer (spec pitfall 2): compaction already ran and did not help."""
+    """The loop guard's answer (docs/compaction.md, the loop guard): compaction already ran and did not help."""
     return GatewayError(ErrorKind.INVALID_REQUEST, f"CONTEXT_EXHAUSTED: {detail}", code="context_exhausted",
                         param="messages", type="invalid_request_error")
 

@@ -1,4 +1,4 @@
-"""Keeping the live log small (spec pitfall 5): old events move to `wal_archive/`.
+"""Keeping the live log small (docs/wal.md, archive and retention): old events move to `wal_archive/`.
 
 A segment is named `wal_<session>.<first seq>-<last seq>.jsonl`; segments past their
 retention are removed. Files are replaced atomically (write, fsync, rename), so a crash

@@ -8,7 +8,7 @@ class WalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool | None = None
-    """None: by profile. The spec's scale guide runs minimal without a WAL."""
+    """None: by profile. The minimal profile runs without a WAL."""
     sqlite: bool | None = None
     """Mirror events into SQLite for `ctxgate stats`. None: on for the enterprise profile."""
     checkpoint_every: int = Field(default=100, gt=0)

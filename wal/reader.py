@@ -1,6 +1,6 @@
 """Reading a log back: every line checked, damage reported with its line number.
 
-Recovery is the spec's replay: the latest intact CHECKPOINT, then the events after it.
+Recovery (docs/wal.md) is the latest intact CHECKPOINT, then the events after it.
 A damaged line never stops it; a damaged checkpoint makes it start from the one before.
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Each turn: re-apply the longest stored compaction record whose prefix hash matches the
 client's messages (so the compressed prefix is byte-identical turn after turn and an
 Autocompact summary is paid for once), then run the chain only if what is left is over
-the trigger. The loop guard (`has_attempted_reactive_compact`) is kept exactly as the
-spec's pitfall 2 says.
+the trigger. The loop guard (`has_attempted_reactive_compact`) is described in
+docs/compaction.md (the loop guard and CONTEXT_EXHAUSTED).
 """
 from __future__ import annotations
 
@@ -239,7 +239,8 @@ class Compactor:
                                 f"compaction already ran: {upstream_message[:200]}")
 
     async def _degrade(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> Plan:
-        """The spec's degraded mode: one forced Autocompact keeping only the newest messages."""
+        """The degraded mode (`on_exhausted: degrade`, docs/compaction.md): one forced Autocompact
+        keeping only the newest messages."""
         config = turn.config.model_copy(update={"levels": ["autocompact"]})
         plan = await self._compact(state, replace(turn, config=config), view, target, "degrade")
         plan.degraded = True

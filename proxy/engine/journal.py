@@ -1,4 +1,4 @@
-"""The session WAL as the proxy writes and reads it (DESIGN.md step 7).
+"""The session WAL as the proxy writes and reads it (docs/wal.md).
 
 Before forwarding: USER_INPUT and TOOL_RESULT for the client's messages the log has not
 seen yet, a COMPRESSION per compaction step, then a CHECKPOINT (fsynced) holding a full

@@ -230,13 +230,14 @@ def test_sigkill_under_load_loses_no_turn_and_changes_no_payload(upstream: Scrip
     upstream.reset()
     workdir = tmp_path / "crash"
     config = gateway_config(upstream.url, CRASH_KEY)
+    # The recorded runs first: without them the test skips, and must not leave gateways running.
+    control_sessions, crash_sessions = replays("control"), replays("crash")
     started = start_gateways({"crash": (workdir, config),
                               "control": (tmp_path / "control", gateway_config(upstream.url, CONTROL_KEY))})
     crash, control = started["crash"], started["control"]
     data_dir = crash.data_dir
     assert data_dir is not None and control.data_dir is not None
 
-    control_sessions, crash_sessions = replays("control"), replays("crash")
     control_threads = start_clients(control_sessions, Current(control))
     current = Current(crash)
     crash_threads = start_clients(crash_sessions, current)
@@ -373,9 +374,9 @@ def _one_session_gateway(upstream: ScriptedUpstream, workdir: Path) -> Gateway:
 def test_simultaneous_requests_in_one_session_get_unique_seqs_and_each_input_logged(
         upstream: ScriptedUpstream, tmp_path: Path) -> None:
     threads_n, rounds = 20, 3
-    gw = _one_session_gateway(upstream, tmp_path / "gw")
-    base = turns_of(trajectory("Project-MONAI__MONAI-5686_4"))[0]
+    base = turns_of(trajectory("Project-MONAI__MONAI-5686_4"))[0]  # before the gateway: a skip leaves none running
     tools = trajectory("Project-MONAI__MONAI-5686_4").tools
+    gw = _one_session_gateway(upstream, tmp_path / "gw")
     n = len(base) + 1  # the index of each request's new user message
     headers = {"X-Ctx-Session": "together", "X-Ctx-Tenant": "many"}
 

@@ -62,6 +62,8 @@ class TenantConfig(_Strict):
     compaction."""
     pass_through_key: bool = False
     """Send the tenant's own bearer key upstream instead of the configured upstream key."""
+    max_body_bytes: int | None = Field(default=None, gt=0)
+    """This tenant's request bodies: at most this (a 413 past it); unset: ctxgate.max_body_bytes."""
     pipeline: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -25,7 +25,9 @@ import yaml
 UPSTREAM_KEY = "sk-up"
 KEYS = {"acme": "sk-acme", "relay": "sk-relay", "locked": "sk-locked"}
 """The tenants of `main_config`: acme is the default caller, relay passes its own key
-upstream (both may send X-Ctx-Profile and X-Ctx-Budget), locked may override nothing."""
+upstream (both may send X-Ctx-Profile and X-Ctx-Budget), locked may override nothing and
+its bodies are at most LOCKED_BODY_BYTES."""
+LOCKED_BODY_BYTES = 4096
 METRICS_HEADERS = {"Authorization": f"Bearer {KEYS['acme']}"}
 """/metrics needs a tenant key where the config has tenant keys (ctxgate.metrics_auth: auto)."""
 LIVE: list["Gateway"] = []
@@ -84,7 +86,8 @@ def main_config(upstream_url: str, forwarding: str, **ctxgate: Any) -> dict[str,
         "tenants": {"acme": {"api_keys": [KEYS["acme"]], "allow_overrides": ["profile", "budget"]},
                     "relay": {"api_keys": [KEYS["relay"]], "pass_through_key": True,
                               "allow_overrides": ["profile", "budget"]},
-                    "locked": {"api_keys": [KEYS["locked"]], "allow_overrides": []}},
+                    "locked": {"api_keys": [KEYS["locked"]], "allow_overrides": [],
+                               "max_body_bytes": LOCKED_BODY_BYTES}},
         **ctxgate}}
 
 

@@ -4,6 +4,7 @@ one 504, a client that leaves mid-stream cancels the upstream call, and bad inpu
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any, Iterator
 
 import httpx
@@ -189,6 +190,25 @@ def test_overrides_the_tenant_may_not_make_are_403(gateway: Gateway, up: Scripte
     for header, value in (("X-Ctx-Budget", "lots"), ("X-Ctx-Profile", "maximal")):
         assert_error_shape(post(gateway, BODY, headers={header: value}, key=KEYS["locked"]), 400, "invalid_header")
     assert post(gateway, BODY, headers={"X-Ctx-Budget": "50000", "X-Ctx-Profile": "minimal"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_a_tenant_body_limit_is_a_413_that_changes_nothing(gateway: Gateway, up: ScriptedUpstream, path: str) -> None:
+    from servers import LOCKED_BODY_BYTES
+
+    session = f"limit-{uuid.uuid4().hex[:8]}"
+    text = "x" * LOCKED_BODY_BYTES
+    body = {"model": "gpt-4o", "max_tokens": 16, **({"input": text} if path == "/v1/responses" else
+                                                     {"messages": [{"role": "user", "content": text}]})}
+    headers = {"X-Ctx-Session": session, "x-api-key": KEYS["locked"], "anthropic-version": "2023-06-01"}
+    resp = post(gateway, body, headers=headers, key=KEYS["locked"], path=path)
+    assert resp.status_code == 413 and "tenant's limit of 4096 bytes" in resp.text
+    assert up.chats() == [] and not up.log
+    status, _ = gateway.get(f"/v1/ctx/sessions/{session}", {"Authorization": f"Bearer {KEYS['locked']}"})
+    assert status == 404
+    small = {**body, **({"input": "hi"} if path == "/v1/responses" else
+                        {"messages": [{"role": "user", "content": "hi"}]})}
+    assert post(gateway, small, headers=headers, key=KEYS["locked"], path=path).status_code == 200
 
 
 def test_unknown_routes_and_methods_keep_the_error_shape(gateway: Gateway) -> None:

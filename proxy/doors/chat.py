@@ -69,7 +69,7 @@ class ChatDoor:
     async def __call__(self, http: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http)
+        body = await read_json_body(http, caller.tenant_config.max_body_bytes)
         validate_chat_request(body)
         messages = body["messages"]
         session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))

@@ -114,7 +114,7 @@ class MessagesDoor:
     async def read(self, http: web.Request, *, counting: bool) -> tuple[DoorRequest, Conversation]:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http)
+        body = await read_json_body(http, caller.tenant_config.max_body_bytes)
         validate_messages_request(body, counting=counting)
         conversation = conversation_of(body)
         messages = conversation.neutral

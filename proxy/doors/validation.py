@@ -64,13 +64,17 @@ MAX_NESTING = 200
 """Objects and arrays inside one another in a request body, the body itself the first."""
 
 
-async def read_json_body(request: web.Request) -> dict[str, Any]:
+async def read_json_body(request: web.Request, limit: int | None = None) -> dict[str, Any]:
+    """The body as a JSON object; `limit`: the caller's own body limit (a tenant's), below the gateway's."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise GatewayError(ErrorKind.TOO_LARGE,
                            f"request body is larger than the limit of {request.client_max_size} bytes",
                        code="request_too_large") from None
+    if limit is not None and len(raw) > limit:
+        raise GatewayError(ErrorKind.TOO_LARGE, f"request body is larger than this tenant's limit of {limit} bytes",
+                           code="request_too_large")
     if not raw:
         raise GatewayError(ErrorKind.INVALID_REQUEST,
                            "request body is empty; expected a JSON object", code="invalid_json")

@@ -75,6 +75,12 @@ class Gateway:
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
+        for name in gw.router.model_names():
+            try:
+                route = gw.router.resolve(name)
+            except GatewayError:  # a pattern no concrete name stands for
+                continue
+            tokenizers.preload(route.model_name, route.upstream_model)
         return gw
 
     async def recover_recent(self) -> int:

@@ -32,6 +32,11 @@ class CountingEncoder:
         self.tokens += len(ids)
         return ids
 
+    def count(self, text: str) -> int:
+        n = self._enc.count(text)
+        self.tokens += n
+        return n
+
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)
 

@@ -1,0 +1,122 @@
+"""Whether huge requests stall everyone else: `/healthz` latency while a few very large
+single-message requests are processed at once (issue 14: three 36.6 MB requests to a model
+whose limit is 8,000 tokens; `/healthz` should stay under 50 ms).
+
+Real processes: bench/upstream.py and one `ctxgate serve` whose only model has
+`max_input_tokens: 8000`, so every large request is refused with CONTEXT_EXHAUSTED after it is
+parsed, hashed and counted (the count in a worker thread). This process posts `--large` such
+requests at once, `--rounds` times, while a probe asks `/healthz` every 10 ms on its own
+connection; the same probe runs first with nothing else going on, as the baseline.
+
+    .venv/bin/python bench/large_bodies.py [--mb 36.6] [--large 3] [--rounds 3] [--no-write]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import orjson
+import yaml
+
+import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
+from overhead import UPSTREAM_KEY, free_port, start
+
+VENV_BIN = Path(sys.executable).parent
+
+
+async def probe(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, out: list[float]) -> None:
+    while not stop.is_set():
+        started = time.perf_counter()
+        async with http.get(url + "/healthz") as r:
+            await r.read()
+        out.append((time.perf_counter() - started) * 1000)
+        await asyncio.sleep(0.01)
+
+
+async def run(url: str, args: argparse.Namespace) -> dict[str, object]:
+    text = "word " * int(args.mb * 1024 * 1024 / 5)
+    body = orjson.dumps({"model": "small", "messages": [{"role": "user", "content": text}]})
+    baseline: list[float] = []
+    loaded: list[float] = []
+    statuses: list[int] = []
+    large_ms: list[float] = []
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as probe_http, \
+            aiohttp.ClientSession(timeout=timeout) as http:
+        stop = asyncio.Event()
+        task = asyncio.create_task(probe(probe_http, url, stop, baseline))
+        await asyncio.sleep(2.0)
+        stop.set()
+        await task
+
+        async def large() -> None:
+            started = time.perf_counter()
+            async with http.post(url + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {UPSTREAM_KEY}"}) as r:
+                await r.read()
+                statuses.append(r.status)
+            large_ms.append((time.perf_counter() - started) * 1000)
+
+        for _ in range(args.rounds):
+            stop = asyncio.Event()
+            task = asyncio.create_task(probe(probe_http, url, stop, loaded))
+            await asyncio.gather(*(large() for _ in range(args.large)))
+            stop.set()
+            await task
+    return {"baseline": baseline, "loaded": loaded, "statuses": statuses, "large_ms": large_ms,
+            "body_mb": len(body) / 1024 / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mb", type=float, default=36.6, help="size of each large request body, MB")
+    parser.add_argument("--large", type=int, default=3, help="large requests sent at once")
+    parser.add_argument("--rounds", type=int, default=3, help="how many times")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-large-"))
+    procs = []
+    try:
+        up_port, port = free_port(), free_port()
+        procs.append(start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
+                           f"http://127.0.0.1:{up_port}", "/healthz", workdir))
+        cfg = workdir / "ctxgate.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "model_list": [{"model_name": "small", "model_info": {"max_input_tokens": 8000}, "litellm_params": {
+                "model": "openai/gpt-4o", "api_base": f"http://127.0.0.1:{up_port}/v1", "api_key": UPSTREAM_KEY}}],
+            "ctxgate": {"data_dir": str(workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}}))
+        server = start("ctxgate", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port", str(port),
+                                   "--log-level", "WARNING"], f"http://127.0.0.1:{port}", "/healthz", workdir,
+                       {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
+        procs.append(server)
+        common.progress(f"large bodies: {args.large} × {args.mb} MB at once, {args.rounds} rounds")
+        got = asyncio.run(run(server.url, args))
+    finally:
+        for p in reversed(procs):
+            p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    base, loaded = got["baseline"], got["loaded"]
+    assert isinstance(base, list) and isinstance(loaded, list)
+    rows = [[name, len(xs), f"{common.pct(xs, 0.5):.2f}", f"{common.pct(xs, 0.95):.2f}", f"{max(xs):.2f}"]
+            for name, xs in (("idle", base), (f"{args.large} large requests in flight", loaded))]
+    text = common.section_header("Large bodies: /healthz while huge requests are processed")
+    text += (f"\n{args.large} requests of {got['body_mb']:.1f} MB (one user message) sent at once, {args.rounds} "
+             "rounds, to a model whose limit is 8,000 tokens; a probe asks `/healthz` every 10 ms on its own "
+             f"connection. Large requests answered: statuses {sorted(set(got['statuses']))} "  # type: ignore[arg-type]
+             f"(CONTEXT_EXHAUSTED is a 400), each in {common.pct(got['large_ms'], 0.5):.0f} ms p50 "  # type: ignore[arg-type]
+             f"({max(got['large_ms']):.0f} ms max).\n\n")  # type: ignore[arg-type]
+    text += common.table(["/healthz", "probes", "p50 ms", "p95 ms", "max ms"], rows) + "\n"
+    print(text)
+    if not args.no_write:
+        common.write_section("large-bodies", text)
+
+
+if __name__ == "__main__":
+    main()

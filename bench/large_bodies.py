@@ -15,20 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 import orjson
-import yaml
 
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
-from overhead import UPSTREAM_KEY, free_port, start
-
-VENV_BIN = Path(sys.executable).parent
-
+from overhead import UPSTREAM_KEY, Proc, upstream_and_ctxgate
 
 async def probe(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, out: list[float]) -> None:
     while not stop.is_set():
@@ -82,20 +77,13 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ctxgate-large-"))
-    procs = []
+    procs: list[Proc] = []
     try:
-        up_port, port = free_port(), free_port()
-        procs.append(start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
-                           f"http://127.0.0.1:{up_port}", "/healthz", workdir))
-        cfg = workdir / "ctxgate.yaml"
-        cfg.write_text(yaml.safe_dump({
+        procs = upstream_and_ctxgate(workdir, lambda upstream: {
             "model_list": [{"model_name": "small", "model_info": {"max_input_tokens": 8000}, "litellm_params": {
-                "model": "openai/gpt-4o", "api_base": f"http://127.0.0.1:{up_port}/v1", "api_key": UPSTREAM_KEY}}],
-            "ctxgate": {"data_dir": str(workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}}))
-        server = start("ctxgate", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port", str(port),
-                                   "--log-level", "WARNING"], f"http://127.0.0.1:{port}", "/healthz", workdir,
-                       {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-        procs.append(server)
+                "model": "openai/gpt-4o", "api_base": f"{upstream}/v1", "api_key": UPSTREAM_KEY}}],
+            "ctxgate": {"data_dir": str(workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}})
+        server = procs[-1]
         common.progress(f"large bodies: {args.large} × {args.mb} MB at once, {args.rounds} rounds")
         got = asyncio.run(run(server.url, args))
     finally:

@@ -49,7 +49,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
@@ -111,6 +111,26 @@ def start(name: str, argv: list[str], base: str, health: str, workdir: Path, env
             raise RuntimeError(f"{name} did not become healthy in {timeout}s:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
     return Proc(name, popen, log, base)
+
+
+def upstream_and_ctxgate(workdir: Path, config_of: Callable[[str], dict[str, Any]],
+                         env: dict[str, str] | None = None) -> list[Proc]:
+    """The bench upstream and one `ctxgate serve` in front of it, started and healthy:
+    `config_of(upstream base URL)` is ctxgate's config. Upstream first; stop them in reverse."""
+    procs = []
+    up_port, port = free_port(), free_port()
+    procs.append(start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
+                       f"http://127.0.0.1:{up_port}", "/healthz", workdir))
+    try:
+        cfg = workdir / "ctxgate.yaml"
+        cfg.write_text(yaml.safe_dump(config_of(f"http://127.0.0.1:{up_port}")))
+        procs.append(start("ctxgate", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port", str(port),
+                                       "--log-level", "WARNING"], f"http://127.0.0.1:{port}", "/healthz", workdir,
+                           {"LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}))
+    except BaseException:
+        procs[0].stop()
+        raise
+    return procs
 
 
 def ctxgate_config(upstream: str, forwarding: str, workdir: Path, state: str | None = None) -> Path:

@@ -28,18 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
 import doors
-from overhead import UPSTREAM_KEY, free_port, parse_size, size_label, start
+from overhead import UPSTREAM_KEY, Proc, parse_size, size_label, upstream_and_ctxgate
 
 VENV_BIN = Path(sys.executable).parent
 OWN_FRAMES = ("proxy/", "pipeline/", "memory/", "wal/")
 
 
 def _server_env(source: Path | None, workdir: Path) -> dict[str, str]:
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    env: dict[str, str] = {}
     if source is not None:
         shim = workdir / "pkg"
         shim.mkdir()
@@ -88,19 +87,12 @@ def _top(raw: Path, n: int) -> tuple[int, list[tuple[str, float]]]:
 
 def profile(name: str, source: Path | None, args: argparse.Namespace, base: list[dict[str, Any]]) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ctxgate-profile-"))
-    procs = []
+    procs: list[Proc] = []
     try:
-        up_port, port = free_port(), free_port()
-        procs.append(start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
-                           f"http://127.0.0.1:{up_port}", "/healthz", workdir))
-        cfg = workdir / "ctxgate.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "model_list": doors.model_list(f"http://127.0.0.1:{up_port}", UPSTREAM_KEY, max_input_tokens=1_000_000),
-            "ctxgate": {"data_dir": str(workdir / "data")}}))
-        server = start("ctxgate", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port", str(port),
-                                   "--log-level", "WARNING"], f"http://127.0.0.1:{port}", "/healthz", workdir,
-                       _server_env(source, workdir))
-        procs.append(server)
+        procs = upstream_and_ctxgate(workdir, lambda upstream: {
+            "model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=1_000_000),
+            "ctxgate": {"data_dir": str(workdir / "data")}}, _server_env(source, workdir))
+        server = procs[-1]
         door = doors.DOORS[args.door]
         tag = f"profile-{os.getpid()}-{len(name)}"
         asyncio.run(_drive(server.url, door, base, args.kind, 10, tag))  # warm-up: tokenizer, pools, caches

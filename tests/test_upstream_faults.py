@@ -129,6 +129,19 @@ def test_a_200_that_is_not_a_chat_completion_is_a_502(native: Gateway, up: Scrip
     assert wal_events(native, sid, "USER_INPUT") and wal_events(native, sid, "RESPONSE") == []
 
 
+def test_a_reply_cut_mid_body_is_retried_then_a_502(native: Gateway, up: ScriptedUpstream) -> None:
+    """The upstream drops the connection halfway through a whole reply: nothing has reached the
+    client yet, so it is retried (twice, as configured), then the client gets a clean 502."""
+    sid = session()
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(native).chat.completions.create(model="fault-reset", messages=messages(),
+                                               extra_headers={"X-Ctx-Session": sid})
+    assert caught.value.status_code == 502, caught.value.body
+    assert isinstance(caught.value.body, dict) and isinstance(caught.value.body.get("message"), str)
+    assert len(chat_calls(up, "fault-reset")) == 3
+    assert wal_events(native, sid, "USER_INPUT") and wal_events(native, sid, "RESPONSE") == []
+
+
 @pytest.mark.parametrize("model", ["fault-notjson", "fault-shape"])
 def test_a_bad_reply_through_litellm_is_a_502_too(fault_gateways: dict[str, Gateway], up: ScriptedUpstream,
                                                  model: str) -> None:

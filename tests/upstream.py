@@ -17,7 +17,8 @@ it receives:
   an event whose data is not JSON after the first one; `fault-unterminated` stops the stream
   before its last events (chat: the finish reason, usage and `[DONE]`); `flaky-<status>`
   answers that status (a 429 with `retry-after: 1`) to the first request with these exact
-  bytes, and normally to the next.
+  bytes, and normally to the next; `fault-reset` (not streamed) sends half its body and drops
+  the connection.
 
 It also speaks Anthropic's Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`)
 and OpenAI's Responses (`POST /v1/responses`), with the same model-name rules: see
@@ -257,6 +258,8 @@ class ScriptedUpstream:
             return self._error(entry, status, f"scripted flaky error {status}", f"scripted_{status}")
         if (faulty := fault_reply(model)) is not None:
             return faulty
+        if "fault-reset" in model and not body.get("stream"):
+            return await self._reset_mid_body(request)
         limit = max(1, used // 2) if "overflow" in model else self.limit
         if limit and used > limit:
             return self._error(entry, 400, f"This model's maximum context length is {limit} tokens. However, your "
@@ -337,6 +340,18 @@ class ScriptedUpstream:
             entry.response += data  # what it sent, also when the reader hangs up before it is written
             await response.write(data)
         await response.write_eof()
+        return response
+
+    @staticmethod
+    async def _reset_mid_body(request: web.Request) -> web.StreamResponse:
+        """`fault-reset`: a 200 whose body stops halfway, the connection dropped."""
+        whole = json.dumps({"id": "chatcmpl-cut", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "x" * 2000}, "finish_reason": "stop"}]}).encode()
+        response = web.StreamResponse(headers={"Content-Type": "application/json", "Content-Length": str(len(whole))})
+        await response.prepare(request)
+        await response.write(whole[:len(whole) // 2])
+        assert request.transport is not None
+        request.transport.close()
         return response
 
     def _send(self, entry: Received, data: dict[str, Any], status: int = 200) -> web.Response:

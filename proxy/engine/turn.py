@@ -172,7 +172,7 @@ class TurnEngine:
         plan: Plan | None = None
         tx.write_log = lambda s: gw.journal.log_request(s, turn, plan.tokens_out if plan else None,
                                                         budget_of(s, turn))
-        tokens_in = turn.message_tokens() + turn.counter.count_tools(turn.tools)
+        tokens_in = turn.tokens_in()
         if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
             await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
         plan = await gw.compactor.prepare(state, turn)
@@ -182,7 +182,7 @@ class TurnEngine:
                  headers: dict[str, str]) -> None:
         """The turn's count is known: reported, and its index kept for the session's next turn."""
         assert turn.index is not None
-        headers["X-Ctx-Tokens-In"] = str(turn.message_tokens() + turn.counter.count_tools(turn.tools))
+        headers["X-Ctx-Tokens-In"] = str(turn.tokens_in())
         self.gw.histories.remember(caller.tenant, session_id, request.messages, turn.index, request.body_bytes,
                                    request.door_state)
 
@@ -283,7 +283,7 @@ class TurnEngine:
         if prepared.counting is not None:  # its messages are logged before its reply is
             await prepared.counting
         turn = prepared.turn
-        tokens_in = turn.message_tokens() + turn.counter.count_tools(turn.tools)
+        tokens_in = turn.tokens_in()
         calibration = None
         if facts.prompt_tokens is not None and prepared.plan.tokens_out is not None:
             gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)
@@ -326,7 +326,7 @@ class TurnEngine:
             self._counts[key] = reported
             while len(self._counts) > MAX_PROVIDER_COUNTS:
                 self._counts.pop(next(iter(self._counts)))
-        counted = turn.message_tokens() + turn.counter.count_tools(turn.tools)
+        counted = turn.tokens_in()
         turn.count_offset, turn.count_scale = calibration_of(turn, counted, reported)
         state.count_offset, state.count_scale, state.count_offset_key = turn.count_offset, turn.count_scale, offset_key
         headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"

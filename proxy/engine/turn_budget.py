@@ -63,6 +63,10 @@ class Turn:
         return (self.index is not None and len(self.index) == len(self.messages)
                 and self.index.counter_name == self.counter.name and self.index.is_counted)
 
+    def tokens_in(self) -> int:
+        """ctxgate's count of what the client sent: its messages and the tools schema."""
+        return self.message_tokens() + self.counter.count_tools(self.tools)
+
     def fixed_tokens(self) -> int:
         return self.counter.count_tools(self.tools) + self.reserved_tokens
 

@@ -1,0 +1,1 @@
+"""`ctxgate replay`: recorded agent sessions through the real pipeline, offline, with a report."""

@@ -109,8 +109,9 @@ class CtxgateSettings(_Strict):
     wal: WalConfig = Field(default_factory=WalConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
-    admin_key: str | None = Field(default=None, min_length=16)
-    """An operator's key: reads /metrics (as a bearer token or x-api-key), serves no chat."""
+    admin_key: str | None = Field(default_factory=lambda: os.environ.get("CTXGATE_ADMIN_KEY") or None, min_length=16)
+    """An operator's key (or the CTXGATE_ADMIN_KEY environment variable): reads /metrics and
+    every tenant's sessions on /ui (as a bearer token or x-api-key), serves no chat."""
     metrics_auth: Literal["auto", "key", "open"] = "auto"
     """auto: /metrics needs a tenant key or the admin key when any is configured; key: always;
     open: never."""

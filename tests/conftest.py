@@ -12,6 +12,7 @@ from servers import LIVE, Gateway, RedisServer, main_config, start_gateways, sto
 from upstream import ScriptedUpstream  # noqa: E402
 
 FORWARDING = ("auto", "litellm")
+pytest_plugins = ["browser"]
 
 
 @pytest.fixture(scope="session")

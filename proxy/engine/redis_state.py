@@ -150,6 +150,9 @@ class RedisSessionStore:
         cost a serialisation of every record on every save)."""
         return f"{base}:record:{record.prefix_len}:{record.prefix_hash}:{record.created_at!r}"
 
+    async def forget(self, tenant: str, session_id: str) -> None:
+        """Each `load` is a fresh copy: what a failed change touched was never saved."""
+
     async def ping(self) -> bool:
         try:
             return bool(await self._redis.ping())

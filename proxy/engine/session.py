@@ -2,9 +2,14 @@
 
 Lock the session (in-process or across replicas), load its state (from the store, or
 rebuilt from its WAL when the store has not seen it since a restart), hand it out, write
-what the change logs, and save it, once, whatever happened in between. A failure inside
-still logs and saves what was done before it: the WAL and the store never disagree
-about a compaction that ran.
+what the change logs, and save it, once.
+
+A domain failure inside (an upstream's error, a refusal, a cancelled request) still logs
+and saves what was done before it: a compaction that ran, and was paid for, is kept, and
+the WAL and the store never disagree about it. Any other exception is a bug: nothing of
+the change is kept. It is neither logged nor saved, and the in-process copy the change
+was made on is dropped, so the next request finds the state as the store or the WAL had
+it before.
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
+from ..errors import GatewayError
+from ..upstream.forwarders import UpstreamError
 from .journal import Journal
 from .state import SessionState, SessionStore
 
@@ -36,12 +43,23 @@ class Sessions:
             tx = Transaction(await self._load(tenant, session_id))
             try:
                 yield tx
-            finally:
-                try:
-                    if tx.write_log is not None:
-                        await tx.write_log(tx.state)
-                finally:
-                    await self.store.save(tx.state)
+            except (GatewayError, UpstreamError):
+                await self._commit(tx)
+                raise
+            except Exception:
+                await self.store.forget(tenant, session_id)
+                raise
+            except BaseException:  # cancelled: what ran before is kept, as for a domain failure
+                await self._commit(tx)
+                raise
+            await self._commit(tx)
+
+    async def _commit(self, tx: Transaction) -> None:
+        try:
+            if tx.write_log is not None:
+                await tx.write_log(tx.state)
+        finally:
+            await self.store.save(tx.state)
 
     async def read(self, tenant: str, session_id: str) -> SessionState | None:
         """The session as it is now, without changing it; None when it never existed."""

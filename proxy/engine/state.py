@@ -121,6 +121,9 @@ class SessionStore(Protocol):
     def lock(self, tenant: str, session_id: str) -> Any: ...
     async def load(self, tenant: str, session_id: str) -> SessionState | None: ...
     async def save(self, state: SessionState) -> None: ...
+    async def forget(self, tenant: str, session_id: str) -> None:
+        """Drop an in-process copy a failed change may have touched (a no-op where `load`
+        returns a fresh copy each time)."""
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
 
@@ -168,6 +171,11 @@ class MemorySessionStore:
             lock = self._locks.get(key)
             if lock is not None and not lock.locked():
                 del self._locks[key]
+
+    async def forget(self, tenant: str, session_id: str) -> None:
+        # `load` hands out the stored object itself: after a failed change, only the WAL
+        # still has the state as it was before.
+        self._states.pop((tenant, session_id), None)
 
     def __len__(self) -> int:
         return len(self._states)

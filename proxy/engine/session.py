@@ -9,7 +9,7 @@ and saves what was done before it: a compaction that ran, and was paid for, is k
 the WAL and the store never disagree about it. Any other exception is a bug: nothing of
 the change is kept. It is neither logged nor saved, and the in-process copy the change
 was made on is dropped, so the next request finds the state as the store or the WAL had
-it before.
+it before. The same holds when the WAL cannot take the change: it is not saved.
 """
 from __future__ import annotations
 
@@ -55,11 +55,14 @@ class Sessions:
             await self._commit(tx)
 
     async def _commit(self, tx: Transaction) -> None:
-        try:
-            if tx.write_log is not None:
+        """The WAL first, then the store: a change the WAL could not take is not saved either."""
+        if tx.write_log is not None:
+            try:
                 await tx.write_log(tx.state)
-        finally:
-            await self.store.save(tx.state)
+            except BaseException:
+                await self.store.forget(tx.state.tenant, tx.state.session_id)
+                raise
+        await self.store.save(tx.state)
 
     async def read(self, tenant: str, session_id: str) -> SessionState | None:
         """The session as it is now, without changing it; None when it never existed."""

@@ -10,6 +10,7 @@ import sys
 
 from . import launcher, wal_cli, workers
 from .config import ConfigError, load_config
+from .replay import command as replay_command
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -33,11 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     wal_cli.add_commands(sub, _serve_args)
     run_parser = launcher.add_command(sub, _serve_args)
+    replay_command.add_command(sub)
     args = parser.parse_args(argv)
     if args.command == "run":
         launcher.check_args(args, run_parser)
     level = getattr(args, "log_level", os.environ.get("CTXGATE_LOG_LEVEL", "WARNING"))
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "replay":  # reads its own config: its errors are a replay's, not a refusal to start
+        return replay_command.run(args)
     try:
         config = load_config(args.config)
     except ConfigError as e:

@@ -1,0 +1,127 @@
+"""The replay report: one self-contained HTML file (plotly's JavaScript inlined once, no
+network when it is viewed), a PNG per session and the figures as JSON.
+
+Every chart is a `<div class="replay-chart" id="chart-K">` (K: the session's position), so a
+browser can read its traces back: `document.getElementById("chart-0").data`.
+"""
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .charts import file_name, plotly_figure, stable_spans, write_png
+from .results import CompactionPoint, SessionResult
+from .table import levels_text, money
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1300px; }
+table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+section.session { border-top: 2px solid #4c78a8; margin-top: 28px; padding-top: 8px; }
+pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; font-size: 12px; max-height: 320px; overflow: auto; }
+details { margin: 6px 0; } summary { cursor: pointer; font-weight: 600; }
+.note { color: #555; font-size: 13px; }
+"""
+
+
+@dataclass(frozen=True)
+class Written:
+    html: Path
+    pngs: list[Path]
+    data: Path
+
+    def __str__(self) -> str:
+        return f"{self.html} ({len(self.pngs)} PNG charts, figures in {self.data.name})"
+
+
+def _cell(value: Any) -> str:
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def _totals(results: list[SessionResult]) -> str:
+    head = ("session", "format", "turns", "limit", "tokens sent", "tokens forwarded", "levels fired @ turns",
+            "summaries", "prefix-stable", "cost without", "cost with", "refused")
+    rows = []
+    for k, r in enumerate(results):
+        rows.append(f'<tr><td><a href="#session-{k}">{html.escape(r.name)}</a></td>' + "".join(_cell(v) for v in (
+            r.format, len(r.turns), r.limit, r.sent_total, r.forwarded_total, levels_text(r), r.summaries,
+            f"{r.stable_turns}/{max(0, len(r.turns) - 1)}", money(r.cost_without), money(r.cost_with),
+            r.refused_turns)) + "</tr>")
+    return ('<table id="totals"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows)
+            + "</table>")
+
+
+def _point(p: CompactionPoint) -> str:
+    parts = [f"<details><summary>turn {p.turn}: {html.escape(', '.join(p.levels) or 'no level')}"
+             f"{' (prepared in the background)' if p.speculative else ''}: {p.tokens_before} → {p.tokens_after} "
+             f"tokens; the first {p.messages_replaced} messages are now {p.messages_kept}</summary>"]
+    for step in p.steps:
+        span = step.get("span")
+        parts.append(f'<div class="note">{html.escape(str(step.get("level")))}'
+                     f"{f' on messages {span[0]}–{span[1]}' if span else ''}: {step.get('tokens_before')} → "
+                     f"{step.get('tokens_after')} tokens</div>")
+    if p.summary:
+        parts.append("<div>Autocompact summary (kept):</div><pre>" + html.escape(p.summary) + "</pre>")
+    if p.restored_files:
+        parts.append("<div>Files restored: " + html.escape(", ".join(p.restored_files)) + "</div>")
+    if p.restored:
+        parts.append("<div>Working state restored:</div><pre>" + html.escape("\n\n".join(p.restored)) + "</pre>")
+    for title, notes in (("Snip note (removed)", p.snip_notes), ("Collapse note (folded)", p.collapse_notes)):
+        if notes:
+            parts.append(f"<div>{title}:</div><pre>" + html.escape("\n\n".join(notes)) + "</pre>")
+    return "".join(parts) + "</details>"
+
+
+def _stable_text(r: SessionResult) -> str:
+    spans = stable_spans(r)
+    if not spans:
+        return "No forwarded request started with the previous one."
+    first, last = max(spans, key=lambda s: s[1] - s[0])
+    return (f"Prefix-stable on {r.stable_turns} of {max(0, len(r.turns) - 1)} turns (shaded): the provider's "
+            f"cache could serve the previous request each time. Longest stable run: turns {first}–{last}.")
+
+
+def _session(k: int, r: SessionResult, chart: str) -> str:
+    refused = [t for t in r.turns if t.refused]
+    return (f'<section class="session" id="session-{k}"><h2>{html.escape(r.name)}</h2>'
+            f'<p class="note">{html.escape(r.file)} · {html.escape(r.format)} · {html.escape(r.dialect)} · model '
+            f"{html.escape(r.model)} · limit {r.limit} (effective budget {r.effective_budget}, trigger {r.trigger}) · "
+            f"largest agent request {r.peak} tokens · summaries: {html.escape(r.summarizer)}</p>"
+            f"{chart}<p class=\"note\">{html.escape(_stable_text(r))}</p>"
+            + (f"<p class=\"note\">Refused (context_exhausted) at turns {', '.join(str(t.turn) for t in refused)}: "
+               f"{html.escape(refused[0].refused[:300])}</p>" if refused else "")
+            + f"<h3>Compactions ({len(r.compactions)})</h3>"
+            + ("".join(_point(p) for p in r.compactions) or "<p>None: every request fit.</p>") + "</section>")
+
+
+def write_report(results: list[SessionResult], out: Path) -> Written:
+    out.mkdir(parents=True, exist_ok=True)
+    sections, pngs = [], []
+    for k, r in enumerate(results):
+        fig = plotly_figure(r)
+        chart = fig.to_html(full_html=False, include_plotlyjs=k == 0, div_id=f"chart-{k}",
+                            config={"displaylogo": False, "responsive": True})
+        sections.append(_session(k, r, f'<div class="replay-chart" data-session="{k}">{chart}</div>'))
+        png = out / f"{file_name(r)}.png"
+        write_png(r, png)
+        pngs.append(png)
+    data = [r.to_dict() for r in results]
+    summarizers = sorted({r.summarizer for r in results})
+    page = ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>ctxgate replay</title>"
+            f"<style>{STYLE}</style></head><body><h1>ctxgate replay</h1>"
+            f'<p class="note">{len(results)} sessions replayed through ctxgate\'s pipeline, in process, with no '
+            "upstream. Tokens sent: what the agent's request held each turn; forwarded: what ctxgate would have "
+            "sent instead. Costs are input tokens at list prices with the provider's prompt cache; with ctxgate "
+            f"they include the summaries. Summaries by: {html.escape('; '.join(summarizers))}.</p>"
+            + _totals(results) + "".join(sections)
+            + '<script type="application/json" id="replay-data">'
+            + json.dumps(data).replace("</", "<\\/") + "</script></body></html>")
+    page_path = out / "report.html"
+    page_path.write_text(page, encoding="utf-8")
+    data_path = out / "report.json"
+    data_path.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    return Written(page_path, pngs, data_path)

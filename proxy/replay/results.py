@@ -1,0 +1,225 @@
+"""A replay's figures, turn by turn and per compaction point: what the table prints and the
+report draws, from one place so the two always agree.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from ...pipeline.config import PipelineConfig
+from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_MARKER, SNIP_MARKER,
+                               is_ctxgate_message)
+from ...pipeline.tokens import TokenCounter
+from .costs import Prices
+from .driver import Message, Replay
+from .formats import Recording
+
+_SUMMARY_START, _SUMMARY_END = "key state is kept:\n\n", "\n\n-- Recovery instructions --"
+_RESTORED_FILE = RESTORE_MARKER + " Latest content seen of "
+
+
+@dataclass
+class TurnRow:
+    turn: int
+    """1 for the agent's first request, and so on."""
+    sent: int
+    """ctxgate's count of what the agent sent (its whole history and the tools schema)."""
+    forwarded: int | None
+    """What ctxgate forwarded, in the provider's count; None: refused."""
+    stable: bool
+    """The forwarded request starts byte for byte with the previous forwarded request."""
+    cached_sent: int
+    """Of `sent`, the prefix the previous request without ctxgate had (the provider's cache)."""
+    cached_forwarded: int
+    levels: list[str]
+    compacted: bool
+    refused: str
+
+
+@dataclass
+class CompactionPoint:
+    """One compaction: what it replaced, and the notes it left in the forwarded request."""
+    turn: int
+    levels: list[str]
+    speculative: bool
+    tokens_before: int
+    tokens_after: int
+    messages_replaced: int
+    """The client's first messages the compacted prefix stands for."""
+    messages_kept: int
+    """The messages the compacted prefix holds instead (notes and restore blocks included)."""
+    summary: str
+    snip_notes: list[str]
+    collapse_notes: list[str]
+    restored: list[str]
+    """The restore blocks (working state), each cut to its first lines."""
+    restored_files: list[str]
+    steps: list[dict[str, Any]]
+
+
+@dataclass
+class SessionResult:
+    name: str
+    file: str
+    format: str
+    dialect: str
+    model: str
+    limit: int
+    """The context limit the session was replayed against (`max_input_tokens`)."""
+    effective_budget: int
+    trigger: int
+    peak: int
+    """The agent's largest request: its whole history at its last turn."""
+    turns: list[TurnRow]
+    compactions: list[CompactionPoint]
+    summaries: int
+    summarizer: str
+    prices: Prices | None
+    cost_without: float | None
+    cost_with: float | None
+    """The forwarded requests and the summaries."""
+    cost_summaries: float | None
+    levels_fired: dict[str, list[int]] = field(default_factory=dict)
+    """Each level that ran, and the turns it ran at."""
+
+    @property
+    def sent_total(self) -> int:
+        return sum(t.sent for t in self.turns)
+
+    @property
+    def forwarded_total(self) -> int:
+        return sum(t.forwarded or 0 for t in self.turns)
+
+    @property
+    def stable_turns(self) -> int:
+        return sum(t.stable for t in self.turns)
+
+    @property
+    def refused_turns(self) -> int:
+        return sum(bool(t.refused) for t in self.turns)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(sent_total=self.sent_total, forwarded_total=self.forwarded_total,
+                    stable_turns=self.stable_turns, refused_turns=self.refused_turns)
+        return data
+
+
+def _common_prefix(a: list[bytes], b: list[bytes]) -> int:
+    k = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        k += 1
+    return k
+
+
+def _encoded(messages: list[Message]) -> list[bytes]:
+    return [orjson.dumps(m, option=orjson.OPT_SORT_KEYS) for m in messages]
+
+
+def _cached(counter: TokenCounter, messages: list[Message], k: int, tools_tokens: int) -> int:
+    """What a provider has cached of a request whose first `k` messages repeat the previous one's."""
+    return tools_tokens + (counter.count_messages(messages[:k]) if k else 0)
+
+
+def turn_rows(recording: Recording, run: Replay, counter: TokenCounter) -> list[TurnRow]:
+    tools_tokens = counter.count_tools(recording.tools)
+    rows: list[TurnRow] = []
+    previous_sent: list[bytes] = []
+    previous_forwarded: list[bytes] | None = None
+    for n, f in enumerate(run.turns, 1):
+        sent = _encoded(recording.messages[:f.turn])
+        k_sent = _common_prefix(previous_sent, sent) if previous_sent else 0
+        cached_sent = _cached(counter, recording.messages, k_sent, tools_tokens) if previous_sent else 0
+        previous_sent = sent
+        stable, cached_forwarded = False, 0
+        if not f.refused:
+            forwarded = _encoded(f.messages)
+            if previous_forwarded is not None:
+                k = _common_prefix(previous_forwarded, forwarded)
+                stable = k == len(previous_forwarded)
+                cached_forwarded = _cached(counter, f.messages, k, tools_tokens)
+            previous_forwarded = forwarded
+        levels = (f.record.levels if f.record is not None and not f.levels else f.levels) if f.compacted else []
+        rows.append(TurnRow(n, f.tokens_in, None if f.refused else f.tokens, stable, cached_sent, cached_forwarded,
+                            list(dict.fromkeys(levels)), f.compacted, f.refused))
+    return rows
+
+
+def _summary_of(note: str) -> str:
+    start = note.find(_SUMMARY_START)
+    end = note.find(_SUMMARY_END)
+    return note[start + len(_SUMMARY_START):end if end > 0 else None] if start >= 0 else note
+
+
+def _head(text: str, lines: int = 6) -> str:
+    kept = text.splitlines()
+    return "\n".join(kept[:lines]) + (f"\n… ({len(kept) - lines} more lines)" if len(kept) > lines else "")
+
+
+def compaction_points(run: Replay, rows: list[TurnRow]) -> list[CompactionPoint]:
+    points: list[CompactionPoint] = []
+    seen: set[str] = set()
+    for f, row in zip(run.turns, rows):
+        if f.record is None:
+            continue
+        notes = [str(m["content"]) for m in f.record.messages if is_ctxgate_message(m)]
+        new = [n for n in notes if n not in seen]
+        seen.update(notes)
+        summaries = [_summary_of(n) for n in new if n.startswith(AUTOCOMPACT_MARKER)]
+        restored = [n for n in notes if n.startswith(RESTORE_MARKER)]
+        points.append(CompactionPoint(
+            turn=row.turn, levels=row.levels, speculative=f.speculative, tokens_before=f.record.tokens_before,
+            tokens_after=f.record.tokens_after, messages_replaced=f.record.prefix_len,
+            messages_kept=len(f.record.messages), summary="\n\n".join(summaries),
+            snip_notes=[_head(n) for n in new if n.startswith(SNIP_MARKER)],
+            collapse_notes=[_head(n) for n in new if n.startswith(COLLAPSE_MARKER)],
+            restored=[_head(n, 3) for n in restored],
+            restored_files=[n[len(_RESTORED_FILE):].split(":\n", 1)[0] for n in restored
+                            if n.startswith(_RESTORED_FILE)],
+            steps=f.steps))
+    return points
+
+
+def levels_fired(rows: list[TurnRow]) -> dict[str, list[int]]:
+    fired: dict[str, list[int]] = {}
+    for row in rows:
+        for level in row.levels:
+            fired.setdefault(level, []).append(row.turn)
+    return fired
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one session was replayed with."""
+    file: str
+    format: str
+    model: str
+    limit: int
+    config: PipelineConfig
+    peak: int
+    summarizer: str
+    summary_calls: list[tuple[int, int]]
+    """(prompt tokens, summary tokens) of each summary call of this session."""
+    prices: Prices | None
+
+
+def session_result(recording: Recording, run: Replay, counter: TokenCounter, setting: Setting) -> SessionResult:
+    rows = turn_rows(recording, run, counter)
+    budget = setting.config.effective_budget(setting.limit)
+    prices = setting.prices
+    without = with_ctxgate = summaries = None
+    if prices is not None:
+        without = sum(prices.request(r.sent, r.cached_sent) for r in rows)
+        summaries = sum(prices.summary(p, o) for p, o in setting.summary_calls)
+        with_ctxgate = sum(prices.request(r.forwarded, r.cached_forwarded) for r in rows
+                           if r.forwarded is not None) + summaries
+    return SessionResult(
+        name=recording.name, file=setting.file, format=setting.format, dialect=recording.dialect, model=setting.model,
+        limit=setting.limit, effective_budget=budget, trigger=int(setting.config.trigger_ratio * budget),
+        peak=setting.peak, turns=rows, compactions=compaction_points(run, rows), summaries=run.summaries,
+        summarizer=setting.summarizer, prices=prices, cost_without=without, cost_with=with_ctxgate,
+        cost_summaries=summaries, levels_fired=levels_fired(rows))

@@ -20,6 +20,7 @@ from .ids import InvalidId, validate_id
 from .engine.journal import RollbackError
 from .admin.memory_api import MemoryApi
 from .admin.metrics import authorize_metrics
+from .admin.ui import Dashboard
 from .connections import guard_requests
 from .tenancy import resolve_caller
 
@@ -165,6 +166,7 @@ def create_app(gw: Gateway) -> web.Application:
     app.router.add_post("/v1/ctx/sessions/{session_id}/rollback", session_rollback)
     app.router.add_post("/v1/ctx/sessions/{session_id}/end", session_end)
     MemoryApi(gw).add_routes(app)
+    Dashboard(gw).add_routes(app)
     messages_door.add_routes(app, gw)
     responses_door.add_routes(app, gw)
 

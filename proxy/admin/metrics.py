@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 import logging
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Protocol
+from typing import Callable, Iterator, Mapping, Protocol
 
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from ..config import Config
 from ..errors import ErrorKind, GatewayError
 from ..tenancy import resolve_caller
+from .minutes import MinuteRing
 
 log = logging.getLogger("ctxgate.calibration")
 
@@ -36,15 +37,39 @@ class CalibrationFigures:
         return self.sum_diff / self.samples if self.samples else 0.0
 
 
+class _FedCounter:
+    """A labelled Counter whose every increment also reaches `feed` (with its labels), so the
+    per-minute ring is written at the very places the counters are."""
+
+    def __init__(self, counter: Counter, feed: Callable[[tuple[str, ...], float], None]) -> None:
+        self._counter = counter
+        self._feed = feed
+
+    def labels(self, *values: str) -> _FedChild:
+        return _FedChild(self._counter.labels(*values), values, self._feed)
+
+
+class _FedChild:
+    def __init__(self, child: Counter, values: tuple[str, ...], feed: Callable[[tuple[str, ...], float], None]) -> None:
+        self._child, self._values, self._feed = child, values, feed
+
+    def inc(self, amount: float = 1) -> None:
+        self._child.inc(amount)
+        self._feed(self._values, amount)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("ctxgate_requests", "Chat requests by outcome", ["model", "status"],
-                                registry=self.registry)
+        self.minutes = MinuteRing()
+        """The last hour per minute, for the dashboard (`/v1/ctx/dashboard/metrics`)."""
+        self.requests = _FedCounter(Counter("ctxgate_requests", "Chat requests by outcome", ["model", "status"],
+                                            registry=self.registry),
+                                    lambda labels, _: self.minutes.request(failed=labels[1] != "200"))
         self.estimated = Counter("ctxgate_token_estimates", "Requests counted with the conservative estimate (no "
                                  "known tokenizer)", ["model"], registry=self.registry)
-        self.compactions = Counter("ctxgate_compactions", "Compaction steps by level", ["level"],
-                                   registry=self.registry)
+        self.compactions = _FedCounter(Counter("ctxgate_compactions", "Compaction steps by level", ["level"],
+                                               registry=self.registry), lambda _, n: self.minutes.compaction())
         self.tokens_saved = Counter("ctxgate_tokens_saved", "Tokens removed by compaction", ["level"],
                                     registry=self.registry)
         self.calibration_diff = Histogram("ctxgate_calibration_diff_tokens", "upstream prompt_tokens minus ctxgate's "
@@ -71,6 +96,10 @@ class Metrics:
             # Every turn, so DEBUG: a difference is normal (tools, provider-side framing); the
             # figures are in /metrics (ctxgate_calibration_diff_tokens) for trends.
             log.debug("token count calibration %s: ours %d, upstream %d (%+d)", model, ours, upstream, diff)
+
+    def turn_tokens(self, tokens_in: int | None, tokens_out: int | None) -> None:
+        """An answered turn: what its client sent and what was forwarded, for the per-minute ring."""
+        self.minutes.tokens(tokens_in or 0, tokens_out or 0)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -112,7 +141,7 @@ class _ConnectionCollector(Collector):
         yield rejected
 
 
-def _presented_key(headers: Mapping[str, str]) -> str | None:
+def presented_key(headers: Mapping[str, str]) -> str | None:
     auth = headers.get("Authorization", "")
     key = auth[7:] if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
     return key.strip() or None
@@ -126,7 +155,7 @@ def authorize_metrics(config: Config, headers: Mapping[str, str]) -> None:
     if settings.metrics_auth == "open" or (settings.metrics_auth == "auto" and not tenant_keys
                                            and settings.admin_key is None):
         return
-    key = _presented_key(headers)
+    key = presented_key(headers)
     if settings.admin_key is not None and key is not None and hmac.compare_digest(key.encode(),
                                                                                   settings.admin_key.encode()):
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 import weakref
 from contextlib import asynccontextmanager
@@ -150,6 +151,29 @@ class RedisSessionStore:
         cost a serialisation of every record on every save)."""
         return f"{base}:record:{record.prefix_len}:{record.prefix_hash}:{record.created_at!r}"
 
+    async def list(self, tenant: str | None = None) -> list[SessionState]:
+        """SCANs the key space (never KEYS, which blocks Redis): a key is a session's main value
+        when its JSON names that very key; part and lock keys are skipped by their name first,
+        so the large records are never read only to be dropped."""
+        prefix = self._key(tenant, "") if tenant is not None else "ctxgate:session:"
+        found: list[SessionState] = []
+        with reachable():
+            async for raw_key in self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500):
+                key = raw_key.decode()
+                if _PART_KEY.search(key):
+                    continue
+                try:
+                    main = orjson.loads(await self._redis.get(key) or b"null")
+                except orjson.JSONDecodeError:
+                    continue
+                if not isinstance(main, dict) or not isinstance(t := main.get("tenant"), str) \
+                        or not isinstance(s := main.get("session_id"), str) or self._key(t, s) != key:
+                    continue
+                state = await self.load(t, s)
+                if state is not None:
+                    found.append(state)
+        return found
+
     async def forget(self, tenant: str, session_id: str) -> None:
         """Each `load` is a fresh copy: what a failed change touched was never saved."""
 
@@ -161,6 +185,14 @@ class RedisSessionStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+_PART_KEY = re.compile(r":(record:\d+:.*|(" + "|".join(BLOB_PARTS) + r"):[0-9a-f]{16}|lock)$")
+"""The names `save` and `lock` give part keys and the lock beside a main value."""
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _part_keys(parts: dict[str, Any]) -> set[str]:

@@ -124,6 +124,9 @@ class SessionStore(Protocol):
     async def forget(self, tenant: str, session_id: str) -> None:
         """Drop an in-process copy a failed change may have touched (a no-op where `load`
         returns a fresh copy each time)."""
+    async def list(self, tenant: str | None = None) -> list[SessionState]:
+        """The sessions the store holds, of `tenant` or of every tenant, for reading only:
+        listing neither renews their place in memory nor their lifetime in Redis."""
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
 
@@ -176,6 +179,9 @@ class MemorySessionStore:
         # `load` hands out the stored object itself: after a failed change, only the WAL
         # still has the state as it was before.
         self._states.pop((tenant, session_id), None)
+
+    async def list(self, tenant: str | None = None) -> list[SessionState]:
+        return [state for (t, _), state in self._states.items() if tenant is None or t == tenant]
 
     def __len__(self) -> int:
         return len(self._states)

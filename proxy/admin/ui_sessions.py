@@ -1,0 +1,92 @@
+"""The sessions a dashboard viewer sees, with their live figures.
+
+A session is listed when the state store holds it or when it has a live WAL (a session
+written before a restart and not asked for since). Figures come from its state (turns,
+the compaction log) and from its WAL timeline (tokens, summary calls, cache-stable share).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ...wal.paths import safe_name
+from ..engine.state import SessionState
+from ..gateway import Gateway
+from ..ids import is_valid_id
+from .ui_auth import Viewer
+from .ui_timeline import CACHED_LOGS, SUMMARY_LEVELS, Timeline, TimelineCache, file_signature
+
+MAX_LISTED = 500
+"""The most recently updated sessions shown; a dashboard is not an export."""
+_NOT_COMPACTIONS = ("chain", "rollback")
+"""Compaction-log entries that are not a level firing: the chain's total and a rollback."""
+
+
+class SessionFigures:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.timelines = TimelineCache(gw.journal.paths)
+        self._recovered: dict[tuple[str, str], tuple[tuple[Any, ...], SessionState]] = {}
+
+    async def timeline(self, tenant: str, session: str) -> Timeline:
+        return await asyncio.to_thread(self.timelines.get, tenant, session)
+
+    async def visible(self, viewer: Viewer) -> list[dict[str, Any]]:
+        """Every session `viewer` may see, most recently updated first."""
+        held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant)}
+        logs = await asyncio.to_thread(self.gw.journal.paths.sessions, viewer.tenant)
+        for tenant, session, _ in logs:
+            # A folder or file name that is a hash stands for an id that broke the rule: not listable.
+            if (tenant, session) not in held and is_valid_id(tenant) and is_valid_id(session) \
+                    and viewer.sees(tenant) and safe_name(session) == session:
+                state = await self._from_log(tenant, session)
+                if state is not None:
+                    held[(tenant, session)] = state
+        states = sorted(held.values(), key=lambda s: s.updated_at, reverse=True)[:MAX_LISTED]
+        return [await self.figures(state) for state in states]
+
+    async def _from_log(self, tenant: str, session: str) -> SessionState | None:
+        """The state a restart would rebuild, rebuilt again only when the log changed."""
+        files = self.timelines.files(tenant, session)
+        stamp = await asyncio.to_thread(lambda: tuple(file_signature(f) for f in files))
+        cached = self._recovered.get((tenant, session))
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        state = await self.gw.journal.recover(tenant, session)
+        if state is not None:
+            self._recovered.pop((tenant, session), None)
+            self._recovered[(tenant, session)] = (stamp, state)
+            while len(self._recovered) > CACHED_LOGS:
+                self._recovered.pop(next(iter(self._recovered)))
+        return state
+
+    async def figures(self, state: SessionState) -> dict[str, Any]:
+        tenant, session = state.key
+        compactions = [e for e in state.compaction_log if e.get("level") not in _NOT_COMPACTIONS]
+        last = compactions[-1] if compactions else {}
+        figures: dict[str, Any] = {
+            "tenant": tenant, "id": session, "turns": state.turns, "answered_turns": state.answered_turns,
+            "failed_turns": max(0, state.turns - state.answered_turns), "created_at": state.created_at,
+            "updated_at": state.updated_at, "profile": state.profile or None, "dialect": state.dialect or "plain",
+            "records": len(state.records), "last_level": last.get("level"), "last_compaction_at": last.get("at"),
+            "tokens_in": None, "tokens_out": None, "cache_stable_share": None,
+            "summary_calls": sum(1 for e in compactions if e.get("level") in SUMMARY_LEVELS), "wal": False}
+        if await asyncio.to_thread(self.timelines.has_log, tenant, session):
+            timeline = await self.timeline(tenant, session)
+            latest = timeline.points[-1] if timeline.points else {}
+            figures.update(wal=True, tokens_in=latest.get("tokens_in"), tokens_out=latest.get("tokens_out"),
+                           cache_stable_share=timeline.cache_stable_share, summary_calls=timeline.summary_calls)
+        return figures
+
+
+def compaction_rows(state: SessionState) -> list[dict[str, Any]]:
+    """The session's compaction log, newest first: each level that fired, and each rollback."""
+    rows = [{"level": e.get("level"), "tokens_before": e.get("tokens_before"), "tokens_after": e.get("tokens_after"),
+             "reason": e.get("reason"), "duration_ms": e.get("duration_ms"), "at": e.get("at"),
+             "to_seq": e.get("to_seq")} for e in state.compaction_log if e.get("level") != "chain"]
+    return rows[::-1]
+
+
+def record_rows(state: SessionState) -> list[dict[str, Any]]:
+    return [{"prefix_len": r.prefix_len, "levels": r.levels, "tokens_before": r.tokens_before,
+             "tokens_after": r.tokens_after, "created_at": r.created_at} for r in state.records]

@@ -42,6 +42,7 @@ class Gateway:
     metrics: Metrics
     direct: DirectForwarder
     via_litellm: LitellmForwarder
+    retrier: Retrier
     journal: Journal
     idempotency: IdempotencyStore
     memory: MemoryManager | None = None
@@ -67,7 +68,7 @@ class Gateway:
                  tokenizers=tokenizers, metrics=metrics,
                  sessions=Sessions(open_store(s.state, s.max_memory_sessions, s.session_idle_ttl_s), journal),
                  direct=DirectForwarder(s.connect_timeout_s, retrier),
-                 via_litellm=LitellmForwarder(retrier), journal=journal,
+                 via_litellm=LitellmForwarder(retrier), retrier=retrier, journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model

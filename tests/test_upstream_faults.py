@@ -347,10 +347,6 @@ def test_an_unreachable_upstream_is_retried_then_502(native: Gateway, up: Script
     assert caught.value.status_code == 502 and retries(native, "deadend", "connection") == before + 2
 
 
-def test_fallbacks_are_reported_as_not_supported_at_start(native: Gateway) -> None:
-    assert "router_settings.fallbacks is not supported" in native.text()
-
-
 def test_a_bad_retry_setting_is_refused_at_start(upstream: ScriptedUpstream, tmp_path: Path) -> None:
     config = main_config(upstream.url, "auto")
     config["router_settings"] = {"num_retries": "many"}

@@ -84,11 +84,34 @@ async def answer(engine: TurnEngine, request: DoorRequest, wire: Wire) -> web.St
         raise
 
 
+async def _forwarded(engine: TurnEngine, request: DoorRequest, wire: Wire,
+                     headers: dict[str, str]) -> tuple[PreparedTurn, Reply]:
+    """The turn planned for its model and sent; when that model fails before any byte of a
+    reply (after its own retries), or the turn cannot fit it, planned again for the next
+    fallback model group the config names, and sent there (`upstream/fallbacks.py`)."""
+    gw, route, tried = engine.gw, request.route, [request.route.model_name]
+    while True:
+        try:
+            prepared = await engine.prepare(request.caller, route, request.session_id, request.turn, wire, headers,
+                                            request.started)
+            return prepared, await engine.forward(prepared, wire, request.turn.stream)
+        except GatewayError as e:
+            found = gw.router.fallbacks.candidates(request.route.model_name, e)
+            following = [name for name in found[0] if name not in tried] if found else []
+            if not following:
+                raise
+            failed, route = route.model_name, gw.router.resolve(following[0])
+            tried.append(route.model_name)
+            assert found is not None
+            gw.retrier.fell_back(failed, route.model_name, found[1])
+            log.warning("session %s: %s failed (%s: %s); falling back to %s", request.session_id, failed, found[1],
+                        e.message[:200], route.model_name)
+            headers["X-Ctx-Fallback"] = route.model_name
+
+
 async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: dict[str, str],
                 idempotency_key: str | None) -> web.StreamResponse:
-    prepared = await engine.prepare(request.caller, request.route, request.session_id, request.turn, wire, headers,
-                                    request.started)
-    reply = await engine.forward(prepared, wire, request.turn.stream)
+    prepared, reply = await _forwarded(engine, request, wire, headers)
     done = _Settle(engine, prepared, wire, request, idempotency_key)
     if reply.chunks is None:
         headers["X-Ctx-Overhead-Ms"] = f"{prepared.overhead_ms():.2f}"

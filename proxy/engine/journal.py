@@ -109,13 +109,15 @@ class Journal:
             raise
 
     async def log_reply(self, state: SessionState, status: int, prompt_tokens: int | None,
-                        tool_calls: list[dict[str, Any]], tokens_in: int | None, tokens_out: int | None) -> None:
-        """The answered turn: the provider's count beside ctxgate's of what the client sent
-        (`tokens_in`) and of what was forwarded (`tokens_out`)."""
+                        tool_calls: list[dict[str, Any]], tokens_in: int | None, tokens_out: int | None,
+                        model: str) -> None:
+        """The answered turn: the model group that answered it (a fallback's, when one did),
+        the provider's count beside ctxgate's of what the client sent (`tokens_in`) and of
+        what was forwarded (`tokens_out`)."""
         if not self.enabled(state.profile):
             return
         events: list[dict[str, Any]] = [{"type": EventType.RESPONSE.value, "turn": state.turns, "status": status,
-                                         "prompt_tokens": prompt_tokens, "tokens_in": tokens_in,
+                                         "model": model, "prompt_tokens": prompt_tokens, "tokens_in": tokens_in,
                                          "tokens_out": tokens_out, "tool_calls": len(tool_calls),
                                          "count_offset": state.count_offset, "count_offset_key": state.count_offset_key,
                                          "count_scale": state.count_scale,

@@ -292,7 +292,8 @@ class TurnEngine:
         try:
             async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
                 tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
-                                                              tokens_in, prepared.plan.tokens_out)
+                                                              tokens_in, prepared.plan.tokens_out,
+                                                              prepared.route.model_name)
                 state = tx.state
                 state.answered_turns += 1
                 state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again

@@ -90,11 +90,18 @@ def _headers_of(error: Exception) -> Mapping[str, str]:
 
 class Retrier:
     """Runs one upstream call under a route's `RetryPolicy`, counting each retry in `registry`
-    (the gateway's metrics) as `ctxgate_upstream_retries_total{model,reason}`."""
+    (the gateway's metrics) as `ctxgate_upstream_retries_total{model,reason}`, and each turn
+    moved to a fallback model as `ctxgate_upstream_fallbacks_total{model,fallback,reason}`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._retries = Counter("ctxgate_upstream_retries", "Upstream calls tried again, by why (an HTTP status, "
                                 "connection, timeout)", ["model", "reason"], registry=registry)
+        self._fallbacks = Counter("ctxgate_upstream_fallbacks", "Turns moved to a fallback model group, by why (an "
+                                  "HTTP status, connection, timeout, context_window)", ["model", "fallback", "reason"],
+                                  registry=registry)
+
+    def fell_back(self, model: str, fallback: str, reason: str) -> None:
+        self._fallbacks.labels(model, fallback, reason).inc()
 
     async def run(self, policy: RetryPolicy, model: str, attempt: Callable[[], Awaitable[T]]) -> T:
         retry = 0

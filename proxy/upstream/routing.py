@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from ..config import Config, ModelEntry
 from ..errors import ErrorKind, GatewayError
+from .fallbacks import Fallbacks, read_fallbacks
 from .retry import RetryPolicy
 
 log = logging.getLogger("ctxgate.routing")
@@ -28,7 +29,7 @@ OPENAI_COMPATIBLE = {"openai", "custom_openai", "hosted_vllm", "openai_like", "l
 _ROUTING_KEYS = {"model", "api_base", "base_url", "api_key", "custom_llm_provider", "api_version", "organization",
                  "timeout", "stream_timeout", "max_retries", "num_retries", "rpm", "tpm", "order", "weight"}
 # LiteLLM's routing features ctxgate does not have yet: a config that sets them is told so at start.
-_UNSUPPORTED = ("fallbacks", "context_window_fallbacks", "content_policy_fallbacks", "default_fallbacks")
+_UNSUPPORTED = ("content_policy_fallbacks",)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def retry_policy(config: Config, model_name: str, params: dict[str, Any]) -> Ret
 
 
 def warn_unsupported(config: Config) -> None:
-    """LiteLLM's fallbacks are not ctxgate's yet: say so rather than ignore them silently."""
+    """LiteLLM's keys ctxgate does not act on: say so rather than ignore them silently."""
     for section in ("router_settings", "litellm_settings"):
         for key in _UNSUPPORTED:
             if _settings(config, section).get(key):
@@ -201,6 +202,9 @@ class Router:
         self._groups = groups
         self._cycles: dict[str, Iterator[Route]] = {k: itertools.cycle(v) for k, v in groups.items()}
         self._matched: dict[str, Route] = {}
+        self.fallbacks: Fallbacks = read_fallbacks(
+            {section: _settings(config, section) for section in ("router_settings", "litellm_settings")},
+            set(self.model_names()))
 
     @property
     def demo_only(self) -> bool:

@@ -89,6 +89,8 @@ function readHash() {
   }
 }
 
+window.addEventListener("hashchange", () => { readHash(); refresh(); });
+
 function select(tenant, session) {
   selected = {tenant, session};
   history.replaceState(null, "", "#" + new URLSearchParams({tenant, session}).toString());
@@ -154,7 +156,7 @@ async function refreshMetrics() {
     series("tokens in", "tokens_in", {type: "scatter", mode: "lines", yaxis: "y2"}),
     series("tokens out", "tokens_out", {type: "scatter", mode: "lines", yaxis: "y2"}),
   ], {
-    margin: {t: 10, r: 60, b: 40, l: 50}, barmode: "group", legend: {orientation: "h"},
+    margin: {t: 10, r: 60, b: 60, l: 50}, barmode: "group", legend: {orientation: "h"},
     yaxis: {title: "per minute", rangemode: "tozero"},
     yaxis2: {title: "tokens", overlaying: "y", side: "right", rangemode: "tozero"},
   }, {displayModeBar: false, responsive: true});

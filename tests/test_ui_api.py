@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from clients import agent_turns, assert_error_shape, client
-from servers import KEYS, LIVE, Gateway, child_env, ctxgate_command, free_port, main_config, model_list, \
-    start_gateways, stop_all
+from servers import KEYS, LIVE, Gateway, RedisServer, child_env, ctxgate_command, free_port, main_config, \
+    model_list, start_gateways, stop_all
 from trajectories import openhands
 from upstream import ScriptedUpstream
 
@@ -236,6 +236,24 @@ def test_a_session_known_only_from_its_wal_is_listed_after_a_restart(
         listed = {s["id"]: s for s in get(gw, f"{DASHBOARD}/sessions").json()["data"]}
         assert listed[session]["answered_turns"] == 5 and listed[session]["wal"] is True
         assert len(get(gw, session_path("acme", session)).json()["timeline"]) == 5
+    finally:
+        gw.stop()
+
+
+def test_sessions_in_redis_are_listed_per_tenant(upstream: ScriptedUpstream, redis_server: RedisServer,
+                                                 tmp_path: Path) -> None:
+    gw = start_gateways({"redis": (tmp_path, dashboard_config(upstream.url, state=redis_server.url))})["redis"]
+    try:
+        mine, theirs = new_session(), new_session()
+        turns, tools = compacting_turns(2)
+        drive(gw, mine, turns, tools, key=KEYS["acme"])
+        drive(gw, theirs, turns, tools, key=KEYS["relay"])
+        everyone = {(s["tenant"], s["id"]) for s in get(gw, f"{DASHBOARD}/sessions").json()["data"]}
+        assert {("acme", mine), ("relay", theirs)} <= everyone
+        relay = get(gw, f"{DASHBOARD}/sessions", KEYS["relay"]).json()["data"]
+        assert ("relay", theirs) in {(s["tenant"], s["id"]) for s in relay}
+        assert all(s["tenant"] == "relay" for s in relay)
+        assert next(s for s in relay if s["id"] == theirs)["answered_turns"] == 2
     finally:
         gw.stop()
 

@@ -90,7 +90,7 @@ class Dashboard:
 
     async def session(self, request: web.Request) -> web.Response:
         _, tenant, session = self._session_key(request)
-        state = await self.gw.sessions.read(tenant, session)
+        state = await self.figures.state(tenant, session)
         if state is None:
             raise _no_session(session)
         timeline = await self.figures.timeline(tenant, session)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...wal.paths import safe_name
 from ..engine.state import SessionState
 from ..gateway import Gateway
 from ..ids import is_valid_id
@@ -36,14 +35,18 @@ class SessionFigures:
         held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant)}
         logs = await asyncio.to_thread(self.gw.journal.paths.sessions, viewer.tenant)
         for tenant, session, _ in logs:
-            # A folder or file name that is a hash stands for an id that broke the rule: not listable.
+            # Names read from disk must follow the id rule before they reach a page or a URL.
             if (tenant, session) not in held and is_valid_id(tenant) and is_valid_id(session) \
-                    and viewer.sees(tenant) and safe_name(session) == session:
+                    and viewer.sees(tenant):
                 state = await self._from_log(tenant, session)
                 if state is not None:
                     held[(tenant, session)] = state
         states = sorted(held.values(), key=lambda s: s.updated_at, reverse=True)[:MAX_LISTED]
         return [await self.figures(state) for state in states]
+
+    async def state(self, tenant: str, session: str) -> SessionState | None:
+        """For reading only, without the session's lock: a dashboard never waits for a turn."""
+        return await self.gw.sessions.store.load(tenant, session) or await self._from_log(tenant, session)
 
     async def _from_log(self, tenant: str, session: str) -> SessionState | None:
         """The state a restart would rebuild, rebuilt again only when the log changed."""

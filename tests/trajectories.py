@@ -53,7 +53,7 @@ def dialect_of(trajectory: Trajectory) -> str:
 def openhands() -> tuple[Trajectory, ...]:
     _require()
     path = os.path.join(ROOT, "swe-gym-openhands", "sample_raw.json")
-    return tuple(formats.read_recordings(path, "openhands"))
+    return tuple(formats.read_recordings(path, "openhands")[1])
 
 
 @lru_cache(maxsize=None)
@@ -84,15 +84,15 @@ def openhands_text() -> tuple[Trajectory, ...]:
     _require()
     out: list[Trajectory] = []
     for path in sorted(glob.glob(os.path.join(ROOT, "openhands-text", "*.json"))):
-        out += formats.read_recordings(path, "openhands-text")
+        out += formats.read_recordings(path, "openhands-text")[1]
     return tuple(out)
 
 
 @lru_cache(maxsize=None)
 def mini_swe_agent() -> tuple[Trajectory, ...]:
     _require()
-    return tuple(formats.read_recordings(os.path.join(ROOT, "mini-swe-agent", "mini-coder_sample_raw.json"),
-                                         "mini-swe-agent"))
+    path = os.path.join(ROOT, "mini-swe-agent", "mini-coder_sample_raw.json")
+    return tuple(formats.read_recordings(path, "mini-swe-agent")[1])
 
 
 def all_trajectories() -> list[Trajectory]:

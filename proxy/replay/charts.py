@@ -14,6 +14,8 @@ from typing import Any
 from .results import SessionResult
 
 LEVEL_COLOURS = {"snip": "#e45756", "microcompact": "#f58518", "collapse": "#54a24b", "autocompact": "#b279a2"}
+LEVEL_SIZES = {"snip": 18, "microcompact": 14, "collapse": 10, "autocompact": 7}
+"""Several levels often run at one turn: their markers are nested diamonds, the cheapest outermost."""
 SENT, FORWARDED, REFUSED = "agent history", "forwarded", "refused"
 
 
@@ -30,6 +32,11 @@ def stable_spans(result: SessionResult) -> list[tuple[int, int]]:
     return spans
 
 
+def levels_outermost_first(result: SessionResult) -> list[tuple[str, list[int]]]:
+    """The levels that ran, the largest marker first, so each smaller one is drawn over it."""
+    return sorted(result.levels_fired.items(), key=lambda item: -LEVEL_SIZES.get(item[0], 12))
+
+
 def file_name(result: SessionResult) -> str:
     return re.sub(r"[^\w.-]+", "_", result.name).strip("_") or "session"
 
@@ -44,9 +51,10 @@ def plotly_figure(result: SessionResult) -> Any:
                              line={"color": "#9e9e9e"}, marker={"size": 4}))
     fig.add_trace(go.Scatter(x=turns, y=[row.forwarded for row in result.turns], name=FORWARDED,
                              mode="lines+markers", line={"color": "#4c78a8"}, marker={"size": 4}))
-    for level, at in result.levels_fired.items():
+    for level, at in levels_outermost_first(result):
         fig.add_trace(go.Scatter(x=at, y=[forwarded[t] for t in at], name=f"compaction: {level}", mode="markers",
-                                 marker={"size": 12, "symbol": "diamond", "color": LEVEL_COLOURS.get(level),
+                                 marker={"size": LEVEL_SIZES.get(level, 12), "symbol": "diamond",
+                                         "color": LEVEL_COLOURS.get(level),
                                          "line": {"width": 1, "color": "#333"}}))
     refused = [row for row in result.turns if row.refused]
     if refused:
@@ -76,9 +84,9 @@ def write_png(result: SessionResult, path: Path) -> None:
         ax.axvspan(first - 0.5, last + 0.5, color="#72b7b2", alpha=0.15, linewidth=0)
     ax.plot(turns, [row.sent for row in result.turns], color="#9e9e9e", marker=".", label=SENT)
     ax.plot(turns, [forwarded[t] for t in turns], color="#4c78a8", marker=".", label=FORWARDED)
-    for level, at in result.levels_fired.items():
-        ax.scatter(at, [forwarded[t] for t in at], s=70, marker="D", color=LEVEL_COLOURS.get(level),
-                   edgecolors="#333", zorder=3, label=f"compaction: {level}")
+    for level, at in levels_outermost_first(result):
+        ax.scatter(at, [forwarded[t] for t in at], s=LEVEL_SIZES.get(level, 12) ** 2 / 2, marker="D",
+                   color=LEVEL_COLOURS.get(level), edgecolors="#333", zorder=3, label=f"compaction: {level}")
     refused = [row for row in result.turns if row.refused]
     if refused:
         ax.scatter([r.turn for r in refused], [r.sent for r in refused], s=70, marker="x", color="#d62728",

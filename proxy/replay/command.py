@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ...pipeline.tokens import TokenCounter
 from ..config import Config, ConfigError, load_config
+from ..errors import GatewayError
 from .driver import Replay, agent_turns, replay
 from .formats import FORMATS, FormatError, Recording, read_recordings
 from .models import Models
@@ -73,14 +74,15 @@ def run(args: argparse.Namespace) -> int:
     found: list[tuple[str, str, Recording]] = []
     for path in args.files:
         try:
-            for r in read_recordings(path, args.format):
-                found.append((path, args.format or r.source, r))
+            fmt, recordings = read_recordings(path, args.format)
         except FormatError as e:
             return _fail(str(e))
+        found += [(path, fmt, r) for r in recordings]
     try:
-        results = asyncio.run(_replay_all(_named(found), config, args))
-    except ConfigError as e:
-        return _fail(str(e))
+        models = Models(config)
+    except (GatewayError, ValueError) as e:  # a model_list litellm cannot route, a bad retry setting
+        return _fail(f"{args.config}: {getattr(e, 'message', e)}")
+    results = asyncio.run(_replay_all(_named(found), config, models, args))
     out = Path(args.out)
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(results_table(results))
@@ -97,9 +99,8 @@ class _Job:
     turns: int
 
 
-async def _replay_all(found: list[tuple[str, str, Recording]], config: Config,
+async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, models: Models,
                       args: argparse.Namespace) -> list[SessionResult]:
-    models = Models(config)
     profile = args.profile or config.ctxgate.profile
     pipeline_config = config.pipeline_config(profile)
     jobs = [_Job(path, fmt, r, len(agent_turns(r.messages))) for path, fmt, r in found]

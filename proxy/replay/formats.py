@@ -251,8 +251,8 @@ def parse(path: str) -> tuple[Any, bool]:
     return lines, True
 
 
-def read_recordings(path: str, fmt: str | None = None) -> list[Recording]:
-    """Every session of the file at `path`, in the named format or the one its content shows."""
+def read_recordings(path: str, fmt: str | None = None) -> tuple[str, list[Recording]]:
+    """The format of the file at `path` (as named, or as its content shows) and every session in it."""
     data, jsonl = parse(path)
     try:
         name = fmt or detect(data, jsonl)
@@ -269,4 +269,4 @@ def read_recordings(path: str, fmt: str | None = None) -> list[Recording]:
     found = [r for r in found if sum(m.get("role") == "assistant" for m in r.messages) > 0]
     if not found:
         raise FormatError(f"{path}: no session with an assistant turn in it")
-    return found
+    return name, found

@@ -69,6 +69,7 @@ class Models:
             return ModelTarget(name, route.max_input_tokens, route.limit_source, counter, prices)
         import litellm
 
+        litellm.suppress_debug_info = True  # an unmapped model is expected here: no "Provider List" banner
         limit, source = self.config.ctxgate.default_max_input_tokens, "default"
         try:
             found = litellm.get_model_info(name).get("max_input_tokens")

@@ -14,13 +14,14 @@ from typing import Any
 
 from .charts import file_name, plotly_figure, stable_spans, write_png
 from .results import CompactionPoint, SessionResult
-from .table import levels_text, money
+from .table import COLUMNS, levels_text, money, saved, stable_text, total_cost
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1300px; }
 table { border-collapse: collapse; margin: 8px 0 16px; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
+th:first-child, td:first-child, th:nth-child(7), td:nth-child(7) { text-align: left; }
+tr.total td { font-weight: 600; background: #f3f6fa; }
 section.session { border-top: 2px solid #4c78a8; margin-top: 28px; padding-top: 8px; }
 pre { background: #f6f8fa; padding: 8px; white-space: pre-wrap; font-size: 12px; max-height: 320px; overflow: auto; }
 details { margin: 6px 0; } summary { cursor: pointer; font-weight: 600; }
@@ -42,17 +43,31 @@ def _cell(value: Any) -> str:
     return f"<td>{html.escape(str(value))}</td>"
 
 
+def _row(cells: list[str]) -> str:
+    return "<tr>" + "".join(cells) + "</tr>"
+
+
 def _totals(results: list[SessionResult]) -> str:
-    head = ("session", "format", "turns", "limit", "tokens sent", "tokens forwarded", "levels fired @ turns",
-            "summaries", "prefix-stable", "cost without", "cost with", "refused")
+    """The terminal table's columns, a row per session, and the totals."""
     rows = []
+    unpriced = 0
     for k, r in enumerate(results):
-        rows.append(f'<tr><td><a href="#session-{k}">{html.escape(r.name)}</a></td>' + "".join(_cell(v) for v in (
-            r.format, len(r.turns), r.limit, r.sent_total, r.forwarded_total, levels_text(r), r.summaries,
-            f"{r.stable_turns}/{max(0, len(r.turns) - 1)}", money(r.cost_without), money(r.cost_with),
-            r.refused_turns)) + "</tr>")
-    return ('<table id="totals"><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>" + "".join(rows)
-            + "</table>")
+        rows.append(_row([f'<td><a href="#session-{k}">{html.escape(r.name)}</a></td>'] + [_cell(v) for v in (
+            len(r.turns), r.limit, r.sent_total, r.forwarded_total, saved(r.sent_answered, r.forwarded_total),
+            levels_text(r), r.summaries, stable_text([r]), money(r.cost_without), money(r.cost_with),
+            r.refused_turns)]))
+    if len(results) > 1:
+        without, unpriced = total_cost(results, "cost_without")
+        mark = "*" if unpriced else ""
+        forwarded = sum(r.forwarded_total for r in results)
+        rows.append('<tr class="total">' + "".join(_cell(v) for v in (
+            "total", sum(len(r.turns) for r in results), "", sum(r.sent_total for r in results), forwarded,
+            saved(sum(r.sent_answered for r in results), forwarded), "", sum(r.summaries for r in results),
+            stable_text(results), money(without) + mark, money(total_cost(results, "cost_with")[0]) + mark,
+            sum(r.refused_turns for r in results))) + "</tr>")
+    note = (f'<p class="note">* {unpriced} session(s) with a model litellm\'s cost map has no price for are left '
+            "out of the cost totals.</p>") if len(results) > 1 and unpriced else ""
+    return '<table id="totals">' + _row([f"<th>{h}</th>" for h in COLUMNS]) + "".join(rows) + "</table>" + note
 
 
 def _point(p: CompactionPoint) -> str:

@@ -89,6 +89,11 @@ class SessionResult:
         return sum(t.sent for t in self.turns)
 
     @property
+    def sent_answered(self) -> int:
+        """What the agent sent on the turns that were forwarded (not refused)."""
+        return sum(t.sent for t in self.turns if t.forwarded is not None)
+
+    @property
     def forwarded_total(self) -> int:
         return sum(t.forwarded or 0 for t in self.turns)
 
@@ -102,7 +107,7 @@ class SessionResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data.update(sent_total=self.sent_total, forwarded_total=self.forwarded_total,
+        data.update(sent_total=self.sent_total, sent_answered=self.sent_answered, forwarded_total=self.forwarded_total,
                     stable_turns=self.stable_turns, refused_turns=self.refused_turns)
         return data
 
@@ -169,7 +174,10 @@ def compaction_points(run: Replay, rows: list[TurnRow]) -> list[CompactionPoint]
         notes = [str(m["content"]) for m in f.record.messages if is_ctxgate_message(m)]
         new = [n for n in notes if n not in seen]
         seen.update(notes)
-        summaries = [_summary_of(n) for n in new if n.startswith(AUTOCOMPACT_MARKER)]
+        # A summary is shown at every Autocompact (it may repeat an earlier one word for word);
+        # Snip and Collapse notes only where they first appear (they persist in later records).
+        summaries = [_summary_of(n) for n in notes if n.startswith(AUTOCOMPACT_MARKER)] \
+            if "autocompact" in row.levels else []
         restored = [n for n in notes if n.startswith(RESTORE_MARKER)]
         points.append(CompactionPoint(
             turn=row.turn, levels=row.levels, speculative=f.speculative, tokens_before=f.record.tokens_before,

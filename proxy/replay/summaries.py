@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER
 from ...pipeline.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -26,8 +27,16 @@ _PARAGRAPH = re.compile(r"^\[(system|developer|user|assistant|tool)\] ", re.M)
 _PATH = re.compile(r"(?<![\w/.])((?:/|\./)?(?:[\w.-]+/)+[\w.-]+\.\w{1,6}|[\w-]+\.(?:py|js|ts|go|rs|java|c|h|cpp|"
                    r"md|json|yaml|yml|toml|txt|cfg|ini|sh|html|css))\b")
 _ERROR = re.compile(r"(Traceback|Error|error:|FAILED|Exception|not found|No such file)", re.I)
-_ACTION = re.compile(r"(?:\bcalls? |<function=|```(?:bash|sh)?\n|\"name\": ?\")([\w./-]+)")
-MAX_STEPS, MAX_FILES, LINE_CHARS = 12, 15, 160
+_ACTION = re.compile(r"(?:\[called |<function=|```(?:bash|sh)?\n)([\w./-]+)")
+"""An action in the transcript: a tool call as Autocompact writes it (`[called NAME(ARGS)]`),
+an OpenHands `<function=NAME>`, or the first word of a fenced shell command."""
+_EARLIER_STEPS = re.compile(r"^2\. Completed steps:(?: \(\d+ earlier not listed\))? (.*)$", re.M)
+_EARLIER_TOOLS = re.compile(r"^3\. Key decisions: tools called: (.*)$", re.M)
+_EARLIER_FILES = re.compile(r"^5\. Current files: (.*)$", re.M)
+_SNIPPED_STEP = re.compile(r"^- assistant: (.+)$", re.M)
+_SEPARATOR = {_EARLIER_STEPS: "; ", _EARLIER_TOOLS: ", ", _EARLIER_FILES: ", "}
+_NONE = ("none recorded", "none named")
+MAX_STEPS, MAX_FILES, LINE_CHARS, STEP_CHARS = 8, 15, 160, 70
 
 
 def _paragraphs(prompt: list[Message]) -> list[tuple[str, str]]:
@@ -44,20 +53,51 @@ def _line(text: str) -> str:
     return first if len(first) <= LINE_CHARS else first[:LINE_CHARS - 1] + "…"
 
 
+def _step(text: str) -> str:
+    """An agent message as one line: what it said first, and the action it took."""
+    said = _line(re.sub(r"\[called [^\n]*", "", text))
+    action = _ACTION.search(text)
+    done = _line(text[action.start():].lstrip("[`")) if action else ""
+    step = " → ".join(p for p in (said, done) if p)
+    return step if len(step) <= STEP_CHARS else step[:STEP_CHARS - 1] + "…"
+
+
+def _carried(notes: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(steps, tools, files) an earlier compaction left in ctxgate's notes: a summary's step
+    list and fields 3 and 5, a Snip note's previews of the agent's messages. Summarising a
+    summary keeps what it said."""
+    steps: list[str] = []
+    tools: list[str] = []
+    files: list[str] = []
+    for note in notes:
+        if note.startswith(AUTOCOMPACT_MARKER):
+            for heading, into in ((_EARLIER_STEPS, steps), (_EARLIER_TOOLS, tools), (_EARLIER_FILES, files)):
+                found = heading.search(note)
+                into += [x for x in found.group(1).split(_SEPARATOR[heading]) if x and x not in _NONE] if found else []
+        elif note.startswith(SNIP_MARKER):
+            steps += _SNIPPED_STEP.findall(note)
+    return steps, tools, files
+
+
 def offline_summary(prompt: list[Message]) -> str:
     """The six fields from the transcript alone (see the module's docstring)."""
     paragraphs = _paragraphs(prompt)
     users = [t for r, t in paragraphs if r == "user" and t]
     agent = [t for r, t in paragraphs if r == "assistant" and t]
     observations = [t for r, t in paragraphs if r in ("tool", "user")]
-    tools = list(dict.fromkeys(m.group(1) for t in agent for m in _ACTION.finditer(t)))
-    files = list(dict.fromkeys(m.group(1) for _, t in paragraphs for m in _PATH.finditer(t)))[-MAX_FILES:]
+    earlier_steps, earlier_tools, earlier_files = _carried([t for r, t in paragraphs if r == "system"])
+    tools = list(dict.fromkeys(earlier_tools + [m.group(1) for t in agent for m in _ACTION.finditer(t)]))
+    files = list(dict.fromkeys(earlier_files + [m.group(1) for r, t in paragraphs if r != "system"
+                                                for m in _PATH.finditer(t)]))[-MAX_FILES:]
     errors = [_line(line) for t in observations[-5:] for line in t.splitlines() if _ERROR.search(line)][-3:]
-    steps = [_line(t) for t in agent][-MAX_STEPS:]
-    skipped = len(agent) - len(steps)
-    lines = ["1. User goal: " + (_line(users[0]) if users else "not stated in the summarised part"),
-             "2. Completed steps:" + (f" ({skipped} earlier steps not listed)" if skipped > 0 else "")]
-    lines += [f"   - {s}" for s in steps] or ["   - none recorded"]
+    every_step = earlier_steps + [_step(t) for t in agent]
+    steps = every_step[-MAX_STEPS:]
+    skipped = len(every_step) - len(steps)
+    # One line per field: when the budget leaves a summary little room, `shorten` cuts every
+    # line to a share of it, so fewer lines keep more of each.
+    lines = ["1. User goal: " + (_line(users[0]) if users else "the task statement, kept verbatim above"),
+             "2. Completed steps:" + (f" ({skipped} earlier not listed)" if skipped > 0 else "") + " "
+             + ("; ".join(steps) or "none recorded")]
     lines.append("3. Key decisions: tools called: " + (", ".join(tools[:10]) or "none named"))
     lines.append("4. Open problems: " + ("; ".join(errors) if errors else "no error in the last observations"))
     lines.append("5. Current files: " + (", ".join(files) or "none named"))

@@ -5,6 +5,9 @@ from rich.table import Table
 
 from .results import SessionResult
 
+COLUMNS = ("session", "turns", "limit", "tokens sent", "tokens forwarded", "saved", "levels fired @ turns",
+           "summaries", "prefix-stable", "cost without", "cost with", "refused")
+
 
 def money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.4f}"
@@ -15,33 +18,42 @@ def levels_text(result: SessionResult) -> str:
     return " ".join(f"{level}@{','.join(map(str, turns))}" for level, turns in result.levels_fired.items()) or "-"
 
 
-def _saved(sent: int, forwarded: int) -> str:
+def saved(sent: int, forwarded: int) -> str:
+    """The share of the agent's tokens not forwarded, over the turns that were forwarded."""
     return f"{1 - forwarded / sent:.0%}" if sent else "-"
 
 
-def _total_cost(results: list[SessionResult], key: str) -> float | None:
+def stable_text(results: list[SessionResult]) -> str:
+    return f"{sum(r.stable_turns for r in results)}/{sum(max(0, len(r.turns) - 1) for r in results)}"
+
+
+def total_cost(results: list[SessionResult], key: str) -> tuple[float | None, int]:
+    """The sum over the sessions with prices, and how many had none."""
     values = [getattr(r, key) for r in results]
-    return None if any(v is None for v in values) else sum(values)
+    priced = [v for v in values if v is not None]
+    return (sum(priced) if priced else None), len(values) - len(priced)
 
 
 def results_table(results: list[SessionResult]) -> Table:
-    table = Table(title="ctxgate replay", show_lines=False)
-    for name, justify in (("session", "left"), ("turns", "right"), ("limit", "right"), ("tokens sent", "right"),
-                          ("tokens forwarded", "right"), ("saved", "right"), ("levels fired @ turns", "left"),
-                          ("summaries", "right"), ("prefix-stable", "right"), ("cost without", "right"),
-                          ("cost with", "right"), ("refused", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table = Table(title="ctxgate replay")
+    for name in COLUMNS:
+        left = name in ("session", "levels fired @ turns")
+        table.add_column(name, justify="left" if left else "right", overflow="fold")
     for r in results:
         table.add_row(r.name, str(len(r.turns)), str(r.limit), str(r.sent_total), str(r.forwarded_total),
-                      _saved(r.sent_total, r.forwarded_total), levels_text(r), str(r.summaries),
-                      f"{r.stable_turns}/{max(0, len(r.turns) - 1)}", money(r.cost_without), money(r.cost_with),
-                      str(r.refused_turns))
+                      saved(r.sent_answered, r.forwarded_total), levels_text(r), str(r.summaries),
+                      stable_text([r]), money(r.cost_without), money(r.cost_with), str(r.refused_turns))
+    unpriced = total_cost(results, "cost_with")[1]
     if len(results) > 1:
-        sent, forwarded = sum(r.sent_total for r in results), sum(r.forwarded_total for r in results)
         table.add_section()
-        table.add_row("total", str(sum(len(r.turns) for r in results)), "", str(sent), str(forwarded),
-                      _saved(sent, forwarded), "", str(sum(r.summaries for r in results)),
-                      f"{sum(r.stable_turns for r in results)}/{sum(max(0, len(r.turns) - 1) for r in results)}",
-                      money(_total_cost(results, "cost_without")), money(_total_cost(results, "cost_with")),
-                      str(sum(r.refused_turns for r in results)))
+        mark = "*" if unpriced else ""
+        table.add_row("total", str(sum(len(r.turns) for r in results)), "", str(sum(r.sent_total for r in results)),
+                      str(sum(r.forwarded_total for r in results)),
+                      saved(sum(r.sent_answered for r in results), sum(r.forwarded_total for r in results)), "",
+                      str(sum(r.summaries for r in results)), stable_text(results),
+                      money(total_cost(results, "cost_without")[0]) + mark,
+                      money(total_cost(results, "cost_with")[0]) + mark, str(sum(r.refused_turns for r in results)))
+    if unpriced:
+        table.caption = (f"{'* ' if len(results) > 1 else ''}{unpriced} session(s) with a model litellm's cost map "
+                         "has no price for: costs n/a" + (", left out of the totals" if len(results) > 1 else ""))
     return table

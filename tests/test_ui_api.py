@@ -184,6 +184,9 @@ def test_bad_ids_and_bodies_are_refused_in_openai_shape(uigw: Gateway, compacted
     for body in ({}, {"to_seq": "3"}, {"to_seq": 0}, {"to_seq": True}, [1]):
         assert_error_shape(post_json(uigw, rollback, body), 400, "invalid_request")
     assert_error_shape(post_json(uigw, rollback, {"to_seq": 99999}), 404, "checkpoint_not_found")
+    as_form = httpx.post(uigw.base + rollback, content=b'{"to_seq": 1}', timeout=30,
+                         headers={**bearer(ADMIN_KEY), "Content-Type": "text/plain"})  # what a cross-site form sends
+    assert_error_shape(as_form, 400, "invalid_request")
     assert_error_shape(get(uigw, "/ui/../app.py"), 404)
     assert_error_shape(get(uigw, "/ui/secrets.txt"), 404, "not_found")
 
@@ -270,6 +273,9 @@ def test_an_open_gateway_shows_its_dashboard_to_loopback_only(
         for path in ("/ui", "/ui/dashboard.js", f"{DASHBOARD}/sessions", f"{DASHBOARD}/viewer"):
             err = assert_error_shape(get(gw, path, None, host=address), 403, "dashboard_loopback_only")
             assert "loopback" in err["message"]
+        # From this machine, but by a name that is not a loopback one (another site rebound to 127.0.0.1).
+        rebound = httpx.get(f"{gw.base}{DASHBOARD}/sessions", headers={"Host": f"evil.example:{gw.port}"}, timeout=30)
+        assert_error_shape(rebound, 403, "dashboard_loopback_only")
     finally:
         stop_all([gw])
 

@@ -50,7 +50,7 @@ class Dashboard:
         self.figures = SessionFigures(gw)
 
     def _viewer(self, request: web.Request) -> Viewer:
-        return viewer_of(self.gw.config, request.headers, request.remote)
+        return viewer_of(self.gw.config, request.headers, request.remote, request.host)
 
     def _session_key(self, request: web.Request) -> tuple[Viewer, str, str]:
         """The session named in the path, when the caller may see it; another tenant's is a 404
@@ -65,11 +65,11 @@ class Dashboard:
     # -- the page --------------------------------------------------------------------------
 
     async def page(self, request: web.Request) -> web.StreamResponse:
-        loopback_only(self.gw.config, request.remote)
+        loopback_only(self.gw.config, request.remote, request.host)
         return web.FileResponse(ASSETS / "index.html", headers={"Content-Type": "text/html; charset=utf-8"})
 
     async def asset(self, request: web.Request) -> web.StreamResponse:
-        loopback_only(self.gw.config, request.remote)
+        loopback_only(self.gw.config, request.remote, request.host)
         name = request.match_info["name"]
         if name == "plotly.min.js":
             return web.FileResponse(plotly_js(), headers={"Content-Type": "text/javascript; charset=utf-8"})
@@ -101,6 +101,9 @@ class Dashboard:
     async def rollback(self, request: web.Request) -> web.Response:
         """`{"to_seq": N}`: the session as it was at its checkpoint N (docs/wal.md, Rollback)."""
         _, tenant, session = self._session_key(request)
+        if request.content_type != "application/json":  # so another site's page cannot post it without CORS
+            raise GatewayError(ErrorKind.INVALID_REQUEST, "the body must be JSON (Content-Type: application/json)",
+                               code="invalid_request")
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:

@@ -46,18 +46,26 @@ def is_open(config: Config) -> bool:
     return settings.admin_key is None and not any(t.api_keys for t in settings.tenants.values())
 
 
-def loopback_only(config: Config, remote: str | None) -> None:
-    """The page and its assets: on an open gateway, for this machine only."""
-    if is_open(config) and not is_loopback(remote):
+def _local_host(host: str) -> bool:
+    """The Host header names this machine: a page of another site whose name was made to point
+    at 127.0.0.1 (DNS rebinding) sends its own name, and is refused."""
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.split("]")[0].lstrip("[") if name.startswith("[") else name
+    return name.lower() == "localhost" or is_loopback(name)
+
+
+def loopback_only(config: Config, remote: str | None, host: str) -> None:
+    """On an open gateway, the dashboard is for this machine only, asked for by a loopback name."""
+    if is_open(config) and not (is_loopback(remote) and _local_host(host)):
         raise GatewayError(ErrorKind.PERMISSION, "this gateway has no admin key and no tenant keys, so its dashboard "
-                           "answers loopback clients only (set ctxgate.admin_key to open it to others)",
-                           code="dashboard_loopback_only")
+                           "answers loopback clients only, at localhost, 127.0.0.1 or [::1] (set ctxgate.admin_key "
+                           "to open it to others)", code="dashboard_loopback_only")
 
 
-def viewer_of(config: Config, headers: Mapping[str, str], remote: str | None) -> Viewer:
+def viewer_of(config: Config, headers: Mapping[str, str], remote: str | None, host: str) -> Viewer:
     """The caller of a dashboard JSON endpoint: 401 without a valid key, 403 from afar on an open gateway."""
     if is_open(config):
-        loopback_only(config, remote)
+        loopback_only(config, remote, host)
         return Viewer("local", None)
     settings = config.ctxgate
     key = presented_key(headers)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..doors.messages_model import conversation_of
@@ -52,7 +52,6 @@ class Recording:
     """From the file format; empty only for a Recording made elsewhere."""
     model: str = ""
     """The model the agent used, when the file says."""
-    meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 def clean_message(m: Message) -> Message:

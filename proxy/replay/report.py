@@ -65,8 +65,8 @@ def _totals(results: list[SessionResult]) -> str:
             saved(sum(r.sent_answered for r in results), forwarded), "", sum(r.summaries for r in results),
             stable_text(results), money(without) + mark, money(total_cost(results, "cost_with")[0]) + mark,
             sum(r.refused_turns for r in results))) + "</tr>")
-    note = (f'<p class="note">* {unpriced} session(s) with a model litellm\'s cost map has no price for are left '
-            "out of the cost totals.</p>") if len(results) > 1 and unpriced else ""
+    note = (f'<p class="note">* Left out of the cost totals: {unpriced} session(s) whose model has no price in '
+            "litellm's cost map.</p>") if len(results) > 1 and unpriced else ""
     return '<table id="totals">' + _row([f"<th>{h}</th>" for h in COLUMNS]) + "".join(rows) + "</table>" + note
 
 

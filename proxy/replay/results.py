@@ -78,6 +78,7 @@ class SessionResult:
     summarizer: str
     prices: Prices | None
     cost_without: float | None
+    """The agent's requests as sent, on the turns ctxgate forwarded."""
     cost_with: float | None
     """The forwarded requests and the summaries."""
     cost_summaries: float | None
@@ -221,7 +222,9 @@ def session_result(recording: Recording, run: Replay, counter: TokenCounter, set
     prices = setting.prices
     without = with_ctxgate = summaries = None
     if prices is not None:
-        without = sum(prices.request(r.sent, r.cached_sent) for r in rows)
+        # Over the turns ctxgate forwarded: a refused turn costs nothing with ctxgate, and
+        # pricing it without would credit ctxgate with a turn the agent never got answered.
+        without = sum(prices.request(r.sent, r.cached_sent) for r in rows if r.forwarded is not None)
         summaries = sum(prices.summary(p, o) for p, o in setting.summary_calls)
         with_ctxgate = sum(prices.request(r.forwarded, r.cached_forwarded) for r in rows
                            if r.forwarded is not None) + summaries

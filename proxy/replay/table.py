@@ -54,6 +54,6 @@ def results_table(results: list[SessionResult]) -> Table:
                       money(total_cost(results, "cost_without")[0]) + mark,
                       money(total_cost(results, "cost_with")[0]) + mark, str(sum(r.refused_turns for r in results)))
     if unpriced:
-        table.caption = (f"{'* ' if len(results) > 1 else ''}{unpriced} session(s) with a model litellm's cost map "
-                         "has no price for: costs n/a" + (", left out of the totals" if len(results) > 1 else ""))
+        table.caption = (f"{'* ' if len(results) > 1 else ''}{unpriced} session(s) whose model has no price in "
+                         "litellm's cost map: costs n/a" + (", left out of the totals" if len(results) > 1 else ""))
     return table

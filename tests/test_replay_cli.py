@@ -190,6 +190,18 @@ def test_claude_code_transcript_reads_as_the_messages_door_does(tmp_path: Path) 
     assert recording.messages[0]["content"] == [{"type": "text", "text": "Fix the flaky test in tests/test_io.py"}]
 
 
+def test_after_claude_codes_own_compaction_the_history_starts_from_its_summary(tmp_path: Path) -> None:
+    path = write_claude_code(tmp_path / "t.jsonl", steps=3)
+    summary = {"type": "user", "isCompactSummary": True,
+               "message": {"role": "user", "content": "This session is being continued. Summary: read io_0..2."}}
+    after = {"type": "assistant", "message": {"id": "msg_after", "role": "assistant", "content": [
+        {"type": "text", "text": "Continuing."}]}}
+    path.write_text(path.read_text() + json.dumps(summary) + "\n" + json.dumps(after) + "\n")
+    _, (recording,) = read_recordings(str(path))
+    assert [m["role"] for m in recording.messages] == ["user", "assistant"]
+    assert recording.messages[0]["content"][0]["text"].startswith("This session is being continued")
+
+
 def _config(tmp_path: Path, upstream_url: str, summarizer_base: str | None = None) -> Path:
     models = [m for m in model_list(upstream_url) if m["model_name"] in ("gpt-4o", "summarizer")]
     if summarizer_base is not None:

@@ -6,7 +6,7 @@ import asyncio
 import os
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -57,8 +57,7 @@ def _named(recordings: list[tuple[str, str, Recording]]) -> list[tuple[str, str,
     for path, fmt, r in recordings:
         k = seen[r.name]
         seen[r.name] += 1
-        out.append((path, fmt, r if k == 0 else Recording(f"{r.name}#{k}", r.source, r.messages, r.tools, r.dialect,
-                                                          r.model)))
+        out.append((path, fmt, r if k == 0 else replace(r, name=f"{r.name}#{k}")))
     return out
 
 

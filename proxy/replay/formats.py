@@ -167,7 +167,9 @@ def claude_code(path: str, lines: Any) -> list[Recording]:
     logged (an assistant reply is often split over several lines of one message id, tool
     results arrive as their own user lines). Meta, sidechain, summary and other lines are
     skipped; consecutive lines of one role are one Messages API turn, as Claude Code sends
-    them. The turns then go through the Messages door's own reading (`conversation_of`)."""
+    them. After Claude Code's own compaction (an `isCompactSummary` line) the history starts
+    again from its summary, as Claude Code's requests then do. The turns then go through the
+    Messages door's own reading (`conversation_of`)."""
     turns: list[Message] = []
     model = ""
     for line in lines:
@@ -179,6 +181,8 @@ def claude_code(path: str, lines: Any) -> list[Recording]:
             continue
         model = str(message.get("model") or model)
         blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        if line.get("isCompactSummary"):
+            turns = []  # Claude Code's own /compact: its later requests start from this summary
         if turns and turns[-1]["role"] == role:
             turns[-1]["content"].extend(blocks)
         else:

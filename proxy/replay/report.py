@@ -121,7 +121,10 @@ def write_report(results: list[SessionResult], out: Path) -> Written:
         chart = fig.to_html(full_html=False, include_plotlyjs=k == 0, div_id=f"chart-{k}",
                             config={"displaylogo": False, "responsive": True})
         sections.append(_session(k, r, f'<div class="replay-chart" data-session="{k}">{chart}</div>'))
-        png = out / f"{file_name(r)}.png"
+        stem = file_name(r)
+        png = out / f"{stem}.png"
+        if png in pngs:  # two names that only differ in characters a file name cannot hold
+            png = out / f"{stem}-{k}.png"
         write_png(r, png)
         pngs.append(png)
     data = [r.to_dict() for r in results]

@@ -202,13 +202,14 @@ def test_after_claude_codes_own_compaction_the_history_starts_from_its_summary(t
     assert recording.messages[0]["content"][0]["text"].startswith("This session is being continued")
 
 
-def _config(tmp_path: Path, upstream_url: str, summarizer_base: str | None = None) -> Path:
-    models = [m for m in model_list(upstream_url) if m["model_name"] in ("gpt-4o", "summarizer")]
+def _config(tmp_path: Path, upstream_url: str, summarizer_base: str | None = None, summarizer: str = "summarizer",
+            timeout_s: float = 60.0) -> Path:
+    models = [m for m in model_list(upstream_url) if m["model_name"] in ("gpt-4o", summarizer)]
     if summarizer_base is not None:
         models[1]["litellm_params"]["api_base"] = summarizer_base
     path = tmp_path / "ctxgate.yaml"
-    path.write_text(yaml.safe_dump({"model_list": models,
-                                    "ctxgate": {"pipeline": {"autocompact": {"model": "summarizer"}}}}))
+    autocompact = {"model": summarizer, "timeout_s": timeout_s}
+    path.write_text(yaml.safe_dump({"model_list": models, "ctxgate": {"pipeline": {"autocompact": autocompact}}}))
     return path
 
 
@@ -234,6 +235,22 @@ def test_an_unreachable_model_falls_back_to_the_offline_summariser(tmp_path: Pat
     assert code == 0, err
     (r,) = json.loads((tmp_path / "out" / "report.json").read_text())
     assert r["summarizer"].startswith("offline summariser: model summarizer failed")
+    assert r["summaries"] >= 1 and any(p["summary"].startswith("1. User goal") for p in r["compactions"])
+
+
+def test_a_model_that_hangs_is_given_up_for_the_offline_summariser(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   upstream: ScriptedUpstream) -> None:
+    upstream.slow_s = 30.0  # far past the summary's deadline (half of autocompact.timeout_s)
+    try:
+        config = _config(tmp_path, upstream.url, summarizer="slow", timeout_s=2.0)
+        code, _, err = run_replay(capsys, str(write_openai_jsonl(tmp_path / "s.jsonl")), "--budget", str(BUDGET),
+                                  "--config", str(config), "--out", str(tmp_path / "out"))
+    finally:
+        upstream.slow_s = 3.0
+    assert code == 0, err
+    (r,) = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert r["summarizer"] == "offline summariser: model slow failed (timed out)"
     assert r["summaries"] >= 1 and any(p["summary"].startswith("1. User goal") for p in r["compactions"])
 
 

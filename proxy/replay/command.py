@@ -116,8 +116,9 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
                 target = models.target(args.model or models.default_name(r.model))
                 summarizer_model = pipeline_config.autocompact.model or target.name
                 if summarizer_model not in summarizers:  # one per model: a failure is not paid for again
-                    summarizers[summarizer_model] = Summarizer(target.counter, models.summarizing_gateway(
-                        summarizer_model), summarizer_model)
+                    summarizers[summarizer_model] = Summarizer(
+                        target.counter, models.summarizing_gateway(summarizer_model), summarizer_model,
+                        pipeline_config.autocompact.timeout_s)
                 summarizer = summarizers[summarizer_model]
                 calls_before = len(summarizer.prompt_tokens)
                 peak = _peak(r, target.counter)
@@ -127,7 +128,7 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
                 setting = Setting(file=job.path, format=job.format, model=target.name, limit=limit,
                                   config=pipeline_config, peak=peak, summarizer=summarizer.described(),
                                   summary_calls=list(zip(summarizer.prompt_tokens[calls_before:],
-                                                                    summarizer.summary_tokens[calls_before:])),
+                                                         summarizer.summary_tokens[calls_before:])),
                                   prices=target.prices)
                 results.append(session_result(r, run, target.counter, setting))
     finally:

@@ -12,6 +12,7 @@ summary can be without understanding, enough to see what the compaction keeps.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -113,6 +114,8 @@ class Summarizer:
     gateway: "Gateway | None" = None
     model: str = ""
     """The `model_name` that writes summaries, when a gateway is there to ask."""
+    timeout_s: float = 60.0
+    """Autocompact's deadline for one summary (`autocompact.timeout_s`)."""
     model_calls: int = 0
     offline_calls: int = 0
     failure: str = ""
@@ -122,19 +125,25 @@ class Summarizer:
     summary_tokens: list[int] = field(default_factory=list)
 
     async def __call__(self, prompt: list[Message]) -> str:
-        self.prompt_tokens.append(self.counter.count_messages(prompt))
+        prompt_tokens = self.counter.count_messages(prompt)
         text = await self._write(prompt)
+        # Kept only once the call is done: a background summary cancelled at the end of a
+        # session was never paid for.
+        self.prompt_tokens.append(prompt_tokens)
         self.summary_tokens.append(self.counter.count(text))
         return text
 
     async def _write(self, prompt: list[Message]) -> str:
         if self.gateway is not None and not self.failure:
             try:
-                text = await self.gateway.summarize(self.model, prompt)
+                # Half of Autocompact's own deadline: a model that hangs is given up on while
+                # the offline summary can still answer in time.
+                text = await asyncio.wait_for(self.gateway.summarize(self.model, prompt), self.timeout_s / 2)
                 self.model_calls += 1
                 return text
             except Exception as e:  # any failure: the offline summariser takes over for the run
-                self.failure = f"{type(e).__name__}: {str(e)[:200]}"
+                timed_out = isinstance(e, asyncio.TimeoutError)
+                self.failure = "timed out" if timed_out else f"{type(e).__name__}: {str(e)[:200]}"
         self.offline_calls += 1
         return offline_summary(prompt)
 

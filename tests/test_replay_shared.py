@@ -52,7 +52,10 @@ def test_every_shared_format_is_detected_and_replayed(tmp_path: Path, capsys: py
         for recording, r in zip(recordings, replayed):
             assert len(r["turns"]) == len(agent_turns(recording.messages))
             assert r["limit"] == max(1, int(0.5 * r["peak"]))
-            assert all(t["forwarded"] <= r["limit"] for t in r["turns"] if t["forwarded"] is not None)
+            over = [t["turn"] for t in r["turns"] if t["forwarded"] is not None and t["forwarded"] > r["limit"]]
+            assert r["over_limit_turns"] == over
+            if fmt == "openhands":  # long coding runs whose system prompt and task are far below half of them
+                assert over == []
     assert sum(len(r["compactions"]) for r in results) > 0
     assert {level for r in results for level in r["levels_fired"]} >= {"microcompact", "autocompact"}
     total = table_row(stdout, "total")

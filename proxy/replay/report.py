@@ -109,6 +109,9 @@ def _session(k: int, r: SessionResult, chart: str) -> str:
             f"{chart}<p class=\"note\">{html.escape(_stable_text(r))}</p>"
             + (f"<p class=\"note\">Refused (context_exhausted) at turns {', '.join(str(t.turn) for t in refused)}: "
                f"{html.escape(refused[0].refused[:300])}</p>" if refused else "")
+            + (f"<p class=\"note\">Forwarded over the limit at turns {', '.join(map(str, r.over_limit_turns))}: "
+               "no level could bring these under it; a provider would refuse them, and the gateway would then "
+               "compact once more on the provider's error (not replayed).</p>" if r.over_limit_turns else "")
             + f"<h3>Compactions ({len(r.compactions)})</h3>"
             + ("".join(_point(p) for p in r.compactions) or "<p>None: every request fit.</p>") + "</section>")
 

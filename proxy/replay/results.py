@@ -106,10 +106,17 @@ class SessionResult:
     def refused_turns(self) -> int:
         return sum(bool(t.refused) for t in self.turns)
 
+    @property
+    def over_limit_turns(self) -> list[int]:
+        """Turns whose forwarded request is still over the limit: a provider would refuse it,
+        and the gateway would then compact reactively, which a replay does not model."""
+        return [t.turn for t in self.turns if t.forwarded is not None and t.forwarded > self.limit]
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(sent_total=self.sent_total, sent_answered=self.sent_answered, forwarded_total=self.forwarded_total,
-                    stable_turns=self.stable_turns, refused_turns=self.refused_turns)
+                    stable_turns=self.stable_turns, refused_turns=self.refused_turns,
+                    over_limit_turns=self.over_limit_turns)
         return data
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import functools
 import logging
 import math
 import os
@@ -77,6 +78,11 @@ class Encoder(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def longest_token_bytes(self) -> int:
+        """The most UTF-8 bytes one token covers: a text of n characters is at least
+        n / this many tokens."""
+        ...
+
 
 class TiktokenEncoder:
     def __init__(self, encoding: str) -> None:
@@ -92,6 +98,10 @@ class TiktokenEncoder:
 
     def decode(self, ids: list[int]) -> str:
         return self._enc.decode(ids)
+
+    @functools.cache
+    def longest_token_bytes(self) -> int:
+        return max(len(token) for token in self._enc.token_byte_values())
 
 
 class HuggingFaceEncoder:
@@ -119,6 +129,12 @@ class HuggingFaceEncoder:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
 
+    @functools.cache
+    def longest_token_bytes(self) -> int:
+        # A vocabulary entry's UTF-8 is at least the bytes it stands for (byte-level BPE spells
+        # some bytes with two-byte characters; SentencePiece spells a space as one of three).
+        return max(len(token.encode()) for token in self._tok.get_vocab(with_added_tokens=True))
+
 
 class EstimateEncoder:
     """No known tokenizer: ceil(UTF-8 bytes / 3), which over-counts every real BPE on
@@ -132,6 +148,9 @@ class EstimateEncoder:
 
     def decode(self, ids: list[int]) -> str:
         raise NotImplementedError("an estimate cannot decode; use TokenCounter.head/tail")
+
+    def longest_token_bytes(self) -> int:
+        return 3
 
 
 class TokenCounter:
@@ -152,6 +171,10 @@ class TokenCounter:
 
     def encode(self, text: str) -> list[int]:
         return self._encoder.encode(text)
+
+    def least(self, characters: int) -> int:
+        """At least what a text of this many characters counts, known without reading it."""
+        return characters // self._encoder.longest_token_bytes()
 
     def count(self, text: str) -> int:
         if not text:
@@ -323,8 +346,9 @@ def json_bound(body: bytes) -> int:
     request body, at the cost of two scans of its bytes. A string's JSON is at least its
     UTF-8 bytes, and the JSON around each message, part, call and tool (keys, quotes, braces)
     outweighs the fixed tokens counted for it; only an image, counted at a fixed cost larger
-    than its JSON may be, is added per mention."""
-    images = body.count(b"image_url") + body.count(b"input_image")
+    than its JSON may be, is added per mention (of `image`: one scan, and any image part's
+    type names it, `image_url` or `input_image`)."""
+    images = body.count(b"image")
     return len(body) + IMAGE_TOKENS * images + REPLY_PRIMING + TOOLS_OVERHEAD
 
 
@@ -379,7 +403,9 @@ class TokenizerRegistry:
     def preload(self, *names: str) -> None:
         """Load the tokenizer a model counts with now: reading a BPE file takes a few hundred
         milliseconds and holds the GIL, which in a model's first request stalls every other one."""
-        self.counter(self._spec_for(tuple(n for n in names if n))).count("ctxgate")
+        counter = self.counter(self._spec_for(tuple(n for n in names if n)))
+        counter.count("ctxgate")
+        counter.least(0)
 
     def for_model(self, *names: str) -> TokenCounter:
         """The counter for a model, given its alias and upstream names (first match wins)."""

@@ -3,6 +3,8 @@ statement, its newest user message; and whether a provider accepts a message seq
 How messages group into steps is the conversation model's (`conversation.py`)."""
 from __future__ import annotations
 
+from typing import Any
+
 from .types import Message
 
 INSTRUCTION_ROLES = ("system", "developer")
@@ -38,6 +40,25 @@ def task_index(messages: list[Message]) -> int | None:
             and messages[following].get("role") == "user"):
         return following
     return first
+
+
+def kept_characters(messages: list[Message]) -> int:
+    """The characters of text in what every level keeps whole at any budget: the leading
+    instructions and the task statement. Read from string lengths only, so it costs nothing
+    however large the texts are."""
+    kept = set(range(leading_instructions(messages)))
+    task = task_index(messages)
+    if task is not None:
+        kept.add(task)
+    return sum(_text_characters(messages[i].get("content")) for i in kept)
+
+
+def _text_characters(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
 
 
 def newest_user_index(messages: list[Message]) -> int | None:

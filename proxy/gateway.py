@@ -27,6 +27,7 @@ from .engine.speculative import Speculator
 from .engine.session import Sessions
 from .engine.state import SessionState, open_store
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
+from .large_json import JsonParser
 from .upstream.retry import Retrier
 
 log = logging.getLogger("ctxgate")
@@ -51,6 +52,7 @@ class Gateway:
     compactor: Compactor = field(default_factory=Compactor)
     speculator: Speculator | None = None
     histories: HistoryCache = field(default_factory=HistoryCache)
+    json_parser: JsonParser = field(default_factory=JsonParser)
 
     @classmethod
     def build(cls, config: Config, data_dir: str | None = None, forwarding: str | None = None) -> "Gateway":
@@ -172,6 +174,7 @@ class Gateway:
         if close_idempotency is not None:
             await close_idempotency()
         self.journal.close()
+        self.json_parser.close()
 
 
 def _mtime(path: Path) -> float:

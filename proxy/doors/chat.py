@@ -69,13 +69,14 @@ class ChatDoor:
     async def __call__(self, http: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, caller.tenant_config.max_body_bytes)
+        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         validate_chat_request(body)
         messages = body["messages"]
+        route = self.gw.router.resolve(body["model"])
+        self.engine.refuse_hopeless(caller, route, messages)
         session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_chat_messages(messages, known.length)
-        route = self.gw.router.resolve(body["model"])
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         raw = await http.read()
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),

@@ -114,14 +114,15 @@ class MessagesDoor:
     async def read(self, http: web.Request, *, counting: bool) -> tuple[DoorRequest, Conversation]:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, caller.tenant_config.max_body_bytes)
+        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         validate_messages_request(body, counting=counting)
         conversation = conversation_of(body)
         messages = conversation.neutral
+        route = self.gw.router.resolve(body["model"])
+        self.engine.refuse_hopeless(caller, route, messages)
         session_id = resolve_session(caller.tenant, http.headers, messages)
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_messages(body["messages"], max(0, known.length - (len(messages) - len(body["messages"]))))
-        route = self.gw.router.resolve(body["model"])
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         user = (body.get("metadata") or {}).get("user_id")
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),

@@ -187,7 +187,7 @@ class ResponsesDoor:
     async def _read(self, http: web.Request, *, input_required: bool
                     ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str]:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, caller.tenant_config.max_body_bytes)
+        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         named = named_session(http.headers, body.get("prompt_cache_key"))
         # The session's last request as this door read it: a steady turn checks and converts only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
@@ -205,6 +205,7 @@ class ResponsesDoor:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                "the conversation is empty: give `input` or `instructions`", param="input",
                            code="invalid_request")
+        self.engine.refuse_hopeless(caller, route, messages)
         session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
         if chained_session is not None and session_id.startswith("fp-") and "X-Ctx-Session" not in http.headers:
             # A fingerprint names the conversation by its start, and instructions are not

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..errors import ErrorKind, GatewayError
+from ..large_json import BodyNotJson, JsonParser
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")
@@ -64,8 +64,9 @@ MAX_NESTING = 200
 """Objects and arrays inside one another in a request body, the body itself the first."""
 
 
-async def read_json_body(request: web.Request, limit: int | None = None) -> dict[str, Any]:
-    """The body as a JSON object; `limit`: the caller's own body limit (a tenant's), below the gateway's."""
+async def read_json_body(request: web.Request, parser: JsonParser, limit: int | None = None) -> dict[str, Any]:
+    """The body as a JSON object (a large one parsed off the event loop, `JsonParser`);
+    `limit`: the caller's own body limit (a tenant's), below the gateway's."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -79,8 +80,8 @@ async def read_json_body(request: web.Request, limit: int | None = None) -> dict
         raise GatewayError(ErrorKind.INVALID_REQUEST,
                            "request body is empty; expected a JSON object", code="invalid_json")
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
+        body = await parser.loads(raw)
+    except BodyNotJson as e:
         raise GatewayError(ErrorKind.INVALID_REQUEST,
                            f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
     if not isinstance(body, dict):

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...memory.short_term import BufferScope
 from ...pipeline.history_index import HistoryIndex
-from ..errors import ErrorKind, GatewayError
+from ...pipeline.turns import kept_characters
+from ..errors import ErrorKind, GatewayError, context_exhausted
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ctxgate.turn")
 MAX_PROVIDER_COUNTS = 4096
+HOPELESS_MARGIN = 2
+"""A request is refused from its lengths alone only when its floor is over this many times
+every limit it may go to: the exact check (in the compactor) handles anything closer, with
+the calibration that can move a limit."""
 INLINE_COUNT_BOUND = 16_384
 """A new conversation whose count is bounded below this is counted before it is forwarded
 (about a millisecond); a larger one far below the trigger is counted beside the upstream call."""
@@ -99,6 +104,27 @@ class TurnEngine:
         self.gw = gw
         self._counts: dict[str, int] = {}
         """The provider's counts of whole conversations, by model, tools and prefix hash (oldest first)."""
+
+    def refuse_hopeless(self, caller: Caller, route: Route, messages: list[dict[str, Any]]) -> None:
+        """A request whose instructions and task alone are far over every model it may go to
+        (its own and its context-window fallbacks), known from string lengths: refused with
+        CONTEXT_EXHAUSTED before any work in proportion to its size (fingerprints, session,
+        counting), which for a body of tens of megabytes would stall every other request."""
+        characters = kept_characters(messages)
+        if not characters:
+            return
+        gw = self.gw
+        names = (route.model_name, *gw.router.fallbacks.context_window_for(route.model_name))
+        floors = []
+        for candidate in [route] + [gw.router.resolve(name) for name in names[1:]]:
+            limit = caller.budget or candidate.max_input_tokens
+            floor = gw.tokenizers.for_model(candidate.model_name, candidate.upstream_model).least(characters)
+            if floor <= HOPELESS_MARGIN * limit:
+                return
+            floors.append(f"{candidate.model_name}: {limit}")
+        raise context_exhausted(f"the system prompt and the task alone are {characters} characters, at least "
+                                f"{floor} tokens, far over the context limit ({', '.join(floors)}): no compaction "
+                                "can make this request fit")
 
     async def prepare(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str], started: float) -> PreparedTurn:
@@ -284,6 +310,7 @@ class TurnEngine:
             await prepared.counting
         turn = prepared.turn
         tokens_in = turn.tokens_in()
+        gw.metrics.turn_tokens(tokens_in, prepared.plan.tokens_out)
         calibration = None
         if facts.prompt_tokens is not None and prepared.plan.tokens_out is not None:
             gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)

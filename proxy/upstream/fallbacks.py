@@ -45,11 +45,14 @@ class Fallbacks:
                 named.update(targets)
         return named
 
+    def context_window_for(self, model: str) -> tuple[str, ...]:
+        return _lookup(self.context_window, model)
+
     def candidates(self, model: str, error: GatewayError) -> tuple[tuple[str, ...], str] | None:
         """The model groups to try after `model` failed with `error`, in order, and why; None
         when the failure is one no other model would avoid (the request's own fault)."""
         if error.code == "context_exhausted":
-            return _lookup(self.context_window, model), CONTEXT_WINDOW
+            return self.context_window_for(model), CONTEXT_WINDOW
         reason = _failure_reason(error)
         if reason is None:
             return None

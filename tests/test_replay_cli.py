@@ -63,9 +63,8 @@ def write_claude_code(path: Path, steps: int = 24, seed: int = 2) -> Path:
     model = "claude-sonnet-4-5-20250929"
     lines: list[dict[str, Any]] = [
         {"type": "summary", "summary": "An earlier session", "leafUuid": "u0"},
-        {"type": "user", "uuid": "u1",
-         "message": {"role": "user", "content": "Fix the flaky test in tests/test_io.py"}},
-        {"type": "user", "uuid": "u2", "isMeta": True, "message": {"role": "user", "content": "<command-name>/x"}},
+        {"type": "user", "message": {"role": "user", "content": "Fix the flaky test in tests/test_io.py"}},
+        {"type": "user", "isMeta": True, "message": {"role": "user", "content": "<command-name>/x"}},
     ]
     for k in range(steps):
         msg = {"id": f"msg_{k}", "role": "assistant", "model": model}
@@ -80,6 +79,11 @@ def write_claude_code(path: Path, steps: int = 24, seed: int = 2) -> Path:
     lines.append({"type": "assistant", "message": {"id": "msg_end", "role": "assistant", "model": model,
                                                    "content": [{"type": "text", "text": "Fixed."}]}})
     lines.append({"type": "file-history-snapshot", "snapshot": {}})
+    parent = None
+    for n, line in enumerate(lines):  # linked as Claude Code links them: each line to the one before
+        if line["type"] in ("user", "assistant"):
+            line.update(uuid=f"u{n}", parentUuid=parent)
+            parent = line["uuid"]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return path
 
@@ -190,16 +194,40 @@ def test_claude_code_transcript_reads_as_the_messages_door_does(tmp_path: Path) 
     assert recording.messages[0]["content"] == [{"type": "text", "text": "Fix the flaky test in tests/test_io.py"}]
 
 
-def test_after_claude_codes_own_compaction_the_history_starts_from_its_summary(tmp_path: Path) -> None:
+@pytest.mark.parametrize("linked", [True, False], ids=["linked", "file-order"])
+def test_after_claude_codes_own_compaction_the_history_starts_from_its_summary(tmp_path: Path, linked: bool) -> None:
     path = write_claude_code(tmp_path / "t.jsonl", steps=3)
-    summary = {"type": "user", "isCompactSummary": True,
+    boundary = {"type": "system", "subtype": "compact_boundary", "uuid": "b", "parentUuid": None}
+    summary = {"type": "user", "isCompactSummary": True, "uuid": "s", "parentUuid": "b",
                "message": {"role": "user", "content": "This session is being continued. Summary: read io_0..2."}}
-    after = {"type": "assistant", "message": {"id": "msg_after", "role": "assistant", "content": [
-        {"type": "text", "text": "Continuing."}]}}
-    path.write_text(path.read_text() + json.dumps(summary) + "\n" + json.dumps(after) + "\n")
+    after = {"type": "assistant", "uuid": "a", "parentUuid": "s", "message": {
+        "id": "msg_after", "role": "assistant", "content": [{"type": "text", "text": "Continuing."}]}}
+    added = [boundary, summary, after]
+    if not linked:
+        lines = [json.loads(line) for line in path.read_text().splitlines()] + added
+        for line in lines:
+            line.pop("uuid", None)
+            line.pop("parentUuid", None)
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    else:
+        path.write_text(path.read_text() + "".join(json.dumps(line) + "\n" for line in added))
     _, (recording,) = read_recordings(str(path))
     assert [m["role"] for m in recording.messages] == ["user", "assistant"]
     assert recording.messages[0]["content"][0]["text"].startswith("This session is being continued")
+
+
+def test_a_rewound_branch_of_a_claude_code_transcript_is_not_replayed(tmp_path: Path) -> None:
+    path = write_claude_code(tmp_path / "t.jsonl", steps=2)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    talk = [line for line in lines if line.get("uuid")]
+    fork = talk[-2]  # the user rewinds to the last tool result and the agent answers differently
+    abandoned = talk[-1]
+    retry = {"type": "assistant", "uuid": "retry", "parentUuid": fork["uuid"],
+             "message": {"id": "msg_retry", "role": "assistant", "content": [{"type": "text", "text": "Again."}]}}
+    path.write_text(path.read_text() + json.dumps(retry) + "\n")
+    _, (recording,) = read_recordings(str(path))
+    texts = [b.get("text") for m in recording.messages for b in m["content"] if isinstance(b, dict)]
+    assert "Again." in texts and abandoned["message"]["content"][0]["text"] not in texts
 
 
 def _config(tmp_path: Path, upstream_url: str, summarizer_base: str | None = None, summarizer: str = "summarizer",

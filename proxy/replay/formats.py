@@ -162,18 +162,38 @@ def openhands_text(path: str, data: Any) -> list[Recording]:
     return out
 
 
+def _conversation_lines(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The user and assistant lines of the branch the session ended on. Claude Code links
+    every line to its parent (`uuid`, `parentUuid`); a rewound or edited turn leaves the
+    abandoned branch in the file, and its own compaction starts a new chain. When every
+    such line is linked, the chain is walked back from the last one; otherwise the lines
+    are taken in file order."""
+    talk = [line for line in lines if line.get("type") in ("user", "assistant") and not line.get("isSidechain")]
+    if not talk or not all(line.get("uuid") for line in talk):
+        return talk
+    by_uuid = {line["uuid"]: line for line in lines if line.get("uuid")}
+    chain, seen = [], set()
+    line: dict[str, Any] | None = talk[-1]
+    while line is not None and line["uuid"] not in seen:
+        seen.add(line["uuid"])
+        chain.append(line)
+        line = by_uuid.get(line.get("parentUuid") or "")
+    return [line for line in reversed(chain) if line.get("type") in ("user", "assistant")]
+
+
 def claude_code(path: str, lines: Any) -> list[Recording]:
     """A Claude Code transcript: JSONL, one `user` or `assistant` line per content the client
     logged (an assistant reply is often split over several lines of one message id, tool
     results arrive as their own user lines). Meta, sidechain, summary and other lines are
     skipped; consecutive lines of one role are one Messages API turn, as Claude Code sends
-    them. After Claude Code's own compaction (an `isCompactSummary` line) the history starts
-    again from its summary, as Claude Code's requests then do. The turns then go through the
-    Messages door's own reading (`conversation_of`)."""
+    them. Only the branch the session ended on is read (`_conversation_lines`); after Claude
+    Code's own compaction (an `isCompactSummary` line) the history starts again from its
+    summary, as Claude Code's requests then do. The turns then go through the Messages
+    door's own reading (`conversation_of`)."""
     turns: list[Message] = []
     model = ""
-    for line in lines:
-        if line.get("type") not in ("user", "assistant") or line.get("isMeta") or line.get("isSidechain"):
+    for line in _conversation_lines([line for line in lines if isinstance(line, dict)]):
+        if line.get("isMeta"):
             continue
         message = line.get("message") or {}
         role, content = message.get("role"), message.get("content")

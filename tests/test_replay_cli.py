@@ -303,7 +303,7 @@ def test_a_wrong_format_and_a_missing_file_exit_2_without_a_traceback(tmp_path: 
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     session = write_openai_jsonl(tmp_path / "s.jsonl")
     code, _, err = run_replay(capsys, str(session), "--format", "tau-bench")
-    assert code == 2 and "not a tau-bench file" in err and err.count("\n") == 1
+    assert code == 2 and "cannot be read as tau-bench" in err and err.count("\n") == 1
     done = subprocess.run([sys.executable, "-m", "ctxgate.proxy.cli", "replay", str(tmp_path / "missing.json")],
                           capture_output=True, text=True, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
                           timeout=120)

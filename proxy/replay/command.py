@@ -81,13 +81,20 @@ def run(args: argparse.Namespace) -> int:
         models = Models(config)
     except (GatewayError, ValueError) as e:  # a model_list litellm cannot route, a bad retry setting
         return _fail(f"{args.config}: {getattr(e, 'message', e)}")
-    results = asyncio.run(_replay_all(_named(found), config, models, args))
+    try:
+        results = asyncio.run(_replay_all(_named(found), config, models, args))
+    except SessionFailed as e:
+        return _fail(str(e))
     out = Path(args.out)
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(results_table(results))
     written = write_report(results, out)
     console.print(f"report: {written}")
     return 0
+
+
+class SessionFailed(Exception):
+    """A session the pipeline failed on: the command says which, in one line."""
 
 
 @dataclass
@@ -123,8 +130,13 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
                 calls_before = len(summarizer.prompt_tokens)
                 peak = _peak(r, target.counter)
                 limit = args.budget or (max(1, int(args.ratio * peak)) if args.ratio else target.limit)
-                run: Replay = await replay(r.messages, r.tools, limit, counter=target.counter, summarize=summarizer,
-                                           config=pipeline_config, on_turn=lambda _: progress.advance(task))
+                try:
+                    run: Replay = await replay(r.messages, r.tools, limit, counter=target.counter,
+                                               summarize=summarizer, config=pipeline_config,
+                                               on_turn=lambda _: progress.advance(task))
+                except Exception as e:  # content the readers let through but the pipeline cannot take
+                    raise SessionFailed(f"{job.path}: session {r.name} could not be replayed: "
+                                        f"{type(e).__name__}: {e}") from e
                 setting = Setting(file=job.path, format=job.format, model=target.name, limit=limit,
                                   config=pipeline_config, peak=peak, summarizer=summarizer.described(),
                                   summary_calls=list(zip(summarizer.prompt_tokens[calls_before:],

@@ -288,7 +288,7 @@ def read_recordings(path: str, fmt: str | None = None) -> tuple[str, list[Record
     except FormatError:
         raise
     except (KeyError, TypeError, AttributeError, IndexError) as e:
-        raise FormatError(f"{path}: not a {name} file ({type(e).__name__}: {e})") from None
+        raise FormatError(f"{path}: cannot be read as {name} ({type(e).__name__}: {e})") from None
     found = [r for r in found if sum(m.get("role") == "assistant" for m in r.messages) > 0]
     if not found:
         raise FormatError(f"{path}: no session with an assistant turn in it")

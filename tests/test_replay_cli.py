@@ -113,6 +113,8 @@ def check_row(row: dict[str, str], r: dict[str, Any]) -> None:
     assert row["summaries"] == str(r["summaries"])
     assert row["prefix-stable"] == f"{r['stable_turns']}/{len(r['turns']) - 1}"
     assert row["refused"] == str(r["refused_turns"]) == str(sum(bool(t["refused"]) for t in r["turns"]))
+    assert row["over limit"] == str(len(r["over_limit_turns"]))
+    assert r["over_limit_turns"] == [t["turn"] for t in r["turns"] if (t["forwarded"] or 0) > r["limit"]]
     assert row["cost without"] == money(r["cost_without"])
     assert row["cost with"] == money(r["cost_with"])
     first_level = next(iter(r["levels_fired"]))

@@ -62,4 +62,5 @@ def test_every_shared_format_is_detected_and_replayed(tmp_path: Path, capsys: py
     assert total["tokens sent"] == str(sum(r["sent_total"] for r in results))
     assert total["tokens forwarded"] == str(sum(r["forwarded_total"] for r in results))
     assert total["refused"] == str(sum(r["refused_turns"] for r in results))
+    assert total["over limit"] == str(sum(len(r["over_limit_turns"]) for r in results))
     assert len(list(out.glob("*.png"))) == len(results)

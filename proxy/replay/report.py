@@ -55,7 +55,7 @@ def _totals(results: list[SessionResult]) -> str:
         rows.append(_row([f'<td><a href="#session-{k}">{html.escape(r.name)}</a></td>'] + [_cell(v) for v in (
             len(r.turns), r.limit, r.sent_total, r.forwarded_total, saved(r.sent_answered, r.forwarded_total),
             levels_text(r), r.summaries, stable_text([r]), money(r.cost_without), money(r.cost_with),
-            r.refused_turns)]))
+            r.refused_turns, len(r.over_limit_turns))]))
     if len(results) > 1:
         without, unpriced = total_cost(results, "cost_without")
         mark = "*" if unpriced else ""
@@ -64,7 +64,7 @@ def _totals(results: list[SessionResult]) -> str:
             "total", sum(len(r.turns) for r in results), "", sum(r.sent_total for r in results), forwarded,
             saved(sum(r.sent_answered for r in results), forwarded), "", sum(r.summaries for r in results),
             stable_text(results), money(without) + mark, money(total_cost(results, "cost_with")[0]) + mark,
-            sum(r.refused_turns for r in results))) + "</tr>")
+            sum(r.refused_turns for r in results), sum(len(r.over_limit_turns) for r in results))) + "</tr>")
     note = (f'<p class="note">* Left out of the cost totals: {unpriced} session(s) whose model has no price in '
             "litellm's cost map.</p>") if len(results) > 1 and unpriced else ""
     return '<table id="totals">' + _row([f"<th>{h}</th>" for h in COLUMNS]) + "".join(rows) + "</table>" + note

@@ -35,6 +35,8 @@ class TurnRow:
     cached_forwarded: int
     levels: list[str]
     compacted: bool
+    """A level ran this turn. A chain that removed nothing still stores a record (the request
+    goes out over the limit, see `over_limit_turns`): that is not a compaction point."""
     refused: str
 
 
@@ -158,7 +160,7 @@ def turn_rows(recording: Recording, run: Replay, counter: TokenCounter) -> list[
             previous_forwarded = forwarded
         levels = (f.record.levels if f.record is not None and not f.levels else f.levels) if f.compacted else []
         rows.append(TurnRow(n, f.tokens_in, None if f.refused else f.tokens, stable, cached_sent, cached_forwarded,
-                            list(dict.fromkeys(levels)), f.compacted, f.refused))
+                            list(dict.fromkeys(levels)), bool(levels), f.refused))
     return rows
 
 
@@ -177,7 +179,7 @@ def compaction_points(run: Replay, rows: list[TurnRow]) -> list[CompactionPoint]
     points: list[CompactionPoint] = []
     seen: set[str] = set()
     for f, row in zip(run.turns, rows):
-        if f.record is None:
+        if f.record is None or not row.compacted:
             continue
         notes = [str(m["content"]) for m in f.record.messages if is_ctxgate_message(m)]
         new = [n for n in notes if n not in seen]

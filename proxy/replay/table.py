@@ -6,7 +6,7 @@ from rich.table import Table
 from .results import SessionResult
 
 COLUMNS = ("session", "turns", "limit", "tokens sent", "tokens forwarded", "saved", "levels fired @ turns",
-           "summaries", "prefix-stable", "cost without", "cost with", "refused")
+           "summaries", "prefix-stable", "cost without", "cost with", "refused", "over limit")
 
 
 def money(value: float | None) -> str:
@@ -42,7 +42,8 @@ def results_table(results: list[SessionResult]) -> Table:
     for r in results:
         table.add_row(r.name, str(len(r.turns)), str(r.limit), str(r.sent_total), str(r.forwarded_total),
                       saved(r.sent_answered, r.forwarded_total), levels_text(r), str(r.summaries),
-                      stable_text([r]), money(r.cost_without), money(r.cost_with), str(r.refused_turns))
+                      stable_text([r]), money(r.cost_without), money(r.cost_with), str(r.refused_turns),
+                      str(len(r.over_limit_turns)))
     unpriced = total_cost(results, "cost_with")[1]
     if len(results) > 1:
         table.add_section()
@@ -52,7 +53,8 @@ def results_table(results: list[SessionResult]) -> Table:
                       saved(sum(r.sent_answered for r in results), sum(r.forwarded_total for r in results)), "",
                       str(sum(r.summaries for r in results)), stable_text(results),
                       money(total_cost(results, "cost_without")[0]) + mark,
-                      money(total_cost(results, "cost_with")[0]) + mark, str(sum(r.refused_turns for r in results)))
+                      money(total_cost(results, "cost_with")[0]) + mark, str(sum(r.refused_turns for r in results)),
+                      str(sum(len(r.over_limit_turns) for r in results)))
     if unpriced:
         table.caption = (f"{'* ' if len(results) > 1 else ''}{unpriced} session(s) whose model has no price in "
                          "litellm's cost map: costs n/a" + (", left out of the totals" if len(results) > 1 else ""))

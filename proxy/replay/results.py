@@ -11,7 +11,7 @@ import orjson
 from ...pipeline.config import PipelineConfig
 from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_MARKER, SNIP_MARKER,
                                is_ctxgate_message)
-from ...pipeline.tokens import TokenCounter
+from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from .costs import Prices
 from .driver import Message, Replay
 from .formats import Recording
@@ -142,14 +142,17 @@ def _cached(counter: TokenCounter, messages: list[Message], k: int, tools_tokens
 
 def turn_rows(recording: Recording, run: Replay, counter: TokenCounter) -> list[TurnRow]:
     tools_tokens = counter.count_tools(recording.tools)
+    # The agent's requests are prefixes of one history: its previous request is the cached
+    # prefix of the next, and each message is counted once.
+    counted = [0]
+    for m in recording.messages:
+        counted.append(counted[-1] + counter.count_structured(m))
     rows: list[TurnRow] = []
-    previous_sent: list[bytes] = []
+    previous_sent = 0
     previous_forwarded: list[bytes] | None = None
     for n, f in enumerate(run.turns, 1):
-        sent = _encoded(recording.messages[:f.turn])
-        k_sent = _common_prefix(previous_sent, sent) if previous_sent else 0
-        cached_sent = _cached(counter, recording.messages, k_sent, tools_tokens) if previous_sent else 0
-        previous_sent = sent
+        cached_sent = tools_tokens + counted[previous_sent] + REPLY_PRIMING if previous_sent else 0
+        previous_sent = f.turn
         stable, cached_forwarded = False, 0
         if not f.refused:
             forwarded = _encoded(f.messages)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,9 @@ def test_archive_after_n_checkpoints_keeps_the_live_file_small_and_recovery_exac
     async def run() -> None:
         for turn in range(12):
             state.turns = turn
-            state.records[0].tokens_after = 100 + turn
+            # A record is replaced, never changed in place (the engine's rule; a checkpoint names a
+            # record its file already holds by prefix and creation time).
+            state.records[0] = replace(state.records[0], tokens_after=100 + turn, created_at=2.0 + turn)
             await journal.checkpoint(state, "periodic")
             state.wal_seq = (await asyncio.to_thread(journal.writer.append, "t1", "s1",
                                                      [{"type": "RESPONSE", "turn": turn}], state.wal_seq)).last_seq

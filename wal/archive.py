@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .events import decode_line
+from .records import expand_first_checkpoint
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -56,7 +57,7 @@ def archive_segment(live: Path, archive_dir: Path, split_at: int, now: float | N
     write_atomically(segment, head)
     if now is not None:
         os.utime(segment, (now, now))
-    write_atomically(live, tail)
+    write_atomically(live, expand_first_checkpoint(head, tail))
     return segment
 
 

@@ -23,7 +23,8 @@ from ...wal.config import WalConfig
 from ...wal.events import EventType, content_hash
 from ...wal.mirror import DB_NAME, SqliteMirror
 from ...wal.paths import WalPaths
-from ...wal.reader import Recovery, find_checkpoint, recover, scan_file
+from ...wal.reader import Recovery, WalScan, find_checkpoint, recover, scan_file
+from ...wal.records import REF, full_records, record_key, resolved
 from ...wal.writer import WalWriter
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
@@ -71,11 +72,16 @@ class Journal:
         found = recover(scans)
         if not found.last_seq:
             return None
+        if found.checkpoint is not None:
+            found.checkpoint = {**found.checkpoint, "state": _resolved_state(found.checkpoint, scans, tenant, session)}
         for damage in found.damaged:
             log.warning("WAL %s line %d is damaged (%s): skipped, recovery goes on from checkpoint %s",
                         damage.file, damage.line, damage.reason, found.checkpoint and found.checkpoint["seq"])
             self._damaged("damaged")
         state = _rebuild(tenant, session, found)
+        held = full_records(live.events)  # what the next checkpoint may name
+        state.wal_full_records = [k for k in map(record_key, found.checkpoint["state"]["records"]) if k in held
+                                  ] if found.checkpoint else []
         log.info("session %s/%s recovered from the WAL: checkpoint %s, %d events after it, seq %d",
                  tenant, session, found.checkpoint and found.checkpoint["seq"], len(found.events), state.wal_seq)
         return state
@@ -142,8 +148,10 @@ class Journal:
                      tokens_out: int | None, budget: int | None, force_checkpoint: bool) -> None:
         since = state.wal_since_checkpoint + len(events)
         checkpoint = force_checkpoint or since >= self.config.checkpoint_every
+        full: list[str] = []
         if checkpoint:
-            events = events + [self._checkpoint_event(state, reason, tokens_out, budget)]
+            event, full = self._checkpoint_event(state, reason, tokens_out, budget)
+            events = events + [event]
         if not events:
             return
         try:
@@ -159,6 +167,8 @@ class Journal:
                            code="wal_unavailable") from None
         state.wal_seq = appended.last_seq
         state.wal_since_checkpoint = 0 if checkpoint else since
+        if checkpoint:
+            state.wal_full_records = full
         if appended.archived is not None:
             log.info("WAL %s/%s: events before seq %d archived to %s", state.tenant, state.session_id,
                      appended.events[-1]["seq"], appended.archived)
@@ -209,14 +219,20 @@ class Journal:
         return event
 
     def _checkpoint_event(self, state: SessionState, reason: str, tokens_out: int | None,
-                          budget: int | None) -> dict[str, Any]:
+                          budget: int | None) -> tuple[dict[str, Any], list[str]]:
+        """The checkpoint, with the records the live file holds already named rather than
+        written (`wal/records.py`), and the keys of every record the file holds once it is written."""
         last = state.compaction_log[-1] if state.compaction_log else {}
         snapshot = state.to_dict()
         snapshot["wal_pending"] = []
-        return {"type": EventType.CHECKPOINT.value, "reason": reason, "level": last.get("level"),
-                "messages_tokens": tokens_out, "tokens_left": None if tokens_out is None or budget is None
-                else budget - tokens_out, "memory_size": 0,
-                "pending_tasks": list(state.working.get("pending_tasks", [])), "state": snapshot}
+        in_file = set(state.wal_full_records)
+        keys = [record_key(r) for r in snapshot["records"]]
+        snapshot["records"] = [{REF: k} if k in in_file else r for k, r in zip(keys, snapshot["records"])]
+        event = {"type": EventType.CHECKPOINT.value, "reason": reason, "level": last.get("level"),
+                 "messages_tokens": tokens_out, "tokens_left": None if tokens_out is None or budget is None
+                 else budget - tokens_out, "memory_size": 0,
+                 "pending_tasks": list(state.working.get("pending_tasks", [])), "state": snapshot}
+        return event, keys
 
     # -- rollback --------------------------------------------------------------------------
 
@@ -233,13 +249,14 @@ class Journal:
             raise RollbackError(f"session {session} has no checkpoint at seq {to_seq} "
                                 f"(checkpoints: {', '.join(map(str, seqs)) or 'none'})")
         live = self.writer.open(tenant, session)
-        state = SessionState.from_dict(target["state"])
+        state = SessionState.from_dict(_resolved_state(target, [scan_file(f) for f in files], tenant, session))
         state.log_compaction({"level": "rollback", "to_seq": to_seq, "at": time.time()})
         state.wal_seq, state.wal_pending, state.wal_since_checkpoint = live.last_seq, [], 0
-        event = self._checkpoint_event(state, "rollback", None, None)
+        state.wal_full_records = []  # written in full: what the old checkpoint named may be archived since
+        event, full = self._checkpoint_event(state, "rollback", None, None)
         event["rolled_back_to"] = to_seq
         appended = await asyncio.to_thread(self.writer.append, tenant, session, [event], state.wal_seq, True)
-        state.wal_seq = appended.last_seq
+        state.wal_seq, state.wal_full_records = appended.last_seq, full
         return state
 
     def prune_archives(self) -> list[Path]:
@@ -275,6 +292,17 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
         state.turns = max(state.turns, int(event.get("turn") or 0))
     state.wal_seq, state.wal_pending = found.last_seq, []
     state.wal_since_checkpoint = len(found.events)
+    return state
+
+
+def _resolved_state(checkpoint: dict[str, Any], scans: list[WalScan], tenant: str, session: str) -> dict[str, Any]:
+    """A checkpoint's state with the records it names read from the checkpoints before it.
+    One no checkpoint holds (only if a file was damaged) is left out: the session compacts
+    that span again."""
+    state, missing = resolved(checkpoint["state"], full_records(e for scan in scans for e in scan.events))
+    if missing:
+        log.warning("WAL %s/%s: checkpoint %s names %d compaction records no checkpoint holds; recovered "
+                    "without them", tenant, session, checkpoint.get("seq"), len(missing))
     return state
 
 

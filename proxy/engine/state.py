@@ -80,6 +80,9 @@ class SessionState:
     """How many of the client's messages the WAL has seen, and the prefix hash naming them."""
     wal_logged_hash: str = ""
     wal_since_checkpoint: int = 0
+    wal_full_records: list[str] = field(default_factory=list)
+    """The records (by `wal.records.record_key`) a checkpoint of the live WAL file holds in
+    full: the next checkpoint names them rather than writing them again."""
     memory_block: str = ""
     """The memory block injected into this session's requests, kept byte-identical until the
     tenant's memory (`memory_version`) or the session's scope (`memory_scope`) changes."""

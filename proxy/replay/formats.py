@@ -237,7 +237,8 @@ def detect(data: Any, jsonl: bool) -> str:
         if isinstance(data.get("history"), list):
             return "swe-agent"
         if isinstance(data.get("messages"), list):
-            return "openai"
+            texts = [m for m in data["messages"] if isinstance(m, dict)]
+            return "mini-swe-agent" if _text_dialect(texts) == MINI_SWE_AGENT else "openai"
     elif records:
         first = records[0]
         if all("role" in r for r in records):

@@ -117,7 +117,6 @@ class Summarizer:
     timeout_s: float = 60.0
     """Autocompact's deadline for one summary (`autocompact.timeout_s`)."""
     model_calls: int = 0
-    offline_calls: int = 0
     failure: str = ""
     """Why the model was given up on (empty: it never failed, or was never tried)."""
     prompt_tokens: list[int] = field(default_factory=list)
@@ -144,7 +143,6 @@ class Summarizer:
             except Exception as e:  # any failure: the offline summariser takes over for the run
                 timed_out = isinstance(e, asyncio.TimeoutError)
                 self.failure = "timed out" if timed_out else f"{type(e).__name__}: {str(e)[:200]}"
-        self.offline_calls += 1
         return offline_summary(prompt)
 
     def described(self) -> str:

@@ -155,7 +155,7 @@ def independent_counts(path: Path, model: str) -> tuple[list[int], list[int]]:
     tools = counter.count_tools(recording.tools)
     sent = [counter.count_messages(recording.messages[:i]) + tools for i in agent_turns(recording.messages)]
     run = asyncio.run(replay(recording.messages, recording.tools, BUDGET, counter=counter,
-                             summarize=Summarizer(counter), config=PipelineConfig()))
+                             summarize=Summarizer(counter), config=PipelineConfig(), wait_background=True))
     forwarded = [counter.count_messages(f.messages) + tools for f in run.turns]
     return sent, forwarded
 

@@ -132,7 +132,7 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
                 limit = args.budget or (max(1, int(args.ratio * peak)) if args.ratio else target.limit)
                 try:
                     run: Replay = await replay(r.messages, r.tools, limit, counter=target.counter,
-                                               summarize=summarizer, config=pipeline_config,
+                                               summarize=summarizer, config=pipeline_config, wait_background=True,
                                                on_turn=lambda _: progress.advance(task))
                 except Exception as e:  # content the readers let through but the pipeline cannot take
                     raise SessionFailed(f"{job.path}: session {r.name} could not be replayed: "

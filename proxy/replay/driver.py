@@ -93,11 +93,16 @@ def in_memory_sessions(store: MemorySessionStore) -> Sessions:
 async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, budget: int, *,
                  counter: TokenCounter, summarize: Summarize, config: PipelineConfig | None = None,
                  provider_count: Callable[[list[Message]], int] | None = None, speculate: bool = True,
-                 upstream_s: float = 0.0, on_turn: Callable[[Forwarded], None] | None = None) -> Replay:
+                 upstream_s: float = 0.0, wait_background: bool = False,
+                 on_turn: Callable[[Forwarded], None] | None = None) -> Replay:
     """`budget`: the model's context limit (`max_input_tokens`). `provider_count`: what the
     provider reports as `usage.prompt_tokens` (default: ctxgate's own count, tools included:
     an OpenAI-like provider). `upstream_s`: the upstream's reply time, slept only while a
-    background compaction runs (nothing else happens in it), so the replay stays fast."""
+    background compaction runs (nothing else happens in it), so the replay stays fast.
+    `wait_background`: a background compaction ends before the next turn, as it would while
+    the recorded agent ran its tools and waited for its reply; the replay is then the same
+    on every run, however busy the machine (without it, how far a speculation got in
+    `upstream_s` decides whether the next turn finds it ready)."""
     sessions = MemorySessionStore()
     speculator = Speculator(in_memory_sessions(sessions)) if speculate else None
     steps: list[dict[str, Any]] = []
@@ -145,6 +150,8 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
                 on_turn(done)
             running = speculator is not None and speculator.running(TENANT, SESSION)
             await asyncio.sleep(upstream_s if running and upstream_s else 0.005)  # a background compaction gets to run
+            while wait_background and speculator is not None and speculator.running(TENANT, SESSION):
+                await asyncio.sleep(0.005)
     finally:
         if speculator is not None:
             await speculator.close()

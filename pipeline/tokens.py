@@ -407,14 +407,15 @@ class TokenizerRegistry:
         counter.count("ctxgate")
         counter.least(0)
 
-    def for_model(self, *names: str) -> TokenCounter:
-        """The counter for a model, given its alias and upstream names (first match wins)."""
+    def for_model(self, *names: str, counting: bool = True) -> TokenCounter:
+        """The counter for a model, given its alias and upstream names (first match wins).
+        `counting`: a request will be counted with it (an estimate is noted, once per request)."""
         key = tuple(n for n in names if n)
         found = self._resolved.get(key)
         if found is None:
             found = self.counter(self._spec_for(key))
             self._resolved[key] = found
-        if not found.exact:
+        if counting and not found.exact:
             self._note_estimate(key[0] if key else "?")
         return found
 

@@ -111,14 +111,15 @@ class TurnEngine:
         CONTEXT_EXHAUSTED before any work in proportion to its size (fingerprints, session,
         counting), which for a body of tens of megabytes would stall every other request."""
         characters = kept_characters(messages)
-        if not characters:
-            return
+        if characters <= HOPELESS_MARGIN * (caller.budget or route.max_input_tokens):
+            return  # a token covers at least a character: nothing to judge from lengths
         gw = self.gw
         names = (route.model_name, *gw.router.fallbacks.context_window_for(route.model_name))
         floors = []
         for candidate in [route] + [gw.router.resolve(name) for name in names[1:]]:
             limit = caller.budget or candidate.max_input_tokens
-            floor = gw.tokenizers.for_model(candidate.model_name, candidate.upstream_model).least(characters)
+            counter = gw.tokenizers.for_model(candidate.model_name, candidate.upstream_model, counting=False)
+            floor = counter.least(characters)
             if floor <= HOPELESS_MARGIN * limit:
                 return
             floors.append(f"{candidate.model_name}: {limit}")

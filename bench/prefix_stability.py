@@ -32,6 +32,7 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.pipeline.turns import leading_instructions, task_index
+from ctxgate.pipeline.types import CompressionRequest
 from turn_replay import Message, agent_turns, replay
 
 TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"
@@ -71,7 +72,9 @@ def fewest_breaks(msgs: list[Message], budget: int) -> list[int]:
     in progress (no summary, no restore blocks), in the contract upstream's count."""
     config, counter = PipelineConfig(), common.gpt4o_counter()
     effective = config.effective_budget(budget)
-    cut, _ = MicrocompactStrategy(config.microcompact, config.pin_first_user, effective).compact_from(msgs, 0, counter)
+    request = CompressionRequest(msgs, effective, counter)
+    cut, _ = MicrocompactStrategy(config.microcompact, config.pin_first_user, effective).compact_range(
+        request, 0, len(msgs))
     sizes = [counter.count_structured(m) for m in cut]
     room = config.trigger_ratio * effective - contract_tokens(msgs[:2])
     points, start, previous = [], 2, 2

@@ -17,9 +17,9 @@ from .doors import responses as responses_door
 from .errors import ErrorKind, GatewayError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
-from .engine.journal import RollbackError
 from .admin.memory_api import MemoryApi
 from .admin.metrics import authorize_metrics
+from .admin.rollback import requested_seq, roll_back
 from .admin.ui import Dashboard
 from .connections import guard_requests
 from .tenancy import resolve_caller
@@ -121,20 +121,8 @@ async def session_checkpoints(request: web.Request) -> web.Response:
 async def session_rollback(request: web.Request) -> web.Response:
     """Restore a session to one of its WAL checkpoints: `{"to_seq": N}`."""
     gw, tenant, session_id = _session_of(request)
-    try:
-        body = orjson.loads(await request.read())
-    except orjson.JSONDecodeError:
-        body = None
-    to_seq = body.get("to_seq") if isinstance(body, dict) else None
-    if not isinstance(to_seq, int) or isinstance(to_seq, bool) or to_seq < 1:
-        raise GatewayError(ErrorKind.INVALID_REQUEST,
-                           'the body must be {"to_seq": <checkpoint seq, a positive integer>}', param="to_seq",
-                       code="invalid_request")
-    async with gw.sessions.transaction(tenant, session_id) as tx:
-        try:
-            tx.state = state = await gw.journal.rollback(tenant, session_id, to_seq)
-        except RollbackError as e:
-            raise GatewayError(ErrorKind.NOT_FOUND, str(e), param="to_seq", code="checkpoint_not_found") from None
+    to_seq = requested_seq(await request.read())
+    state = await roll_back(gw, tenant, session_id, to_seq)
     return _json({"id": session_id, "rolled_back_to": to_seq, "wal_seq": state.wal_seq,
                   "records": len(state.records), "turns": state.turns})
 

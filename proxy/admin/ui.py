@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..engine.journal import RollbackError
+from .rollback import requested_seq, roll_back
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..ids import InvalidId, validate_id
@@ -104,22 +104,10 @@ class Dashboard:
         if request.content_type != "application/json":  # so another site's page cannot post it without CORS
             raise GatewayError(ErrorKind.INVALID_REQUEST, "the body must be JSON (Content-Type: application/json)",
                                code="invalid_request")
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            body = None
-        to_seq = body.get("to_seq") if isinstance(body, dict) else None
-        if not isinstance(to_seq, int) or isinstance(to_seq, bool) or to_seq < 1:
-            raise GatewayError(ErrorKind.INVALID_REQUEST, 'the body must be {"to_seq": <checkpoint seq, a positive '
-                               'integer>}', param="to_seq", code="invalid_request")
+        to_seq = requested_seq(await request.read())
         if await self.gw.sessions.read(tenant, session) is None:
             raise _no_session(session)
-        async with self.gw.sessions.transaction(tenant, session) as tx:
-            try:
-                tx.state = state = await self.gw.journal.rollback(tenant, session, to_seq)
-            except RollbackError as e:
-                raise GatewayError(ErrorKind.NOT_FOUND, str(e), param="to_seq",
-                                   code="checkpoint_not_found") from None
+        state = await roll_back(self.gw, tenant, session, to_seq)
         log.info("dashboard: session %s/%s rolled back to checkpoint %d", tenant, session, to_seq)
         return _json({"id": session, "tenant": tenant, "rolled_back_to": to_seq, "wal_seq": state.wal_seq,
                       "records": len(state.records), "turns": state.turns})

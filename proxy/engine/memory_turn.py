@@ -118,6 +118,12 @@ def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
 
 def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embed: Embed | None) -> LongTermStore:
     kind = config.store or ("redis" if state_url != "memory" else "files")
+    if state_url != "memory" and (kind == "files" or (kind == "vector" and not config.qdrant_url)):
+        # Chosen explicitly beside a shared state: one replica alone is fine, several each
+        # keep a memory of their own, and a tenant's entries depend on which replica served it.
+        log.warning("ctxgate.memory.store: %s keeps long-term memory under this replica's data directory (%s): "
+                    "other replicas sharing the Redis state do not see it (use redis, or vector with "
+                    "memory.qdrant_url)", kind, data_dir)
     if kind == "redis":
         from ...memory.redis_store import RedisMemoryStore
 

@@ -27,6 +27,7 @@ from .tenancy import resolve_caller
 log = logging.getLogger("ctxgate")
 GATEWAY = web.AppKey("gateway", Gateway)
 HOUSEKEEPING = web.AppKey("housekeeping", asyncio.Task)
+STARTED = web.AppKey("started", float)
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -75,7 +76,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    created = int(request.app["started"])
+    created = int(request.app[STARTED])
     data = [{"id": name, "object": "model", "created": created, "owned_by": "ctxgate"}
             for name in gw.router.model_names()]
     return _json({"object": "list", "data": data})
@@ -141,8 +142,8 @@ def create_app(gw: Gateway) -> web.Application:
     guard = guard_requests(gw.config.ctxgate.connections.body_read_timeout_s)
     app = web.Application(middlewares=[openai_errors, guard], client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
-    app["started"] = time.time()
-    chat = ChatDoor(gw)
+    app[STARTED] = time.time()
+    chat = ChatDoor(gw).__call__  # the bound coroutine function: aiohttp warns on other callables
     add_door_route(app, "POST", "/v1/chat/completions", chat)
     add_door_route(app, "POST", "/chat/completions", chat)
     add_door_route(app, "GET", "/v1/models", models)

@@ -386,3 +386,22 @@ def test_a_replica_says_at_start_when_memory_stays_on_its_own_disk(tmp_path: Pat
         server.stop()
     warning = "keeps long-term memory under this replica's data directory"
     assert warning in gws["files"].text() and warning not in gws["redis"].text()
+
+
+def test_one_idempotency_key_on_two_replicas_at_once_is_forwarded_once(cluster_of: Callable[..., Cluster],
+                                                                      trajectory: Any) -> None:
+    """A client's retry that races its original (a timeout shorter than the reply) on another replica
+    waits for it and is answered from its reply, as it would be on the same replica."""
+    cluster = cluster_of()
+    agent = _agent("pair", trajectory)
+    messages = _turns(agent, trajectory)[0]
+    key = "idem-" + uuid.uuid4().hex
+    cluster.upstream.slow_s = 3.0  # the original is still waiting for its reply when the retry comes
+    with ThreadPoolExecutor(2) as pool:
+        original = pool.submit(agent.whole, cluster.replicas["a"], messages, key)
+        wait_until(lambda: cluster.calls(MODEL), 30, "the original to be forwarded")
+        retry = pool.submit(agent.whole, cluster.replicas["b"], messages, key)
+        first, second = original.result(60), retry.result(60)
+    assert len(cluster.calls(MODEL)) == 1
+    assert first.content == second.content
+    assert "idempotent-replayed" not in first.headers and second.headers["idempotent-replayed"] == "true"

@@ -4,7 +4,9 @@ from the stored reply, without a second upstream call.
 Replies are kept per tenant, for `wal.idempotency_ttl_s` and at most
 `wal.idempotency_max_per_tenant` of them (the oldest go first): as files under the data
 directory (they survive a crash, like the WAL) or in Redis when the state is there.
-The same key with a different body is refused (422), as payment APIs do.
+The same key with a different body is refused (422), as payment APIs do. A retry that
+races its original waits for it: in the process with files, across every replica sharing
+the Redis with Redis (a lease, `redis_lock.py`).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncContextManager, AsyncIterator, Protocol
 
 import orjson
 import xxhash
@@ -23,6 +25,7 @@ from ...pipeline.fingerprint import message_fingerprint
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..errors import ErrorKind, GatewayError
+from .redis_lock import leased
 from .state import reachable
 
 HEADER = "Idempotency-Key"
@@ -63,8 +66,14 @@ def request_hash(body: dict[str, Any]) -> str:
     return message_fingerprint(body)  # the canonical JSON hash messages are named by
 
 
+class KeyLock(Protocol):
+    def hold(self, tenant: str, key: str) -> AsyncContextManager[None]: ...
+
+
 class IdempotencyStore(Protocol):
-    in_flight: _InFlight
+    @property
+    def in_flight(self) -> KeyLock:
+        """Held by a request from its stored-reply lookup to its reply's storing."""
     async def get(self, tenant: str, key: str) -> StoredReply | None: ...
     async def put(self, tenant: str, key: str, reply: StoredReply) -> None: ...
 
@@ -91,6 +100,22 @@ class _InFlight:
                 del self._locks[(tenant, key)]
             else:
                 self._locks[(tenant, key)] = (lock, users - 1)
+
+
+class _RedisInFlight:
+    """One request per key at a time across the replicas sharing the Redis: a retry that races
+    its original on another replica waits for it, and is answered from its stored reply."""
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+
+    @asynccontextmanager
+    async def hold(self, tenant: str, key: str) -> AsyncIterator[None]:
+        def busy() -> GatewayError:  # never: it waits as long as the original's replica lives
+            return GatewayError(ErrorKind.UNAVAILABLE, f"{HEADER} {key!r} is in use", code="idempotency_key_busy")
+
+        async with leased(self._redis, RedisIdempotencyStore._key(tenant, key) + ":lock", None, busy):
+            yield
 
 
 class FileIdempotencyStore:
@@ -124,7 +149,7 @@ class RedisIdempotencyStore:
 
         self._redis = redis.from_url(url)
         self._ttl, self._max = int(ttl_s), max_per_tenant
-        self.in_flight = _InFlight()
+        self.in_flight = _RedisInFlight(self._redis)
 
     @staticmethod
     def _key(tenant: str, key: str) -> str:

@@ -13,7 +13,6 @@ there, whatever fails.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import re
@@ -26,6 +25,7 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ErrorKind, GatewayError
+from .redis_lock import LEASE_S, leased
 from .state import CompactionRecord, SessionState, reachable
 
 log = logging.getLogger("ctxgate.state")
@@ -35,10 +35,6 @@ BLOB_PARTS = ("speculative", "compaction_log", "memory_block")
 PARTS = "parts"
 """The main value's field naming the part keys: {"records": [key, ...], name: key or ""}."""
 SMALL_FIELDS = tuple(f.name for f in fields(SessionState) if f.name not in ("records", *BLOB_PARTS))
-LOCK_LEASE_S = 10.0
-"""A session's lock lapses this long after its holder stops renewing it, so a replica killed
-mid-turn (in the middle of an Autocompact call, say) keeps the session from the others for
-at most this long. A live holder renews it every third of the lease, however long its turn."""
 
 
 @dataclass
@@ -55,7 +51,7 @@ class RedisSessionStore:
     """State in Redis (main value plus part keys); a Redis lock per session across replicas."""
 
     def __init__(self, url: str, ttl_s: int = 7 * 24 * 3600, lock_timeout_s: float = 120.0,
-                 lock_lease_s: float = LOCK_LEASE_S) -> None:
+                 lock_lease_s: float = LEASE_S) -> None:
         import redis.asyncio as redis
 
         self._redis = redis.from_url(url)
@@ -63,6 +59,8 @@ class RedisSessionStore:
         self._lock_timeout = lock_timeout_s
         """How long a request waits for the session's lock before it is refused (session_busy)."""
         self._lock_lease = lock_lease_s
+        """A replica killed mid-turn (during an Autocompact call, say) keeps the session from
+        the others at most this long."""
         self._stored: dict[int, _InRedis] = {}
         """By `id(state)`: what Redis already holds, so a save writes only what is not."""
 
@@ -72,36 +70,13 @@ class RedisSessionStore:
 
     @asynccontextmanager
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
-        lock = self._redis.lock(self._key(tenant, session_id) + ":lock", timeout=self._lock_lease,
-                                blocking_timeout=self._lock_timeout)
-        with reachable():
-            acquired = await lock.acquire()
-        if not acquired:
-            raise GatewayError(ErrorKind.UNAVAILABLE, f"session {session_id} is busy with another request; retry later",
-                               code="session_busy")
-        renewing = asyncio.create_task(self._renew(lock, session_id))
-        try:
+        def busy() -> GatewayError:
+            return GatewayError(ErrorKind.UNAVAILABLE, f"session {session_id} is busy with another request; retry "
+                                "later", code="session_busy")
+
+        async with leased(self._redis, self._key(tenant, session_id) + ":lock", self._lock_timeout, busy,
+                          self._lock_lease):
             yield
-        finally:
-            renewing.cancel()
-            await asyncio.gather(renewing, return_exceptions=True)
-            try:
-                await lock.release()
-            except Exception:  # lapsed while Redis was away: the next holder already owns it
-                pass
-
-    async def _renew(self, lock: Any, session_id: str) -> None:
-        from redis.exceptions import LockError, RedisError
-
-        while True:
-            await asyncio.sleep(self._lock_lease / 3)
-            try:
-                await lock.extend(self._lock_lease, replace_ttl=True)
-            except LockError:  # it lapsed (Redis away longer than the lease): another may hold it now
-                log.warning("session %s: its lock lapsed during the turn", session_id)
-                return
-            except RedisError:  # Redis briefly away: try again while the lease still runs
-                continue
 
     async def load(self, tenant: str, session_id: str) -> SessionState | None:
         with reachable():

@@ -1,0 +1,55 @@
+"""A Redis lock held as a lease, shared by every replica.
+
+It is taken with a short expiry and renewed every third of it while held: a holder that
+dies (`kill -9`, a lost machine) frees it within one lease, and a live holder keeps it
+however long its work takes (an Autocompact call, a long stream).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from ..errors import GatewayError
+from .state import reachable
+
+log = logging.getLogger("ctxgate.state")
+
+LEASE_S = 10.0
+
+
+@asynccontextmanager
+async def leased(redis: Any, name: str, wait_s: float | None, busy: Callable[[], GatewayError],
+                 lease_s: float = LEASE_S) -> AsyncIterator[None]:
+    """Hold the lock `name`, waiting for it at most `wait_s` (None: while its holder lives),
+    else raise `busy()`."""
+    lock = redis.lock(name, timeout=lease_s, blocking_timeout=wait_s)
+    with reachable():
+        acquired = await lock.acquire()
+    if not acquired:
+        raise busy()
+    renewing = asyncio.create_task(_renew(lock, name, lease_s))
+    try:
+        yield
+    finally:
+        renewing.cancel()
+        await asyncio.gather(renewing, return_exceptions=True)
+        try:
+            await lock.release()
+        except Exception:  # lapsed while Redis was away: the next holder already owns it
+            pass
+
+
+async def _renew(lock: Any, name: str, lease_s: float) -> None:
+    from redis.exceptions import LockError, RedisError
+
+    while True:
+        await asyncio.sleep(lease_s / 3)
+        try:
+            await lock.extend(lease_s, replace_ttl=True)
+        except LockError:  # it lapsed (Redis away longer than the lease): another may hold it now
+            log.warning("lock %s lapsed while held", name)
+            return
+        except RedisError:  # Redis briefly away: try again while the lease still runs
+            continue

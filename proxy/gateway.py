@@ -65,7 +65,7 @@ class Gateway:
         root = Path(data_dir or s.data_dir)
         retrier = Retrier(metrics.registry)
         journal = Journal(root, s.wal, watch_external=s.state == "memory",
-                          on_damage=lambda kind: metrics.wal_damage.labels(kind).inc())
+                          on_damage=lambda kind: metrics.wal_damage.labels(kind).inc(), state=s.state)
         gw = cls(config=config, data_dir=root, router=Router(config, forwarding),
                  tokenizers=tokenizers, metrics=metrics,
                  sessions=Sessions(open_store(s.state, s.max_memory_sessions, s.session_idle_ttl_s), journal),

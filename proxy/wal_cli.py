@@ -1,7 +1,9 @@
 """`ctxgate wal ...` and `ctxgate stats`: the session logs, read and repaired from a shell.
 
-Every command prints lines a person can read, or JSON with `--json`. They work next to a
-running gateway: writes hold the same per-file lock the gateway's appends do.
+Every command prints lines a person can read, or JSON with `--json`. They work on the log
+backend the config names (`wal.backend`: files or Redis) and next to a running gateway:
+on files, writes hold the same per-file lock the gateway's appends do; on Redis, an append
+is one script and an archive pass retries when an append came between.
 """
 from __future__ import annotations
 
@@ -14,11 +16,10 @@ from typing import Any
 
 import orjson
 
-from ..wal.archive import archive_segment, prune_archives
-from ..wal.mirror import DB_NAME, compression_stats, import_files
-from ..wal.paths import WalPaths, safe_name
-from ..wal.reader import WalScan, scan_file
-from ..wal.writer import WalWriter, flocked
+from ..wal.backend import WalLog, WalUnavailable
+from ..wal.mirror import DB_NAME, compression_stats, import_logs
+from ..wal.paths import safe_name
+from ..wal.reader import WalScan
 from .config import Config
 from .engine.journal import Journal, RollbackError
 
@@ -46,29 +47,35 @@ def add_commands(sub: Any, common: Any) -> None:
     command("replay", "rebuild a session's state from its log, as a restart would", "required")
     rollback = command("rollback", "restore a session to one of its checkpoints", "required")
     rollback.add_argument("--to", type=int, required=True, dest="to_seq", help="the checkpoint's seq")
-    archive = command("archive", "move events before each log's latest checkpoint to wal_archive/, prune old archives")
+    archive = command("archive", "move events before each log's latest checkpoint to the archive, prune old archives")
     archive.add_argument("--retention-days", type=float, default=None)
     stats = sub.add_parser("stats", help="compressions and tokens saved per tenant, day and level (SQLite mirror)")
     common(stats)
     stats.add_argument("--tenant", default=None)
     stats.add_argument("--since", default=None, help="first day, YYYY-MM-DD")
     stats.add_argument("--import", dest="import_files", action="store_true",
-                       help="first copy events from the JSONL logs that the mirror does not have")
+                       help="first copy events from the logs that the mirror does not have")
     stats.add_argument("--json", action="store_true")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
     data_dir = Path(args.data_dir or config.ctxgate.data_dir)
-    paths = WalPaths(data_dir)
-    if args.command == "stats":
-        return _stats(args, paths)
-    handler = {"list": _list, "show": _show, "verify": _verify, "replay": _replay, "rollback": _rollback,
-               "archive": _archive}[args.wal_command]
+    journal = Journal(data_dir, config.ctxgate.wal, state=config.ctxgate.state)
+    name = "stats" if args.command == "stats" else f"wal {args.wal_command}"
     try:
-        return handler(args, config, paths)
+        if args.command == "stats":
+            return _stats(args, journal)
+        handler = {"list": _list, "show": _show, "verify": _verify, "replay": _replay, "rollback": _rollback,
+                   "archive": _archive}[args.wal_command]
+        return handler(args, config, journal)
     except _Refused as e:
-        print(f"ctxgate wal {args.wal_command}: {e}", file=sys.stderr)
+        print(f"ctxgate {name}: {e}", file=sys.stderr)
         return 2
+    except WalUnavailable as e:
+        print(f"ctxgate {name}: the log cannot be read: {e}", file=sys.stderr)
+        return 2
+    finally:
+        journal.close()
 
 
 class _Refused(Exception):
@@ -82,17 +89,18 @@ def _out(args: argparse.Namespace, data: Any, lines: list[str]) -> None:
         sys.stdout.write("".join(line + "\n" for line in lines))
 
 
-def _find(paths: WalPaths, session: str, tenant: str | None) -> tuple[str, str]:
-    if tenant is not None:
-        if not paths.live(tenant, session).exists() and not paths.archives(tenant, session):
-            raise _Refused(f"no log of session {session} for tenant {tenant}")
-        return safe_name(tenant), safe_name(session)
-    owners = [t for t, s, _ in paths.sessions() if s == safe_name(session)]
+def _find(log: WalLog, session: str, tenant: str | None) -> tuple[str, str]:
+    """(tenant, session) as the backend lists them (files: their safe names)."""
+    owners = [(i.tenant, i.session) for i in log.sessions(tenant)
+              if session in (i.session, safe_name(i.session)) or safe_name(session) == i.session]
+    if tenant is not None and not owners and log.history(tenant, session).scans[0].events:
+        owners = [(tenant, session)]  # archives only: still shown and restorable
     if not owners:
-        raise _Refused(f"no log of session {session} under {paths.live_root}")
+        raise _Refused(f"no log of session {session}" + (f" for tenant {tenant}" if tenant else f" in {log.where}"))
     if len(owners) > 1:
-        raise _Refused(f"session {session} exists for tenants {', '.join(owners)}: say which with --tenant")
-    return owners[0], safe_name(session)
+        raise _Refused(f"session {session} exists for tenants {', '.join(t for t, _ in owners)}: say which with "
+                       f"--tenant")
+    return owners[0]
 
 
 def _summary(tenant: str, session: str, scan: WalScan) -> dict[str, Any]:
@@ -109,12 +117,13 @@ def _status(s: dict[str, Any]) -> str:
     return f"torn last line ({s['torn_bytes']} bytes)" if s["torn_bytes"] else "ok"
 
 
-def _list(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
-    rows = [_summary(t, s, scan_file(f)) for t, s, f in paths.sessions(args.tenant)]
+def _list(args: argparse.Namespace, config: Config, journal: Journal) -> int:
+    log = journal.writer
+    rows = [_summary(i.tenant, i.session, log.live(i.tenant, i.session)) for i in log.sessions(args.tenant)]
     lines = [f"{'TENANT':<16} {'SESSION':<32} {'EVENTS':>7} {'SEQ':>7} {'CKPTS':>5} {'BYTES':>10}  STATUS"]
     lines += [f"{r['tenant']:<16} {r['session']:<32} {r['events']:>7} {r['last_seq']:>7} {r['checkpoints']:>5} "
               f"{r['bytes']:>10}  {_status(r)}" for r in rows]
-    lines.append(f"{len(rows)} session logs under {paths.live_root}")
+    lines.append(f"{len(rows)} session logs in {log.where}")
     _out(args, rows, lines)
     return 0
 
@@ -125,34 +134,31 @@ def _brief(event: dict[str, Any]) -> str:
     return f"{event['seq']:>6} {event.get('timestamp', ''):<24} {event['type']:<12} {fields}"
 
 
-def _show(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
-    tenant, session = _find(paths, args.session, args.tenant)
-    files = [*paths.archives(tenant, session), paths.live(tenant, session)]
-    events = [e for f in files for e in scan_file(f).events]
+def _show(args: argparse.Namespace, config: Config, journal: Journal) -> int:
+    tenant, session = _find(journal.writer, args.session, args.tenant)
+    events = [e for scan in journal.writer.history(tenant, session).scans for e in scan.events]
     shown = events[-args.limit:] if args.limit else events
     data = [{k: v for k, v in e.items() if k != "state"} for e in shown]
     _out(args, data, [_brief(e) for e in shown] + [f"{len(shown)} of {len(events)} events of {tenant}/{session}"])
     return 0
 
 
-def _verify(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
+def _verify(args: argparse.Namespace, config: Config, journal: Journal) -> int:
+    log = journal.writer
     if args.session:
-        tenant, session = _find(paths, args.session, args.tenant)
-        targets = [(tenant, session, paths.live(tenant, session))]
+        targets = [_find(log, args.session, args.tenant)]
     else:
-        targets = paths.sessions(args.tenant)
+        targets = [(i.tenant, i.session) for i in log.sessions(args.tenant)]
     if args.repair:
-        writer = WalWriter(paths)
-        for tenant, session, _ in targets:
-            writer.open(tenant, session)  # sets a torn last line aside, as the gateway does on first sight
-        writer.close()
+        for tenant, session in targets:
+            log.open(tenant, session)  # sets a torn last line aside, as the gateway does on first sight
     rows, lines, damaged = [], [], 0
-    for tenant, session, live in targets:
-        for f in [*paths.archives(tenant, session), live]:
-            row = _summary(tenant, session, scan_file(f))
+    for tenant, session in targets:
+        for scan in log.history(tenant, session).scans:
+            row = _summary(tenant, session, scan)
             rows.append(row)
             damaged += len(row["damaged"])
-            lines.append(f"{_status(row):<28} {f}")
+            lines.append(f"{_status(row):<28} {scan.path}")
             lines += [f"    line {d['line']}: {d['reason']}" for d in row["damaged"]]
     torn = sum(1 for r in rows if r["torn_bytes"])
     lines.append(f"{len(rows)} files, {damaged} damaged lines, {torn} torn last lines"
@@ -162,13 +168,9 @@ def _verify(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
     return 1 if damaged else 0
 
 
-def _replay(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
-    tenant, session = _find(paths, args.session, args.tenant)
-    journal = Journal(paths.data_dir, config.ctxgate.wal)
-    try:
-        state = asyncio.run(journal.recover(tenant, session))
-    finally:
-        journal.close()
+def _replay(args: argparse.Namespace, config: Config, journal: Journal) -> int:
+    tenant, session = _find(journal.writer, args.session, args.tenant)
+    state = asyncio.run(journal.recover(tenant, session))
     if state is None:
         raise _Refused(f"the log of {tenant}/{session} has no events")
     data = {"tenant": tenant, "session": session, "wal_seq": state.wal_seq, "turns": state.turns,
@@ -187,15 +189,12 @@ def _replay(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
     return 0
 
 
-def _rollback(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
-    tenant, session = _find(paths, args.session, args.tenant)
-    journal = Journal(paths.data_dir, config.ctxgate.wal)
+def _rollback(args: argparse.Namespace, config: Config, journal: Journal) -> int:
+    tenant, session = _find(journal.writer, args.session, args.tenant)
     try:
         state = asyncio.run(journal.rollback(tenant, session, args.to_seq))
     except RollbackError as e:
         raise _Refused(str(e)) from None
-    finally:
-        journal.close()
     _out(args, {"tenant": tenant, "session": session, "rolled_back_to": args.to_seq, "seq": state.wal_seq},
          [f"session {tenant}/{session} rolled back to checkpoint {args.to_seq} (written as checkpoint "
           f"{state.wal_seq}); a gateway with in-memory state picks it up on the session's next turn, one with "
@@ -203,35 +202,25 @@ def _rollback(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
     return 0
 
 
-def _archive(args: argparse.Namespace, config: Config, paths: WalPaths) -> int:
+def _archive(args: argparse.Namespace, config: Config, journal: Journal) -> int:
     wal = config.ctxgate.wal
     retention_days = args.retention_days if args.retention_days is not None else wal.archive_retention_days
     moved = []
-    for tenant, session, live in paths.sessions(args.tenant):
-        with open(live, "ab") as fh, flocked(fh):
-            at = _latest_checkpoint_offset(scan_file(live))
-            segment = archive_segment(live, paths.archive_dir(tenant), at) if at else None
+    for info in journal.writer.sessions(args.tenant):
+        segment = journal.writer.archive(info.tenant, info.session)
         if segment is not None:
-            moved.append({"tenant": tenant, "session": session, "segment": str(segment)})
-    removed = prune_archives(paths.archive_root, retention_days * 86400.0, time.time())
-    _out(args, {"archived": moved, "removed": [str(p) for p in removed]},
+            moved.append({"tenant": info.tenant, "session": info.session, "segment": segment})
+    removed = journal.writer.prune(retention_days * 86400.0, time.time())
+    _out(args, {"archived": moved, "removed": removed},
          [f"archived {m['tenant']}/{m['session']} -> {m['segment']}" for m in moved]
          + [f"removed {p} (older than {retention_days:g} days)" for p in removed]
          + [f"{len(moved)} logs archived, {len(removed)} old archives removed"])
     return 0
 
 
-def _latest_checkpoint_offset(scan: WalScan) -> int:
-    """Where the last checkpoint line starts (0: none, or it is the first line already)."""
-    for event, offset in zip(reversed(scan.events), reversed(scan.offsets)):
-        if event["type"] == "CHECKPOINT" and isinstance(event.get("state"), dict):
-            return offset
-    return 0
-
-
-def _stats(args: argparse.Namespace, paths: WalPaths) -> int:
-    db = paths.data_dir / DB_NAME
-    imported = import_files(db, paths) if args.import_files else 0
+def _stats(args: argparse.Namespace, journal: Journal) -> int:
+    db = journal.paths.data_dir / DB_NAME
+    imported = import_logs(db, journal.writer) if args.import_files else 0
     if not db.exists():
         print(f"ctxgate stats: no SQLite mirror at {db} (the enterprise profile or wal.sqlite: true writes it; "
               f"--import builds it from the logs)", file=sys.stderr)

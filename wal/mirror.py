@@ -1,7 +1,9 @@
 """Enterprise: WAL events mirrored into SQLite for queries (`ctxgate stats`).
 
-The JSONL log stays the source of truth and the request path only puts events on a
-queue; one background thread writes them in batches. Rows are keyed by (tenant, session,
+The log (files or Redis) stays the source of truth and the request path only puts events
+on a queue; one background thread writes them in batches. With the Redis backend each
+gateway mirrors the events it appended into its own file; `ctxgate stats --import` fills
+one mirror with every replica's events from Redis. Rows are keyed by (tenant, session,
 seq) and inserted with OR IGNORE, so a catch-up import from the files after a crash is
 idempotent.
 """
@@ -17,8 +19,9 @@ from typing import Any
 import orjson
 
 from .events import EventType
+from .backend import WalLog
+from .file_log import FileLog
 from .paths import WalPaths
-from .reader import scan_file
 
 log = logging.getLogger("ctxgate.wal.mirror")
 DB_NAME = "wal.sqlite"
@@ -86,7 +89,7 @@ class SqliteMirror:
                 try:
                     with db:
                         db.executemany(_INSERT, rows)
-                except sqlite3.Error as e:  # the JSONL has them; `ctxgate stats --import` catches up
+                except sqlite3.Error as e:  # the log has them; `ctxgate stats --import` catches up
                     log.warning("SQLite mirror: %d events not written: %s", len(rows), e)
                 if _STOP in batch:
                     return
@@ -100,18 +103,26 @@ class SqliteMirror:
             self._thread = None
 
 
-def import_files(db_path: Path, paths: WalPaths) -> int:
+def import_logs(db_path: Path, log: WalLog) -> int:
     """Copy every event of every log (archives included) not yet in the database."""
     db = connect(db_path)
     before = db.total_changes
     try:
         with db:
-            for tenant, session, live in paths.sessions():
-                for f in [*paths.archives(tenant, session), live]:
-                    db.executemany(_INSERT, (_row(tenant, session, e) for e in scan_file(f).events))
+            for info in log.sessions():
+                for scan in log.history(info.tenant, info.session).scans:
+                    db.executemany(_INSERT, (_row(info.tenant, info.session, e) for e in scan.events))
         return db.total_changes - before
     finally:
         db.close()
+
+
+def import_files(db_path: Path, paths: WalPaths) -> int:
+    log = FileLog(paths)
+    try:
+        return import_logs(db_path, log)
+    finally:
+        log.close()
 
 
 def compression_stats(db_path: Path, tenant: str | None = None, since: str | None = None) -> list[dict[str, Any]]:

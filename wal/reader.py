@@ -21,11 +21,11 @@ class Damage:
 
 @dataclass
 class WalScan:
-    """One file, read and checked."""
-    path: Path
+    """One file (or Redis stream, or archive), read and checked."""
+    path: Path | str
     events: list[dict[str, Any]] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)
-    """Byte offset of each event's line, parallel to `events`."""
+    """Byte offset of each event's line (an entry's index, in a stream), parallel to `events`."""
     damaged: list[Damage] = field(default_factory=list)
     torn: bytes = b""
     """A last line without its newline: the write a crash interrupted."""
@@ -45,7 +45,7 @@ class WalScan:
         return not self.damaged and not self.torn
 
 
-def scan_bytes(path: Path, data: bytes) -> WalScan:
+def scan_bytes(path: Path | str, data: bytes) -> WalScan:
     scan = WalScan(path)
     complete = data.rfind(b"\n") + 1
     scan.good_length, scan.torn = complete, data[complete:]
@@ -65,6 +65,27 @@ def scan_bytes(path: Path, data: bytes) -> WalScan:
         last_seq = event["seq"]
         scan.events.append(event)
         scan.offsets.append(start)
+    return scan
+
+
+def scan_entries(source: str, lines: Iterable[bytes]) -> WalScan:
+    """The lines of a log kept as separate entries (a Redis stream): each checked as a file's
+    line is, damage numbered by entry. An entry is written whole or not at all, so none is torn."""
+    scan = WalScan(source)
+    last_seq = 0
+    for number, line in enumerate(lines, start=1):
+        scan.good_length += len(line)
+        try:
+            event = decode_line(line)
+        except DamagedLine as e:
+            scan.damaged.append(Damage(number, str(e), source))
+            continue
+        if event["seq"] <= last_seq:
+            scan.damaged.append(Damage(number, f"seq {event['seq']} after {last_seq}: out of order", source))
+            continue
+        last_seq = event["seq"]
+        scan.events.append(event)
+        scan.offsets.append(number - 1)
     return scan
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
 from .archive import archive_segment, prune_archives
+from .backend import Appended
 from .events import EventType, encode_line, timestamp
 from .paths import WalPaths
 from .reader import WalScan, scan_bytes
@@ -37,16 +38,6 @@ class _LiveFile:
     last_seq: int
     checkpoints: int
     guard: threading.Lock = field(default_factory=threading.Lock)
-
-
-@dataclass
-class Appended:
-    events: list[dict[str, Any]]
-    archived: Path | None = None
-
-    @property
-    def last_seq(self) -> int:
-        return self.events[-1]["seq"] if self.events else 0
 
 
 @contextmanager

@@ -18,14 +18,13 @@ from typing import Any, Callable
 
 import orjson
 
-from ...wal.archive import prune_archives
+from ...wal.backend import open_log
 from ...wal.config import WalConfig
 from ...wal.events import EventType, content_hash
 from ...wal.mirror import DB_NAME, SqliteMirror
 from ...wal.paths import WalPaths
-from ...wal.reader import Recovery, WalScan, find_checkpoint, recover, scan_file
-from ...wal.records import REF, full_records, record_key, resolved
-from ...wal.writer import WalWriter
+from ...wal.reader import Recovery, find_checkpoint, recover
+from ...wal.records import REF, record_key, resolved
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .state import SessionState
@@ -43,15 +42,20 @@ class RollbackError(ValueError):
 
 class Journal:
     def __init__(self, data_dir: str | Path, config: WalConfig, clock: Callable[[], float] = time.time,
-                 watch_external: bool = False, on_damage: Callable[[str], None] | None = None) -> None:
+                 watch_external: bool = False, on_damage: Callable[[str], None] | None = None,
+                 state: str = "memory") -> None:
+        """`state` is `ctxgate.state`: with the config, it says where the log lives
+        (`WalConfig.backend_for`)."""
         self.config = config
         self.paths = WalPaths(data_dir)
         self._on_damage = on_damage
-        self.writer = WalWriter(self.paths, config.archive_every, config.archive_retention_days * 86400.0, clock,
-                                on_torn=lambda path, _: self._damaged("torn"))
+        self.writer = open_log(config, self.paths, state, clock, on_torn=lambda path, _: self._damaged("torn"))
+        """The backend (`wal/backend.py`): files or Redis."""
         self.mirror = SqliteMirror(self.paths.data_dir / DB_NAME)
         self._watch_external = watch_external
         """In-process state only: notice a rollback made from the CLI on the session's next turn."""
+        self._remote = config.backend_for(state) == "redis"
+        """Every append is a network round trip: made in a thread, never on the event loop."""
 
     def enabled(self, profile: str) -> bool:
         return self.config.enabled_for(profile or "professional")
@@ -63,23 +67,21 @@ class Journal:
         return await asyncio.to_thread(self._recover, tenant, session)
 
     def _recover(self, tenant: str, session: str) -> SessionState | None:
-        if not self.paths.live(tenant, session).exists():
+        if not self.writer.exists(tenant, session):
             return None  # archives alone are history, not a session to resume
-        live = self.writer.open(tenant, session)
-        scans = [live]
-        if not any(isinstance(c.get("state"), dict) for c in live.checkpoints):
-            scans = [scan_file(p) for p in self.paths.archives(tenant, session)] + [live]
-        found = recover(scans)
+        read = self.writer.open(tenant, session)
+        found = recover(read.scans)
         if not found.last_seq:
             return None
         if found.checkpoint is not None:
-            found.checkpoint = {**found.checkpoint, "state": _resolved_state(found.checkpoint, scans, tenant, session)}
+            found.checkpoint = {**found.checkpoint,
+                                "state": _resolved_state(found.checkpoint, read.records, tenant, session)}
         for damage in found.damaged:
             log.warning("WAL %s line %d is damaged (%s): skipped, recovery goes on from checkpoint %s",
                         damage.file, damage.line, damage.reason, found.checkpoint and found.checkpoint["seq"])
             self._damaged("damaged")
         state = _rebuild(tenant, session, found)
-        held = full_records(live.events)  # what the next checkpoint may name
+        held = read.held  # what the next checkpoint may name
         state.wal_full_records = [k for k in map(record_key, found.checkpoint["state"]["records"]) if k in held
                                   ] if found.checkpoint else []
         log.info("session %s/%s recovered from the WAL: checkpoint %s, %d events after it, seq %d",
@@ -155,9 +157,9 @@ class Journal:
         if not events:
             return
         try:
-            if checkpoint:  # fsync: off the event loop, other sessions go on meanwhile
+            if checkpoint or self._remote:  # an fsync or a round trip: off the event loop
                 appended = await asyncio.to_thread(self.writer.append, state.tenant, state.session_id, events,
-                                                   state.wal_seq, True)
+                                                   state.wal_seq, checkpoint)
             else:
                 appended = self.writer.append(state.tenant, state.session_id, events, state.wal_seq)
         except OSError as e:
@@ -237,21 +239,20 @@ class Journal:
     # -- rollback --------------------------------------------------------------------------
 
     def checkpoints(self, tenant: str, session: str) -> list[dict[str, Any]]:
-        files = [*self.paths.archives(tenant, session), self.paths.live(tenant, session)]
-        return [{k: v for k, v in c.items() if k != "state"} for f in files for c in scan_file(f).checkpoints]
+        scans = self.writer.history(tenant, session).scans
+        return [{k: v for k, v in c.items() if k != "state"} for scan in scans for c in scan.checkpoints]
 
     async def rollback(self, tenant: str, session: str, to_seq: int) -> SessionState:
         """The session as it was at checkpoint `to_seq`, written as a new checkpoint."""
-        files = [*self.paths.archives(tenant, session), self.paths.live(tenant, session)]
-        target = find_checkpoint([scan_file(f) for f in files], to_seq)
+        read = await asyncio.to_thread(self.writer.history, tenant, session)
+        target = find_checkpoint(read.scans, to_seq)
         if target is None:
-            seqs = [c["seq"] for c in self.checkpoints(tenant, session)]
+            seqs = [c["seq"] for scan in read.scans for c in scan.checkpoints]
             raise RollbackError(f"session {session} has no checkpoint at seq {to_seq} "
                                 f"(checkpoints: {', '.join(map(str, seqs)) or 'none'})")
-        live = self.writer.open(tenant, session)
-        state = SessionState.from_dict(_resolved_state(target, [scan_file(f) for f in files], tenant, session))
+        state = SessionState.from_dict(_resolved_state(target, read.records, tenant, session))
         state.log_compaction({"level": "rollback", "to_seq": to_seq, "at": time.time()})
-        state.wal_seq, state.wal_pending, state.wal_since_checkpoint = live.last_seq, [], 0
+        state.wal_seq, state.wal_pending, state.wal_since_checkpoint = read.scans[-1].last_seq, [], 0
         state.wal_full_records = []  # written in full: what the old checkpoint named may be archived since
         event, full = self._checkpoint_event(state, "rollback", None, None)
         event["rolled_back_to"] = to_seq
@@ -259,8 +260,8 @@ class Journal:
         state.wal_seq, state.wal_full_records = appended.last_seq, full
         return state
 
-    def prune_archives(self) -> list[Path]:
-        return prune_archives(self.paths.archive_root, self.config.archive_retention_days * 86400.0, time.time())
+    def prune_archives(self) -> list[str]:
+        return self.writer.prune(self.config.archive_retention_days * 86400.0, time.time())
 
     def _damaged(self, kind: str) -> None:
         if self._on_damage is not None:
@@ -295,11 +296,11 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
     return state
 
 
-def _resolved_state(checkpoint: dict[str, Any], scans: list[WalScan], tenant: str, session: str) -> dict[str, Any]:
-    """A checkpoint's state with the records it names read from the checkpoints before it.
-    One no checkpoint holds (only if a file was damaged) is left out: the session compacts
-    that span again."""
-    state, missing = resolved(checkpoint["state"], full_records(e for scan in scans for e in scan.events))
+def _resolved_state(checkpoint: dict[str, Any], known: dict[str, dict[str, Any]], tenant: str,
+                    session: str) -> dict[str, Any]:
+    """A checkpoint's state with the records it names taken from those the log holds. One it
+    does not hold (only if the log was damaged) is left out: the session compacts that span again."""
+    state, missing = resolved(checkpoint["state"], known)
     if missing:
         log.warning("WAL %s/%s: checkpoint %s names %d compaction records no checkpoint holds; recovered "
                     "without them", tenant, session, checkpoint.get("seq"), len(missing))

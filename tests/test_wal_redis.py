@@ -273,3 +273,14 @@ def test_wait_for_a_replica_a_lone_redis_does_not_have_fails_closed(url: str, tm
     assert refused.value.code == "wal_unavailable" and "0 of 1 Redis replicas" in str(refused.value)
     assert time.monotonic() - before >= 0.09 and state.wal_seq == 0
     journal.close()
+
+
+def test_an_idle_log_expires_when_asked_to_and_leaves_the_list(url: str, raw: redis.Redis) -> None:
+    log = RedisLog(url, idle_ttl_s=1.0)
+    log.append("t1", "idle", [_checkpoint(_state()), {"type": "RESPONSE"}])
+    assert all(0 < raw.pttl(f"ctxgate:wal:t1:idle{part}") <= 1000 for part in ("", ":checkpoints", ":records"))
+    assert [i.session for i in log.sessions()] == ["idle"]
+    time.sleep(1.2)
+    assert log.sessions() == [] and raw.hlen(LOGS) == 0
+    assert RedisLog(url).append("t1", "kept", [{"type": "RESPONSE"}]) and raw.pttl("ctxgate:wal:t1:kept") == -1
+    log.close()

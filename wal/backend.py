@@ -95,7 +95,8 @@ def open_log(config: WalConfig, paths: WalPaths, state: str, clock: Callable[[],
         from .redis_log import RedisLog  # redis is imported only when a log lives there
 
         return RedisLog(config.redis_url_for(state), config.archive_every, retention_s, clock,
-                        config.redis_wait_replicas, config.redis_wait_timeout_ms)
+                        config.redis_wait_replicas, config.redis_wait_timeout_ms,
+                        config.redis_idle_ttl_days * 86400.0 if config.redis_idle_ttl_days else None)
     from .file_log import FileLog
 
     return FileLog(paths, config.archive_every, retention_s, clock, on_torn)

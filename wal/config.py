@@ -28,6 +28,9 @@ class WalConfig(BaseModel):
     """Redis backend: after each append, `WAIT` for this many replicas to acknowledge it, and
     refuse the turn (503) when fewer did in `redis_wait_timeout_ms`. 0: no WAIT."""
     redis_wait_timeout_ms: int = Field(default=1000, gt=0)
+    redis_idle_ttl_days: float | None = Field(default=None, gt=0)
+    """Redis backend: a log not appended to for this long is removed by Redis (its stream,
+    checkpoints and records), as Redis state expires. None: kept, as files are."""
     sqlite: bool | None = None
     """Mirror events into SQLite for `ctxgate stats`. None: on for the enterprise profile."""
     checkpoint_every: int = Field(default=100, gt=0)

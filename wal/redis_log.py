@@ -40,28 +40,31 @@ local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local last = 0
 if #top > 0 then last = tonumber(string.match(top[1][1], '^(%d+)')) end
 local n = tonumber(ARGV[3])
-if tonumber(ARGV[4]) <= last then
+if tonumber(ARGV[5]) <= last then
   for i = 0, n - 1 do
-    local id = ARGV[4 + 3 * i] .. '-0'
+    local id = ARGV[5 + 3 * i] .. '-0'
     local got = redis.call('XRANGE', KEYS[1], id, id)
-    if #got == 0 or got[1][2][4] ~= ARGV[5 + 3 * i] then return {0, last, 0} end
+    if #got == 0 or got[1][2][4] ~= ARGV[6 + 3 * i] then return {0, last, 0} end
   end
   return {1, last, redis.call('ZCARD', KEYS[2])}
 end
-for i = 4 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 5 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 for i = 0, n - 1 do
-  local seq = ARGV[4 + 3 * i]
-  redis.call('XADD', KEYS[1], seq .. '-0', 'seq', seq, 'line', ARGV[5 + 3 * i])
-  if ARGV[6 + 3 * i] == '1' then redis.call('ZADD', KEYS[2], seq, seq) end
+  local seq = ARGV[5 + 3 * i]
+  redis.call('XADD', KEYS[1], seq .. '-0', 'seq', seq, 'line', ARGV[6 + 3 * i])
+  if ARGV[7 + 3 * i] == '1' then redis.call('ZADD', KEYS[2], seq, seq) end
+end
+if tonumber(ARGV[4]) > 0 then
+  for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[4]) end
 end
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[1])
-return {2, tonumber(ARGV[4 + 3 * (n - 1)]), redis.call('ZCARD', KEYS[2])}
+return {2, tonumber(ARGV[5 + 3 * (n - 1)]), redis.call('ZCARD', KEYS[2])}
 """
-"""KEYS: stream, checkpoints, records, LOGS. ARGV: now (ms), the log's LOGS field, n, then n
-times (seq, line, is checkpoint), then (record key, record JSON) pairs. Returns (0, last seq)
-when the first seq is not past the stream's last and the entries are not those already there
-(the caller numbers them again), (1, ...) when they are all there already, (2, last seq,
-checkpoints) when appended."""
+"""KEYS: stream, checkpoints, records, LOGS. ARGV: now (ms), the log's LOGS field, n, the idle
+TTL (ms, 0: none), then n times (seq, line, is checkpoint), then (record key, record JSON)
+pairs. Returns (0, last seq) when the first seq is not past the stream's last and the
+entries are not those already there (the caller numbers them again), (1, ...) when they are
+all there already, (2, last seq, checkpoints) when appended."""
 
 
 def key_part(value: str) -> str:
@@ -90,7 +93,8 @@ def reachable() -> Iterator[None]:
 
 class RedisLog:
     def __init__(self, url: str, archive_every: int = 10, retention_s: float = 7 * 86400.0,
-                 clock: Callable[[], float] = time.time, wait_replicas: int = 0, wait_timeout_ms: int = 1000) -> None:
+                 clock: Callable[[], float] = time.time, wait_replicas: int = 0, wait_timeout_ms: int = 1000,
+                 idle_ttl_s: float | None = None) -> None:
         import redis
 
         self.where = re.sub(r"//[^@/]*@", "//", url)  # no password in what the CLI prints
@@ -102,6 +106,7 @@ class RedisLog:
         self._clock = clock
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
+        self._idle_ttl_ms = max(1, int(idle_ttl_s * 1000)) if idle_ttl_s else 0
         self._last: dict[str, int] = {}
         """The last seq this process wrote or read per stream: the next append's first guess."""
 
@@ -142,7 +147,7 @@ class RedisLog:
         return done == 2
 
     def _put(self, keys: _Keys, events: list[dict[str, Any]]) -> tuple[int, int, int]:
-        args: list[Any] = [int(self._clock() * 1000), keys.field, len(events)]
+        args: list[Any] = [int(self._clock() * 1000), keys.field, len(events), self._idle_ttl_ms]
         records: list[Any] = []
         for event in events:
             event, held = _records_named(event)
@@ -261,14 +266,22 @@ class RedisLog:
         return scans
 
     def sessions(self, tenant: str | None = None) -> list[LogInfo]:
+        """Every log listed; one whose stream expired (`wal.redis_idle_ttl_days`) leaves the list."""
         with reachable():
             logs = self._redis.hgetall(LOGS)
-        found = []
-        for field, written_ms in logs.items():
-            t, s = orjson.loads(field)
-            if tenant is None or t == tenant:
-                found.append(LogInfo(t, s, _Keys(t, s).base, int(written_ms) / 1000))
-        return sorted(found, key=lambda info: (info.tenant, info.session))
+            found = []
+            for field, written_ms in logs.items():
+                t, s = orjson.loads(field)
+                if tenant is None or t == tenant:
+                    found.append(LogInfo(t, s, _Keys(t, s).base, int(written_ms) / 1000))
+            with self._redis.pipeline(transaction=False) as pipe:
+                for info in found:
+                    pipe.exists(info.where)
+                there = pipe.execute()
+            gone = [info for info, exists in zip(found, there) if not exists]
+            if gone:
+                self._redis.hdel(LOGS, *(orjson.dumps([i.tenant, i.session]) for i in gone))
+        return sorted((i for i, exists in zip(found, there) if exists), key=lambda i: (i.tenant, i.session))
 
     def changed_externally(self, tenant: str, session: str) -> bool:
         keys = _Keys(tenant, session)

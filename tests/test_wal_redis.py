@@ -284,3 +284,34 @@ def test_an_idle_log_expires_when_asked_to_and_leaves_the_list(url: str, raw: re
     assert log.sessions() == [] and raw.hlen(LOGS) == 0
     assert RedisLog(url).append("t1", "kept", [{"type": "RESPONSE"}]) and raw.pttl("ctxgate:wal:t1:kept") == -1
     log.close()
+
+
+def _big_record(n: int) -> CompactionRecord:
+    return CompactionRecord(prefix_len=10 * (n + 1), prefix_hash=f"h{n}", levels=["autocompact"],
+                            messages=[{"role": "user", "content": f"summary {n} " + "detail " * 4000}],
+                            tokens_before=50_000, tokens_after=4_000, created_at=1000.0 + n, counted_by="o200k_base")
+
+
+def test_each_record_is_stored_once_and_checkpoints_only_name_records(url: str, tmp_path: Path,
+                                                                      raw: redis.Redis) -> None:
+    async def run() -> None:
+        journal = Journal(tmp_path, WalConfig(backend="redis", redis_url=url, archive_every=2))
+        state = SessionState("t", "s", profile="professional")
+        for n in range(5):
+            state.add_record(_big_record(n))
+            await journal.checkpoint(state, "compaction")
+            lines = [f[b"line"] for _, f in raw.xrange("ctxgate:wal:t:s")]
+            assert all(len(line) < 2000 for line in lines)  # the records are in the hash, named here
+            assert raw.hlen("ctxgate:wal:t:s:records") == n + 1
+        journal.close()
+        again = Journal(tmp_path, WalConfig(backend="redis", redis_url=url))
+        recovered = await again.recover("t", "s")
+        assert recovered is not None and recovered.records == state.records
+        assert recovered.wal_full_records == state.wal_full_records
+        assert raw.zcard("ctxgate:wal:t:s:archives") == 2
+        second = again.checkpoints("t", "s")[1]["seq"]  # archived, with the records it names
+        rolled = await again.rollback("t", "s", second)
+        assert rolled.records == [_big_record(0), _big_record(1)]
+        again.close()
+
+    asyncio.run(run())

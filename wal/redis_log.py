@@ -18,6 +18,7 @@ touches the global list beside the session's keys.
 """
 from __future__ import annotations
 
+import logging
 import re
 import time
 import zlib
@@ -33,6 +34,7 @@ from .paths import safe_name
 from .reader import Damage, WalScan, scan_bytes, scan_entries
 from .records import REF, is_ref, record_key
 
+log = logging.getLogger("ctxgate.wal")
 LOGS = "ctxgate:wal:logs"
 _RETRIES = 5
 _APPEND = """
@@ -133,7 +135,12 @@ class RedisLog:
             raise WalUnavailable(f"the log of {tenant}/{session} kept growing under {_RETRIES} appends")
         self._last[keys.base] = last
         cut = max((e["seq"] for e in written if e["type"] == EventType.CHECKPOINT.value), default=0)
-        archived = self._archive_before(keys, cut) if cut and checkpoints > self._archive_every else None
+        archived = None
+        if cut and checkpoints > self._archive_every:
+            try:
+                archived = self._archive_before(keys, cut)
+            except WalUnavailable as e:  # the events are in: the next checkpoint archives instead
+                log.warning("WAL %s: archive pass not done: %s", keys.base, e)
         return Appended(written, archived)
 
     def put_events(self, tenant: str, session: str, events: list[dict[str, Any]]) -> bool:

@@ -286,7 +286,8 @@ def bench_backends(root: Path, args: argparse.Namespace, state: tuple[SessionSta
              "time (a file append is a flock, a write and a flush; a Redis append is one Lua script, XADD "
              "included; the gateway runs it in a thread). *Checkpoints*: `Journal.checkpoint` of a real "
              "session's state (the OpenHands run compacted at budget 6K) after every 99 events, the records named "
-             "once they are held (files: fsynced). *Recovery*: a fresh `Journal.recover` of a "
+             "once they are held (files: fsynced); one in ten also ran an archive pass, which is most of the p99. "
+             "*Recovery*: a fresh `Journal.recover` of a "
              f"{args.recovery_events:,}-event session built that way (defaults: a checkpoint every 100 events, "
              "archived every 10 checkpoints), median of 5.\n",
              common.table(["backend", "appends/s", "append p50 µs", "p99 µs", "checkpoint p50 ms", "p99 ms",

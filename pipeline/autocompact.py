@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 from .config import AutocompactConfig
 from .fingerprint import message_fingerprint, span_hash
 from .notes import AUTOCOMPACT_MARKER, system_note
+from .refs import render_span
 from .protocols.base import readable_text
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
@@ -35,7 +36,7 @@ SUMMARY_PROMPT = """Summarise the conversation history below as a structured sum
 
 Format: concise bullet points under those six headings. Leave out small talk."""
 
-RECOVERY = ("{marker}\nThe history before this point was compressed into a summary; key state is kept:\n\n"
+RECOVERY = ("{marker}\nThe history before this point was compressed into a summary{kept}; key state is kept:\n\n"
             "{summary}\n\n-- Recovery instructions --\n1. Continue the unfinished task.\n"
             "2. Re-read the current working files when you need them.\n"
             "3. The tool context in use is restored in the messages above.")
@@ -83,6 +84,8 @@ class SummaryPlan:
     prompt: list[Message]
     length: int
     """How many messages the summary covers (the span minus pinned messages)."""
+    history: tuple[Message, ...] = ()
+    """Those messages, whole: what a reference in the recovery message gives back."""
 
 
 def serialise(messages: list[Message], counter: TokenCounter) -> str:
@@ -181,7 +184,8 @@ class AutocompactStrategy:
         key = span_hash(message_fingerprint(m) for m in history)
         prompt = [{"role": "system", "content": SUMMARY_PROMPT},
                   {"role": "user", "content": "Conversation history:\n\n" + serialise(history, counter)}]
-        return SummaryPlan(start=shape.head, end=start, key=key, prompt=prompt, length=len(history))
+        return SummaryPlan(start=shape.head, end=start, key=key, prompt=prompt, length=len(history),
+                           history=tuple(history))
 
     def summary_tokens(self, budget: int) -> int:
         """The summary's allowance: the configured maximum, but never more than 1/8 of the budget."""
@@ -226,8 +230,12 @@ class AutocompactStrategy:
         lead = [request.messages[i] for i in sorted(shape.pinned) if i < end and i == task]
         pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end and i != task]
 
+        kept = ""
+        if request.cuts is not None:
+            kept = f" (the originals: ref {request.cuts.keep(render_span(list(plan.history)))})"
+
         def compacted(text: str) -> list[Message]:
-            recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text))
+            recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text, kept=kept))
             return request.messages[:plan.start] + lead + [recovery] + pinned + request.messages[end:]
 
         # The summary gets what the budget leaves once the rest is in place, within its

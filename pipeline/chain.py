@@ -93,7 +93,8 @@ class CompressionPipeline:
             # Recompute against what is kept, so a file still on show is not restored twice,
             # and give file contents only the room the compacted request and the lists leave.
             room = max(0, request.token_budget - counter.count_messages(current))
-            blocks = self._restore_blocks(current, request, visible=current, room=room)
+            blocks = self._restore_blocks(current, request, visible=current, room=room,
+                                          cuts=request.cuts.originals if request.cuts is not None else None)
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
         after = counter.count_messages(current)
@@ -104,11 +105,12 @@ class CompressionPipeline:
                                  fits=after <= request.token_budget)
 
     def _restore_blocks(self, messages: list[Message], request: CompressionRequest,
-                        visible: list[Message] | None = None, room: int | None = None) -> list[Message]:
+                        visible: list[Message] | None = None, room: int | None = None,
+                        cuts: dict[str, str] | None = None) -> list[Message]:
         if self.restore is None or self.restore.state.is_empty():
             return []
         kept = [m for m in visible or [] if not is_compaction_note(m)]
-        return self.restore.blocks(request.counter, self.restore_budget, kept or None, room)
+        return self.restore.blocks(request.counter, self.restore_budget, kept or None, room, cuts)
 
 
 def build_pipeline(config: PipelineConfig, *, collapse_store: CollapseStore | None = None,

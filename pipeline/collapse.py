@@ -21,6 +21,7 @@ from .config import CollapseConfig
 from .conversation import Conversation, Kind, counted_result, read_conversation
 from .fingerprint import message_fingerprint, span_hash
 from .notes import COLLAPSE_MARKER, system_note
+from .refs import render_span
 from .strategy import Stopwatch
 from .tokens import TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message
@@ -41,6 +42,8 @@ class CollapseEntry:
     summary: str
     collapsed_at: float
     original_total_tokens: int
+    ref: str = ""
+    """The folded messages' reference (`refs.content_ref`), when the fold kept them; empty otherwise."""
 
 
 class CollapseStore:
@@ -115,7 +118,8 @@ def context_keys(fingerprints: list[str]) -> list[str]:
 
 
 def note_text(entry: CollapseEntry) -> str:
-    return f"{COLLAPSE_MARKER} ({entry.length} messages)\n{entry.summary}"
+    kept = f", the originals: ref {entry.ref}" if entry.ref else ""
+    return f"{COLLAPSE_MARKER} ({entry.length} messages{kept})\n{entry.summary}"
 
 
 CRITICAL_KINDS = frozenset({Kind.ACTION, Kind.PLAN, Kind.NOTE})
@@ -204,7 +208,8 @@ class CollapseStrategy:
             entry = CollapseEntry(original_span=(a, b), first_fingerprint=span[0], span_hash=span_hash(span),
                                   length=b - a, collapsed_tokens=0, summary=summary, collapsed_at=time.time(),
                                   original_total_tokens=sum(counter.count_structured(m, fp)
-                                                            for m, fp in zip(folded, span)))
+                                                            for m, fp in zip(folded, span)),
+                                  ref=request.cuts.keep(render_span(folded)) if request.cuts is not None else "")
             entry.collapsed_tokens = counter.count_structured(system_note(note_text(entry)))
             self.store.add(entry, keys[a:b])
         out, out_fps = self.store.project_with_fingerprints(messages, fps)

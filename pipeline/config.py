@@ -76,6 +76,24 @@ class RestoreConfig(_Strict):
     skill_tools: list[str] = Field(default_factory=lambda: ["Skill", "skill", "load_skill", "use_skill"])
 
 
+class ExpandConfig(_Strict):
+    """Reversible compaction (docs/expansion.md): the notes name what was cut as `ref ctx:HEX`,
+    the gateway keeps the originals, and the model may ask for one through a tool the
+    gateway answers itself."""
+    enabled: bool = True
+    tool_name: str = Field(default="ctxgate_expand", pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str = ("Get back the original content that context compaction cut out and replaced with a "
+                        "note naming `ref ctx:HEX`. Call it only when you need the exact text.")
+    max_per_turn: int = Field(default=3, ge=1)
+    """Expansions answered per client request; past it the reply is returned as it is."""
+    result_tokens: int = Field(default=16_000, ge=64)
+    """The most of an original one tool result carries; the rest is named by a new reference."""
+    store_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    """Originals kept per session, oldest dropped first."""
+    store_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """An original older than this is gone."""
+
+
 _Level = Literal["snip", "microcompact", "collapse", "autocompact"]
 _ALL_LEVELS: tuple[_Level, ...] = ("snip", "microcompact", "collapse", "autocompact")
 
@@ -105,6 +123,7 @@ class PipelineConfig(_Strict):
     collapse: CollapseConfig = Field(default_factory=CollapseConfig)
     autocompact: AutocompactConfig = Field(default_factory=AutocompactConfig)
     restore: RestoreConfig = Field(default_factory=RestoreConfig)
+    expand: ExpandConfig = Field(default_factory=ExpandConfig)
 
     def window(self) -> RecentWindow:
         return RecentWindow(self.recent_messages, self.recent_steps)
@@ -119,7 +138,7 @@ class PipelineConfig(_Strict):
 
 
 PROFILE_DEFAULTS: dict[str, dict] = {
-    "minimal": {"levels": ["snip"], "snip": {"keep_recent": 50}},
+    "minimal": {"levels": ["snip"], "snip": {"keep_recent": 50}, "expand": {"enabled": False}},
     "professional": {},
     "enterprise": {"reserve_tokens": 1000},
 }

@@ -21,6 +21,7 @@ from .config import MicrocompactConfig
 from .conversation import Conversation, Kind, counted_result
 from .fingerprint import message_fingerprint
 from .protocols.anthropic import map_result_texts
+from .refs import CutLog, content_ref
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
 from .turns import newest_user_index
@@ -32,6 +33,22 @@ _SEPARATOR_RE = re.compile(r"\.\.\. \[middle \d+ tokens truncated\] \.\.\.")
 
 def is_microcompacted(text: str) -> bool:
     return _SEPARATOR_RE.search(text) is not None
+
+
+def cut_ref(cut: str) -> str:
+    """A cut output's reference: its own hash, so whoever sees the cut text (a later compaction's
+    activeRestore) names the same reference the cut was kept under."""
+    return content_ref(cut)
+
+
+def cut_texts(message: Message) -> list[str]:
+    """The texts of `message` (its content, or its `tool_result` blocks) Microcompact cut."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content] if is_microcompacted(content) else []
+    blocks = content if isinstance(content, list) else []
+    return [b["content"] for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"
+            and isinstance(b.get("content"), str) and is_microcompacted(b["content"])]
 
 
 class MicrocompactStrategy:
@@ -62,8 +79,10 @@ class MicrocompactStrategy:
             threshold = min(threshold, max(cfg.min_threshold, share))
         return threshold
 
-    def truncate(self, text: str, threshold: int, counter: TokenCounter) -> str | None:
-        """`text` cut to head + separator + tail, or None when it is short or already cut."""
+    def truncate(self, text: str, threshold: int, counter: TokenCounter, cuts: CutLog | None = None) -> str | None:
+        """`text` cut to head + separator + tail, or None when it is short or already cut;
+        with `cuts`, the middle is kept there under the cut text's own reference (`cut_ref`):
+        the separator stays as it is, and activeRestore lists the reference."""
         if len(text.encode()) <= threshold or is_microcompacted(text):
             return None  # a token is at least one byte: this text cannot be over the threshold
         tokens = counter.count_cached(text)  # outputs are resent every turn: tokenize each once
@@ -78,19 +97,25 @@ class MicrocompactStrategy:
         middle = tokens - head - tail
         start, end = counter.head_and_tail_cached(text, head, tail)
         cut = start + SEPARATOR.format(n=middle) + end
-        return cut if counter.count_cached(cut) < tokens else None  # just over the threshold: the separator costs more
+        if counter.count_cached(cut) >= tokens:
+            return None  # just over the threshold: the separator costs more
+        if cuts is not None:
+            exact = text.startswith(start) and text.endswith(end) and len(start) + len(end) <= len(text)
+            cuts.add(cut_ref(cut), text[len(start):len(text) - len(end)] if exact else text)  # what is not seen
+        return cut
 
     def compact_message(self, message: Message, tool_name: str | None, counter: TokenCounter,
-                        results_in_step: int = 1, threshold: int | None = None) -> Message:
+                        results_in_step: int = 1, threshold: int | None = None,
+                        cuts: CutLog | None = None) -> Message:
         """One message with its long tool output cut, in the message's own form (a string
         content, or the `tool_result` blocks of a content list); the same object when
         nothing was cut, so an untouched message stays byte-identical."""
         limit = self.threshold_for(tool_name, results_in_step) if threshold is None else threshold
         content = message.get("content")
         if isinstance(content, str):
-            cut = self.truncate(content, limit, counter)
+            cut = self.truncate(content, limit, counter, cuts)
             return message if cut is None else {**message, "content": cut}
-        return map_result_texts(message, lambda text: self.truncate(text, limit, counter))
+        return map_result_texts(message, lambda text: self.truncate(text, limit, counter, cuts))
 
     def candidates(self, conversation: Conversation, start: int, end: int,
                    protected: frozenset[int] = frozenset()) -> list[tuple[int, str | None, int]]:
@@ -119,13 +144,18 @@ class MicrocompactStrategy:
             # What a message is cut to depends on its content, the limit and the counter alone:
             # kept with the reading, so a history sent again is not re-scanned for its cuts.
             limit = self.threshold_for(tool_name, results_in_step)
-            memo = conversation.memo(("microcompact", counter, limit, cfg.head_tokens, cfg.tail_tokens))
+            memo = conversation.memo(("microcompact", counter, limit, cfg.head_tokens, cfg.tail_tokens,
+                                      request.cuts is not None))
             if i in memo:
-                kept = memo[i]
+                kept, originals = memo[i]
                 cut = out[i] if kept is None else {**kept}
             else:
-                cut = self.compact_message(out[i], tool_name, counter, results_in_step, threshold=limit)
-                memo[i] = None if cut is out[i] else {**cut}
+                mine = CutLog() if request.cuts is not None else None
+                cut = self.compact_message(out[i], tool_name, counter, results_in_step, threshold=limit, cuts=mine)
+                originals = mine.originals if mine is not None else {}
+                memo[i] = (None if cut is out[i] else {**cut}, originals)
+            if request.cuts is not None:
+                request.cuts.originals.update(originals)
             if cut is not out[i]:
                 out[i] = cut
                 changed.append(i)
@@ -182,7 +212,7 @@ class RecentWindowCut:
             content = before - counter.count_structured({**out[i], "content": ""})  # thresholds are on the text
             threshold = self.microcompact.threshold_for(tool_name, in_step)
             threshold = min(threshold, max(floor, content - (total - goal)))
-            cut = self.microcompact.compact_message(out[i], tool_name, counter, in_step, threshold)
+            cut = self.microcompact.compact_message(out[i], tool_name, counter, in_step, threshold, request.cuts)
             if cut is not out[i]:
                 out[i] = cut
                 changed.append(i)
@@ -214,7 +244,7 @@ class LastObservationCut:
         others = counter.count_messages(messages) - counter.count_structured(messages[last])
         bare = counter.count_structured({**messages[last], "content": ""})
         room = max(self.microcompact.config.min_threshold, request.token_budget - others - bare)
-        cut = self.microcompact.compact_message(messages[last], None, counter, threshold=room)
+        cut = self.microcompact.compact_message(messages[last], None, counter, threshold=room, cuts=request.cuts)
         if cut is messages[last]:
             return None
         return level_result(self.level, request, [*messages[:last], cut], (last, last + 1), watch, 1,

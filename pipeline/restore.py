@@ -20,6 +20,7 @@ import orjson
 from .config import RestoreConfig
 from .conversation import read_conversation
 from .protocols.base import readable_text, text_of
+from .microcompact import cut_ref, cut_texts
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
@@ -164,13 +165,15 @@ class ActiveRestore:
         self.state = state
 
     def blocks(self, counter: TokenCounter, budget: int, visible: list[Message] | None = None,
-               room: int | None = None) -> list[Message]:
+               room: int | None = None, cuts: dict[str, str] | None = None) -> list[Message]:
         """The restore blocks, most important first, skipping what `visible` still shows.
         The state lists (tasks, plan, last error, skill, file names) take up to `budget`;
         file contents take what is left of it, but no more than what the lists leave of
         `room` (what the request has left for restore blocks): a content block the request
         has no room for only brings the next compaction closer, and the agent can read the
-        file again (the recovery message says so)."""
+        file again (the recovery message says so). With expansion on (`cuts`: what this
+        compaction kept by reference), the cut tool outputs in view are listed with their
+        references, and an error line inside what a level cut is named by its reference."""
         s = self.state
         shown = "\n".join(text_of(m) for m in visible or [])
         parts: list[str] = []
@@ -179,11 +182,15 @@ class ActiveRestore:
         if s.active_plan:
             parts.append("Active plan:\n" + s.active_plan)
         if s.last_error and s.last_error not in shown:
-            parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error)
+            ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
+            parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error if ref is None
+                         else f"The last error a tool reported (it may since be fixed) is in ref {ref}.")
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:
             parts.append("Current files: " + ", ".join(f.path for f in s.current_files))
+        if cuts is not None and (listed := cut_outputs(visible or [])):
+            parts.append("Tool outputs shown with their middle cut; the middle is kept by reference:\n" + listed)
         out: list[Message] = []
         used = 0
         for text in parts:
@@ -206,3 +213,14 @@ class ActiveRestore:
             out.append(block)
             used += counter.count_structured(block)
         return out
+
+
+MAX_LISTED_CUTS = 20
+"""Cut outputs listed by reference, the newest first: a long session's oldest are summarised away anyway."""
+
+
+def cut_outputs(messages: list[Message]) -> str:
+    """One line per tool output Microcompact cut in `messages`: its first words and its reference."""
+    lines = [f"- {' '.join(text[:120].split())[:60]}...: ref {cut_ref(text)}"
+             for m in messages for text in cut_texts(m)]
+    return "\n".join(lines[-MAX_LISTED_CUTS:])

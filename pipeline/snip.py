@@ -14,6 +14,7 @@ from .config import SnipConfig
 from .conversation import Kind, counted_result
 from .fingerprint import message_fingerprint
 from .notes import SNIP_MARKER, system_note
+from .refs import REF_HEX, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message
@@ -41,18 +42,23 @@ class SnipNote:
     """The note that takes the cut messages' place, built one dropped message at a time so
     Snip can count what the note costs while it decides how much to cut."""
 
-    def __init__(self, counter: TokenCounter, budget: int, preview_chars: int) -> None:
+    def __init__(self, counter: TokenCounter, budget: int, preview_chars: int, with_ref: bool = False) -> None:
         self.counter = counter
         self.preview_chars = preview_chars
         self.allowance = max(40, int(budget * NOTE_SHARE))
         self.lines: list[str] = []
         self.dropped = 0
         self.shown = 0
-        self.used = counter.count(self._header(0))
+        self.ref: str | None = None
+        """The dropped messages' reference, set once they are all known."""
+        self.used = counter.count(self._header(0, "ctx:" + "0" * REF_HEX if with_ref else None))
+        self.used += 4 if with_ref else 0  # a hash's digits may split into more tokens than zeros do
 
     @staticmethod
-    def _header(n: int) -> str:
-        return f"{SNIP_MARKER} {n} earlier messages were removed to fit the context budget. A short preview of each:"
+    def _header(n: int, ref: str | None) -> str:
+        kept = f" (the originals: ref {ref})" if ref else ""
+        return (f"{SNIP_MARKER} {n} earlier messages were removed to fit the context budget{kept}. "
+                "A short preview of each:")
 
     def add(self, message: Message) -> None:
         self.dropped += 1
@@ -72,7 +78,7 @@ class SnipNote:
         return self.used + (8 if self.shown < self.dropped else 0) + 8
 
     def message(self) -> Message:
-        lines = [self._header(self.dropped)] + self.lines
+        lines = [self._header(self.dropped, self.ref)] + self.lines
         if self.shown < self.dropped:
             lines.append(f"- ... and {self.dropped - self.shown} more")
         return system_note("\n".join(lines))
@@ -94,13 +100,15 @@ class SnipStrategy:
         # What Snip cuts depends on the messages' content, the budget, the counter and the
         # settings alone: decided once per content, and re-applied when the history comes again.
         plans = conversation.memo(("snip", counter, request.token_budget, self.pin_first_user, request.window,
-                                   cfg.keep_recent, cfg.min_block, cfg.preview_chars))
+                                   cfg.keep_recent, cfg.min_block, cfg.preview_chars, request.cuts is not None))
         if "plan" not in plans:
             plans["plan"] = self._plan(request)
         plan = plans["plan"]
         if plan is None:
             return None
-        head, cut, dropped, kept_inside, made, made_fp, made_count = plan
+        head, cut, dropped, kept_inside, made, made_fp, made_count, original = plan
+        if request.cuts is not None and original is not None:
+            request.cuts.keep(original)
         fps, counts = conversation.fingerprints, conversation.counts(counter)
         out = messages[:head] + [dict(made)] + [messages[i] for i in kept_inside] + messages[cut:]
         out_fps = fps[:head] + [made_fp] + [fps[i] for i in kept_inside] + fps[cut:]
@@ -109,9 +117,11 @@ class SnipStrategy:
         return counted_result(self.level, request, conversation, out, out_fps, (head, cut), watch,
                               dropped, [f"snip: cut {dropped} messages"], after=after)
 
-    def _plan(self, request: CompressionRequest) -> tuple[int, int, int, list[int], Message, str, int] | None:
+    def _plan(self, request: CompressionRequest) -> tuple[int, int, int, list[int], Message, str, int,
+                                                         str | None] | None:
         """(head, cut, how many dropped, indices kept inside [head, cut), the note, its fingerprint,
-        its count), or None when Snip has nothing to do."""
+        its count, the dropped messages' original when the request keeps cuts), or None when
+        Snip has nothing to do."""
         messages, counter, cfg = request.messages, request.counter, self.config
         conversation = request.conversation
         need = conversation.total(counter) - request.token_budget
@@ -120,7 +130,7 @@ class SnipStrategy:
         counts = conversation.counts(counter)
         shape = conversation.shape(self.pin_first_user, request.window)
         limit = min(shape.tail, max(shape.head, len(messages) - cfg.keep_recent))
-        note = SnipNote(counter, request.token_budget, cfg.preview_chars)
+        note = SnipNote(counter, request.token_budget, cfg.preview_chars, with_ref=request.cuts is not None)
         dropped: list[int] = []
         kept_inside: list[int] = []
         freed, cut = 0, shape.head
@@ -146,6 +156,10 @@ class SnipStrategy:
                 break
         if len(dropped) < cfg.min_block:
             return None
+        original = render_span([messages[i] for i in dropped]) if request.cuts is not None else None
+        if original is not None:
+            note.ref = content_ref(original)
         made = note.message()
         made_fp = message_fingerprint(made)
-        return shape.head, cut, len(dropped), kept_inside, made, made_fp, counter.count_structured(made, made_fp)
+        return (shape.head, cut, len(dropped), kept_inside, made, made_fp, counter.count_structured(made, made_fp),
+                original)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .conversation import Conversation
+    from .refs import CutLog
     from .tokens import TokenCounter
 
 Message = dict[str, Any]
@@ -40,6 +41,9 @@ class CompressionRequest:
     dialect: str | None = None
     """The protocol the session's agent speaks (`protocols.detect_dialect`); None: detect it."""
     window: RecentWindow = RecentWindow()
+    cuts: "CutLog | None" = None
+    """Where the levels keep what they cut, each note naming it `ref ctx:HEX`; None: notes
+    without references (expansion off)."""
 
     @cached_property
     def conversation(self) -> "Conversation":

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
+import orjson
+
 from ...pipeline.autocompact import AutocompactBreaker
 from ...pipeline.chain import build_pipeline
 from ...pipeline.collapse import CollapseStore
@@ -20,11 +22,13 @@ from ...pipeline.fingerprint import message_fingerprint
 from ...pipeline.conversation import Kind, read_conversation
 from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
 from ...pipeline.protocols import PLAIN, detect_dialect
+from ...pipeline.refs import REF_RE, CutLog
 from ...pipeline.restore import extract_working_state
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, Reason, RecentWindow
 from ..errors import context_exhausted
+from .content_store import ContentStore, MemoryContentStore
 from .state import CompactionRecord, SessionState
 from .turn_budget import Plan, Turn, budget_of, limit_of
 
@@ -93,6 +97,8 @@ class ChainRun:
     breaker: dict[str, Any]
     working: dict[str, Any]
     duration_ms: float
+    cuts: dict[str, str]
+    """The originals the record's notes name by reference (empty with expansion off)."""
 
 
 async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
@@ -107,8 +113,9 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     pipeline = build_pipeline(cfg, collapse_store=collapse, breaker=breaker, summarize=turn.summarize,
                               working_state=working, effective_budget=budget_of(state, turn))
     started = time.perf_counter()
+    cuts = CutLog() if cfg.expand.enabled else None
     request = CompressionRequest(messages=view, token_budget=max(1, target), counter=turn.counter, reason=reason,
-                                 dialect=turn.dialect, window=cfg.window())
+                                 dialect=turn.dialect, window=cfg.window(), cuts=cuts)
     result = await pipeline.compact(request)
     hard = budget_of(state, turn) - turn.outside_tokens()
     if result.tokens_after > hard:
@@ -129,14 +136,16 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
         counted_by=turn.counter.name)
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
-                    (time.perf_counter() - started) * 1000)
+                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages))
 
 
 class Compactor:
     def __init__(self, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 speculator: "Speculator | None" = None) -> None:
+                 speculator: "Speculator | None" = None, content: ContentStore | None = None) -> None:
         self._on_step = on_step
         self.speculator = speculator
+        self.content: ContentStore = content or MemoryContentStore()
+        """Where the originals a compaction cut are kept for expansion."""
 
     async def prepare(self, state: SessionState, turn: Turn) -> Plan:
         budget = budget_of(state, turn)
@@ -262,6 +271,8 @@ class Compactor:
         state.collapse, state.breaker, state.working = run.collapse, run.breaker, run.working
         state.speculative = {}
         state.add_record(run.record)
+        expand = turn.config.expand
+        await self.content.put(state.tenant, state.session_id, run.cuts, expand.store_max_bytes, expand.store_ttl_s)
         result, now = run.result, run.record.created_at
         for step in result.steps:
             entry = {"level": step.level.value, "span": list(step.span), "tokens_before": step.tokens_before,
@@ -278,6 +289,15 @@ class Compactor:
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
+
+
+def _named(cuts: CutLog | None, messages: list[dict[str, Any]]) -> dict[str, str]:
+    """The originals the compacted messages still name: a level tried and not applied, or a
+    first pass the chain ran again, leaves references nothing points to."""
+    if cuts is None or not cuts.originals:
+        return {}
+    named = set(REF_RE.findall(orjson.dumps(messages).decode()))
+    return {ref: text for ref, text in cuts.originals.items() if ref in named}
 
 
 def record_tokens(record: CompactionRecord, counter: TokenCounter) -> int:

@@ -19,7 +19,7 @@ from ..wal.config import WalConfig
 from .ids import validate_id
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
-Override = Literal["profile", "budget"]
+Override = Literal["profile", "budget", "expand"]
 
 
 class ConfigError(Exception):
@@ -56,7 +56,7 @@ class TenantConfig(_Strict):
     budget: int | None = Field(default=None, gt=0)
     """max_input_tokens for this tenant's requests (otherwise the model's own limit)."""
     allow_overrides: list[Override] | None = None
-    """Which per-request headers (X-Ctx-Profile, X-Ctx-Budget) this tenant may send. Unset: every
+    """Which per-request headers (X-Ctx-Profile, X-Ctx-Budget, X-Ctx-Expand) this tenant may send. Unset: every
     one on a gateway with no tenant keys (whoever reaches it runs it: a laptop, a trusted
     network), none on one with keys, where a small X-Ctx-Budget from any key would force paid
     compaction."""

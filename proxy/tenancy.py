@@ -25,6 +25,8 @@ class Caller:
     profile: str
     budget: int | None
     """max_input_tokens override (X-Ctx-Budget or the tenant's), None: the model's own."""
+    expand: bool | None = None
+    """X-Ctx-Expand: on or off for this request; None: the profile's and tenant's setting."""
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
@@ -73,13 +75,20 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
                            param="X-Ctx-Budget", code="invalid_header")
         _allowed(tcfg, "budget", tenant, keys_configured)
         budget = int(raw)
-    return Caller(tenant=tenant, tenant_config=tcfg, bearer=bearer, profile=profile, budget=budget)
+    expand = None
+    if (raw := headers.get("X-Ctx-Expand")) is not None:
+        if raw.strip().lower() not in ("on", "off"):
+            raise GatewayError(ErrorKind.INVALID_REQUEST, "X-Ctx-Expand must be on or off",
+                               param="X-Ctx-Expand", code="invalid_header")
+        _allowed(tcfg, "expand", tenant, keys_configured)
+        expand = raw.strip().lower() == "on"
+    return Caller(tenant=tenant, tenant_config=tcfg, bearer=bearer, profile=profile, budget=budget, expand=expand)
 
 
 def _allowed(tcfg: TenantConfig, what: str, tenant: str, keys_configured: bool) -> None:
     allowed = tcfg.allow_overrides
     if allowed is None:  # unset: all on an open gateway, none on one with tenant keys
-        allowed = [] if keys_configured else ["profile", "budget"]
+        allowed = [] if keys_configured else ["profile", "budget", "expand"]
     if what not in allowed:
         raise GatewayError(ErrorKind.PERMISSION, f"tenant {tenant!r} may not override its {what} (allow_overrides)",
                        code="override_not_allowed")

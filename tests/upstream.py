@@ -12,6 +12,10 @@ it receives:
 - `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
 - a name containing `summarizer`: a fixed six-field summary;
+- a name containing `expand`, when the request offers the gateway's `ctxgate_expand` tool and a
+  message names a `ref ctx:HEX` no tool result answered yet: a call of that tool with that ref
+  (`expand-mixed`: with a call of the request's first tool beside it; `expand-greedy`: the
+  first ref named, answered or not, every time: the limits' test);
 - faults, on every door (`fault_reply`, `faulty_stream`): `fault-notjson` answers 200 with an
   HTML body; `fault-shape` 200 with JSON that is not the API's reply; `fault-brokensse` streams
   an event whose data is not JSON after the first one; `fault-unterminated` stops the stream
@@ -92,6 +96,45 @@ def flaky_status(model: str, entry: "Received", log: list["Received"]) -> int | 
     if found is None or any(r.raw == entry.raw and r.door == entry.door for r in log[:-1]):
         return None
     return int(found.group(1))
+
+
+EXPAND_TOOL = "ctxgate_expand"
+_REF = re.compile(r"ref (ctx:[0-9a-f]{12})")
+
+
+def offered_tools(body: dict[str, Any]) -> list[str]:
+    """The names of the tools a request offers, in chat's or Anthropic's form."""
+    tools = body.get("tools")
+    return [(t.get("function") or {}).get("name") or t.get("name") for t in tools or [] if isinstance(t, dict)]
+
+
+def ref_to_expand(body: dict[str, Any], model: str, answered: set[str]) -> str | None:
+    """The ref an `expand` model asks for: the first one its messages name that no result in
+    `answered` (call ids) answered yet; None when the tool is not offered or nothing is left."""
+    if "expand" not in model or EXPAND_TOOL not in offered_tools(body):
+        return None
+    for ref in _REF.findall(json.dumps(body.get("messages"))):
+        if "greedy" in model or f"call_expand_{ref[4:]}" not in answered:
+            return ref
+    return None
+
+
+def expansion_call(body: dict[str, Any], model: str) -> list[dict[str, Any]] | None:
+    """The chat tool calls of an `expand` model's reply, or None (see `ref_to_expand`)."""
+    messages = body.get("messages") or []
+    answered = {m.get("tool_call_id") for m in messages if isinstance(m, dict) and m.get("role") == "tool"}
+    ref = ref_to_expand(body, model, answered)
+    if ref is None:
+        return None
+    rounds = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "tool"
+                 and str(m.get("tool_call_id")).startswith("call_expand_"))
+    call_id = f"call_expand_{ref[4:]}" + (f"_{rounds}" if "greedy" in model else "")
+    calls = [{"id": call_id, "type": "function",
+              "function": {"name": EXPAND_TOOL, "arguments": json.dumps({"ref": ref})}}]
+    if "mixed" in model:
+        first = offered_tools(body)[0]
+        calls.append({"id": "call_agent_0", "type": "function", "function": {"name": first, "arguments": "{}"}})
+    return calls
 
 
 def encode(text: str) -> list[int]:
@@ -282,6 +325,9 @@ class ScriptedUpstream:
                                   "system_fingerprint": "fp_scripted", "choices": choices, "usage": usage})
 
     def _choice(self, body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
+        if (expanding := expansion_call(body, model)) is not None:
+            return {"index": i, "message": {"role": "assistant", "content": None, "tool_calls": expanding},
+                    "logprobs": None, "finish_reason": "tool_calls"}
         tools = body.get("tools")
         if "tools" in model and isinstance(tools, list) and tools and isinstance(tools[0], dict):
             name = (tools[0].get("function") or {}).get("name", "tool")
@@ -317,11 +363,15 @@ class ScriptedUpstream:
         for c in choices:
             msg, delta = c["message"], {}
             if msg.get("tool_calls"):
-                call = msg["tool_calls"][0]
-                delta = {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                                         "function": {"name": call["function"]["name"], "arguments": ""}}]}
-                frames.append(frame([{"index": c["index"], "delta": delta, "logprobs": None, "finish_reason": None}]))
-                delta = {"tool_calls": [{"index": 0, "function": {"arguments": call["function"]["arguments"]}}]}
+                for k, call in enumerate(msg["tool_calls"]):  # one call, but for `expand-mixed`
+                    if delta:
+                        frames.append(frame([{"index": c["index"], "delta": delta, "logprobs": None,
+                                              "finish_reason": None}]))
+                    opening = {"index": k, "id": call["id"], "type": "function",
+                               "function": {"name": call["function"]["name"], "arguments": ""}}
+                    frames.append(frame([{"index": c["index"], "delta": {"tool_calls": [opening]}, "logprobs": None,
+                                          "finish_reason": None}]))
+                    delta = {"tool_calls": [{"index": k, "function": {"arguments": call["function"]["arguments"]}}]}
             elif msg["content"]:
                 delta = {"content": msg["content"]}
             if delta:

@@ -82,7 +82,15 @@ class Metrics:
                                   ["kind"], registry=self.registry)
         self.idempotent_replays = Counter("ctxgate_idempotent_replays", "Requests answered from a stored reply "
                                           "(Idempotency-Key)", registry=self.registry)
+        self.expansions = Counter("ctxgate_expansions", "Expansion tool calls the gateway answered, by outcome "
+                                  "(served, missing, repeated, invalid)", ["outcome"], registry=self.registry)
+        self.expansion_tokens = Counter("ctxgate_expansion_tokens", "Tokens of originals given back by expansion",
+                                        registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}
+
+    def expanded(self, outcome: str, tokens: int) -> None:
+        self.expansions.labels(outcome).inc()
+        self.expansion_tokens.inc(tokens)
 
     def calibrate(self, model: str, ours: int, upstream: int) -> None:
         fig = self.calibration.setdefault(model, CalibrationFigures())

@@ -21,12 +21,13 @@ from ..tenancy import resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .errors import openai_body
+from .chat_expand import ChatExpansion
 from .chat_replies import SseReply, reply_facts
 from .respond import DoorRequest, answer
 from .validation import read_json_body, validate_chat_messages, validate_chat_request
 
 
-class ChatWire:
+class ChatWire(ChatExpansion):
     name = "chat"
 
     def __init__(self, gw: Gateway, body: dict[str, Any], raw: bytes) -> None:

@@ -11,11 +11,13 @@ from typing import Any, Awaitable, Callable, Coroutine
 from aiohttp import web
 from multidict import CIMultiDict
 
+from ..engine.expansion import ExpandingWire
 from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts, Wire
 from ..errors import ErrorKind, GatewayError
 from .errors import http_status
+from .expand import expanded
 from .sse import SseEvents
 from ..tenancy import Caller
 from ..upstream.forwarders import BAD_REPLY, Reply
@@ -112,6 +114,8 @@ async def _forwarded(engine: TurnEngine, request: DoorRequest, wire: Wire,
 async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: dict[str, str],
                 idempotency_key: str | None) -> web.StreamResponse:
     prepared, reply = await _forwarded(engine, request, wire, headers)
+    if prepared.expansion is not None and isinstance(wire, ExpandingWire):
+        reply = await expanded(prepared, wire, reply)
     done = _Settle(engine, prepared, wire, request, idempotency_key)
     if reply.chunks is None:
         headers["X-Ctx-Overhead-Ms"] = f"{prepared.overhead_ms():.2f}"

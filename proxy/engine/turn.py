@@ -30,6 +30,7 @@ from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
+from .expansion import Expansion, ExpandingWire, tool_definition
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
 from .session import Transaction
@@ -90,6 +91,10 @@ class PreparedTurn:
     counting: "asyncio.Task[None] | None" = None
     """A new conversation far below the trigger is counted beside the upstream call: this
     counts it, logs the turn's messages and fills the plan's count (`TurnEngine._count_late`)."""
+    expansion: Expansion | None = None
+    """The expansion tool is offered (the session was compacted, expansion is on, the door has tools)."""
+    payload: dict[str, Any] | None = None
+    """The body last sent upstream: what an expansion's follow-up appends to."""
 
     def forwarded(self) -> list[dict[str, Any]]:
         """The conversation to forward: the plan's messages with the memory block in."""
@@ -144,6 +149,8 @@ class TurnEngine:
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
+        if caller.expand is not None and caller.expand != config.expand.enabled:
+            config = config.model_copy(update={"expand": config.expand.model_copy(update={"enabled": caller.expand})})
         summarizer = config.autocompact.model or route.model_name
         turn = Turn(messages=messages, fingerprints=index.fingerprints, tools=request.tools, counter=counter,
                     config=config, max_input_tokens=caller.budget or route.max_input_tokens,
@@ -156,6 +163,7 @@ class TurnEngine:
         offset_key = count_offset_key(route.model_name, turn.tools)
         plan: Plan | None = None
         block = ""
+        compacted = False
         try:
             async with gw.sessions.transaction(caller.tenant, session_id) as tx:
                 state = tx.state
@@ -178,6 +186,7 @@ class TurnEngine:
                 finally:
                     guard_set = state.has_attempted_reactive_compact
                     state.turns += 1
+                    compacted = bool(state.records)
         except BaseException:
             if counting is not None:
                 counting.cancel()
@@ -188,6 +197,10 @@ class TurnEngine:
                            counter.head)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels))
+        if config.expand.enabled and compacted and isinstance(wire, ExpandingWire):
+            # Offered from the first compaction on, the same bytes every turn: the prompt cache holds.
+            prepared.expansion = Expansion(config.expand, gw.compactor.content, caller.tenant, session_id, counter,
+                                           on_answer=gw.metrics.expanded)
         if counting is not None:
             prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, counting))
         return prepared
@@ -277,6 +290,9 @@ class TurnEngine:
         degraded = prepared.plan.degraded
         while True:
             payload = wire.payload(prepared.forwarded(), route)
+            if prepared.expansion is not None and isinstance(wire, ExpandingWire):
+                payload = wire.with_tool(payload, tool_definition(prepared.expansion.config))
+            prepared.payload = payload
             try:
                 reply = await wire.send(route, payload, stream=stream, api_key=api_key)
                 break
@@ -313,7 +329,9 @@ class TurnEngine:
         tokens_in = turn.tokens_in()
         gw.metrics.turn_tokens(tokens_in, prepared.plan.tokens_out)
         calibration = None
-        if facts.prompt_tokens is not None and prepared.plan.tokens_out is not None:
+        expanded = prepared.expansion is not None and prepared.expansion.rounds > 0
+        if facts.prompt_tokens is not None and prepared.plan.tokens_out is not None and not expanded:
+            # After an expansion the provider counted the follow-up, not what ctxgate planned.
             gw.metrics.calibrate(prepared.route.model_name, prepared.plan.tokens_out, facts.prompt_tokens)
             calibration = measured_calibration(prepared.turn, prepared.plan.tokens_out, facts.prompt_tokens)
         caller = prepared.caller

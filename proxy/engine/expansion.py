@@ -1,0 +1,157 @@
+"""The expansion tool the gateway answers itself (docs/expansion.md).
+
+Once a session has been compacted, the forwarded request offers one more tool; when the
+model's reply calls only that tool, the door appends the call and the answer this module
+gives, and asks the upstream again. This is the door-independent half: the tool's
+definition, the per-turn limits, and each answer read from the content store.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import orjson
+
+from ...pipeline.config import ExpandConfig
+from ...pipeline.refs import REF_HEX, content_ref
+from ...pipeline.tokens import TokenCounter
+from ..upstream.forwarders import Reply
+from ..upstream.routing import Route
+from .content_store import ContentStore
+
+_REF = re.compile(r"^(?:ref )?(?:ctx:)?([0-9a-f]{%d})$" % REF_HEX)
+
+
+def tool_definition(config: ExpandConfig) -> dict[str, Any]:
+    """The tool in the neutral form each door renders: a name, a description, a JSON schema.
+    Built from the config alone, so it is byte-identical on every turn of a session."""
+    return {"name": config.tool_name, "description": config.description,
+            "parameters": {"type": "object", "properties": {"ref": {
+                "type": "string", "description": "The reference a compaction note names, e.g. ctx:7f3a91c2d4e5"}},
+                "required": ["ref"]}}
+
+
+@dataclass
+class ToolCall:
+    """One call of the expansion tool in a reply: its id and its raw arguments."""
+    call_id: str
+    arguments: str
+
+
+@dataclass
+class Expansion:
+    """One turn's expansions: what was served, within the turn's limits."""
+    config: ExpandConfig
+    store: ContentStore
+    tenant: str
+    session_id: str
+    counter: TokenCounter
+    on_answer: Callable[[str, int], None] = lambda outcome, tokens: None
+    """Told each answer's outcome (served, missing, repeated, invalid) and tokens: the metrics."""
+    served: list[str] = field(default_factory=list)
+    tokens: int = 0
+    rounds: int = 0
+    """Follow-up upstream calls made (at most `config.max_per_turn`)."""
+
+    @property
+    def tool_name(self) -> str:
+        return self.config.tool_name
+
+    def may_continue(self) -> bool:
+        return self.rounds < self.config.max_per_turn
+
+    async def answer(self, call: ToolCall) -> str:
+        """The tool result for one call: the original within the size cap (the rest named by a
+        new reference), or one sentence saying why not. Never an error: the model reads it."""
+        ref = _ref_of(call.arguments)
+        if ref is None:
+            self.on_answer("invalid", 0)
+            return ("That is not a reference. Pass the `ctx:` and hex digits a compaction note names, "
+                    "e.g. {\"ref\": \"ctx:7f3a91c2d4e5\"}.")
+        if ref in self.served:
+            self.on_answer("repeated", 0)
+            return f"ref {ref} was already expanded in this turn: its content is in an earlier tool result."
+        cfg = self.config
+        text = await self.store.get(self.tenant, self.session_id, ref, cfg.store_ttl_s)
+        if text is None:
+            self.on_answer("missing", 0)
+            return (f"Nothing is stored under ref {ref} for this conversation (it expired, or it is not one "
+                    "of this conversation's references). Continue without it.")
+        self.served.append(ref)
+        tokens = self.counter.count(text)
+        if tokens > cfg.result_tokens:
+            head = self.counter.head(text, cfg.result_tokens)
+            rest = text[len(head):]
+            rest_ref = content_ref(rest)
+            await self.store.put(self.tenant, self.session_id, {rest_ref: rest}, cfg.store_max_bytes, cfg.store_ttl_s)
+            text = f"{head}\n[... {tokens - self.counter.count(head)} more tokens, ref {rest_ref}]"
+        tokens = self.counter.count(text)
+        self.tokens += tokens
+        self.on_answer("served", tokens)
+        return text
+
+
+def _ref_of(arguments: str) -> str | None:
+    """`ctx:HEX` from the call's JSON arguments (`{"ref": ...}`), however the model wrote it."""
+    try:
+        parsed = orjson.loads(arguments or b"{}")
+    except orjson.JSONDecodeError:
+        return None
+    value = parsed.get("ref") if isinstance(parsed, dict) else parsed
+    found = _REF.match(value.strip().lower()) if isinstance(value, str) else None
+    return "ctx:" + found.group(1) if found else None
+
+
+@dataclass
+class AskedCalls:
+    """A reply's calls of the expansion tool, and what else it asked for."""
+    ours: list[ToolCall]
+    others: int
+    """The agent's own tool calls in the same reply (or other choices)."""
+    assistant: Any
+    """The reply's assistant turn with only our calls, in the door's own form, to append."""
+
+
+class StreamExpansion(Protocol):
+    """One streamed reply, read event by event (each a whole SSE event, its blank line included)."""
+
+    def opening(self, event: bytes) -> bool | None:
+        """True: the reply opens with a call of our tool; False: with anything else (text, the
+        agent's call, its end); None: not known yet (a role-only chunk, a ping)."""
+        ...
+
+    def asked(self, events: list[bytes]) -> AskedCalls | None:
+        """The whole reply's calls of our tool, once every event is in."""
+        ...
+
+    def filter(self, event: bytes) -> bytes:
+        """The event with our calls taken out (b"" when nothing else was in it), the finish
+        reason corrected when no call is left; the same bytes when it had none."""
+        ...
+
+
+@runtime_checkable
+class ExpandingWire(Protocol):
+    """What a door with tools adds to `Wire` to offer and answer the expansion tool."""
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply: ...
+
+    def with_tool(self, payload: dict[str, Any], tool: dict[str, Any]) -> dict[str, Any]:
+        """The payload with the tool (`tool_definition`) after the client's own tools."""
+        ...
+
+    def asked(self, body: bytes, tool_name: str) -> AskedCalls | None:
+        """A whole reply's calls of the tool; None when it makes none."""
+        ...
+
+    def follow_up(self, payload: dict[str, Any], asked: AskedCalls,
+                  results: list[tuple[ToolCall, str]]) -> dict[str, Any]:
+        """The payload with the assistant's calls and their results appended, all before unchanged."""
+        ...
+
+    def without_ours(self, body: bytes, tool_name: str) -> bytes:
+        """A whole reply with the tool's calls taken out and its stop reason corrected."""
+        ...
+
+    def stream_expansion(self, tool_name: str) -> StreamExpansion: ...

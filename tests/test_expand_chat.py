@@ -1,0 +1,173 @@
+"""Reversible compaction on the Chat Completions door, through a real `ctxgate serve` with
+the `openai` SDK: the model asks for what was cut through the gateway's own tool, the
+gateway answers it and asks again, and the agent gets only the final answer."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import openai
+import pytest
+
+from servers import KEYS, Gateway, _model, launch, main_config, stop_all
+from upstream import EXPAND_TOOL, REPLY, Received, ScriptedUpstream
+
+MARKER = "MIDDLE-MARKER-4242"
+BUDGET = {"X-Ctx-Budget": "6000"}
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}}}}]
+OTHER_KEY = "sk-other"
+REF = re.compile(r"ref (ctx:[0-9a-f]{12})")
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    config = main_config(upstream.url, "auto")
+    base = f"{upstream.url}/v1"
+    config["model_list"] += [_model(name, base, max_input_tokens=128_000)
+                             for name in ("gpt-4o-expand", "gpt-4o-expand-mixed", "gpt-4o-expand-greedy")]
+    tenants = config["ctxgate"]["tenants"]
+    tenants["acme"]["allow_overrides"] = ["profile", "budget", "expand"]
+    tenants["other"] = {"api_keys": [OTHER_KEY], "allow_overrides": ["budget"]}
+    gateway = launch("expand", Path(tmp_path_factory.mktemp("expand-door")), config).wait_ready()
+    yield gateway
+    stop_all([gateway])
+
+
+def client(gw: Gateway, key: str = KEYS["acme"]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url, api_key=key, max_retries=0, timeout=60)
+
+
+def build_log() -> list[dict[str, Any]]:
+    lines = [f"build step {i}: compiling module_{i}.c ok" for i in range(1500)]
+    lines[750] = f"error: {MARKER} undefined reference to frobnicate"
+    return [{"role": "system", "content": "You are a build agent."},
+            {"role": "user", "content": "Build the project and fix errors."},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "bash", "arguments": "{\"command\": \"make\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "\n".join(lines)},
+            {"role": "user", "content": "What failed?"}]
+
+
+def headers(**extra: str) -> dict[str, str]:
+    return {**BUDGET, "X-Ctx-Session": f"exp-{uuid.uuid4().hex[:12]}", **extra}
+
+
+def ask(gw: Gateway, model: str, stream: bool, messages: list[dict[str, Any]] | None = None,
+        key: str = KEYS["acme"], **hdrs: str) -> dict[str, Any]:
+    """One turn through the SDK: what the agent saw, and the response headers."""
+    kw: dict[str, Any] = dict(model=model, messages=messages or build_log(), tools=TOOLS,
+                              extra_headers=hdrs or headers())
+    if not stream:
+        raw = client(gw, key).chat.completions.with_raw_response.create(**kw)
+        r = raw.parse()
+        msg = r.choices[0].message
+        return {"text": msg.content, "calls": [c.function.name for c in msg.tool_calls or []],
+                "finish": r.choices[0].finish_reason, "headers": raw.headers}
+    text, calls, finish = "", [], None
+    with client(gw, key).chat.completions.with_streaming_response.create(stream=True, **kw) as raw:
+        for chunk in raw.parse():
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                text += delta.content or ""
+                calls += [c.function.name for c in delta.tool_calls or [] if c.function and c.function.name]
+                finish = chunk.choices[0].finish_reason or finish
+        return {"text": text, "calls": calls, "finish": finish, "headers": raw.headers}
+
+
+def chats(up: ScriptedUpstream) -> list[Received]:
+    return [r for r in up.chats() if r.body and r.body.get("model") != "summarizer"]
+
+
+def offered(entry: Received) -> list[str]:
+    return [(t.get("function") or {}).get("name") for t in entry.body.get("tools") or []]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_the_agent_gets_the_final_answer_and_the_upstream_the_original(gw: Gateway, up: ScriptedUpstream,
+                                                                       stream: bool) -> None:
+    seen = ask(gw, "gpt-4o-expand", stream)
+    assert seen["text"] == REPLY and seen["calls"] == [] and seen["finish"] == "stop"
+    first, second, *rest = chats(up)
+    cut = json.dumps(first.body["messages"])
+    assert "ref ctx:" in cut and MARKER not in cut
+    assert offered(first) == ["bash", EXPAND_TOOL]
+    assert offered(second) == offered(first)  # the same tool bytes: the prompt cache holds
+    # The follow-up appends the call and its result after the first request's messages, unchanged.
+    n = len(first.body["messages"])
+    assert second.body["messages"][:n] == first.body["messages"]
+    end = first.raw.index(b'],"tools"')
+    assert second.raw[:end] == first.raw[:end]
+    call, result = second.body["messages"][n:]
+    assert call["tool_calls"][0]["function"]["name"] == EXPAND_TOOL
+    assert MARKER in result["content"] and result["tool_call_id"] == call["tool_calls"][0]["id"]
+    assert seen["headers"]["x-ctx-expansions"] == str(1 + len(rest))
+
+
+def test_a_ref_of_another_session_or_tenant_is_refused(gw: Gateway, up: ScriptedUpstream) -> None:
+    mine = headers()
+    ask(gw, "gpt-4o", False, **mine)  # compacted, no expansion asked: the refs are this session's
+    [entry] = chats(up)
+    theirs = REF.findall(json.dumps(entry.body["messages"]))[0]
+    # The same tenant's other session, then another tenant's session of the same name.
+    for key, hdrs in ((KEYS["acme"], headers()), (OTHER_KEY, mine)):
+        up.reset()
+        messages = build_log()
+        messages[3] = {**messages[3], "content": messages[3]["content"].replace("compiling", "linking")}
+        messages[-1] = {"role": "user", "content": f"What failed? See ref {theirs} from the other run."}
+        seen = ask(gw, "gpt-4o-expand", False, messages, key, **hdrs)
+        assert seen["text"] == REPLY and seen["calls"] == []
+        answers = {m["tool_call_id"]: m["content"] for r in chats(up) for m in r.body["messages"]
+                   if m["role"] == "tool" and m["tool_call_id"].startswith("call_expand_")}
+        refused = answers[f"call_expand_{theirs[4:]}"]
+        assert refused.startswith(f"Nothing is stored under ref {theirs}") and MARKER not in refused
+
+
+def test_at_most_three_expansions_a_turn_and_a_ref_once(gw: Gateway, up: ScriptedUpstream) -> None:
+    seen = ask(gw, "gpt-4o-expand-greedy", False)
+    assert seen["calls"] == [] and seen["finish"] == "stop" and seen["text"] == ""
+    sent = chats(up)
+    assert len(sent) == 4  # the first call and three follow-ups; the fourth ask is taken out
+    results = [m["content"] for m in sent[-1].body["messages"] if m["role"] == "tool"
+               and m["tool_call_id"].startswith("call_expand_")]
+    assert MARKER in results[0] and all("already expanded in this turn" in r for r in results[1:])
+    assert seen["headers"]["x-ctx-expansions"] == "1"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_reply_mixing_our_call_with_the_agents_returns_only_the_agents(gw: Gateway, up: ScriptedUpstream,
+                                                                          stream: bool) -> None:
+    seen = ask(gw, "gpt-4o-expand-mixed", stream)
+    assert seen["calls"] == ["bash"] and seen["finish"] == "tool_calls"
+    assert len(chats(up)) == 1
+
+
+def test_not_offered_before_compaction_nor_when_off(gw: Gateway, up: ScriptedUpstream) -> None:
+    short = [{"role": "user", "content": "hi"}]
+    assert ask(gw, "gpt-4o-expand", False, short)["text"] == REPLY
+    assert offered(chats(up)[0]) == ["bash"]
+    for hdrs in ({"X-Ctx-Profile": "minimal"}, {"X-Ctx-Expand": "off"}):
+        up.reset()
+        seen = ask(gw, "gpt-4o-expand", False, **headers(**hdrs))
+        assert seen["text"] == REPLY and "x-ctx-expansions" not in seen["headers"]
+        [entry] = chats(up)
+        assert "ref ctx:" not in json.dumps(entry.body["messages"]) and offered(entry) == ["bash"]
+
+
+def test_the_expand_header_is_the_tenants_to_allow(gw: Gateway, up: ScriptedUpstream) -> None:
+    with pytest.raises(openai.PermissionDeniedError, match="may not override its expand"):
+        ask(gw, "gpt-4o", False, key=OTHER_KEY, **headers(**{"X-Ctx-Expand": "on"}))
+    with pytest.raises(openai.BadRequestError, match="X-Ctx-Expand must be on or off"):
+        ask(gw, "gpt-4o", False, **headers(**{"X-Ctx-Expand": "maybe"}))
+
+
+def test_expansions_are_counted_in_metrics(gw: Gateway, up: ScriptedUpstream) -> None:
+    ask(gw, "gpt-4o-expand", False)
+    status, text = gw.get("/metrics", {"Authorization": f"Bearer {KEYS['acme']}"})
+    assert status == 200
+    served = re.search(r'ctxgate_expansions_total\{outcome="served"\} (\d+)', str(text))
+    tokens = re.search(r"^ctxgate_expansion_tokens_total (\S+)$", str(text), re.M)
+    assert served and int(served.group(1)) >= 1 and tokens and float(tokens.group(1)) > 1000

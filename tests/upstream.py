@@ -103,7 +103,7 @@ _REF = re.compile(r"ref (ctx:[0-9a-f]{12})")
 
 
 def offered_tools(body: dict[str, Any]) -> list[str]:
-    """The names of the tools a request offers, in chat's or Anthropic's form."""
+    """The names of the tools a request offers, in any door's form."""
     tools = body.get("tools")
     return [(t.get("function") or {}).get("name") or t.get("name") for t in tools or [] if isinstance(t, dict)]
 
@@ -113,7 +113,8 @@ def ref_to_expand(body: dict[str, Any], model: str, answered: set[str]) -> str |
     `answered` (call ids) answered yet; None when the tool is not offered or nothing is left."""
     if "expand" not in model or EXPAND_TOOL not in offered_tools(body):
         return None
-    for ref in _REF.findall(json.dumps(body.get("messages"))):
+    said = [body.get(k) for k in ("system", "messages", "instructions", "input")]  # every door's conversation
+    for ref in _REF.findall(json.dumps(said)):
         if "greedy" in model or f"call_expand_{ref[4:]}" not in answered:
             return ref
     return None

@@ -19,7 +19,8 @@ as there; `overflow` (limit: half the input) or an
 input over the instance's `limit` answers 400 (Anthropic: `invalid_request_error` "prompt is too
 long: N tokens > LIMIT maximum"; OpenAI: `context_length_exceeded`); `slow` sleeps `slow_s`
 before answering, or between SSE frames; `summarizer` answers `SUMMARY`. Anthropic's
-`max_tokens` (required) truncates the text, with stop_reason `max_tokens`.
+`max_tokens` (required) truncates the text, with stop_reason `max_tokens`. `expand` models call
+the gateway's expansion tool on both doors as on the chat door (`upstream.ref_to_expand`).
 
 Input tokens, counted with o200k_base (`c(s)` = tokens of the string s, `J(x)` = compact JSON):
 
@@ -48,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 
-from upstream import (CREATED, O200K, REPLY, SUMMARY, Received, _json, encode, error_object, fault_reply,
-                      faulty_stream, flaky_status)
+from upstream import (CREATED, EXPAND_TOOL, O200K, REPLY, SUMMARY, Received, _json, encode, error_object, fault_reply,
+                      faulty_stream, flaky_status, offered_tools, ref_to_expand)
 
 if TYPE_CHECKING:
     from upstream import ScriptedUpstream
@@ -170,6 +171,38 @@ def responses_input_tokens(body: Any) -> int:
     return n + _tools_tokens(body.get("tools"))
 
 
+def anthropic_expansion(body: dict[str, Any], model: str) -> list[dict[str, Any]] | None:
+    """An `expand` model's tool_use blocks on the Messages door, or None (`upstream.ref_to_expand`)."""
+    results = [b for m in body.get("messages") or [] if isinstance(m, dict) and isinstance(m.get("content"), list)
+               for b in m["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    ref = ref_to_expand(body, model, {b.get("tool_use_id") for b in results})
+    if ref is None:
+        return None
+    rounds = sum(1 for b in results if str(b.get("tool_use_id")).startswith("call_expand_"))
+    call_id = f"call_expand_{ref[4:]}" + (f"_{rounds}" if "greedy" in model else "")
+    blocks = [{"type": "tool_use", "id": call_id, "name": EXPAND_TOOL, "input": {"ref": ref}}]
+    if "mixed" in model:
+        blocks.append({"type": "tool_use", "id": "toolu_agent_0", "name": offered_tools(body)[0], "input": {}})
+    return blocks
+
+
+def responses_expansion(body: dict[str, Any], model: str, suffix: str) -> list[dict[str, Any]] | None:
+    """An `expand` model's function_call items on the Responses door, or None (`upstream.ref_to_expand`)."""
+    items = body.get("input") if isinstance(body.get("input"), list) else []
+    answered = {i.get("call_id") for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    ref = ref_to_expand(body, model, answered)
+    if ref is None:
+        return None
+    rounds = sum(1 for call_id in answered if str(call_id).startswith("call_expand_"))
+    call_id = f"call_expand_{ref[4:]}" + (f"_{rounds}" if "greedy" in model else "")
+    out = [{"id": f"fc_x{suffix}", "type": "function_call", "status": "completed", "call_id": call_id,
+            "name": EXPAND_TOOL, "arguments": json.dumps({"ref": ref})}]
+    if "mixed" in model:
+        out.append({"id": f"fc_a{suffix}", "type": "function_call", "status": "completed", "call_id": "call_agent_0",
+                    "name": offered_tools(body)[0], "arguments": "{}"})
+    return out
+
+
 def anthropic_error(status: int, message: str) -> dict[str, Any]:
     etype = _ANTHROPIC_ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": etype, "message": message}}
@@ -288,6 +321,8 @@ class Doors:
         thinking = body.get("thinking")
         if "thinking" in model or (isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")):
             content.append({"type": "thinking", "thinking": THOUGHT, "signature": signature(THOUGHT)})
+        if (expanding := anthropic_expansion(body, model)) is not None:
+            return content + expanding, "tool_use"
         tools = body.get("tools")
         if "tools" in model and isinstance(tools, list) and tools and isinstance(tools[0], dict):
             content.append({"type": "tool_use", "id": f"toolu_up{len(self.up.log)}",
@@ -384,6 +419,8 @@ class Doors:
             output.append({"id": f"rs_{suffix}", "type": "reasoning",
                            "summary": [{"type": "summary_text", "text": THOUGHT}],
                            "encrypted_content": signature(THOUGHT)})
+        if (expanding := responses_expansion(body, model, suffix)) is not None:
+            return output + expanding
         tools = body.get("tools")
         if "tools" in model and isinstance(tools, list) and tools and isinstance(tools[0], dict):
             output.append({"id": f"fc_{suffix}", "type": "function_call", "status": "completed",

@@ -9,8 +9,8 @@ import orjson
 
 from ..engine.expansion import AskedCalls, ToolCall
 from .chat_replies import SseReply
+from .sse import event_data, with_data
 
-_DATA = b"data: "
 
 
 class ChatExpansion:
@@ -70,7 +70,7 @@ class ChatStreamExpansion:
         """The agent's calls, renumbered from 0 as the agent will see them."""
 
     def opening(self, event: bytes) -> bool | None:
-        chunk = _chunk(event)
+        chunk = event_data(event)
         if chunk is None:
             return None if not event.strip() or event.startswith(b":") else False
         for choice in chunk.get("choices") or []:
@@ -86,7 +86,7 @@ class ChatStreamExpansion:
         merged, text = SseReply(), ""
         for event in events:
             merged.feed(event)
-            for choice in (_chunk(event) or {}).get("choices") or []:
+            for choice in (event_data(event) or {}).get("choices") or []:
                 text += (choice.get("delta") or {}).get("content") or ""
         calls = merged.facts().tool_calls
         ours = [c for c in calls if _name(c) == self.tool_name]
@@ -95,7 +95,7 @@ class ChatStreamExpansion:
         return _asked(ours, len(calls) - len(ours), text or None)
 
     def filter(self, event: bytes) -> bytes:
-        chunk = _chunk(event)
+        chunk = event_data(event)
         if chunk is None or b'"tool_calls"' not in event:
             return event
         changed, empty = False, True
@@ -124,7 +124,7 @@ class ChatStreamExpansion:
             return event
         if empty and not chunk.get("usage"):
             return b""
-        return _DATA + orjson.dumps(chunk) + b"\n\n"
+        return with_data(event, chunk)
 
 
 def _asked(ours: list[dict[str, Any]], others: int, content: Any) -> AskedCalls:
@@ -137,15 +137,3 @@ def _asked(ours: list[dict[str, Any]], others: int, content: Any) -> AskedCalls:
 def _name(call: dict[str, Any]) -> str:
     fn = call.get("function")
     return fn.get("name") or "" if isinstance(fn, dict) else ""
-
-
-def _chunk(event: bytes) -> dict[str, Any] | None:
-    """The JSON of a `data:` event; None for a comment, `[DONE]` or anything else."""
-    for line in event.split(b"\n"):
-        if line.startswith(_DATA + b"{"):
-            try:
-                found = orjson.loads(line[len(_DATA):])
-            except orjson.JSONDecodeError:
-                return None
-            return found if isinstance(found, dict) else None
-    return None

@@ -23,6 +23,7 @@ from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .errors import http_status
+from .messages_expand import MessagesExpansion
 from .messages_model import Conversation, conversation_of, render, validate_messages, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
 from .respond import DoorRequest, Handler, add_door_route, answer
@@ -32,7 +33,7 @@ log = logging.getLogger("ctxgate.doors")
 COUNT_HEADER = "X-Ctx-Count"
 
 
-class MessagesWire:
+class MessagesWire(MessagesExpansion):
     name = "messages"
 
     def __init__(self, gw: Gateway, conversation: Conversation, raw: bytes, http: web.Request) -> None:

@@ -26,6 +26,7 @@ from ..upstream.forwarders import Reply
 from ..upstream.responses import ResponsesForwarder
 from ..upstream.routing import Route
 from .respond import DoorRequest, add_door_route, answer
+from .responses_expand import ResponsesExpansion
 from .response_store import ResponseStore, StoredResponse, open_response_store
 from .responses_model import (Converted, checked_items, convert, input_items, to_request,
                               validate_responses_request)
@@ -96,7 +97,7 @@ def _final_response(event: bytes) -> dict[str, Any] | None:
     return None
 
 
-class ResponsesWire:
+class ResponsesWire(ResponsesExpansion):
     name = "responses"
 
     def __init__(self, forwarder: ResponsesForwarder, store: ResponseStore, body: dict[str, Any],

@@ -1,10 +1,12 @@
 """What every door's stream watch shares (`engine.wire.StreamWatch`): every byte kept when
 asked (an idempotent request's stored reply), whole lines across network chunks (a chunk
 may end mid-event), and whether the stream completed or carried an error. And `SseEvents`,
-the edge's check that what it relays is whole events of JSON."""
+the edge's check that what it relays is whole events of JSON; `event_data` and `with_data`,
+one event read and rewritten (the expansion loop takes its tool's calls out)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 
@@ -86,3 +88,22 @@ def _problem(event: bytes) -> str | None:
     except orjson.JSONDecodeError:
         return f"an event whose data is not JSON: {data[:200].decode('utf-8', 'replace')!r}"
     return None
+
+
+def event_data(event: bytes) -> dict[str, Any] | None:
+    """The JSON object of one whole event's first `data:` line; None for a comment, `[DONE]`,
+    or anything else."""
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:"):
+            try:
+                found = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None
+
+
+def with_data(event: bytes, data: dict[str, Any]) -> bytes:
+    """The event with its data rewritten, its `event:` line kept."""
+    lines = [line for line in event.split(b"\n") if line.startswith(b"event:")]
+    return b"\n".join([*lines, b"data: " + orjson.dumps(data)]) + b"\n\n"

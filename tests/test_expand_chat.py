@@ -171,3 +171,17 @@ def test_expansions_are_counted_in_metrics(gw: Gateway, up: ScriptedUpstream) ->
     served = re.search(r'ctxgate_expansions_total\{outcome="served"\} (\d+)', str(text))
     tokens = re.search(r"^ctxgate_expansion_tokens_total (\S+)$", str(text), re.M)
     assert served and int(served.group(1)) >= 1 and tokens and float(tokens.group(1)) > 1000
+
+
+def test_a_follow_up_too_long_is_told_to_the_model_never_the_loop_guard(gw: Gateway, up: ScriptedUpstream) -> None:
+    up.limit = 3000  # the compacted request fits; with the original expanded in it, it does not
+    hdrs = headers()
+    seen = ask(gw, "gpt-4o-expand", False, **hdrs)
+    assert seen["text"] == REPLY and seen["calls"] == [] and seen["finish"] == "stop"
+    first, refused, told, *_ = chats(up)
+    assert MARKER in json.dumps(refused.body["messages"][-1])
+    assert "too long for the model's context window" in told.body["messages"][-1]["content"]
+    assert told.body["messages"][:len(first.body["messages"])] == first.body["messages"]
+    status, summary = gw.get(f"/v1/ctx/sessions/{hdrs['X-Ctx-Session']}", {"Authorization": f"Bearer {KEYS['acme']}"})
+    assert status == 200 and summary["has_attempted_reactive_compact"] is False
+    assert [e["level"] for e in summary["compactions"] if e.get("reason") == "reactive"] == []

@@ -116,7 +116,7 @@ async def session_summary(request: web.Request) -> web.Response:
 
 async def session_checkpoints(request: web.Request) -> web.Response:
     gw, tenant, session_id = _session_of(request)
-    return _json({"object": "list", "data": gw.journal.checkpoints(tenant, session_id)})
+    return _json({"object": "list", "data": await asyncio.to_thread(gw.journal.checkpoints, tenant, session_id)})
 
 
 async def session_rollback(request: web.Request) -> web.Response:

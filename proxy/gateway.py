@@ -90,11 +90,11 @@ class Gateway:
         """At start: the sessions whose logs were written last are rebuilt before they are asked
         for (and their logs checked); the rest wait for their first request."""
         limit = self.config.ctxgate.wal.recover_on_start
-        logs = await asyncio.to_thread(self.journal.paths.sessions) if limit else []
-        by_recency = sorted(logs, key=lambda found: _mtime(found[2]), reverse=True)[:limit]
+        logs = await asyncio.to_thread(self.journal.writer.sessions) if limit else []
+        by_recency = sorted(logs, key=lambda info: info.written_at, reverse=True)[:limit]
         recovered = 0
-        for tenant, session, _ in by_recency:
-            recovered += await self.sessions.recover(tenant, session)
+        for info in by_recency:
+            recovered += await self.sessions.recover(info.tenant, info.session)
         if recovered:
             log.info("recovered %d sessions from the WAL at start (of %d logs)", recovered, len(logs))
         return recovered
@@ -175,10 +175,3 @@ class Gateway:
             await close_idempotency()
         self.journal.close()
         self.json_parser.close()
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0

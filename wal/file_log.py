@@ -2,6 +2,8 @@
 `archive` moves old events to `wal_archive/`."""
 from __future__ import annotations
 
+import os
+
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +46,9 @@ class FileLog:
                sync: bool = False) -> Appended:
         return self.writer.append(tenant, session, events, after_seq, sync)
 
+    def version(self, tenant: str, session: str) -> tuple[Any, ...]:
+        return tuple(_signature(f) for f in [*self.paths.archives(tenant, session), self.paths.live(tenant, session)])
+
     def sessions(self, tenant: str | None = None) -> list[LogInfo]:
         return [LogInfo(t, s, str(f), _mtime(f)) for t, s, f in self.paths.sessions(tenant)]
 
@@ -83,3 +88,11 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
+
+
+def _signature(path: Path) -> tuple[str, int, int]:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (str(path), -1, -1)
+    return (str(path), st.st_size, st.st_mtime_ns)

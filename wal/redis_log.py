@@ -272,6 +272,15 @@ class RedisLog:
             self._redis.zrem(keys.archives, *gone)
         return scans
 
+    def version(self, tenant: str, session: str) -> tuple[Any, ...]:
+        keys = _Keys(tenant, session)
+        with reachable():
+            with self._redis.pipeline(transaction=True) as pipe:
+                pipe.xrevrange(keys.base, count=1)
+                pipe.zcard(keys.archives)
+                top, archives = pipe.execute()
+        return (top[0][0] if top else b"", archives)
+
     def sessions(self, tenant: str | None = None) -> list[LogInfo]:
         """Every log listed; one whose stream expired (`wal.redis_idle_ttl_days`) leaves the list."""
         with reachable():

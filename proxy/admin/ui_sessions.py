@@ -13,7 +13,7 @@ from ..engine.state import SessionState
 from ..gateway import Gateway
 from ..ids import is_valid_id
 from .ui_auth import Viewer
-from .ui_timeline import CACHED_LOGS, SUMMARY_LEVELS, Timeline, TimelineCache, file_signature
+from .ui_timeline import CACHED_LOGS, SUMMARY_LEVELS, Timeline, TimelineCache
 
 MAX_LISTED = 500
 """The most recently updated sessions shown; a dashboard is not an export."""
@@ -24,7 +24,7 @@ _NOT_COMPACTIONS = ("chain", "rollback")
 class SessionFigures:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.timelines = TimelineCache(gw.journal.paths)
+        self.timelines = TimelineCache(gw.journal.writer)
         self._recovered: dict[tuple[str, str], tuple[tuple[Any, ...], SessionState]] = {}
 
     async def timeline(self, tenant: str, session: str) -> Timeline:
@@ -33,8 +33,8 @@ class SessionFigures:
     async def visible(self, viewer: Viewer) -> list[dict[str, Any]]:
         """Every session `viewer` may see, most recently updated first."""
         held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant)}
-        logs = await asyncio.to_thread(self.gw.journal.paths.sessions, viewer.tenant)
-        for tenant, session, _ in logs:
+        logs = await asyncio.to_thread(self.gw.journal.writer.sessions, viewer.tenant)
+        for tenant, session in ((info.tenant, info.session) for info in logs):
             # Names read from disk must follow the id rule before they reach a page or a URL.
             if (tenant, session) not in held and is_valid_id(tenant) and is_valid_id(session) \
                     and viewer.sees(tenant):
@@ -50,8 +50,7 @@ class SessionFigures:
 
     async def _from_log(self, tenant: str, session: str) -> SessionState | None:
         """The state a restart would rebuild, rebuilt again only when the log changed."""
-        files = self.timelines.files(tenant, session)
-        stamp = await asyncio.to_thread(lambda: tuple(file_signature(f) for f in files))
+        stamp = await asyncio.to_thread(self.timelines.version, tenant, session)
         cached = self._recovered.get((tenant, session))
         if cached is not None and cached[0] == stamp:
             return cached[1]

@@ -8,15 +8,12 @@ the checkpoints: a checkpoint's `messages_tokens` plus `tokens_left`.
 """
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from ...wal.backend import WalLog
 from ...wal.events import EventType
-from ...wal.paths import WalPaths
-from ...wal.reader import scan_file
 
 SUMMARY_LEVELS = ("autocompact", "speculative")
 """The levels that call the summary model: Autocompact, and the speculative Autocompact."""
@@ -73,31 +70,30 @@ def build(events: list[dict[str, Any]]) -> Timeline:
 
 
 class TimelineCache:
-    """Timelines by the size and modification time of a session's files: a dashboard that
-    polls a quiet session reads its log once."""
+    """Timelines by their log's version (`WalLog.version`: file sizes and times, a stream's
+    last entry): a dashboard that polls a quiet session reads its log once."""
 
-    def __init__(self, paths: WalPaths) -> None:
-        self.paths = paths
+    def __init__(self, log: WalLog) -> None:
+        self.log = log
         self._cached: dict[tuple[str, str], tuple[tuple[Any, ...], Timeline]] = {}
         self._lock = threading.Lock()  # get() runs in worker threads
 
-    def files(self, tenant: str, session: str) -> list[Path]:
-        return [*self.paths.archives(tenant, session), self.paths.live(tenant, session)]
+    def version(self, tenant: str, session: str) -> tuple[Any, ...]:
+        return self.log.version(tenant, session)
 
     def has_log(self, tenant: str, session: str) -> bool:
-        return self.paths.live(tenant, session).exists()
+        return self.log.exists(tenant, session)
 
     def get(self, tenant: str, session: str) -> Timeline:
-        """Blocking file reads: call it in a thread."""
-        files = self.files(tenant, session)
-        signature = tuple(file_signature(f) for f in files)
+        """Blocking reads (files or Redis): call it in a thread."""
+        signature = self.log.version(tenant, session)
         cached = self._cached.get((tenant, session))
         if cached is not None and cached[0] == signature:
             return cached[1]
         events: list[dict[str, Any]] = []
-        for f in files:
+        for scan in self.log.history(tenant, session).scans:
             last = events[-1]["seq"] if events else 0
-            events += [e for e in scan_file(f).events if e["seq"] > last]  # an archived seq is read once
+            events += [e for e in scan.events if e["seq"] > last]  # an archived seq is read once
         timeline = build(events)
         with self._lock:
             self._cached.pop((tenant, session), None)
@@ -105,11 +101,3 @@ class TimelineCache:
             while len(self._cached) > CACHED_LOGS:
                 self._cached.pop(next(iter(self._cached)))
         return timeline
-
-
-def file_signature(path: Path) -> tuple[str, int, int]:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return (str(path), -1, -1)
-    return (str(path), st.st_size, st.st_mtime_ns)

@@ -53,15 +53,19 @@ async def _streamed(prepared: PreparedTurn, expansion: Expansion, wire: Expandin
         events = _events(reply.chunks)
         held: list[bytes] = []
         opens_with_ours: bool | None = None
-        async for event in events:
-            held.append(event)
-            opens_with_ours = reader.opening(event)
-            if opens_with_ours is not None:
-                break
-        if not opens_with_ours:
-            return replace(reply, chunks=_filtered(held, events, reader))
-        held += [event async for event in events]
-        _close(reply)
+        try:
+            async for event in events:
+                held.append(event)
+                opens_with_ours = reader.opening(event)
+                if opens_with_ours is not None:
+                    break
+            if not opens_with_ours:
+                return replace(reply, chunks=_filtered(held, events, reader))
+            held += [event async for event in events]
+        except BaseException:  # the client left while the stream was held: nobody relays it
+            _close(reply)
+            raise
+        _close(reply)  # read whole: answered below, never relayed
         asked = reader.asked(held)
         if asked is None or asked.others or not expansion.may_continue():
             return replace(reply, chunks=_filtered(held, _nothing(), reader), close=None)

@@ -13,6 +13,7 @@ import orjson
 from ..pipeline.config import PipelineConfig
 from ..pipeline.tokens import TokenizerRegistry, TokenizerRule
 from .engine.compaction import Compactor
+from .engine.content_store import open_content_store
 from .config import Config
 from .upstream.demo import DemoForwarder
 from .errors import ErrorKind, GatewayError
@@ -76,7 +77,8 @@ class Gateway:
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
                                                     else None), s.memory, gw.summarize, gw._log_dream)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative)
-        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator)
+        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator,
+                                 content=open_content_store(s.state))
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         for name in gw.router.model_names():
             try:
@@ -170,6 +172,7 @@ class Gateway:
             await self.memory.close()  # buffered memory is consolidated (or written raw) before the state goes
         await self.direct.close()
         await self.sessions.close()
+        await self.compactor.content.close()
         close_idempotency = getattr(self.idempotency, "close", None)
         if close_idempotency is not None:
             await close_idempotency()

@@ -4,7 +4,8 @@ Originals are keyed by tenant, session and reference: a lookup names all three, 
 reference copied from another tenant's or session's conversation finds nothing. Each
 session keeps at most `max_bytes` of originals (the oldest go first) for at most `ttl_s`
 seconds. The session state holds none of it: a session's state is loaded and saved every
-turn, and originals are read only when the model asks.
+turn, and originals are read only when the model asks. Two backends, beside the session
+state's: in the process, or in Redis (shared by replicas).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class ContentStore(Protocol):
                   ttl_s: float) -> None: ...
 
     async def get(self, tenant: str, session_id: str, ref: str, ttl_s: float) -> str | None: ...
+
+    async def close(self) -> None: ...
 
 
 class MemoryContentStore:
@@ -54,3 +57,59 @@ class MemoryContentStore:
         if found is None or found[1] < time.time() - ttl_s:
             return None
         return found[0]
+
+    async def close(self) -> None:
+        self._sessions.clear()
+
+
+class RedisContentStore:
+    """In Redis: each original under `ctxgate:content:<tenant>:<session>:<ref>` with its age as a
+    TTL, and per session the references in the order they were kept (`...:order`), so the
+    oldest go first past `max_bytes`."""
+
+    def __init__(self, url: str) -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+
+    @staticmethod
+    def _key(tenant: str, session_id: str) -> str:
+        return f"ctxgate:content:{tenant}:{session_id}"
+
+    async def put(self, tenant: str, session_id: str, originals: dict[str, str], max_bytes: int,
+                  ttl_s: float) -> None:
+        if not originals:
+            return
+        base, ttl = self._key(tenant, session_id), max(1, int(ttl_s))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for ref, text in originals.items():
+                pipe.set(f"{base}:{ref}", text.encode(), ex=ttl)
+                pipe.lrem(f"{base}:order", 0, ref)
+                pipe.rpush(f"{base}:order", ref)
+            pipe.expire(f"{base}:order", ttl)
+            await pipe.execute()
+        refs = [_text(r) for r in await self._redis.lrange(f"{base}:order", 0, -1)]
+        sizes = [await self._redis.strlen(f"{base}:{ref}") for ref in refs]
+        total = sum(sizes)
+        for ref, size in zip(refs, sizes):
+            if size and total <= max_bytes:
+                break
+            await self._redis.delete(f"{base}:{ref}")  # too old (gone already), or the oldest past the size
+            await self._redis.lrem(f"{base}:order", 1, ref)
+            total -= size
+
+    async def get(self, tenant: str, session_id: str, ref: str, ttl_s: float) -> str | None:
+        raw = await self._redis.get(f"{self._key(tenant, session_id)}:{ref}")
+        return _text(raw) if raw is not None else None
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def open_content_store(state_url: str) -> ContentStore:
+    """Beside the session state: in the process for `memory`, else in the same Redis."""
+    return MemoryContentStore() if state_url == "memory" else RedisContentStore(state_url)

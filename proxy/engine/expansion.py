@@ -49,8 +49,8 @@ class Expansion:
     counter: TokenCounter
     on_answer: Callable[[str, int], None] = lambda outcome, tokens: None
     """Told each answer's outcome (served, missing, repeated, invalid) and tokens: the metrics."""
-    served: list[str] = field(default_factory=list)
-    tokens: int = 0
+    served: dict[str, int] = field(default_factory=dict)
+    """Each reference given back this turn, with the tokens of its result (what the WAL logs)."""
     rounds: int = 0
     """Follow-up upstream calls made (at most `config.max_per_turn`)."""
 
@@ -78,7 +78,6 @@ class Expansion:
             self.on_answer("missing", 0)
             return (f"Nothing is stored under ref {ref} for this conversation (it expired, or it is not one "
                     "of this conversation's references). Continue without it.")
-        self.served.append(ref)
         tokens = self.counter.count(text)
         if tokens > cfg.result_tokens:
             head = self.counter.head(text, cfg.result_tokens)
@@ -86,8 +85,7 @@ class Expansion:
             rest_ref = content_ref(rest)
             await self.store.put(self.tenant, self.session_id, {rest_ref: rest}, cfg.store_max_bytes, cfg.store_ttl_s)
             text = f"{head}\n[... {tokens - self.counter.count(head)} more tokens, ref {rest_ref}]"
-        tokens = self.counter.count(text)
-        self.tokens += tokens
+        tokens = self.served[ref] = self.counter.count(text)
         self.on_answer("served", tokens)
         return text
 

@@ -16,6 +16,7 @@ from ctxgate.pipeline.refs import CutLog, content_ref, render_span
 from ctxgate.pipeline.restore import WorkingState
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.types import CompressionRequest
+from ctxgate.proxy.config import Config
 from ctxgate.proxy.engine.content_store import MemoryContentStore
 
 from pipeline_builders import (LAST_UNIT, NO_WINDOW, agent_history, call, calls, chat_history, counter, filler, system,
@@ -112,3 +113,14 @@ async def test_the_content_store_keeps_each_sessions_own_within_its_bounds() -> 
     await store.put("t1", "s2", {"ctx:d": "d"}, 1000, 60)
     await store.put("t1", "s3", {"ctx:e": "e"}, 1000, 60)  # a third session: the least recent goes
     assert await store.get("t1", "s1", "ctx:c", ttl_s=60) is None
+
+
+def test_expansion_is_off_for_minimal_on_for_the_others_and_per_tenant() -> None:
+    config = Config.model_validate({"ctxgate": {"tenants": {
+        "quiet": {"pipeline": {"expand": {"enabled": False}}},
+        "eager": {"profile": "minimal", "pipeline": {"expand": {"enabled": True, "max_per_turn": 5}}}}}})
+    assert [config.pipeline_config(p).expand.enabled for p in ("minimal", "professional", "enterprise")] == \
+        [False, True, True]
+    assert config.pipeline_config("professional", "quiet").expand.enabled is False
+    eager = config.pipeline_config("minimal", "eager").expand
+    assert eager.enabled and eager.max_per_turn == 5

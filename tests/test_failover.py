@@ -89,7 +89,8 @@ class Agent:
         return raw.headers, text
 
     def whole(self, gw: Gateway, messages: list[dict[str, Any]], idempotency_key: str | None = None,
-              timeout: float = 60.0) -> httpx.Response:
+              timeout: float = 60.0) -> Any:
+        """The turn, whole: the SDK's HTTP response (its headers, its bytes)."""
         raw = self.sdk(gw, timeout).chat.completions.with_raw_response.create(
             model=MODEL, messages=messages, tools=self.tools, extra_headers=self.headers(idempotency_key))
         self.acknowledged += 1
@@ -98,7 +99,7 @@ class Agent:
 
 @dataclass
 class Cluster:
-    """The replicas on one Redis and one upstream, and the reference run's replica."""
+    """The replicas on one Redis and one upstream (the reference run goes through replica a alone)."""
     upstream: ScriptedUpstream
     redis: RedisServer
     replicas: dict[str, Gateway]

@@ -70,8 +70,11 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    ok = await gw.sessions.ping()
-    return _json({"status": "ready" if ok else "state backend unreachable"}, 200 if ok else 503)
+    if not await gw.sessions.ping():
+        return _json({"status": "state backend unreachable"}, 503)
+    if not await asyncio.to_thread(gw.journal.writer.ping):  # the log may live in a Redis of its own
+        return _json({"status": "session log unreachable"}, 503)
+    return _json({"status": "ready"})
 
 
 async def models(request: web.Request) -> web.Response:

@@ -124,7 +124,9 @@ def test_a_log_redis_that_goes_away_refuses_the_turn_and_forwards_nothing(gatewa
     session = _session()
     assert post(gw, BODY, headers={"X-Ctx-Session": session}, key=None).status_code == 200
     assert [e["type"] for e in _stream(log_redis.url, session)][-1] == "RESPONSE"
+    assert gw.get("/readyz") == (200, {"status": "ready"})
     log_redis.stop()
+    assert gw.get("/readyz") == (503, {"status": "session log unreachable"})  # its state store is still up
     up.reset()
     resp = post(gw, {**BODY, "messages": [*MESSAGES, {"role": "user", "content": "and then?"}]},
                 headers={"X-Ctx-Session": session}, key=None)

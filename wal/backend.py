@@ -71,6 +71,10 @@ class WalLog(Protocol):
         """Write `events` ({"type": ..., fields}) with seqs after max(`after_seq`, the log's last);
         `sync`: durable before returning. Raises OSError (`WalUnavailable`) when it cannot."""
 
+    def ping(self) -> bool:
+        """Can the log be written now (its Redis answers; a file log: always)?"""
+        ...
+
     def version(self, tenant: str, session: str) -> tuple[Any, ...]:
         """Changes whenever the session's log does, known without reading it (file sizes and
         times; a stream's last entry): what a reader caches its reading by."""

@@ -65,6 +65,9 @@ class FileLog:
     def prune(self, retention_s: float, now: float) -> list[str]:
         return [str(p) for p in prune_archives(self.paths.archive_root, retention_s, now)]
 
+    def ping(self) -> bool:
+        return True
+
     def close(self) -> None:
         self.writer.close()
 

@@ -309,6 +309,12 @@ class RedisLog:
             return False
         return (_seq_of(top[0][0]) if top else 0) != self._last[keys.base]
 
+    def ping(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except RedisError:
+            return False
+
     def close(self) -> None:
         self._redis.close()
 

@@ -78,7 +78,7 @@ class Gateway:
                                                     else None), s.memory, gw.summarize, gw._log_dream)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator,
-                                 content=open_content_store(s.state))
+                                 content=open_content_store(s.state, root))
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         for name in gw.router.model_names():
             try:

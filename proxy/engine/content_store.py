@@ -4,13 +4,15 @@ Originals are keyed by tenant, session and reference: a lookup names all three, 
 reference copied from another tenant's or session's conversation finds nothing. Each
 session keeps at most `max_bytes` of originals (the oldest go first) for at most `ttl_s`
 seconds. The session state holds none of it: a session's state is loaded and saved every
-turn, and originals are read only when the model asks. Two backends, beside the session
-state's: in the process, or in Redis (shared by replicas).
+turn, and originals are read only when the model asks. Three backends: in the process (an
+offline replay), in files beside the WAL (in-process session state), or in Redis (shared by
+replicas).
 """
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Protocol
 
 MAX_SESSIONS = 10_000
@@ -110,6 +112,12 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def open_content_store(state_url: str) -> ContentStore:
-    """Beside the session state: in the process for `memory`, else in the same Redis."""
-    return MemoryContentStore() if state_url == "memory" else RedisContentStore(state_url)
+def open_content_store(state_url: str, data_dir: Path) -> ContentStore:
+    """Where the session state lives, or what rebuilds it: in the same Redis, or for in-process
+    state in files beside the WAL (a restart rebuilds the session from the log, and its notes
+    still name these originals). `MemoryContentStore` serves in-process runs (`ctxgate replay`)."""
+    if state_url == "memory":
+        from .content_files import FileContentStore
+
+        return FileContentStore(data_dir)
+    return RedisContentStore(state_url)

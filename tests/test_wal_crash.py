@@ -521,7 +521,8 @@ def test_a_kill_around_a_speculative_summary_changes_no_payload(upstream: Script
                     time.sleep(0.05)
                 if not upstream_calls(upstream, CRASH_KEY, "slow-summarizer"):
                     continue  # Microcompact alone made this speculation fit: no summary to kill around yet
-                assert not upstream_calls(upstream, CRASH_KEY, "slow-summarizer")[-1][1].done
+                if upstream_calls(upstream, CRASH_KEY, "slow-summarizer")[-1][1].done:
+                    continue  # a busy machine let it finish before the kill: wait for the next one
             crash = gws["crash"]
             crash.proc.send_signal(signal.SIGKILL)
             crash.proc.wait(10)

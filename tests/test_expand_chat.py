@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from servers import KEYS, Gateway, _model, launch, main_config, stop_all
+from servers import KEYS, Gateway, _model, launch, main_config, run_ctxgate, stop_all
 from upstream import EXPAND_TOOL, REPLY, Received, ScriptedUpstream
 
 MARKER = "MIDDLE-MARKER-4242"
@@ -185,3 +185,20 @@ def test_a_follow_up_too_long_is_told_to_the_model_never_the_loop_guard(gw: Gate
     status, summary = gw.get(f"/v1/ctx/sessions/{hdrs['X-Ctx-Session']}", {"Authorization": f"Bearer {KEYS['acme']}"})
     assert status == 200 and summary["has_attempted_reactive_compact"] is False
     assert [e["level"] for e in summary["compactions"] if e.get("reason") == "reactive"] == []
+
+
+def test_each_expansion_is_logged_in_the_wal(gw: Gateway, up: ScriptedUpstream) -> None:
+    hdrs = headers()
+    seen = ask(gw, "gpt-4o-expand", False, **hdrs)
+    assert gw.data_dir is not None
+    done = run_ctxgate(["wal", "show", hdrs["X-Ctx-Session"], "--tenant", "acme", "--json", "--limit", "0",
+                        "--config", str(gw.output.parent / "ctxgate.yaml"), "--data-dir", str(gw.data_dir)],
+                       cwd=gw.output.parent)
+    assert done.returncode == 0, done.stderr
+    events = json.loads(done.stdout)
+    expansions = [e for e in events if e["type"] == "EXPANSION"]
+    assert len(expansions) == int(seen["headers"]["x-ctx-expansions"]) >= 1
+    assert all(REF.fullmatch(f"ref {e['ref']}") and e["tokens"] > 0 for e in expansions)
+    response = next(e for e in events if e["type"] == "RESPONSE")
+    assert {e["turn"] for e in expansions} == {response["turn"]}
+    assert events.index(expansions[-1]) < events.index(response)

@@ -27,6 +27,8 @@ class EventType(str, Enum):
     """The upstream call of a turn completed (what the last successful step was)."""
     SPECULATION = "SPECULATION"
     """A background compaction started over a prefix; a restart runs it again if it did not land."""
+    EXPANSION = "EXPANSION"
+    """The model asked for an original a compaction cut and the gateway gave it back (ref, tokens, turn)."""
 
 
 class DamagedLine(ValueError):

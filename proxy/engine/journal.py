@@ -118,18 +118,21 @@ class Journal:
 
     async def log_reply(self, state: SessionState, status: int, prompt_tokens: int | None,
                         tool_calls: list[dict[str, Any]], tokens_in: int | None, tokens_out: int | None,
-                        model: str) -> None:
+                        model: str, expansions: dict[str, int] | None = None) -> None:
         """The answered turn: the model group that answered it (a fallback's, when one did),
         the provider's count beside ctxgate's of what the client sent (`tokens_in`) and of
-        what was forwarded (`tokens_out`)."""
+        what was forwarded (`tokens_out`); before it, an EXPANSION per original the gateway gave
+        back to the model in this turn (`expansions`: ref -> tokens)."""
         if not self.enabled(state.profile):
             return
-        events: list[dict[str, Any]] = [{"type": EventType.RESPONSE.value, "turn": state.turns, "status": status,
-                                         "model": model, "prompt_tokens": prompt_tokens, "tokens_in": tokens_in,
-                                         "tokens_out": tokens_out, "tool_calls": len(tool_calls),
-                                         "count_offset": state.count_offset, "count_offset_key": state.count_offset_key,
-                                         "count_scale": state.count_scale,
-                                         "dialect": state.dialect}]
+        events: list[dict[str, Any]] = [{"type": EventType.EXPANSION.value, "turn": state.turns, "ref": ref,
+                                         "tokens": tokens} for ref, tokens in (expansions or {}).items()]
+        events += [{"type": EventType.RESPONSE.value, "turn": state.turns, "status": status,
+                    "model": model, "prompt_tokens": prompt_tokens, "tokens_in": tokens_in,
+                    "tokens_out": tokens_out, "tool_calls": len(tool_calls),
+                    "count_offset": state.count_offset, "count_offset_key": state.count_offset_key,
+                    "count_scale": state.count_scale,
+                    "dialect": state.dialect}]
         for call in tool_calls:
             fn = call.get("function") or {}
             events.append({"type": EventType.TOOL_CALL.value, "tool": fn.get("name"), "call_id": call.get("id"),

@@ -337,9 +337,10 @@ class TurnEngine:
         caller = prepared.caller
         try:
             async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
+                expansions = prepared.expansion.served if prepared.expansion is not None else None
                 tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
                                                               tokens_in, prepared.plan.tokens_out,
-                                                              prepared.route.model_name)
+                                                              prepared.route.model_name, expansions)
                 state = tx.state
                 state.answered_turns += 1
                 state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again

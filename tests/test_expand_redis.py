@@ -11,11 +11,10 @@ from typing import Iterator
 import openai
 import pytest
 
+from test_expand_chat import MARKER, build_log
 from servers import Gateway, RedisServer, _model, model_list, start_gateways, stop_all
 from upstream import EXPAND_TOOL, REPLY, ScriptedUpstream
 from ctxgate.proxy.engine.content_store import RedisContentStore
-
-MARKER = "MIDDLE-MARKER-4242"
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +27,6 @@ def replicas(upstream: ScriptedUpstream, redis_server: RedisServer,
     gateways = start_gateways(specs)
     yield gateways
     stop_all(gateways.values())
-
-
-def build_log() -> list[dict]:
-    lines = [f"build step {i}: compiling module_{i}.c ok" for i in range(1500)]
-    lines[750] = f"error: {MARKER} undefined reference to frobnicate"
-    return [{"role": "system", "content": "You are a build agent."},
-            {"role": "user", "content": "Build the project and fix errors."},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
-             "function": {"name": "bash", "arguments": "{\"command\": \"make\"}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "\n".join(lines)},
-            {"role": "user", "content": "What failed?"}]
 
 
 def test_a_replica_serves_what_another_cut(replicas: dict[str, Gateway], up: ScriptedUpstream) -> None:

@@ -16,14 +16,18 @@ _LISTING_LINE = re.compile(r"^\s*\d+(?::|\t|\s{2,}|\|)")
 KEY_LINE_CHARS = 300
 
 
+def is_error_line(line: str) -> bool:
+    """The line carries an error marker and is not a numbered line of a file view."""
+    return any(m in line for m in ERROR_MARKERS) and not _LISTING_LINE.match(line)
+
+
 def key_error_line(text: str) -> str:
     """The last line of `text` with an error marker, file-view lines excluded; a marker line
     too short to say anything ("Error:") comes with the line after it. Empty if none."""
     if not any(marker in text for marker in ERROR_MARKERS):
         return ""
     lines = [line.strip() for line in text.splitlines()]
-    found = [i for i, line in enumerate(lines) if any(m in line for m in ERROR_MARKERS)
-             and not _LISTING_LINE.match(line)]
+    found = [i for i, line in enumerate(lines) if is_error_line(line)]
     if not found:
         return ""
     at = found[-1]

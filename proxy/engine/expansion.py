@@ -14,13 +14,18 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import orjson
 
 from ...pipeline.config import ExpandConfig
-from ...pipeline.refs import REF_HEX, content_ref
+from ...pipeline.excerpt import excerpt
+from ...pipeline.refs import REF_HEX, CutLog
 from ...pipeline.tokens import TokenCounter
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .content_store import ContentStore
 
 _REF = re.compile(r"^(?:ref )?(?:ctx:)?([0-9a-f]{%d})$" % REF_HEX)
+CALL_TOKENS = 100
+"""What one call and its result cost besides the result's text (the assistant turn, the wrapping)."""
+MIN_RESULT_TOKENS = 64
+"""Below this, no part of an original says anything: the model is told there is no room."""
 
 
 def tool_definition(config: ExpandConfig) -> dict[str, Any]:
@@ -53,6 +58,9 @@ class Expansion:
     """Each reference given back this turn, with the tokens of its result (what the WAL logs)."""
     rounds: int = 0
     """Follow-up upstream calls made (at most `config.max_per_turn`)."""
+    room: int | None = None
+    """Tokens left under the turn's budget for results (None: only `config.result_tokens` bounds
+    them). An expansion must not undo the compaction that made room; each result takes its share."""
 
     @property
     def tool_name(self) -> str:
@@ -62,8 +70,9 @@ class Expansion:
         return self.rounds < self.config.max_per_turn
 
     async def answer(self, call: ToolCall) -> str:
-        """The tool result for one call: the original within the size cap (the rest named by a
-        new reference), or one sentence saying why not. Never an error: the model reads it."""
+        """The tool result for one call: the original within the size cap and the room left
+        (`excerpt`: what is left out named by new references), or one sentence saying why not.
+        Never an error: the model reads it."""
         ref = _ref_of(call.arguments)
         if ref is None:
             self.on_answer("invalid", 0)
@@ -78,14 +87,18 @@ class Expansion:
             self.on_answer("missing", 0)
             return (f"Nothing is stored under ref {ref} for this conversation (it expired, or it is not one "
                     "of this conversation's references). Continue without it.")
-        tokens = self.counter.count(text)
-        if tokens > cfg.result_tokens:
-            head = self.counter.head(text, cfg.result_tokens)
-            rest = text[len(head):]
-            rest_ref = content_ref(rest)
-            await self.store.put(self.tenant, self.session_id, {rest_ref: rest}, cfg.store_max_bytes, cfg.store_ttl_s)
-            text = f"{head}\n[... {tokens - self.counter.count(head)} more tokens, ref {rest_ref}]"
+        limit = cfg.result_tokens if self.room is None else min(cfg.result_tokens, self.room - CALL_TOKENS)
+        if limit < MIN_RESULT_TOKENS:
+            self.on_answer("no_room", 0)
+            return (f"ref {ref} cannot be expanded in this turn: the conversation is at its context budget. "
+                    "Continue without it, or ask again in a later turn.")
+        parts = CutLog()
+        text = excerpt(text, limit, self.counter, parts)
+        if parts.originals:
+            await self.store.put(self.tenant, self.session_id, parts.originals, cfg.store_max_bytes, cfg.store_ttl_s)
         tokens = self.served[ref] = self.counter.count(text)
+        if self.room is not None:
+            self.room -= tokens + CALL_TOKENS
         self.on_answer("served", tokens)
         return text
 

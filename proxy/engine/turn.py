@@ -200,7 +200,8 @@ class TurnEngine:
         if config.expand.enabled and compacted and isinstance(wire, ExpandingWire):
             # Offered from the first compaction on, the same bytes every turn: the prompt cache holds.
             prepared.expansion = Expansion(config.expand, gw.compactor.content, caller.tenant, session_id, counter,
-                                           on_answer=gw.metrics.expanded)
+                                           on_answer=gw.metrics.expanded,
+                                           room=_expansion_room(turn, state, plan))
         if counting is not None:
             prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, counting))
         return prepared
@@ -403,6 +404,15 @@ def upstream_key(caller: Caller, route: Route) -> str | None:
 def _fresh(state: SessionState) -> bool:
     """A session with nothing in it yet: no turn, no log, no compaction to re-apply."""
     return state.turns == 0 and state.wal_seq == 0 and not state.records and not state.speculation
+
+
+def _expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
+    """Tokens the turn's expansions may add and stay within the budget the plan was made for
+    (the tool's own definition taken off); None when the plan is not counted yet."""
+    if plan.tokens_out is None:
+        return None
+    tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
+    return budget_of(state, turn) - plan.tokens_out - turn.count_offset - tool
 
 
 def _watermark(turn: Turn, state: SessionState) -> float:

@@ -1,0 +1,59 @@
+"""An original given back within a token limit (`pipeline/excerpt.py`): whole when it fits;
+otherwise head, tail and failure lines, every part left out named by a reference whose
+original puts the text back together."""
+from __future__ import annotations
+
+import re
+
+from ctxgate.pipeline.excerpt import excerpt
+from ctxgate.pipeline.refs import CutLog
+
+from pipeline_builders import counter
+
+GAP = re.compile(r"\[\.\.\. \d+ lines, \d+ tokens: ref (ctx:[0-9a-f]{12})\]\n")
+
+
+def build_log(n: int = 1500, errors: dict[int, str] | None = None) -> str:
+    lines = [f"build step {i}: compiling module_{i}.c ok" for i in range(n)]
+    for at, text in (errors or {}).items():
+        lines[at] = text
+    return "\n".join(lines) + "\n"
+
+
+def put_back(text: str, cuts: CutLog) -> str:
+    return GAP.sub(lambda m: cuts.originals[m.group(1)], text)
+
+
+def test_a_text_that_fits_is_given_whole() -> None:
+    cuts = CutLog()
+    text = build_log(20)
+    assert excerpt(text, 1000, counter(), cuts) == text and not cuts.originals
+
+
+def test_a_long_log_keeps_head_tail_and_its_failure_within_the_limit() -> None:
+    tc, cuts = counter(), CutLog()
+    text = build_log(errors={750: "error: MIDDLE-MARKER undefined reference to frobnicate"})
+    out = excerpt(text, 2000, tc, cuts)
+    assert tc.count(out) <= 2000
+    assert out.startswith("build step 0:") and out.rstrip().endswith("module_1499.c ok")
+    assert "build step 749:" in out and "MIDDLE-MARKER" in out and "build step 751:" in out
+    assert len(GAP.findall(out)) == 2
+    assert put_back(out, cuts) == text  # nothing is lost: each gap's original is kept under its ref
+
+
+def test_the_newest_failures_come_first_when_not_all_fit() -> None:
+    tc, cuts = counter(), CutLog()
+    errors = {i: f"error: failure number {i} " + "x " * 80 for i in range(100, 1400, 20)}
+    out = excerpt(build_log(errors=errors), 1500, tc, cuts)
+    assert tc.count(out) <= 1500
+    assert "failure number 1380" in out and "failure number 100 " not in out
+    assert put_back(out, cuts) == build_log(errors=errors)
+
+
+def test_one_long_line_gives_its_head_and_the_rest_by_reference() -> None:
+    tc, cuts = counter(), CutLog()
+    text = "token " * 5000
+    out = excerpt(text, 500, tc, cuts)
+    assert tc.count(out) <= 500
+    [ref] = re.findall(r"more tokens: ref (ctx:[0-9a-f]{12})\]$", out)
+    assert out[:out.index("\n[...")] + cuts.originals[ref] == text

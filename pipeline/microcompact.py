@@ -2,7 +2,8 @@
 
 A tool result over its tool's threshold keeps its first 1,500 and last
 500 tokens (cut with the tokenizer, not by characters) around the separator
-`... [middle N tokens truncated] ...`. The separator itself marks the message as cut
+`... [middle N tokens truncated] ...` (with expansion on, `... [middle N tokens truncated,
+ref ctx:HEX] ...`: the middle is kept under that reference). The separator itself marks the message as cut
 (rather than a `microcompacted: true` field): a proxy cannot add fields to messages a provider validates,
 and a message that carries the separator is never truncated again.
 
@@ -28,27 +29,18 @@ from .turns import newest_user_index
 from .types import CompressionRequest, CompressionResult, Level, Message
 
 SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
-_SEPARATOR_RE = re.compile(r"\.\.\. \[middle \d+ tokens truncated\] \.\.\.")
+SEPARATOR_WITH_REF = "\n... [middle {n} tokens truncated, ref {ref}] ...\n"
+_SEPARATOR_RE = re.compile(r"\.\.\. \[middle \d+ tokens truncated(?:, ref ctx:[0-9a-f]+)?\] \.\.\.")
+_SOME_REF = content_ref("")
+"""A reference's length, to size the separator before the middle is known."""
 
 
 def is_microcompacted(text: str) -> bool:
     return _SEPARATOR_RE.search(text) is not None
 
 
-def cut_ref(cut: str) -> str:
-    """A cut output's reference: its own hash, so whoever sees the cut text (a later compaction's
-    activeRestore) names the same reference the cut was kept under."""
-    return content_ref(cut)
-
-
-def cut_texts(message: Message) -> list[str]:
-    """The texts of `message` (its content, or its `tool_result` blocks) Microcompact cut."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return [content] if is_microcompacted(content) else []
-    blocks = content if isinstance(content, list) else []
-    return [b["content"] for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"
-            and isinstance(b.get("content"), str) and is_microcompacted(b["content"])]
+def separator(n: int, ref: str | None) -> str:
+    return SEPARATOR.format(n=n) if ref is None else SEPARATOR_WITH_REF.format(n=n, ref=ref)
 
 
 class MicrocompactStrategy:
@@ -81,8 +73,7 @@ class MicrocompactStrategy:
 
     def truncate(self, text: str, threshold: int, counter: TokenCounter, cuts: CutLog | None = None) -> str | None:
         """`text` cut to head + separator + tail, or None when it is short or already cut;
-        with `cuts`, the middle is kept there under the cut text's own reference (`cut_ref`):
-        the separator stays as it is, and activeRestore lists the reference."""
+        with `cuts`, the middle is kept there under its own reference, which the separator names."""
         if len(text.encode()) <= threshold or is_microcompacted(text):
             return None  # a token is at least one byte: this text cannot be over the threshold
         tokens = counter.count_cached(text)  # outputs are resent every turn: tokenize each once
@@ -92,16 +83,18 @@ class MicrocompactStrategy:
         if head + tail > threshold:
             # A budget-scaled (or last-resort) threshold: the cut text, separator included, keeps at most the
             # threshold, split 3:1 between head and tail.
-            kept = threshold - counter.count(SEPARATOR.format(n=tokens))
+            kept = threshold - counter.count(separator(tokens, _SOME_REF if cuts is not None else None))
             head, tail = kept * 3 // 4, kept // 4
         middle = tokens - head - tail
         start, end = counter.head_and_tail_cached(text, head, tail)
-        cut = start + SEPARATOR.format(n=middle) + end
+        exact = text.startswith(start) and text.endswith(end) and len(start) + len(end) <= len(text)
+        hidden = text[len(start):len(text) - len(end)] if exact else text  # what is not seen
+        ref = content_ref(hidden) if cuts is not None else None
+        cut = start + separator(middle, ref) + end
         if counter.count_cached(cut) >= tokens:
             return None  # just over the threshold: the separator costs more
         if cuts is not None:
-            exact = text.startswith(start) and text.endswith(end) and len(start) + len(end) <= len(text)
-            cuts.add(cut_ref(cut), text[len(start):len(text) - len(end)] if exact else text)  # what is not seen
+            cuts.keep(hidden)
         return cut
 
     def compact_message(self, message: Message, tool_name: str | None, counter: TokenCounter,

@@ -37,9 +37,6 @@ class CutLog:
         self.originals.setdefault(ref, text)
         return ref
 
-    def add(self, ref: str, text: str) -> None:
-        """`text` kept under a reference made from something else (a cut output's visible text)."""
-        self.originals.setdefault(ref, text)
 
 
 def render_span(messages: list[Message]) -> str:

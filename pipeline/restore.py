@@ -20,7 +20,6 @@ import orjson
 from .config import RestoreConfig
 from .conversation import read_conversation
 from .protocols.base import readable_text, text_of
-from .microcompact import cut_ref, cut_texts
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
@@ -172,8 +171,8 @@ class ActiveRestore:
         `room` (what the request has left for restore blocks): a content block the request
         has no room for only brings the next compaction closer, and the agent can read the
         file again (the recovery message says so). With expansion on (`cuts`: what this
-        compaction kept by reference), the cut tool outputs in view are listed with their
-        references, and an error line inside what a level cut is named by its reference."""
+        compaction kept by reference), an error line inside what a level cut is named by its
+        reference."""
         s = self.state
         shown = "\n".join(text_of(m) for m in visible or [])
         parts: list[str] = []
@@ -189,8 +188,6 @@ class ActiveRestore:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:
             parts.append("Current files: " + ", ".join(f.path for f in s.current_files))
-        if cuts is not None and (listed := cut_outputs(visible or [])):
-            parts.append("Tool outputs shown with their middle cut; the middle is kept by reference:\n" + listed)
         out: list[Message] = []
         used = 0
         for text in parts:
@@ -213,14 +210,3 @@ class ActiveRestore:
             out.append(block)
             used += counter.count_structured(block)
         return out
-
-
-MAX_LISTED_CUTS = 20
-"""Cut outputs listed by reference, the newest first: a long session's oldest are summarised away anyway."""
-
-
-def cut_outputs(messages: list[Message]) -> str:
-    """One line per tool output Microcompact cut in `messages`: its first words and its reference."""
-    lines = [f"- {' '.join(text[:120].split())[:60]}...: ref {cut_ref(text)}"
-             for m in messages for text in cut_texts(m)]
-    return "\n".join(lines[-MAX_LISTED_CUTS:])

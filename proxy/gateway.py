@@ -76,9 +76,9 @@ class Gateway:
                                                     s.wal.idempotency_max_per_tenant))
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
                                                     else None), s.memory, gw.summarize, gw._log_dream)
-        gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative)
-        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator,
-                                 content=open_content_store(s.state, root))
+        content = open_content_store(s.state, root)
+        gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
+        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator, content=content)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         for name in gw.router.model_names():
             try:

@@ -690,7 +690,7 @@ def newest_user(messages: list[Message]) -> int | None:
     return next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
 
 
-CUT = re.compile(r"\n\.\.\. \[middle \d+ tokens truncated\] \.\.\.\n")
+CUT = re.compile(r"\n\.\.\. \[middle \d+ tokens truncated(?:, ref ctx:[0-9a-f]+)?\] \.\.\.\n")
 """Microcompact's separator (pipeline/microcompact.py SEPARATOR)."""
 
 

@@ -8,16 +8,19 @@ import re
 import time
 
 from ctxgate.pipeline.autocompact import AutocompactStrategy
-from ctxgate.pipeline.chain import build_pipeline
 from ctxgate.pipeline.collapse import CollapseStore, CollapseStrategy
 from ctxgate.pipeline.config import AutocompactConfig, CollapseConfig, MicrocompactConfig, PipelineConfig, SnipConfig
-from ctxgate.pipeline.microcompact import MicrocompactStrategy, cut_ref
+from ctxgate.pipeline.microcompact import MicrocompactStrategy, is_microcompacted
 from ctxgate.pipeline.refs import CutLog, content_ref, render_span
-from ctxgate.pipeline.restore import WorkingState
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.types import CompressionRequest
 from ctxgate.proxy.config import Config
+from ctxgate.proxy.engine.compaction import fingerprints_of, run_chain
 from ctxgate.proxy.engine.content_store import MemoryContentStore
+from ctxgate.proxy.engine.speculative import Speculator
+from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
+from ctxgate.proxy.engine.turn_budget import Turn
+from ctxgate.proxy.replay.driver import in_memory_sessions
 
 from pipeline_builders import (LAST_UNIT, NO_WINDOW, agent_history, call, calls, chat_history, counter, filler, system,
                                tool, user)
@@ -54,7 +57,7 @@ async def test_snip_names_the_dropped_messages() -> None:
     assert plain is not None and "ref ctx:" not in plain.compressed_messages[2]["content"]
 
 
-async def test_microcompact_keeps_the_middle_under_the_cut_texts_ref() -> None:
+async def test_microcompact_names_the_middle_in_its_separator() -> None:
     original = filler(6000, 7)
     h = [system(), user("task"), calls(call("c1", "bash", command="x")), tool("c1", original), user("newest")]
     cuts = CutLog()
@@ -62,9 +65,11 @@ async def test_microcompact_keeps_the_middle_under_the_cut_texts_ref() -> None:
         CompressionRequest(h, 1, counter(), window=NO_WINDOW, cuts=cuts))
     assert result is not None
     cut = result.compressed_messages[3]["content"]
-    middle = cuts.originals[cut_ref(cut)]
+    [(n, ref)] = re.findall(r"\n\.\.\. \[middle (\d+) tokens truncated, ref (ctx:[0-9a-f]{12})\] \.\.\.\n", cut)
+    middle = cuts.originals[ref]
     head, tail = cut.split("\n... [")[0], cut.rsplit("] ...\n", 1)[1]
     assert head + middle + tail == original and len(cuts.originals) == 1
+    assert is_microcompacted(cut) and int(n) == counter().count(original) - counter().count(head + tail)
 
 
 async def test_collapse_names_the_folded_span() -> None:
@@ -87,16 +92,17 @@ async def test_autocompact_names_the_summarised_history() -> None:
     assert "[tool] line0x0 line0x1" in cuts.originals[ref]
 
 
-async def test_the_chain_lists_cut_outputs_in_its_restore_block() -> None:
+async def test_a_last_observation_cut_to_fit_is_named_and_kept() -> None:
+    """The turn in progress alone over the budget: its last output is cut (the last resort after
+    the chain), and its separator's reference is among the originals the record keeps."""
     h = [system(), user("task"), calls(call("c1", "bash", command="make")),
-         tool("c1", filler(3000, 3) + "\nerror: boom in module\n" + filler(3000, 4)), user("what failed?")]
-    cuts = CutLog()
-    pipeline = build_pipeline(PipelineConfig(levels=["microcompact"]), working_state=WorkingState(last_error="x"),
-                              effective_budget=4000)
-    result = await pipeline.compact(CompressionRequest(h, 2000, counter(), window=NO_WINDOW, cuts=cuts))
-    cut = next(m["content"] for m in result.compressed_messages if m.get("role") == "tool")
-    listed = [m["content"] for m in result.compressed_messages if "middle is kept by reference" in str(m["content"])]
-    assert len(listed) == 1 and f"ref {cut_ref(cut)}" in listed[0] and cut_ref(cut) in cuts.originals
+         tool("c1", filler(3000, 3) + "\nerror: boom in module\n" + filler(3000, 4))]
+    turn = Turn(messages=h, fingerprints=fingerprints_of(h), tools=None, counter=counter(),
+                config=PipelineConfig(), max_input_tokens=2000, summarize=summarise)
+    run = await run_chain(SessionState("t", "s"), turn, h, 1000, "proactive")
+    cut = run.record.messages[-1]["content"]
+    [ref] = REF.findall(cut)
+    assert "truncated, ref" in cut and ref in run.cuts and run.cuts[ref] in h[-1]["content"]
 
 
 async def test_the_content_store_keeps_each_sessions_own_within_its_bounds() -> None:
@@ -113,6 +119,25 @@ async def test_the_content_store_keeps_each_sessions_own_within_its_bounds() -> 
     await store.put("t1", "s2", {"ctx:d": "d"}, 1000, 60)
     await store.put("t1", "s3", {"ctx:e": "e"}, 1000, 60)  # a third session: the least recent goes
     assert await store.get("t1", "s1", "ctx:c", ttl_s=60) is None
+
+
+async def test_a_speculation_keeps_the_originals_its_notes_name() -> None:
+    """A compaction made in the background is as reversible as one made in the turn: its
+    originals are in the store by the time its record is adopted."""
+    content = MemoryContentStore()
+    speculator = Speculator(in_memory_sessions(MemorySessionStore()), content=content)
+    h = agent_history(40, 200)
+    config = PipelineConfig()
+    turn = Turn(messages=h, fingerprints=fingerprints_of(h), tools=None, counter=counter(), config=config,
+                max_input_tokens=8000, summarize=summarise)
+    state = SessionState("t", "s")
+    speculator.start(state, turn, h, 2000)
+    await speculator.settle(state)
+    await speculator.close()
+    named = refs_in(state.speculative["record"]["messages"])
+    assert named
+    for ref in named:
+        assert await content.get("t", "s", ref, config.expand.store_ttl_s)
 
 
 def test_expansion_is_off_for_minimal_on_for_the_others_and_per_tenant() -> None:

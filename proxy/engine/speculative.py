@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Awaitable, Callable
 
+from ...pipeline.config import ExpandConfig
 from .compaction import ChainRun, run_chain
+from .content_store import ContentStore
 from .turn_budget import Turn
 from .session import Sessions
 from .state import SessionState
@@ -22,13 +24,25 @@ from .state import SessionState
 log = logging.getLogger("ctxgate.speculative")
 
 
+@dataclass
+class _Running:
+    """One background compaction in flight."""
+    chain: "asyncio.Task[ChainRun]"
+    records_at_start: int
+    expand: ExpandConfig
+    """Where its originals are kept once it is (the turn's expansion settings)."""
+
+
 class Speculator:
     def __init__(self, sessions: Sessions,
-                 on_done: Callable[[SessionState], Awaitable[None]] | None = None) -> None:
+                 on_done: Callable[[SessionState], Awaitable[None]] | None = None,
+                 content: ContentStore | None = None) -> None:
         self._sessions = sessions
         self._on_done = on_done
         """Called with the session locked once a speculation ended, kept or not (the WAL checkpoints it)."""
-        self._chains: dict[tuple[str, str], tuple[asyncio.Task[ChainRun], int]] = {}
+        self._content = content
+        """Where the originals a kept speculation's notes name go, as a foreground compaction's do."""
+        self._chains: dict[tuple[str, str], _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> None:
@@ -38,7 +52,7 @@ class Speculator:
         snapshot = SessionState(state.tenant, state.session_id, collapse=state.collapse, breaker=state.breaker,
                                 learned_max_input_tokens=state.learned_max_input_tokens)
         chain = asyncio.create_task(run_chain(snapshot, turn, view, target, "proactive"))
-        self._chains[state.key] = (chain, len(state.records))
+        self._chains[state.key] = _Running(chain, len(state.records), turn.config.expand)
         # In the WAL (a SPECULATION event): a restart while it is in flight starts it again.
         state.speculation = {"prefix_len": len(turn.messages), "prefix_hash": turn.prefix_hashes[-1],
                              "target": target, "records": len(state.records), "logged": False}
@@ -69,21 +83,24 @@ class Speculator:
     async def settle(self, state: SessionState) -> None:
         """Called with the session locked when the trigger is reached: a compaction still in
         flight is the one this turn needs, so wait for it rather than start another."""
-        entry = self._chains.get(state.key)
-        if entry is None:
+        running = self._chains.get(state.key)
+        if running is None:
             return
-        chain, records_at_start = entry
         try:
-            run = await asyncio.shield(chain)
+            run = await asyncio.shield(running.chain)
         except Exception:
             return
-        self._keep(state, run, records_at_start)
+        await self._keep(state, run, running)
 
-    def _keep(self, state: SessionState, run: ChainRun, records_at_start: int) -> None:
+    async def _keep(self, state: SessionState, run: ChainRun, running: _Running) -> None:
         """The speculation ended: its result is kept as the pending record, unless stale."""
         state.speculation = {}
-        if not run.result.steps or len(state.records) != records_at_start or state.speculative:
+        if not run.result.steps or len(state.records) != running.records_at_start or state.speculative:
             return  # nothing done, or the session compacted meanwhile: stale
+        if self._content is not None and run.cuts:
+            expand = running.expand
+            await self._content.put(state.tenant, state.session_id, run.cuts, expand.store_max_bytes,
+                                    expand.store_ttl_s)
         state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
                              "working": run.working}
         log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens, %.0f ms)",
@@ -91,11 +108,11 @@ class Speculator:
                  run.record.tokens_after, run.duration_ms)
 
     async def _persist(self, tenant: str, session_id: str) -> None:
-        chain, records_at_start = self._chains[(tenant, session_id)]
+        running = self._chains[(tenant, session_id)]
         try:
-            run = await chain
+            run = await running.chain
             async with self._sessions.transaction(tenant, session_id) as tx:
-                self._keep(tx.state, run, records_at_start)
+                await self._keep(tx.state, run, running)
                 # Kept or dropped, the speculation ended: the log says so, or a restart would find
                 # it still in flight there and ask for its summary again.
                 tx.write_log = self._on_done
@@ -115,7 +132,7 @@ class Speculator:
             log.warning("session %s: a failed speculation could not be cleared: %s", session_id, e)
 
     async def close(self) -> None:
-        pending = [chain for chain, _ in self._chains.values()] + list(self._tasks)
+        pending = [running.chain for running in self._chains.values()] + list(self._tasks)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

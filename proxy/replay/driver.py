@@ -21,6 +21,7 @@ from ...pipeline.config import PipelineConfig
 from ...pipeline.tokens import TokenCounter
 from ...wal.config import WalConfig
 from ..engine.compaction import Compactor, fingerprints_of
+from ..engine.content_store import MemoryContentStore
 from ..engine.journal import Journal
 from ..engine.session import Sessions
 from ..engine.speculative import Speculator
@@ -104,9 +105,10 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
     on every run, however busy the machine (without it, how far a speculation got in
     `upstream_s` decides whether the next turn finds it ready)."""
     sessions = MemorySessionStore()
-    speculator = Speculator(in_memory_sessions(sessions)) if speculate else None
+    content = MemoryContentStore()
+    speculator = Speculator(in_memory_sessions(sessions), content=content) if speculate else None
     steps: list[dict[str, Any]] = []
-    compactor = Compactor(on_step=steps.append, speculator=speculator)
+    compactor = Compactor(on_step=steps.append, speculator=speculator, content=content)
     pipeline_config = config or PipelineConfig()
     out = Replay()
 

@@ -45,7 +45,10 @@ Scores (per trajectory and budget; a score is left out of a mean when it does no
 - latest: share of the last 3 input messages present unchanged in the output;
 - valid: tool calls and results paired (ctxgate.pipeline.turns.is_valid_sequence) and the
   leading system message kept unchanged;
-- within budget: count_messages(output) ≤ budget (o200k_base, OpenAI's message formula).
+- within budget: count_messages(output) ≤ budget (o200k_base, OpenAI's message formula);
+- cut line (its own table, not in *all scores 1*): one observation line ctxgate's output lost,
+  found in the output or, for ctxgate, brought back through the expansion tool within its
+  limits (bench/expansion_probe.py says how the line is picked and the model simulated).
 
 Runs of a text dialect (dialect_of(run) is not "tool calls") are scored in text mode: their
 observations are the user turns after the task, their actions the command blocks or
@@ -81,6 +84,10 @@ from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
 from ctxgate.pipeline.turns import first_user_index, is_valid_sequence  # noqa: E402
 from common import split_units  # noqa: E402  (wherever the package under test keeps it)
 from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
+from ctxgate.pipeline.config import ExpandConfig  # noqa: E402
+from ctxgate.pipeline.refs import CutLog  # noqa: E402
+from ctxgate.proxy.engine.expansion import tool_definition  # noqa: E402
+import expansion_probe  # noqa: E402
 from trajectories import DIALECTS, TOOL_CALLS, dialect_of  # noqa: E402
 
 Message = dict[str, Any]
@@ -288,6 +295,10 @@ class Score:
     note: str = ""
     pairs: bool = True
     system_kept: bool = True
+    cut_line: float | None = None
+    """The probe line is in the output, or (ctxgate) brought back by expansion; None: no probe."""
+    expansions: int = 0
+    """Expansions it took (0: in the output, or not brought back)."""
 
     def values(self) -> list[float]:
         return [v for v in (self.task, self.files, self.error, self.latest, self.valid, self.within) if v is not None]
@@ -367,8 +378,10 @@ def make_methods(counter) -> dict[str, Callable[[str, list[Message], int], list[
             effective = int(budget / cfg.target_ratio)
             pipe = build_pipeline(cfg, summarize=summarize, working_state=extract_working_state(messages, cfg.restore),
                                   effective_budget=effective)
-            result = loop.run_until_complete(pipe.compact(CompressionRequest(messages, budget, counter)))
+            cuts = CutLog()
+            result = loop.run_until_complete(pipe.compact(CompressionRequest(messages, budget, counter, cuts=cuts)))
             diagnostics["last"] = result
+            diagnostics["expandable"] = (cuts.originals, effective)
             return result.compressed_messages
         return run
 
@@ -435,6 +448,41 @@ class Case:
         allowance (100 tokens) are over the budget: only dropping or cutting the turn in
         progress can fit it."""
         return self.feasible and self.core + TIGHT_SUMMARY > self.budget
+
+
+def probe_cut_line(case: Case, obs: list[Message], outs: dict[str, list[Message]],
+                   expandable: dict[str, tuple[dict[str, str], int]], counter) -> None:
+    """Score every method on the line ctxgate's output lost (`expansion_probe`)."""
+    line = expansion_probe.cut_line(obs, outs.get("ctxgate", []))
+    if line is None:
+        return
+    tool = counter.count_tools([{"type": "function", "function": tool_definition(ExpandConfig())}])
+    for meth, out in outs.items():
+        s = case.scores[meth]
+        if line in "\n".join(text_of(m) for m in out):
+            s.cut_line = 1.0
+        elif meth in expandable:
+            originals, effective = expandable[meth]
+            room = effective - counter.count_messages(out) - tool  # as the gateway leaves it (turn.py)
+            n = asyncio.run(expansion_probe.expansions_to_reach(line, out, dict(originals), room, counter))
+            s.cut_line, s.expansions = (1.0, n) if n else (0.0, 0)
+        else:
+            s.cut_line = 0.0
+
+
+def cut_line_table(cases: list[Case], names: list[str]) -> str:
+    rows = []
+    for ratio in RATIOS:
+        for meth in names:
+            sc = [c.scores[meth] for c in cases if c.ratio == ratio and c.feasible]
+            probed = [s for s in sc if s.cut_line is not None]
+            if not probed:
+                continue
+            by = collections.Counter(s.expansions for s in probed if s.cut_line)
+            rows.append([f"{ratio:.0%}", meth, len(probed), fmt_mean([s.cut_line for s in probed]),
+                         by.get(0, 0), by.get(1, 0), by.get(2, 0), by.get(3, 0)])
+    return common.table(["budget", "method", "probes", "cut line answered", "in the output", "after 1 expansion",
+                         "after 2", "after 3"], rows, "llrrrrrr")
 
 
 def fmt_mean(vals: list[float]) -> str:
@@ -514,10 +562,12 @@ def main() -> None:
         for ratio in RATIOS:
             budget = int(size * ratio)
             case = Case(name, traj.source, ratio, budget, size, floor, core, needs.demonstration, dialect=dialect)
+            outs: dict[str, list[Message]] = {}
+            expandable: dict[str, tuple[dict[str, str], int]] = {}
             for meth in names:
                 t0 = time.perf_counter()
                 try:
-                    out = methods[meth](traj.source, messages, budget)
+                    out = outs[meth] = methods[meth](traj.source, messages, budget)
                     case.scores[meth] = score(needs, out, budget, counter)
                 except Exception as e:  # a method that fails sends nothing usable
                     errors.append(f"{meth} on {name} @ {ratio:.0%}: {type(e).__name__}: {str(e)[:200]}")
@@ -530,6 +580,9 @@ def main() -> None:
                     case.ctxgate_fits = r.fits
                     case.ctxgate_hints = list(r.recovery_hints)
                 diagnostics.pop("last", None)
+                if "expandable" in diagnostics:
+                    expandable[meth] = diagnostics.pop("expandable")
+            probe_cut_line(case, observations(messages, dialect != TOOL_CALLS), outs, expandable, counter)
             cases.append(case)
         if (k + 1) % 25 == 0 or k + 1 == len(trajectories):
             common.progress(f"  {k + 1}/{len(trajectories)} trajectories ({time.perf_counter() - started:.1f}s)")
@@ -581,6 +634,13 @@ def write(cases: list[Case], names: list[str], errors: list[str], timing: dict[s
                        f"their scores, for the record:\n")
             out.append(method_table(infeas, names) + "\n")
     out.append(dialect_tables(cases, names))
+    out.append("### A line that was cut, answered through expansion (feasible cases)\n")
+    out.append("One line per case that ctxgate's compressed request lost (an observation line of 20+ characters, "
+               "unique in the run, picked by hash; `bench/expansion_probe.py`). A baseline answers it when the line "
+               "is in its output; ctxgate when a model asking its expansion tool gets it back within the gateway's "
+               "limits (3 expansions, the room left under the budget, excerpts naming what they leave out), the "
+               "model simulated as one that asks for the reference whose original holds the line.\n")
+    out.append(cut_line_table(cases, names) + "\n")
     # ctxgate by source
     rows = []
     for ratio in RATIOS:

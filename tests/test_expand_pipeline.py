@@ -121,6 +121,20 @@ async def test_the_content_store_keeps_each_sessions_own_within_its_bounds() -> 
     assert await store.get("t1", "s1", "ctx:c", ttl_s=60) is None
 
 
+async def test_a_snip_note_summarised_by_autocompact_stays_expandable() -> None:
+    """Autocompact's original is the span it summarised, the snip note in it included: the
+    snip's original is kept too, reached through the summary's reference."""
+    h = agent_history(40, 200)
+    config = PipelineConfig(levels=["snip", "autocompact"], snip=SnipConfig(keep_recent=30))
+    turn = Turn(messages=h, fingerprints=fingerprints_of(h), tools=None, counter=counter(), config=config,
+                max_input_tokens=8000, summarize=summarise)
+    run = await run_chain(SessionState("t", "s"), turn, h, 2000, "proactive")
+    assert run.record.levels == ["snip", "autocompact"]
+    [summary_ref] = refs_in(run.record.messages)
+    [snip_ref] = REF.findall(run.cuts[summary_ref])
+    assert "[tool] line0x0" in run.cuts[snip_ref]
+
+
 async def test_a_speculation_keeps_the_originals_its_notes_name() -> None:
     """A compaction made in the background is as reversible as one made in the turn: its
     originals are in the store by the time its record is adopted."""

@@ -292,12 +292,19 @@ class Compactor:
 
 
 def _named(cuts: CutLog | None, messages: list[dict[str, Any]]) -> dict[str, str]:
-    """The originals the compacted messages still name: a level tried and not applied, or a
+    """The originals the compacted messages still name, directly or through an original they
+    name (a snip note that Autocompact then summarised): a level tried and not applied, or a
     first pass the chain ran again, leaves references nothing points to."""
     if cuts is None or not cuts.originals:
         return {}
-    named = set(REF_RE.findall(orjson.dumps(messages).decode()))
-    return {ref: text for ref, text in cuts.originals.items() if ref in named}
+    kept: dict[str, str] = {}
+    named = REF_RE.findall(orjson.dumps(messages).decode())
+    while named:
+        ref = named.pop()
+        if ref not in kept and ref in cuts.originals:
+            kept[ref] = cuts.originals[ref]
+            named += REF_RE.findall(kept[ref])
+    return kept
 
 
 def record_tokens(record: CompactionRecord, counter: TokenCounter) -> int:

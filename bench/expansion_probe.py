@@ -13,7 +13,8 @@ back within that limit.
 The model is simulated as one that knows which part of the history it wants: it asks for the
 reference, among those its request names, whose original holds the line (or names a
 reference that does), and when the result is an excerpt without it, for the reference the
-excerpt names for the missing part. So the probe measures the mechanism (every cut is
+excerpt names for the missing part; it reads each result in place of the note it expands
+(a line a Microcompact cut ran through reads whole again). So the probe measures the mechanism (every cut is
 stored, named and reachable within the limits), not how well a real model picks a
 reference from a note.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from ctxgate.pipeline.config import ExpandConfig
@@ -43,19 +45,17 @@ def _text(m: Message) -> str:
     return content if isinstance(content, str) else ""
 
 
-async def _leads_to(line: str, ref: str, store: MemoryContentStore, config: ExpandConfig, seen: set[str]) -> bool:
-    """`ref`'s original holds the line, or names a reference that leads to it (a snip note
-    inside a summarised span)."""
+async def _whole(ref: str, store: MemoryContentStore, config: ExpandConfig, seen: set[str]) -> str | None:
+    """`ref`'s original with every reference it names put in its place, as deep as they go:
+    everything a model could read through it."""
     original = await store.get("bench", "case", ref, config.store_ttl_s)
     if original is None or ref in seen:
-        return False
+        return None
     seen.add(ref)
-    if line in original:
-        return True
     for inner in REF_RE.findall(original):
-        if await _leads_to(line, inner, store, config, seen):
-            return True
-    return False
+        if (text := await _whole(inner, store, config, seen)) is not None:
+            original = _put_in(original, inner, text)
+    return original
 
 
 def cut_line(observations: list[Message], out: list[Message]) -> str | None:
@@ -78,17 +78,32 @@ async def expansions_to_reach(line: str, out: list[Message], originals: dict[str
     store = MemoryContentStore()
     await store.put("bench", "case", originals, config.store_max_bytes, config.store_ttl_s)
     expansion = Expansion(config, store, "bench", "case", counter, room=room)
-    named = REF_RE.findall("\n".join(_text(m) for m in out))
+    read = "\n".join(_text(m) for m in out)
+    named = REF_RE.findall(read)
     for n in range(1, config.max_per_turn + 1):
         ref = None
         for candidate in dict.fromkeys(named):
-            if candidate not in expansion.served and await _leads_to(line, candidate, store, config, set()):
+            if candidate in expansion.served:
+                continue
+            whole = await _whole(candidate, store, config, set())
+            if whole is not None and line in _put_in(read, candidate, whole):
                 ref = candidate
                 break
         if ref is None:
             return None
         result = await expansion.answer(ToolCall(f"call_{n}", json.dumps({"ref": ref})))
-        if line in result:
+        read = _put_in(read, ref, result)
+        if line in read:
             return n
         named = REF_RE.findall(result)
     return None
+
+
+def _put_in(read: str, ref: str, result: str) -> str:
+    """What the model has read so far with `result` in place of the in-line note naming `ref`
+    (a Microcompact separator, an excerpt's gap): a line such a note ran through reads whole
+    again. A span's note (Snip, Collapse, Autocompact) stands for whole messages: appended."""
+    inline = re.compile(r"\n\.\.\. \[middle \d+ tokens truncated, ref %s\] \.\.\.\n|\[\.\.\. \d+ lines, \d+ tokens: "
+                        r"ref %s\]\n|\n\[\.\.\. \d+ more tokens: ref %s\]" % (ref, ref, ref))
+    found = inline.search(read)
+    return read[:found.start()] + result + read[found.end():] if found else read + "\n" + result

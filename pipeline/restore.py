@@ -171,8 +171,8 @@ class ActiveRestore:
         `room` (what the request has left for restore blocks): a content block the request
         has no room for only brings the next compaction closer, and the agent can read the
         file again (the recovery message says so). With expansion on (`cuts`: what this
-        compaction kept by reference), an error line inside what a level cut is named by its
-        reference."""
+        compaction kept by reference), the last error's line is quoted and the output it
+        came from named by its reference."""
         s = self.state
         shown = "\n".join(text_of(m) for m in visible or [])
         parts: list[str] = []
@@ -182,8 +182,8 @@ class ActiveRestore:
             parts.append("Active plan:\n" + s.active_plan)
         if s.last_error and s.last_error not in shown:
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
-            parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error if ref is None
-                         else f"The last error a tool reported (it may since be fixed) is in ref {ref}.")
+            parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error
+                         + (f"\n(the output it is from: ref {ref})" if ref is not None else ""))
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:

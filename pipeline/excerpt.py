@@ -5,12 +5,14 @@ stays within the budget), yet a long log's useful line is rarely at its start. S
 original that does not fit keeps its head and its tail, and before those the lines that say
 what failed, newest first, each with a line either side. Every run of lines left out is
 named by its own reference (`[... N lines, M tokens: ref ctx:HEX]`), kept in the `CutLog`,
-so the model can ask for exactly that part next.
+so the model can ask for exactly that part next. A span of messages (what Snip, Collapse and
+Autocompact keep) that does not fit becomes an index when that fits, a line per message with
+its own reference, so the message the model wants is one more call away.
 """
 from __future__ import annotations
 
 from .failures import is_error_line
-from .refs import CutLog
+from .refs import CutLog, span_messages
 from .tokens import TokenCounter
 
 GAP = "[... {lines} lines, {tokens} tokens: ref {ref}]\n"
@@ -18,6 +20,9 @@ GAP_TOKENS = 24
 """What one gap's note costs, with room to spare (its figures and reference vary)."""
 ERROR_SHARE = 0.5
 """At most this share of the limit goes to failure lines; head and tail share the rest 3:1."""
+WHOLE_ENTRY = 48
+"""A message of a span index this short is shown whole rather than by reference."""
+ENTRY_CHARS = 120
 
 
 def excerpt(text: str, limit: int, counter: TokenCounter, cuts: CutLog) -> str:
@@ -25,6 +30,13 @@ def excerpt(text: str, limit: int, counter: TokenCounter, cuts: CutLog) -> str:
     lines within `limit`, each gap named by a reference kept in `cuts`."""
     if counter.count(text) <= limit:
         return text
+    messages = span_messages(text)
+    if messages is not None and len(messages) > 1:
+        index = CutLog()
+        listed = _index(messages, counter, index)
+        if counter.count(listed) <= limit:
+            cuts.originals.update(index.originals)
+            return listed
     lines = text.splitlines(keepends=True)
     sizes = [counter.count(line) for line in lines]
     room = limit - 2 * GAP_TOKENS
@@ -42,6 +54,23 @@ def excerpt(text: str, limit: int, counter: TokenCounter, cuts: CutLog) -> str:
     spent += _take(range(len(lines)), sizes, kept, (room - spent) * 3 // 4)
     _take(range(len(lines) - 1, -1, -1), sizes, kept, room - spent)
     return _render(lines, sizes, kept, cuts)
+
+
+def _index(messages: list[str], counter: TokenCounter, cuts: CutLog) -> str:
+    """A span of messages too long to give back whole, as one line per message (its start,
+    its size, its own reference, and the line that says what failed, if any): the model
+    finds the message it wants and asks for it. A short message is shown whole."""
+    entries = []
+    for text in messages:
+        tokens = counter.count(text)
+        if tokens <= WHOLE_ENTRY:
+            entries.append(" ".join(text.split()))
+            continue
+        lines = text.splitlines()
+        failed = next((line.strip() for line in reversed(lines[1:]) if is_error_line(line)), "")
+        entries.append(f"{lines[0][:ENTRY_CHARS]} ... ({tokens} tokens: ref {cuts.keep(text)})"
+                       + (f" | {failed[:ENTRY_CHARS]}" if failed else ""))
+    return f"{len(messages)} messages, each whole under its reference:\n" + "\n".join(entries) + "\n"
 
 
 def _take(order: range, sizes: list[int], kept: set[int], tokens: int) -> int:

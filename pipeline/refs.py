@@ -39,6 +39,16 @@ class CutLog:
 
 
 
+_SPAN_BREAK = re.compile(r"\n\n(?=\[(?:system|developer|user|assistant|tool)\] )")
+
+
 def render_span(messages: list[Message]) -> str:
     """A removed span as the model reads it back: each message's role and everything it showed."""
     return "\n\n".join(f"[{m.get('role')}] {readable_text(m)}" for m in messages)
+
+
+def span_messages(text: str) -> list[str] | None:
+    """A `render_span` text cut back into its messages; None when `text` is not one."""
+    if not re.match(r"\[(?:system|developer|user|assistant|tool)\] ", text):
+        return None
+    return _SPAN_BREAK.split(text)

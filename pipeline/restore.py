@@ -172,7 +172,8 @@ class ActiveRestore:
         has no room for only brings the next compaction closer, and the agent can read the
         file again (the recovery message says so). With expansion on (`cuts`: what this
         compaction kept by reference), the last error's line is quoted and the output it
-        came from named by its reference."""
+        came from named, unless that output is still in view with its middle cut: its
+        separator names the reference there, and the block points to it."""
         s = self.state
         shown = "\n".join(text_of(m) for m in visible or [])
         parts: list[str] = []
@@ -182,8 +183,12 @@ class ActiveRestore:
             parts.append("Active plan:\n" + s.active_plan)
         if s.last_error and s.last_error not in shown:
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
-            parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error
-                         + (f"\n(the output it is from: ref {ref})" if ref is not None else ""))
+            if ref is not None and ref in shown:
+                parts.append(f"The last error a tool reported (it may since be fixed) is in the cut middle of an "
+                             f"output still in view: ref {ref}.")
+            else:
+                parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error
+                             + (f"\n(the output it is from: ref {ref})" if ref is not None else ""))
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:

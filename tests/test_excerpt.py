@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ctxgate.pipeline.excerpt import excerpt
-from ctxgate.pipeline.refs import CutLog
+from ctxgate.pipeline.refs import CutLog, render_span
 
 from pipeline_builders import counter
 
@@ -57,3 +57,23 @@ def test_one_long_line_gives_its_head_and_the_rest_by_reference() -> None:
     assert tc.count(out) <= 500
     [ref] = re.findall(r"more tokens: ref (ctx:[0-9a-f]{12})\]$", out)
     assert out[:out.index("\n[...")] + cuts.originals[ref] == text
+
+
+def test_a_span_of_messages_becomes_an_index_of_them() -> None:
+    tc, cuts = counter(), CutLog()
+    messages = [{"role": "user", "content": "TASK: fix it"}]
+    for i in range(30):
+        messages.append({"role": "assistant", "content": f"step {i}: reading module_{i}.py"})
+        messages.append({"role": "tool", "content": "\n".join(f"module_{i} line {k}" for k in range(40))
+                         + ("\nTraceback: boom in module_17" if i == 17 else "")})
+    span = render_span(messages)
+    out = excerpt(span, 1500, tc, cuts)
+    assert tc.count(out) <= 1500 and out.startswith("61 messages")
+    entries = out.splitlines()[1:]
+    assert len(entries) == 61 and entries[1] == "[assistant] step 0: reading module_0.py"  # short: whole
+    [ref] = re.findall(r"ref (ctx:[0-9a-f]{12})", entries[36])
+    assert cuts.originals[ref] == render_span([messages[36]]) and "Traceback: boom in module_17" in entries[36]
+    # An index that does not fit either: the span's lines, as for any text.
+    small = CutLog()
+    assert not excerpt(span, 300, tc, small).startswith("61 messages") and put_back(excerpt(span, 300, tc, small),
+                                                                                    small) == span + "\n"

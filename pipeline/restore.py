@@ -19,7 +19,7 @@ import orjson
 
 from .config import RestoreConfig
 from .conversation import read_conversation
-from .protocols.base import readable_text, text_of
+from .protocols.base import readable_text
 from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
@@ -175,7 +175,7 @@ class ActiveRestore:
         came from named, unless that output is still in view with its middle cut: its
         separator names the reference there, and the block points to it."""
         s = self.state
-        shown = "\n".join(text_of(m) for m in visible or [])
+        shown = "\n".join(readable_text(m) for m in visible or [])
         parts: list[str] = []
         if s.pending_tasks:
             parts.append("Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks))

@@ -114,6 +114,24 @@ def test_the_agent_gets_the_final_answer_and_the_upstream_the_original(gw: Gatew
     assert all(entry.prompt_tokens is not None and entry.prompt_tokens <= budget for entry in [first, second, *rest])
 
 
+def test_the_next_turn_starts_with_what_the_model_asked_for(gw: Gateway, up: ScriptedUpstream) -> None:
+    """The expansion stays in the conversation: the next turn's request starts with the last
+    follow-up of this one (what the provider cached), and no reference is asked for twice."""
+    hdrs = headers()
+    ask(gw, "gpt-4o-expand", False, **hdrs)
+    before = chats(up)
+    up.reset()
+    messages = [*build_log(), {"role": "assistant", "content": REPLY}, {"role": "user", "content": "Fix it."}]
+    ask(gw, "gpt-4o-expand", False, messages, **hdrs)
+    after = chats(up)
+    last = before[-1].body["messages"]
+    assert after[0].body["messages"][:len(last)] == last
+    assert after[0].body["messages"][len(last):] == messages[-2:]
+    ids = [[m["tool_call_id"] for m in r.body["messages"] if m["role"] == "tool" and
+            m["tool_call_id"].startswith("call_expand_")] for r in (before[-1], after[-1])]
+    assert ids[0] and len(set(ids[1])) == len(ids[1])  # answered once, across both turns
+
+
 def test_a_ref_of_another_session_or_tenant_is_refused(gw: Gateway, up: ScriptedUpstream) -> None:
     mine = headers()
     ask(gw, "gpt-4o", False, **mine)  # compacted, no expansion asked: the refs are this session's

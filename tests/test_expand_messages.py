@@ -44,11 +44,13 @@ def build_log() -> list[dict[str, Any]]:
             {"role": "user", "content": "What failed?"}]
 
 
-def ask(gw: Gateway, model: str, stream: bool) -> anthropic.types.Message:
+def ask(gw: Gateway, model: str, stream: bool, messages: list[dict[str, Any]] | None = None,
+        session: str | None = None) -> anthropic.types.Message:
     client = anthropic.Anthropic(base_url=gw.base, api_key=KEY, max_retries=0, timeout=60)
-    kw: dict[str, Any] = dict(model=model, max_tokens=64, system="You are a build agent.", messages=build_log(),
-                              tools=TOOLS, extra_headers={"X-Ctx-Budget": "6000",
-                                                          "X-Ctx-Session": f"expm-{uuid.uuid4().hex[:12]}"})
+    kw: dict[str, Any] = dict(model=model, max_tokens=64, system="You are a build agent.",
+                              messages=messages or build_log(), tools=TOOLS,
+                              extra_headers={"X-Ctx-Budget": "6000",
+                                             "X-Ctx-Session": session or f"expm-{uuid.uuid4().hex[:12]}"})
     if not stream:
         return client.messages.create(**kw)
     with client.messages.stream(**kw) as events:
@@ -84,3 +86,14 @@ def test_a_message_mixing_our_call_with_the_agents_keeps_only_the_agents(gw: Gat
     message = ask(gw, "claude-expand-mixed", stream)
     assert [(b.type, getattr(b, "name", None)) for b in message.content] == [("tool_use", "bash")]
     assert message.stop_reason == "tool_use" and len(sent(up)) == 1
+
+
+def test_the_next_turn_starts_with_what_the_model_asked_for(gw: Gateway, up: ScriptedUpstream) -> None:
+    session = f"expm-{uuid.uuid4().hex[:12]}"
+    ask(gw, "claude-expand", False, session=session)
+    last = sent(up)[-1].body["messages"]
+    up.reset()
+    messages = [*build_log(), {"role": "assistant", "content": REPLY}, {"role": "user", "content": "Fix it."}]
+    ask(gw, "claude-expand", False, messages, session)
+    first = sent(up)[0].body["messages"]
+    assert first[:len(last)] == last and first[len(last):] == messages[-2:]

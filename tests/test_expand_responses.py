@@ -38,10 +38,12 @@ def build_input() -> list[dict[str, Any]]:
             {"role": "user", "content": "What failed?"}]
 
 
-def ask(gw: Gateway, model: str, stream: bool) -> Any:
+def ask(gw: Gateway, model: str, stream: bool, items: list[dict[str, Any]] | None = None,
+        session: str | None = None) -> Any:
     client = openai.OpenAI(base_url=gw.url, api_key=KEYS["acme"], max_retries=0, timeout=60)
-    kw: dict[str, Any] = dict(model=model, instructions="You are a build agent.", input=build_input(), tools=TOOLS,
-                              extra_headers={"X-Ctx-Budget": "6000", "X-Ctx-Session": f"expr-{uuid.uuid4().hex[:12]}"})
+    kw: dict[str, Any] = dict(model=model, instructions="You are a build agent.", input=items or build_input(),
+                              tools=TOOLS, extra_headers={"X-Ctx-Budget": "6000",
+                                                          "X-Ctx-Session": session or f"expr-{uuid.uuid4().hex[:12]}"})
     if not stream:
         return client.responses.create(**kw)
     with client.responses.stream(**kw) as events:
@@ -77,3 +79,14 @@ def test_a_response_mixing_our_call_with_the_agents_keeps_only_the_agents(gw: Ga
     response = ask(gw, "gpt-4o-expand-mixed", stream)
     assert [(item.type, getattr(item, "name", None)) for item in response.output] == [("function_call", "bash")]
     assert len(sent(up)) == 1
+
+
+def test_the_next_turn_starts_with_what_the_model_asked_for(gw: Gateway, up: ScriptedUpstream) -> None:
+    session = f"expr-{uuid.uuid4().hex[:12]}"
+    ask(gw, "gpt-4o-expand", False, session=session)
+    last = sent(up)[-1].body["input"]
+    up.reset()
+    items = [*build_input(), {"role": "assistant", "content": REPLY}, {"role": "user", "content": "Fix it."}]
+    ask(gw, "gpt-4o-expand", False, items, session)
+    first = sent(up)[0].body["input"]
+    assert first[:len(last)] == last and first[len(last):] == items[-2:]

@@ -145,3 +145,29 @@ async def test_a_speculation_that_still_leaves_room_is_adopted() -> None:
     assert any("speculative" in h for h in plan.hints) and state.speculation_wasted == 0
     assert plan.messages[:3] == grown[:2] + [{"role": "system", "content": "summary"}]
     assert len(plan.messages) == 3 + len(grown) - k  # the rest as sent
+
+
+async def test_an_expansion_exchange_is_put_back_until_a_compaction_takes_it_in() -> None:
+    """What the gateway's expansion tool added after a client's message comes back in place on
+    later turns, counted; a compaction then covers it and it leaves the list."""
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    for i in range(6):
+        history += tool_turn(i, size=60)
+    k = len(history)
+    exchange = [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_expand_1", "type": "function", "function": {"name": "ctxgate_expand", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_expand_1", "content": filler(300, 5)}]
+    state = SessionState("t", "s")
+    state.add_expanded(k, prefix_hashes(fingerprints_of(history))[-1], exchange)
+    compactor = Compactor()
+    grown = history + [assistant("done"), user("next")]
+    plan = await compactor.prepare(state, _turn(grown))
+    assert plan.messages == history + exchange + grown[k:]
+    assert plan.tokens_out == counter().count_messages(plan.messages)
+    edited = [*history[:-1], {**history[-1], "content": "another output"}, *grown[k:]]
+    assert (await compactor.prepare(SessionState("t", "s2", expanded=state.expanded), _turn(edited))).messages == edited
+    while not state.records:  # grow until a compaction takes the exchange in
+        grown += tool_turn(len(grown), size=200)
+        plan = await compactor.prepare(state, _turn(grown, _summary))
+        state.has_attempted_reactive_compact = False
+    assert state.expanded == []

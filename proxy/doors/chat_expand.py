@@ -37,8 +37,11 @@ class ChatExpansion:
 
     def follow_up(self, payload: dict[str, Any], asked: AskedCalls,
                   results: list[tuple[ToolCall, str]]) -> dict[str, Any]:
-        answers = [{"role": "tool", "tool_call_id": call.call_id, "content": text} for call, text in results]
-        return {**payload, "messages": [*payload["messages"], asked.assistant, *answers]}
+        return {**payload, "messages": [*payload["messages"], *self.exchange(asked, results)]}
+
+    def exchange(self, asked: AskedCalls, results: list[tuple[ToolCall, str]]) -> list[dict[str, Any]]:
+        return [asked.assistant, *({"role": "tool", "tool_call_id": call.call_id, "content": text}
+                                   for call, text in results)]
 
     def without_ours(self, body: bytes, tool_name: str) -> bytes:
         data = orjson.loads(body)

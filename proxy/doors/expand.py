@@ -85,7 +85,8 @@ async def _ask_again(prepared: PreparedTurn, expansion: Expansion, wire: Expandi
     try:
         reply = await wire.send(prepared.route, payload, stream=stream, api_key=api_key)
     except ContextTooLong:
-        payload = wire.follow_up(prepared.payload, asked, [(call, TOO_LONG) for call, _ in results])
+        results = [(call, TOO_LONG) for call, _ in results]
+        payload = wire.follow_up(prepared.payload, asked, results)
         try:
             reply = await wire.send(prepared.route, payload, stream=stream, api_key=api_key)
         except UpstreamError as e:
@@ -94,6 +95,7 @@ async def _ask_again(prepared: PreparedTurn, expansion: Expansion, wire: Expandi
         raise e.to_api_error() from None
     prepared.payload = payload
     prepared.upstream_ms += reply.upstream_ms
+    expansion.exchange += wire.exchange(asked, results)
     return reply
 
 

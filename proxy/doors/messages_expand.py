@@ -29,8 +29,11 @@ class MessagesExpansion:
 
     def follow_up(self, payload: dict[str, Any], asked: AskedCalls,
                   results: list[tuple[ToolCall, str]]) -> dict[str, Any]:
+        return {**payload, "messages": [*payload["messages"], *self.exchange(asked, results)]}
+
+    def exchange(self, asked: AskedCalls, results: list[tuple[ToolCall, str]]) -> list[dict[str, Any]]:
         answers = [{"type": "tool_result", "tool_use_id": call.call_id, "content": text} for call, text in results]
-        return {**payload, "messages": [*payload["messages"], asked.assistant, {"role": "user", "content": answers}]}
+        return [asked.assistant, {"role": "user", "content": answers}]
 
     def without_ours(self, body: bytes, tool_name: str) -> bytes:
         data = orjson.loads(body)

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from ..engine.expansion import AskedCalls, ToolCall
+from .responses_model import convert
 from .sse import event_data, with_data
 
 _ITEM_EVENTS = ("response.output_item.added", "response.output_item.done", "response.function_call_arguments.delta",
@@ -34,8 +35,10 @@ class ResponsesExpansion:
                   results: list[tuple[ToolCall, str]]) -> dict[str, Any]:
         items = payload.get("input")
         items = items if isinstance(items, list) else [{"role": "user", "content": items}]
-        answers = [{"type": "function_call_output", "call_id": call.call_id, "output": text} for call, text in results]
-        return {**payload, "input": [*items, *asked.assistant, *answers]}
+        return {**payload, "input": [*items, *asked.assistant, *_answers(results)]}
+
+    def exchange(self, asked: AskedCalls, results: list[tuple[ToolCall, str]]) -> list[dict[str, Any]]:
+        return convert(None, [*asked.assistant, *_answers(results)]).messages
 
     def without_ours(self, body: bytes, tool_name: str) -> bytes:
         data = orjson.loads(body)
@@ -113,3 +116,7 @@ def _asked(output: list[Any], tool_name: str) -> AskedCalls | None:
 
 def _ours(item: dict[str, Any], tool_name: str) -> bool:
     return item.get("type") == "function_call" and item.get("name") == tool_name
+
+
+def _answers(results: list[tuple[ToolCall, str]]) -> list[dict[str, Any]]:
+    return [{"type": "function_call_output", "call_id": call.call_id, "output": text} for call, text in results]

@@ -39,15 +39,39 @@ if TYPE_CHECKING:
 _LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)|> (\d+) maximum")
 
 
-def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], CompactionRecord | None]:
-    """The client's messages with the longest matching record's replacement in front, and that
-    record. What arrived since is forwarded as the client sent it: it is the recent window."""
+def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], CompactionRecord | None, int]:
+    """The client's messages with the longest matching record's replacement in front, that
+    record, and the tokens the expansion exchanges put back add. What arrived since is
+    forwarded as the client sent it: it is the recent window, with the expansion exchanges of
+    its answered turns back in place."""
     hashes = turn.prefix_hashes
     for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
         k = record.prefix_len
         if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
-            return record.messages + turn.messages[k:], record
-    return turn.messages, None
+            view, added = _with_expanded(state, turn, record.messages + turn.messages[k:], k, len(record.messages))
+            return view, record, added
+    view, added = _with_expanded(state, turn, turn.messages, 0, 0)
+    return view, None, added
+
+
+def _with_expanded(state: SessionState, turn: Turn, view: list[dict[str, Any]], covered: int,
+                   replaced_by: int) -> tuple[list[dict[str, Any]], int]:
+    """`view` (the client's first `covered` messages replaced by `replaced_by` others) with each
+    expansion exchange after the client's message it followed, when that message is after
+    what is replaced and the history up to it is unchanged; and the tokens they add. The
+    forwarded request then starts with the previous turn's last follow-up, as the provider
+    cached it."""
+    hashes = turn.prefix_hashes
+    found = [e for e in state.expanded if covered <= e["prefix_len"] <= len(hashes)
+             and hashes[e["prefix_len"] - 1] == e["prefix_hash"]]
+    if not found:
+        return view, 0
+    out = list(view)
+    for entry in sorted(found, key=lambda e: e["prefix_len"], reverse=True):
+        at = entry["prefix_len"] - covered + replaced_by
+        out[at:at] = entry["messages"]
+    added = turn.counter.count_messages([m for e in found for m in e["messages"]]) - REPLY_PRIMING
+    return out, added
 
 
 def _read_dialect(state: SessionState, turn: Turn) -> None:
@@ -188,11 +212,11 @@ class Compactor:
     def _view(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
         """What to forward as the records have it, and its size as the provider counts it:
         the record's own count plus the turn's count of what arrived since, O(new messages)."""
-        view, record = _apply_records(state, turn)
+        view, record, expanded = _apply_records(state, turn)
         if record is None:
-            return view, turn.message_tokens() + turn.outside_tokens()
+            return view, turn.message_tokens() + expanded + turn.outside_tokens()
         return view, (record_tokens(record, turn.counter) + turn.message_tokens(record.prefix_len) - REPLY_PRIMING
-                      + turn.outside_tokens())
+                      + expanded + turn.outside_tokens())
 
     def _adopt_speculative(self, state: SessionState, turn: Turn, budget: int) -> Plan | None:
         """Promote the background compaction to a record if it still matches the client's
@@ -208,7 +232,7 @@ class Compactor:
         if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
             state.speculative = {}
             return None
-        view = record.messages + turn.messages[k:]
+        view, _ = _with_expanded(state, turn, record.messages + turn.messages[k:], k, len(record.messages))
         tokens = turn.counter.count_messages(view) + turn.outside_tokens()
         cfg = turn.config
         if tokens > cfg.watermark_ratio() * budget:

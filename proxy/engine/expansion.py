@@ -58,6 +58,10 @@ class Expansion:
     """Each reference given back this turn, with the tokens of its result (what the WAL logs)."""
     rounds: int = 0
     """Follow-up upstream calls made (at most `config.max_per_turn`)."""
+    exchange: list[dict[str, Any]] = field(default_factory=list)
+    """What the follow-ups appended (the model's calls and their results), in the neutral
+    model: kept with the session once the turn is answered, and put back in place on later
+    turns (`SessionState.expanded`)."""
     room: int | None = None
     """Tokens left under the turn's budget for results (None: only `config.result_tokens` bounds
     them). An expansion must not undo the compaction that made room; each result takes its share."""
@@ -159,6 +163,10 @@ class ExpandingWire(Protocol):
     def follow_up(self, payload: dict[str, Any], asked: AskedCalls,
                   results: list[tuple[ToolCall, str]]) -> dict[str, Any]:
         """The payload with the assistant's calls and their results appended, all before unchanged."""
+        ...
+
+    def exchange(self, asked: AskedCalls, results: list[tuple[ToolCall, str]]) -> list[dict[str, Any]]:
+        """What `follow_up` appends, as neutral messages (rendered by the door like the rest)."""
         ...
 
     def without_ours(self, body: bytes, tool_name: str) -> bytes:

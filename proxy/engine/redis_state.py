@@ -30,7 +30,7 @@ from .state import CompactionRecord, SessionState, reachable
 
 log = logging.getLogger("ctxgate.state")
 
-BLOB_PARTS = ("speculative", "compaction_log", "memory_block")
+BLOB_PARTS = ("speculative", "compaction_log", "memory_block", "expanded")
 """The large fields other than `records` that a steady turn leaves alone."""
 PARTS = "parts"
 """The main value's field naming the part keys: {"records": [key, ...], name: key or ""}."""

@@ -19,6 +19,8 @@ from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
 MAX_COMPACTION_LOG = 200
+MAX_EXPANDED = 32
+"""Expansion exchanges kept for later turns (each is also bounded by the budget it was made in)."""
 
 
 @dataclass
@@ -73,6 +75,12 @@ class SessionState:
     speculation_wasted: int = 0
     """Background compactions that did not fit when the trigger came: after one, this
     session grows too fast per turn for speculation to pay, so it stops."""
+    expanded: list[dict[str, Any]] = field(default_factory=list)
+    """What the gateway's expansion tool added after a client's message in an answered turn:
+    {"prefix_len", "prefix_hash" (the client's messages it follows), "messages" (the model's
+    calls and their results, neutral)}. Put back in place on later turns (`compaction`), so the
+    next request starts with what the provider cached, and the model keeps what it asked for;
+    gone once a compaction covers it."""
     compaction_log: list[dict[str, Any]] = field(default_factory=list)
     wal_seq: int = 0
     """The last seq written to this session's WAL."""
@@ -97,6 +105,12 @@ class SessionState:
 
     def add_record(self, record: CompactionRecord) -> None:
         self.records = [r for r in self.records if r.prefix_len < record.prefix_len][-(MAX_RECORDS - 1):] + [record]
+        self.expanded = [e for e in self.expanded if e["prefix_len"] >= record.prefix_len]  # the rest are in it
+
+    def add_expanded(self, prefix_len: int, prefix_hash: str, messages: list[dict[str, Any]]) -> None:
+        kept = [e for e in self.expanded if e["prefix_len"] < prefix_len]
+        self.expanded = [*kept, {"prefix_len": prefix_len, "prefix_hash": prefix_hash,
+                                 "messages": messages}][-MAX_EXPANDED:]
 
     def log_compaction(self, entry: dict[str, Any]) -> None:
         self.compaction_log = (self.compaction_log + [entry])[-MAX_COMPACTION_LOG:]

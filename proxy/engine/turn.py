@@ -345,6 +345,8 @@ class TurnEngine:
                 state = tx.state
                 state.answered_turns += 1
                 state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
+                if prepared.expansion is not None and prepared.expansion.exchange and turn.messages:
+                    state.add_expanded(len(turn.messages), turn.prefix_hashes[-1], prepared.expansion.exchange)
                 if calibration is not None:
                     state.count_offset, state.count_scale = calibration
                     state.count_offset_key = prepared.offset_key
@@ -407,12 +409,14 @@ def _fresh(state: SessionState) -> bool:
 
 
 def _expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
-    """Tokens the turn's expansions may add and stay within the budget the plan was made for
-    (the tool's own definition taken off); None when the plan is not counted yet."""
+    """Tokens the turn's expansions may add (the tool's own definition taken off): up to the
+    watermark where the session starts compacting, not the whole budget. What the model asked
+    for stays in the conversation on later turns (`SessionState.expanded`), and filling the
+    budget would only make the next turn compact it away. None: the plan is not counted yet."""
     if plan.tokens_out is None:
         return None
     tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
-    return budget_of(state, turn) - plan.tokens_out - turn.count_offset - tool
+    return int(_watermark(turn, state)) - plan.tokens_out - turn.count_offset - tool
 
 
 def _watermark(turn: Turn, state: SessionState) -> float:

@@ -215,14 +215,6 @@ class AutocompactStrategy:
             return None
         summary = self._ready_summary(plan)
         end = plan.end
-        if summary is None:
-            if self.breaker.open:
-                return self._unchanged(request, f"autocompact: off for this session after {self.breaker.failures} "
-                                                f"failures in a row ({self.breaker.last_error})")
-            try:
-                summary = await self.summarise(plan)
-            except Exception:
-                return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
         shape = request.conversation.shape(self.pin_first_user, request.window)
         # A task statement pinned after a demonstration comes before the recovery note, as it
         # does when it follows the instructions: instructions, task, then what ctxgate adds.
@@ -237,6 +229,17 @@ class AutocompactStrategy:
         def compacted(text: str) -> list[Message]:
             recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text, kept=kept))
             return request.messages[:plan.start] + lead + [recovery] + pinned + request.messages[end:]
+
+        if summary is None:
+            if counter.count_messages(compacted("")) + MIN_SUMMARY_TOKENS >= counter.count_messages(request.messages):
+                return None  # the note alone outweighs the span: the chain would throw the summary away
+            if self.breaker.open:
+                return self._unchanged(request, f"autocompact: off for this session after {self.breaker.failures} "
+                                                f"failures in a row ({self.breaker.last_error})")
+            try:
+                summary = await self.summarise(plan)
+            except Exception:
+                return self._unchanged(request, f"autocompact: summary failed ({self.breaker.last_error})")
 
         # The summary gets what the budget leaves once the rest is in place, within its
         # allowance: a fixed reserve would overshoot a budget the kept messages nearly fill.

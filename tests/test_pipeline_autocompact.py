@@ -108,6 +108,15 @@ async def test_nothing_older_to_summarise() -> None:
     assert fake.calls == []
 
 
+async def test_no_summary_is_asked_for_a_span_its_note_would_outweigh() -> None:
+    """A span of a few short messages: the recovery note alone is as long, so nothing would be
+    saved and the summary would be thrown away; it is never asked for."""
+    h = [system(), user("task"), assistant("ok"), user("go on"), *tool_turn(0, size=20)]
+    fake = Scripted()
+    assert await run(make(fake), h, 10) is None
+    assert fake.calls == []
+
+
 async def test_long_summary_is_cut_to_its_allowance() -> None:
     h = agent_history(40, 200)
     long = filler(3000, 77)

@@ -23,8 +23,7 @@ OTHER_KEY = "sk-other"
 REF = re.compile(r"ref (ctx:[0-9a-f]{12})")
 
 
-@pytest.fixture(scope="module")
-def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def expand_config(upstream: ScriptedUpstream) -> dict[str, Any]:
     config = main_config(upstream.url, "auto")
     base = f"{upstream.url}/v1"
     config["model_list"] += [_model(name, base, max_input_tokens=128_000)
@@ -32,7 +31,12 @@ def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> 
     tenants = config["ctxgate"]["tenants"]
     tenants["acme"]["allow_overrides"] = ["profile", "budget", "expand"]
     tenants["other"] = {"api_keys": [OTHER_KEY], "allow_overrides": ["budget"]}
-    gateway = launch("expand", Path(tmp_path_factory.mktemp("expand-door")), config).wait_ready()
+    return config
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gateway = launch("expand", Path(tmp_path_factory.mktemp("expand-door")), expand_config(upstream)).wait_ready()
     yield gateway
     stop_all([gateway])
 
@@ -130,6 +134,28 @@ def test_the_next_turn_starts_with_what_the_model_asked_for(gw: Gateway, up: Scr
     ids = [[m["tool_call_id"] for m in r.body["messages"] if m["role"] == "tool" and
             m["tool_call_id"].startswith("call_expand_")] for r in (before[-1], after[-1])]
     assert ids[0] and len(set(ids[1])) == len(ids[1])  # answered once, across both turns
+
+
+def test_a_gateway_killed_and_restarted_puts_the_expansion_back(up: ScriptedUpstream, tmp_path: Path) -> None:
+    """The exchange is in the WAL's RESPONSE: the session rebuilt from the log after kill -9
+    forwards what a gateway that never stopped would."""
+    config, hdrs = expand_config(up), headers()
+    first = launch("expand-killed", tmp_path, config).wait_ready()
+    try:
+        ask(first, "gpt-4o-expand", False, **hdrs)
+    finally:
+        first.proc.kill()
+        first.proc.wait(10)
+        stop_all([first])
+    last = chats(up)[-1].body["messages"]
+    up.reset()
+    again = launch("expand-restarted", tmp_path, config).wait_ready()
+    try:
+        messages = [*build_log(), {"role": "assistant", "content": REPLY}, {"role": "user", "content": "Fix it."}]
+        ask(again, "gpt-4o-expand", False, messages, **hdrs)
+    finally:
+        stop_all([again])
+    assert chats(up)[0].body["messages"][:len(last)] == last
 
 
 def test_a_ref_of_another_session_or_tenant_is_refused(gw: Gateway, up: ScriptedUpstream) -> None:

@@ -118,11 +118,14 @@ class Journal:
 
     async def log_reply(self, state: SessionState, status: int, prompt_tokens: int | None,
                         tool_calls: list[dict[str, Any]], tokens_in: int | None, tokens_out: int | None,
-                        model: str, expansions: dict[str, int] | None = None) -> None:
+                        model: str, expansions: dict[str, int] | None = None,
+                        exchange: dict[str, Any] | None = None) -> None:
         """The answered turn: the model group that answered it (a fallback's, when one did),
         the provider's count beside ctxgate's of what the client sent (`tokens_in`) and of
         what was forwarded (`tokens_out`); before it, an EXPANSION per original the gateway gave
-        back to the model in this turn (`expansions`: ref -> tokens)."""
+        back to the model in this turn (`expansions`: ref -> tokens). `exchange`: what the
+        expansions appended (`SessionState.add_expanded`), so a recovered session puts it back
+        in place as the live one does."""
         if not self.enabled(state.profile):
             return
         events: list[dict[str, Any]] = [{"type": EventType.EXPANSION.value, "turn": state.turns, "ref": ref,
@@ -132,7 +135,7 @@ class Journal:
                     "tokens_out": tokens_out, "tool_calls": len(tool_calls),
                     "count_offset": state.count_offset, "count_offset_key": state.count_offset_key,
                     "count_scale": state.count_scale,
-                    "dialect": state.dialect}]
+                    "dialect": state.dialect, **({"expanded": exchange} if exchange else {})}]
         for call in tool_calls:
             fn = call.get("function") or {}
             events.append({"type": EventType.TOOL_CALL.value, "tool": fn.get("name"), "call_id": call.get("id"),
@@ -293,6 +296,8 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
             state.count_offset_key = str(event.get("count_offset_key") or "")
             state.count_scale = float(event.get("count_scale") or 1.0)
             state.dialect = str(event.get("dialect") or state.dialect)
+            if exchange := event.get("expanded"):
+                state.add_expanded(exchange["prefix_len"], exchange["prefix_hash"], exchange["messages"])
         state.turns = max(state.turns, int(event.get("turn") or 0))
     state.wal_seq, state.wal_pending = found.last_seq, []
     state.wal_since_checkpoint = len(found.events)

@@ -107,10 +107,11 @@ class SessionState:
         self.records = [r for r in self.records if r.prefix_len < record.prefix_len][-(MAX_RECORDS - 1):] + [record]
         self.expanded = [e for e in self.expanded if e["prefix_len"] >= record.prefix_len]  # the rest are in it
 
-    def add_expanded(self, prefix_len: int, prefix_hash: str, messages: list[dict[str, Any]]) -> None:
-        kept = [e for e in self.expanded if e["prefix_len"] < prefix_len]
-        self.expanded = [*kept, {"prefix_len": prefix_len, "prefix_hash": prefix_hash,
-                                 "messages": messages}][-MAX_EXPANDED:]
+    def add_expanded(self, prefix_len: int, prefix_hash: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """One answered turn's expansion exchange, after the client's first `prefix_len` messages."""
+        entry = {"prefix_len": prefix_len, "prefix_hash": prefix_hash, "messages": messages}
+        self.expanded = [*(e for e in self.expanded if e["prefix_len"] < prefix_len), entry][-MAX_EXPANDED:]
+        return entry
 
     def log_compaction(self, entry: dict[str, Any]) -> None:
         self.compaction_log = (self.compaction_log + [entry])[-MAX_COMPACTION_LOG:]

@@ -339,14 +339,16 @@ class TurnEngine:
         try:
             async with gw.sessions.transaction(caller.tenant, prepared.session_id) as tx:
                 expansions = prepared.expansion.served if prepared.expansion is not None else None
-                tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
-                                                              tokens_in, prepared.plan.tokens_out,
-                                                              prepared.route.model_name, expansions)
                 state = tx.state
                 state.answered_turns += 1
                 state.has_attempted_reactive_compact = False  # a complete reply: compaction may run again
+                exchange = None
                 if prepared.expansion is not None and prepared.expansion.exchange and turn.messages:
-                    state.add_expanded(len(turn.messages), turn.prefix_hashes[-1], prepared.expansion.exchange)
+                    exchange = state.add_expanded(len(turn.messages), turn.prefix_hashes[-1],
+                                                  prepared.expansion.exchange)
+                tx.write_log = lambda s: gw.journal.log_reply(s, status, facts.prompt_tokens, facts.tool_calls,
+                                                              tokens_in, prepared.plan.tokens_out,
+                                                              prepared.route.model_name, expansions, exchange)
                 if calibration is not None:
                     state.count_offset, state.count_scale = calibration
                     state.count_offset_key = prepared.offset_key

@@ -7,7 +7,7 @@ characters are nowhere in the output, the one whose blake2b hash is smallest (an
 pick no method is tuned to). A trimming baseline answers it when the line is still in its
 output. ctxgate answers it when the line is in its output or when a model that asks the
 gateway's expansion tool (`Expansion`, the code the gateway runs: the content store, the
-per-turn limit of 3, the room left under the budget, excerpts of what does not fit) gets it
+per-turn limit of 3, the room left under the compaction trigger, excerpts of what does not fit) gets it
 back within that limit.
 
 The model is simulated as one that knows which part of the history it wants: it asks for the

@@ -463,7 +463,8 @@ def probe_cut_line(case: Case, obs: list[Message], outs: dict[str, list[Message]
             s.cut_line = 1.0
         elif meth in expandable:
             originals, effective = expandable[meth]
-            room = effective - counter.count_messages(out) - tool  # as the gateway leaves it (turn.py)
+            # As the gateway leaves it (turn.py `_expansion_room`): up to the compaction trigger.
+            room = int(PipelineConfig().trigger_ratio * effective) - counter.count_messages(out) - tool
             n = asyncio.run(expansion_probe.expansions_to_reach(line, out, dict(originals), room, counter))
             s.cut_line, s.expansions = (1.0, n) if n else (0.0, 0)
         else:
@@ -638,7 +639,8 @@ def write(cases: list[Case], names: list[str], errors: list[str], timing: dict[s
     out.append("One line per case that ctxgate's compressed request lost (an observation line of 20+ characters, "
                "unique in the run, picked by hash; `bench/expansion_probe.py`). A baseline answers it when the line "
                "is in its output; ctxgate when a model asking its expansion tool gets it back within the gateway's "
-               "limits (3 expansions, the room left under the budget, excerpts naming what they leave out), the "
+               "limits (3 expansions, the room left under the compaction trigger, excerpts naming what they "
+               "leave out), the "
                "model simulated as one that asks for the reference whose original holds the line.\n")
     out.append(cut_line_table(cases, names) + "\n")
     # ctxgate by source

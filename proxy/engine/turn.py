@@ -412,13 +412,14 @@ def _fresh(state: SessionState) -> bool:
 
 def _expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
     """Tokens the turn's expansions may add (the tool's own definition taken off): up to the
-    watermark where the session starts compacting, not the whole budget. What the model asked
-    for stays in the conversation on later turns (`SessionState.expanded`), and filling the
-    budget would only make the next turn compact it away. None: the plan is not counted yet."""
+    compaction trigger, not the whole budget. A follow-up is never itself a request ctxgate
+    would have compacted, and what the model asked for stays in the conversation on later
+    turns (`SessionState.expanded`), with the room to grow that the trigger leaves below the
+    budget. None: the plan is not counted yet."""
     if plan.tokens_out is None:
         return None
     tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
-    return int(_watermark(turn, state)) - plan.tokens_out - turn.count_offset - tool
+    return int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset - tool
 
 
 def _watermark(turn: Turn, state: SessionState) -> float:

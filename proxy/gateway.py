@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ..pipeline.config import PipelineConfig
+from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
 from ..pipeline.tokens import TokenizerRegistry, TokenizerRule
 from .engine.compaction import Compactor
 from .engine.content_store import open_content_store
@@ -116,6 +116,8 @@ class Gateway:
                 removed = await asyncio.to_thread(self.journal.prune_archives)
                 if removed:
                     log.info("removed %d WAL archive segments past their retention", len(removed))
+                if gone := await self.compactor.content.prune(self._content_ttl()):
+                    log.info("removed %d expansion originals past their age", gone)
             except Exception as e:  # housekeeping must outlive a bad minute (a store briefly down)
                 log.warning("housekeeping: %s", e)
             await asyncio.sleep(every_s)
@@ -148,6 +150,12 @@ class Gateway:
     @lru_cache(maxsize=256)
     def pipeline_config(self, profile: str, tenant: str) -> PipelineConfig:
         return self.config.pipeline_config(profile, tenant)
+
+    def _content_ttl(self) -> float:
+        """The longest age any profile or tenant keeps expansion originals for."""
+        tenants = [None, *self.config.ctxgate.tenants]
+        return max(self.config.pipeline_config(profile, tenant).expand.store_ttl_s
+                   for profile in PROFILE_DEFAULTS for tenant in tenants)
 
     def __hash__(self) -> int:  # lru_cache on a method needs a hashable self
         return id(self)

@@ -29,3 +29,18 @@ def test_originals_outlive_the_process_and_stay_within_their_bounds(tmp_path: Pa
         assert await again.get("acme", "s1", "ccc333", 3600) == "y" * 60
 
     asyncio.run(run())
+
+
+def test_originals_past_their_age_go_even_from_sessions_that_never_write_again(tmp_path: Path) -> None:
+    async def run() -> None:
+        store = FileContentStore(tmp_path)
+        await store.put("acme", "ended", {"aaa111": "old"}, 1000, 3600)
+        await store.put("acme", "live", {"bbb222": "new", "ccc333": "old too"}, 1000, 3600)
+        for path in (tmp_path / "content" / "acme" / "ended" / "aaa111", tmp_path / "content" / "acme" / "live" /
+                     "ccc333"):
+            os.utime(path, (time.time() - 7200, time.time() - 7200))
+        assert await store.prune(3600) == 2
+        assert not (tmp_path / "content" / "acme" / "ended").exists()
+        assert await store.get("acme", "live", "bbb222", 3600) == "new"
+
+    asyncio.run(run())

@@ -117,6 +117,9 @@ async def test_the_content_store_keeps_each_sessions_own_within_its_bounds() -> 
     time.sleep(0.02)
     assert await store.get("t1", "s1", "ctx:c", ttl_s=0.01) is None  # past its age
     await store.put("t1", "s2", {"ctx:d": "d"}, 1000, 60)
+    assert await store.prune(60) == 0 and await store.prune(0.01) == 2  # s1's, past their age
+    assert await store.get("t1", "s2", "ctx:d", ttl_s=60) == "d"
+    await store.put("t1", "s1", {"ctx:c": "c"}, 1000, 60)
     await store.put("t1", "s3", {"ctx:e": "e"}, 1000, 60)  # a third session: the least recent goes
     assert await store.get("t1", "s1", "ctx:c", ttl_s=60) is None
 

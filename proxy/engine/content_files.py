@@ -55,5 +55,19 @@ class FileContentStore:
         except FileNotFoundError:
             return None
 
+    async def prune(self, ttl_s: float) -> int:
+        return await asyncio.to_thread(self._prune, time.time() - ttl_s)
+
+    def _prune(self, oldest_kept: float) -> int:
+        removed = 0
+        for folder in self.root.glob("*/*"):
+            for path in folder.iterdir():
+                if path.is_file() and path.stat().st_mtime < oldest_kept:
+                    path.unlink(missing_ok=True)
+                    removed += 1
+            if not any(folder.iterdir()):
+                folder.rmdir()  # a session whose originals are all gone leaves no folder behind
+        return removed
+
     async def close(self) -> None:
         return None

@@ -25,6 +25,11 @@ class ContentStore(Protocol):
 
     async def get(self, tenant: str, session_id: str, ref: str, ttl_s: float) -> str | None: ...
 
+    async def prune(self, ttl_s: float) -> int:
+        """Drop what is past its age in every session, those that never write again included;
+        how many originals went."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -59,6 +64,16 @@ class MemoryContentStore:
         if found is None or found[1] < time.time() - ttl_s:
             return None
         return found[0]
+
+    async def prune(self, ttl_s: float) -> int:
+        oldest_kept, removed = time.time() - ttl_s, 0
+        for key, kept in list(self._sessions.items()):
+            while kept and next(iter(kept.values()))[1] < oldest_kept:
+                kept.popitem(last=False)
+                removed += 1
+            if not kept:
+                del self._sessions[key]
+        return removed
 
     async def close(self) -> None:
         self._sessions.clear()
@@ -103,6 +118,9 @@ class RedisContentStore:
     async def get(self, tenant: str, session_id: str, ref: str, ttl_s: float) -> str | None:
         raw = await self._redis.get(f"{self._key(tenant, session_id)}:{ref}")
         return _text(raw) if raw is not None else None
+
+    async def prune(self, ttl_s: float) -> int:
+        return 0  # every key carries its age as a TTL: Redis drops them itself
 
     async def close(self) -> None:
         await self._redis.aclose()

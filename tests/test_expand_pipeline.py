@@ -121,7 +121,8 @@ async def test_the_content_store_keeps_each_sessions_own_within_its_bounds() -> 
     assert await store.get("t1", "s2", "ctx:d", ttl_s=60) == "d"
     await store.put("t1", "s1", {"ctx:c": "c"}, 1000, 60)
     await store.put("t1", "s3", {"ctx:e": "e"}, 1000, 60)  # a third session: the least recent goes
-    assert await store.get("t1", "s1", "ctx:c", ttl_s=60) is None
+    assert await store.get("t1", "s2", "ctx:d", ttl_s=60) is None
+    assert await store.get("t1", "s1", "ctx:c", ttl_s=60) == "c"
 
 
 async def test_a_snip_note_summarised_by_autocompact_stays_expandable() -> None:

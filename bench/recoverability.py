@@ -526,12 +526,13 @@ def dialect_tables(cases: list[Case], names: list[str]) -> str:
                 files = [s.files for s in sc if s.files is not None]
                 errs = [s.error for s in sc if s.error is not None]
                 label = f"{d} ({len(cs)}; files {len(files)}, error {len(errs)})" if k == 0 else ""
+                cut = [s.cut_line for s in sc if s.cut_line is not None]
                 rows.append([label, meth, fmt_mean([s.task for s in sc]), fmt_mean(files), fmt_mean(errs),
                              fmt_mean([s.latest for s in sc]), fmt_mean([s.valid for s in sc]),
-                             fmt_mean([s.within for s in sc])])
+                             fmt_mean([s.within for s in sc]), f"{fmt_mean(cut)} (n={len(cut)})"])
         out.append(f"### Per dialect at {ratio:.0%} — feasible cases\n")
         out.append(common.table(["dialect (cases; n files, n error)", "method", "task", "files", "last error",
-                                 "latest 3", "valid", "within budget"], rows, "llrrrrrr") + "\n")
+                                 "latest 3", "valid", "within budget", "cut line"], rows, "llrrrrrrr") + "\n")
     return "\n".join(out)
 
 

@@ -463,7 +463,7 @@ def probe_cut_line(case: Case, obs: list[Message], outs: dict[str, list[Message]
             s.cut_line = 1.0
         elif meth in expandable:
             originals, effective = expandable[meth]
-            # As the gateway leaves it (turn.py `_expansion_room`): up to the compaction trigger.
+            # As the gateway leaves it (`expansion.expansion_room`): up to the compaction trigger.
             room = int(PipelineConfig().trigger_ratio * effective) - counter.count_messages(out) - tool
             n = asyncio.run(expansion_probe.expansions_to_reach(line, out, dict(originals), room, counter))
             s.cut_line, s.expansions = (1.0, n) if n else (0.0, 0)

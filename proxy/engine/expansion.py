@@ -20,6 +20,8 @@ from ...pipeline.tokens import TokenCounter
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .content_store import ContentStore
+from .state import SessionState
+from .turn_budget import Plan, Turn, budget_of
 
 _REF = re.compile(r"^(?:ref )?(?:ctx:)?([0-9a-f]{%d})$" % REF_HEX)
 CALL_TOKENS = 100
@@ -35,6 +37,18 @@ def tool_definition(config: ExpandConfig) -> dict[str, Any]:
             "parameters": {"type": "object", "properties": {"ref": {
                 "type": "string", "description": "The reference a compaction note names, e.g. ctx:7f3a91c2d4e5"}},
                 "required": ["ref"]}}
+
+
+def expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
+    """Tokens the turn's expansions may add (the tool's own definition taken off): up to the
+    compaction trigger, not the whole budget. A follow-up is never itself a request ctxgate
+    would have compacted, and what the model asked for stays in the conversation on later
+    turns (`SessionState.expanded`), with the room to grow that the trigger leaves below the
+    budget. None: the plan is not counted yet."""
+    if plan.tokens_out is None:
+        return None
+    tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
+    return int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset - tool
 
 
 @dataclass

@@ -30,7 +30,7 @@ from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
-from .expansion import Expansion, ExpandingWire, tool_definition
+from .expansion import Expansion, ExpandingWire, expansion_room, tool_definition
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
 from .session import Transaction
@@ -201,7 +201,7 @@ class TurnEngine:
             # Offered from the first compaction on, the same bytes every turn: the prompt cache holds.
             prepared.expansion = Expansion(config.expand, gw.compactor.content, caller.tenant, session_id, counter,
                                            on_answer=gw.metrics.expanded,
-                                           room=_expansion_room(turn, state, plan))
+                                           room=expansion_room(turn, state, plan))
         if counting is not None:
             prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, counting))
         return prepared
@@ -408,18 +408,6 @@ def upstream_key(caller: Caller, route: Route) -> str | None:
 def _fresh(state: SessionState) -> bool:
     """A session with nothing in it yet: no turn, no log, no compaction to re-apply."""
     return state.turns == 0 and state.wal_seq == 0 and not state.records and not state.speculation
-
-
-def _expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
-    """Tokens the turn's expansions may add (the tool's own definition taken off): up to the
-    compaction trigger, not the whole budget. A follow-up is never itself a request ctxgate
-    would have compacted, and what the model asked for stays in the conversation on later
-    turns (`SessionState.expanded`), with the room to grow that the trigger leaves below the
-    budget. None: the plan is not counted yet."""
-    if plan.tokens_out is None:
-        return None
-    tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
-    return int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset - tool
 
 
 def _watermark(turn: Turn, state: SessionState) -> float:

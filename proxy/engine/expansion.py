@@ -77,8 +77,9 @@ class Expansion:
     model: kept with the session once the turn is answered, and put back in place on later
     turns (`SessionState.expanded`)."""
     room: int | None = None
-    """Tokens left under the turn's budget for results (None: only `config.result_tokens` bounds
-    them). An expansion must not undo the compaction that made room; each result takes its share."""
+    """Tokens the results may still add (`expansion_room`; None: only `config.result_tokens`
+    bounds them). An expansion must not undo the compaction that made room; each result takes
+    its share."""
 
     @property
     def tool_name(self) -> str:

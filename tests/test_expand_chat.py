@@ -181,10 +181,13 @@ def test_at_most_three_expansions_a_turn_and_a_ref_once(gw: Gateway, up: Scripte
     seen = ask(gw, "gpt-4o-expand-greedy", False)
     assert seen["calls"] == [] and seen["finish"] == "stop" and seen["text"] == ""
     sent = chats(up)
-    assert len(sent) == 4  # the first call and three follow-ups; the fourth ask is taken out
+    # The first call, three follow-ups, and one whose result says the limit is reached; the
+    # model still asking then, that ask is taken out.
+    assert len(sent) == 5
     results = [m["content"] for m in sent[-1].body["messages"] if m["role"] == "tool"
                and m["tool_call_id"].startswith("call_expand_")]
-    assert MARKER in results[0] and all("already expanded in this turn" in r for r in results[1:])
+    assert MARKER in results[0] and all("already expanded in this turn" in r for r in results[1:3])
+    assert results[3].startswith("No more expansions in this turn (at most 3)")
     assert seen["headers"]["x-ctx-expansions"] == "1"
 
 

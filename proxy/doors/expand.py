@@ -3,10 +3,12 @@
 A reply whose only tool calls are the gateway's own is not returned: each call is answered
 from the content store, appended with its result after everything that was sent (so the
 prefix the provider caches is unchanged), and the upstream is asked again, at most
-`expand.max_per_turn` times. A reply that mixes our calls with the agent's is returned with
-ours taken out: the agent's calls are never held back or lost, and the model may ask again
-next turn. A streamed reply is held only until it shows what it opens with: text, or the
-agent's call, flows from there as usual (our calls, if any come later, are taken out).
+`expand.max_per_turn` times, then once more with results that only say the limit is reached
+(a reply that still asks is returned with its calls taken out). A reply that mixes our calls
+with the agent's is returned with ours taken out: the agent's calls are never held back or
+lost, and the model may ask again next turn. A streamed reply is held only until it shows
+what it opens with: text, or the agent's call, flows from there as usual (our calls, if any
+come later, are taken out).
 """
 from __future__ import annotations
 

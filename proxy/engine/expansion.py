@@ -71,7 +71,9 @@ class Expansion:
     served: dict[str, int] = field(default_factory=dict)
     """Each reference given back this turn, with the tokens of its result (what the WAL logs)."""
     rounds: int = 0
-    """Follow-up upstream calls made (at most `config.max_per_turn`)."""
+    """Follow-up upstream calls made: at most `config.max_per_turn` that expand, then one whose
+    results only say the limit is reached, so the model answers rather than the agent getting
+    an empty reply."""
     exchange: list[dict[str, Any]] = field(default_factory=list)
     """What the follow-ups appended (the model's calls and their results), in the neutral
     model: kept with the session once the turn is answered, and put back in place on later
@@ -86,13 +88,17 @@ class Expansion:
         return self.config.tool_name
 
     def may_continue(self) -> bool:
-        return self.rounds < self.config.max_per_turn
+        return self.rounds <= self.config.max_per_turn
 
     async def answer(self, call: ToolCall) -> str:
         """The tool result for one call: the original within the size cap and the room left
         (`excerpt`: what is left out named by new references), or one sentence saying why not.
         Never an error: the model reads it."""
         ref = _ref_of(call.arguments)
+        if self.rounds >= self.config.max_per_turn:
+            self.on_answer("limit", 0)
+            return (f"No more expansions in this turn (at most {self.config.max_per_turn}). Answer with what you "
+                    "have; a reference can be asked for again in a later turn.")
         if ref is None:
             self.on_answer("invalid", 0)
             return ("That is not a reference. Pass the `ctx:` and hex digits a compaction note names, "

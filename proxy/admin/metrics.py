@@ -83,7 +83,8 @@ class Metrics:
         self.idempotent_replays = Counter("ctxgate_idempotent_replays", "Requests answered from a stored reply "
                                           "(Idempotency-Key)", registry=self.registry)
         self.expansions = Counter("ctxgate_expansions", "Expansion tool calls the gateway answered, by outcome "
-                                  "(served, missing, repeated, invalid)", ["outcome"], registry=self.registry)
+                                  "(served, missing, repeated, invalid, no_room, limit)", ["outcome"],
+                                  registry=self.registry)
         self.expansion_tokens = Counter("ctxgate_expansion_tokens", "Tokens of originals given back by expansion",
                                         registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}

@@ -7,12 +7,11 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from ctxgate.proxy.engine.journal import Journal, RollbackError
-from ctxgate.proxy.engine.state import CompactionRecord, SessionState
+from ctxgate.proxy.engine.state import SessionState
 from ctxgate.wal.archive import prune_archives
 from ctxgate.wal.config import WalConfig
 from ctxgate.wal.events import DamagedLine, decode_line, encode_line
@@ -20,6 +19,7 @@ from ctxgate.wal.mirror import DB_NAME, SqliteMirror, compression_stats, import_
 from ctxgate.wal.paths import WalPaths, safe_name
 from ctxgate.wal.reader import recover, scan_file
 from ctxgate.wal.writer import WalWriter
+from wal_builders import checkpoint_of, wal_state
 from servers import run_ctxgate
 
 DAY = 86400.0
@@ -31,18 +31,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _state(tenant: str = "t1", session: str = "s1", turns: int = 0, tokens_after: int = 100) -> SessionState:
-    state = SessionState(tenant, session, turns=turns, profile="professional")
-    state.records = [CompactionRecord(prefix_len=4, prefix_hash="ab" * 16,
-                                      messages=[{"role": "system", "content": "x"}], levels=["snip"],
-                                      tokens_before=500, tokens_after=tokens_after, created_at=1.0)]
-    return state
-
-
-def _checkpoint(state: SessionState) -> dict[str, Any]:
-    return {"type": "CHECKPOINT", "reason": "compaction", "state": state.to_dict()}
 
 
 def test_a_line_carries_a_checksum_of_its_own_bytes() -> None:
@@ -101,9 +89,9 @@ def test_a_torn_last_line_is_set_aside_and_reported_never_fatal(tmp_path: Path) 
 def test_a_damaged_line_is_reported_with_its_number_and_recovery_uses_the_checkpoint_before_it(tmp_path: Path) -> None:
     paths = WalPaths(tmp_path)
     writer = WalWriter(paths)
-    first, second = _state(turns=1, tokens_after=100), _state(turns=2, tokens_after=200)
-    writer.append("t1", "s1", [{"type": "USER_INPUT"}, _checkpoint(first), {"type": "USER_INPUT"}])
-    writer.append("t1", "s1", [_checkpoint(second), {"type": "RESPONSE", "turn": 3}])
+    first, second = wal_state(turns=1, tokens_after=100), wal_state(turns=2, tokens_after=200)
+    writer.append("t1", "s1", [{"type": "USER_INPUT"}, checkpoint_of(first), {"type": "USER_INPUT"}])
+    writer.append("t1", "s1", [checkpoint_of(second), {"type": "RESPONSE", "turn": 3}])
     writer.close()
     live = paths.live("t1", "s1")
     lines = live.read_bytes().splitlines(keepends=True)
@@ -134,7 +122,7 @@ def test_recovery_skips_a_seq_it_already_applied(tmp_path: Path) -> None:
 def test_archive_after_n_checkpoints_keeps_the_live_file_small_and_recovery_exact(tmp_path: Path) -> None:
     clock = Clock()
     journal = Journal(tmp_path, WalConfig(archive_every=3), clock=clock)
-    state = _state()
+    state = wal_state()
 
     async def run() -> None:
         for turn in range(12):
@@ -178,7 +166,7 @@ def test_rollback_restores_a_checkpoint_as_a_new_one_and_names_the_ones_there_ar
     journal = Journal(tmp_path, WalConfig())
 
     async def run() -> SessionState:
-        state = _state()
+        state = wal_state()
         for turn in (1, 2, 3):
             state.turns, state.records[0].tokens_after = turn, turn * 100
             await journal.checkpoint(state, "compaction")
@@ -227,7 +215,7 @@ def _fill(data: Path) -> None:
 
     async def run() -> None:
         for session in ("s1", "s2"):
-            state = _state("t1", session)
+            state = wal_state("t1", session)
             state.working = {"pending_tasks": ["fix the parser"], "current_files": [{"path": "src/app.py"}]}
             for turn in (1, 2):
                 state.turns = turn

@@ -22,6 +22,7 @@ from ctxgate.wal.config import WalConfig
 from ctxgate.wal.events import encode_line
 from ctxgate.wal.reader import recover
 from ctxgate.wal.redis_log import LOGS, RedisLog, key_part
+from wal_builders import checkpoint_of, wal_state
 from servers import RedisServer
 
 DB = 7
@@ -60,18 +61,6 @@ def journal_of(request: pytest.FixtureRequest, tmp_path: Path) -> JournalOf:
     return make
 
 
-def _state(tenant: str = "t1", session: str = "s1", turns: int = 0, tokens_after: int = 100) -> SessionState:
-    state = SessionState(tenant, session, turns=turns, profile="professional")
-    state.records = [CompactionRecord(prefix_len=4, prefix_hash="ab" * 16,
-                                      messages=[{"role": "system", "content": "x"}], levels=["snip"],
-                                      tokens_before=500, tokens_after=tokens_after, created_at=1.0)]
-    return state
-
-
-def _checkpoint(state: SessionState) -> dict[str, Any]:
-    return {"type": "CHECKPOINT", "reason": "compaction", "state": state.to_dict()}
-
-
 # -- the journal on both backends ------------------------------------------------------------
 
 
@@ -98,9 +87,9 @@ def test_seq_never_goes_below_what_the_caller_or_the_log_has(journal_of: Journal
 
 def test_recovery_is_the_last_checkpoint_and_the_events_after_it(journal_of: JournalOf) -> None:
     journal = journal_of()
-    first, second = _state(turns=1, tokens_after=100), _state(turns=2, tokens_after=200)
-    journal.writer.append("t1", "s1", [{"type": "USER_INPUT"}, _checkpoint(first), {"type": "USER_INPUT"}])
-    journal.writer.append("t1", "s1", [_checkpoint(second), {"type": "RESPONSE", "turn": 3}])
+    first, second = wal_state(turns=1, tokens_after=100), wal_state(turns=2, tokens_after=200)
+    journal.writer.append("t1", "s1", [{"type": "USER_INPUT"}, checkpoint_of(first), {"type": "USER_INPUT"}])
+    journal.writer.append("t1", "s1", [checkpoint_of(second), {"type": "RESPONSE", "turn": 3}])
     journal.close()
     state = asyncio.run(journal_of().recover("t1", "s1"))
     assert state is not None and state.records[0].tokens_after == 200 and state.turns == 3 and state.wal_seq == 5
@@ -110,7 +99,7 @@ def test_recovery_is_the_last_checkpoint_and_the_events_after_it(journal_of: Jou
 
 def test_a_checkpoint_names_the_records_the_log_holds_and_recovery_resolves_them(journal_of: JournalOf) -> None:
     journal = journal_of()
-    state = _state()
+    state = wal_state()
 
     async def run() -> None:
         for turn in (1, 2, 3):
@@ -129,7 +118,7 @@ def test_a_checkpoint_names_the_records_the_log_holds_and_recovery_resolves_them
 
 def test_archive_after_n_checkpoints_keeps_the_live_log_small_and_recovery_exact(journal_of: JournalOf) -> None:
     journal = journal_of(archive_every=3)
-    state = _state()
+    state = wal_state()
 
     async def run() -> None:
         for turn in range(12):
@@ -155,7 +144,7 @@ def test_rollback_restores_a_checkpoint_as_a_new_one(journal_of: JournalOf) -> N
     journal = journal_of()
 
     async def run() -> SessionState:
-        state = _state()
+        state = wal_state()
         for turn in (1, 2, 3):
             state.turns = turn
             state.records[0] = replace(state.records[0], tokens_after=turn * 100, created_at=float(turn))
@@ -217,8 +206,8 @@ def test_a_seq_already_present_is_not_appended_twice(url: str, raw: redis.Redis)
 def test_a_damaged_entry_is_skipped_and_recovery_starts_from_the_checkpoint_before_it(url: str, tmp_path: Path,
                                                                                       raw: redis.Redis) -> None:
     log = RedisLog(url)
-    first, second = _state(turns=1, tokens_after=100), _state(turns=2, tokens_after=200)
-    log.append("t1", "s1", [{"type": "USER_INPUT"}, _checkpoint(first), {"type": "USER_INPUT"}])
+    first, second = wal_state(turns=1, tokens_after=100), wal_state(turns=2, tokens_after=200)
+    log.append("t1", "s1", [{"type": "USER_INPUT"}, checkpoint_of(first), {"type": "USER_INPUT"}])
     rotten = encode_line({"seq": 4, "type": "CHECKPOINT", "timestamp": "t", "state": second.to_dict()}
                          ).replace(b'"tokens_after":200', b'"tokens_after":999')
     raw.xadd("ctxgate:wal:t1:s1", {"seq": 4, "line": rotten}, id="4-0")
@@ -234,10 +223,10 @@ def test_a_damaged_entry_is_skipped_and_recovery_starts_from_the_checkpoint_befo
 
 def test_an_archive_is_compressed_holds_its_records_and_expires_with_the_retention(url: str, raw: redis.Redis) -> None:
     log = RedisLog(url, archive_every=1, retention_s=1.5)
-    state = _state()
-    log.append("t1", "s1", [_checkpoint(state), {"type": "RESPONSE"}])
+    state = wal_state()
+    log.append("t1", "s1", [checkpoint_of(state), {"type": "RESPONSE"}])
     state.records[0] = replace(state.records[0], created_at=2.0)
-    appended = log.append("t1", "s1", [_checkpoint(state)])
+    appended = log.append("t1", "s1", [checkpoint_of(state)])
     assert appended.archived == "ctxgate:wal:t1:s1:archive:1-2"
     archive = raw.hgetall("ctxgate:wal:t1:s1:archive:1-2")
     assert zlib.decompress(archive[b"lines"]).count(b"\n") == 2
@@ -257,7 +246,7 @@ def test_an_unreachable_redis_refuses_the_append_with_503(tmp_path: Path) -> Non
 
     journal = Journal(tmp_path, WalConfig(backend="redis", redis_url=f"redis://127.0.0.1:{free_port()}/0"))
     with pytest.raises(GatewayError) as refused:
-        asyncio.run(journal.checkpoint(_state(), "compaction"))
+        asyncio.run(journal.checkpoint(wal_state(), "compaction"))
     assert refused.value.code == "wal_unavailable" and refused.value.kind is ErrorKind.UNAVAILABLE
     journal.close()
 
@@ -266,7 +255,7 @@ def test_wait_for_a_replica_a_lone_redis_does_not_have_fails_closed(url: str, tm
                                                                      raw: redis.Redis) -> None:
     journal = Journal(tmp_path, WalConfig(backend="redis", redis_url=url, redis_wait_replicas=1,
                                           redis_wait_timeout_ms=100))
-    state = _state()
+    state = wal_state()
     before = time.monotonic()
     with pytest.raises(GatewayError) as refused:
         asyncio.run(journal.checkpoint(state, "compaction"))
@@ -277,7 +266,7 @@ def test_wait_for_a_replica_a_lone_redis_does_not_have_fails_closed(url: str, tm
 
 def test_an_idle_log_expires_when_asked_to_and_leaves_the_list(url: str, raw: redis.Redis) -> None:
     log = RedisLog(url, idle_ttl_s=1.0)
-    log.append("t1", "idle", [_checkpoint(_state()), {"type": "RESPONSE"}])
+    log.append("t1", "idle", [checkpoint_of(wal_state()), {"type": "RESPONSE"}])
     assert all(0 < raw.pttl(f"ctxgate:wal:t1:idle{part}") <= 1000 for part in ("", ":checkpoints", ":records"))
     assert [i.session for i in log.sessions()] == ["idle"]
     time.sleep(1.2)

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import pytest
 
@@ -23,6 +23,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1400,1000")
 ARTIFACTS = Path(__file__).parent / "artifacts"
+WAIT_S = 30
+"""How long a page may take to show what a test waits for (a busy machine renders slowly)."""
 
 
 def artifact_path(name: str) -> Path:
@@ -30,6 +32,13 @@ def artifact_path(name: str) -> Path:
     folder = Path(os.environ.get("CTXGATE_ARTIFACTS") or ARTIFACTS)
     folder.mkdir(parents=True, exist_ok=True)
     return folder / name
+
+
+def wait(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
+    """`condition(driver)` once it is truthy: polled, never a fixed sleep."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message=f"waiting for {what}")
 
 
 def chromium_available() -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from browser import artifact_path
+from browser import artifact_path, wait
 from test_replay_cli import BUDGET, run_replay, write_claude_code, write_openai_jsonl
 
 TRACES = """
@@ -32,7 +32,8 @@ def test_the_report_renders_a_point_per_turn_and_a_marker_per_compaction(chromiu
     html = page.read_text()
     assert "<script src=" not in html and "<link " not in html  # nothing fetched at view time
     chromium.get(page.as_uri())
-    assert chromium.execute_script("return typeof window.Plotly") == "object"
+    wait(chromium, lambda d: d.execute_script("return typeof window.Plotly") == "object"
+         and d.execute_script(TRACES), "plotly and the charts")
     charts = chromium.execute_script(TRACES)
     assert [c["id"] for c in charts] == [f"chart-{k}" for k in range(len(results))]
     for chart, r in zip(charts, results):

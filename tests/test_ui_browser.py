@@ -9,21 +9,12 @@ from typing import Any, Callable
 
 import pytest
 
-from browser import artifact_path
+from browser import artifact_path, wait
 from clients import assert_error_shape
 from servers import KEYS, Gateway, stop_all
 from test_ui_api import ADMIN_KEY, compacting_turns, drive, get, launch_open, new_session, outward_address, \
     session_path, uigw  # noqa: F401 (uigw: the module's gateway fixture)
 from upstream import ScriptedUpstream
-
-WAIT_S = 30
-
-
-def wait(driver: Any, condition: Callable[[Any], Any], what: str) -> Any:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition, message=f"waiting for {what}")
-
 
 def js(driver: Any, script: str, *args: Any) -> Any:
     return driver.execute_script(script, *args)

@@ -85,9 +85,11 @@ class ExpandConfig(_Strict):
     description: str = ("Get back the original content that context compaction cut out and replaced with a "
                         "note naming `ref ctx:HEX`. Call it only when you need the exact text.")
     max_per_turn: int = Field(default=3, ge=1)
-    """Expansions answered per client request; past it the reply is returned as it is."""
+    """Expanding follow-up calls per client request; past them the model is told the limit is
+    reached, once, and a reply that still asks has its calls taken out."""
     result_tokens: int = Field(default=16_000, ge=64)
-    """The most of an original one tool result carries; the rest is named by a new reference."""
+    """The most of an original one tool result carries (less when the turn has less room);
+    what does not fit is excerpted, each part left out named by a reference of its own."""
     store_max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Originals kept per session, oldest dropped first."""
     store_ttl_s: float = Field(default=7 * 24 * 3600.0, gt=0)

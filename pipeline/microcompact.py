@@ -22,7 +22,7 @@ from .config import MicrocompactConfig
 from .conversation import Conversation, Kind, counted_result
 from .fingerprint import message_fingerprint
 from .protocols.anthropic import map_result_texts
-from .refs import CutLog, content_ref
+from .refs import SIZING_REF, CutLog, content_ref
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
 from .turns import newest_user_index
@@ -31,8 +31,6 @@ from .types import CompressionRequest, CompressionResult, Level, Message
 SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
 SEPARATOR_WITH_REF = "\n... [middle {n} tokens truncated, ref {ref}] ...\n"
 _SEPARATOR_RE = re.compile(r"\.\.\. \[middle \d+ tokens truncated(?:, ref ctx:[0-9a-f]+)?\] \.\.\.")
-_SOME_REF = content_ref("")
-"""A reference's length, to size the separator before the middle is known."""
 
 
 def is_microcompacted(text: str) -> bool:
@@ -83,7 +81,7 @@ class MicrocompactStrategy:
         if head + tail > threshold:
             # A budget-scaled (or last-resort) threshold: the cut text, separator included, keeps at most the
             # threshold, split 3:1 between head and tail.
-            kept = threshold - counter.count(separator(tokens, _SOME_REF if cuts is not None else None))
+            kept = threshold - counter.count(separator(tokens, SIZING_REF if cuts is not None else None))
             head, tail = kept * 3 // 4, kept // 4
         middle = tokens - head - tail
         start, end = counter.head_and_tail_cached(text, head, tail)

@@ -25,6 +25,11 @@ def content_ref(text: str) -> str:
     return "ctx:" + hashlib.blake2b(text.encode(), digest_size=REF_HEX // 2).hexdigest()
 
 
+SIZING_REF = content_ref("")
+"""A stand-in reference, to size a note before what it names is known: hex digits like any
+reference's (another's may still split into a token or two more)."""
+
+
 class CutLog:
     """The originals a compaction cut, by reference (filled by the levels, read by the caller)."""
 
@@ -36,7 +41,6 @@ class CutLog:
         ref = content_ref(text)
         self.originals.setdefault(ref, text)
         return ref
-
 
 
 _SPAN_BREAK = re.compile(r"\n\n(?=\[(?:system|developer|user|assistant|tool)\] )")

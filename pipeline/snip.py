@@ -14,7 +14,7 @@ from .config import SnipConfig
 from .conversation import Kind, counted_result
 from .fingerprint import message_fingerprint
 from .notes import SNIP_MARKER, system_note
-from .refs import REF_HEX, content_ref, render_span
+from .refs import SIZING_REF, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message
@@ -51,7 +51,7 @@ class SnipNote:
         self.shown = 0
         self.ref: str | None = None
         """The dropped messages' reference, set once they are all known."""
-        self.used = counter.count(self._header(0, "ctx:" + "0" * REF_HEX if with_ref else None))
+        self.used = counter.count(self._header(0, SIZING_REF if with_ref else None))
         self.used += 4 if with_ref else 0  # a hash's digits may split into more tokens than zeros do
 
     @staticmethod

@@ -31,8 +31,8 @@ class FileContentStore:
 
     @staticmethod
     def _put(folder: Path, originals: dict[str, str], max_bytes: int, ttl_s: float) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
         for ref, text in originals.items():
+            folder.mkdir(parents=True, exist_ok=True)  # per write: housekeeping may remove an emptied folder
             write_atomically(folder / safe_name(ref), text.encode())
         kept = sorted(((p.stat().st_mtime, p.stat().st_size, p) for p in folder.iterdir() if p.is_file()),
                       key=lambda entry: entry[0])
@@ -66,7 +66,10 @@ class FileContentStore:
                     path.unlink(missing_ok=True)
                     removed += 1
             if not any(folder.iterdir()):
-                folder.rmdir()  # a session whose originals are all gone leaves no folder behind
+                try:
+                    folder.rmdir()  # a session whose originals are all gone leaves no folder behind
+                except OSError:
+                    pass  # written to meanwhile: kept
         return removed
 
     async def close(self) -> None:

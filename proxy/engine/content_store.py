@@ -106,7 +106,10 @@ class RedisContentStore:
             pipe.expire(f"{base}:order", ttl)
             await pipe.execute()
         refs = [_text(r) for r in await self._redis.lrange(f"{base}:order", 0, -1)]
-        sizes = [await self._redis.strlen(f"{base}:{ref}") for ref in refs]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for ref in refs:
+                pipe.strlen(f"{base}:{ref}")
+            sizes: list[int] = await pipe.execute()  # one round trip, however many originals
         total = sum(sizes)
         for ref, size in zip(refs, sizes):
             if size and total <= max_bytes:

@@ -161,7 +161,7 @@ class AutocompactStrategy:
         units while they fit what the budget leaves after the head and the recovery message,
         and summarise everything older. None when there is nothing older."""
         messages, budget, counter = request.messages, request.token_budget, request.counter
-        shape = request.conversation.shape(self.pin_first_user, request.window)
+        shape = request.shape(self.pin_first_user)
         fixed = counter.count_messages(messages[:shape.head]) + self.summary_tokens(budget) + 80
         fixed += sum(counter.count_structured(messages[i]) for i in shape.pinned)
         room = budget - fixed
@@ -215,7 +215,7 @@ class AutocompactStrategy:
             return None
         summary = self._ready_summary(plan)
         end = plan.end
-        shape = request.conversation.shape(self.pin_first_user, request.window)
+        shape = request.shape(self.pin_first_user)
         # A task statement pinned after a demonstration comes before the recovery note, as it
         # does when it follows the instructions: instructions, task, then what ctxgate adds.
         task = request.conversation.task

@@ -45,9 +45,15 @@ STRATEGIES: dict[str, Callable[[PipelineParts], Strategy]] = {
 
 
 def restore_position(messages: list[Message], pin_first_user: bool) -> int:
-    """Right after the leading instructions and the pinned task, before any compaction note."""
-    head = leading_instructions(messages)
-    return head + 1 if pin_first_user and head < len(messages) and task_index(messages) == head else head
+    """Right after the leading instructions, the pinned task and the compaction notes that
+    follow them: the restore blocks change at every compaction point, the notes before them
+    do not, so the prefix up to the newest note stays cached."""
+    at = leading_instructions(messages)
+    if pin_first_user and at < len(messages) and task_index(messages) == at:
+        at += 1
+    while at < len(messages) and is_compaction_note(messages[at]):
+        at += 1
+    return at
 
 
 class CompressionPipeline:
@@ -67,9 +73,7 @@ class CompressionPipeline:
         # only take what the compacted request leaves (below), never room from kept messages.
         messages = [m for m in request.messages if not is_restore_block(m)]
         request = request.with_messages(messages) if len(messages) != len(request.messages) else request
-        blocks = self._restore_blocks(messages, request, room=0)
-        reserve = sum(counter.count_structured(b) for b in blocks)
-        target = max(1, request.token_budget - reserve)
+        target = max(1, request.token_budget - self.reserve(request))
         steps, hints = [], []
         current = messages
         fits = counter.count_messages(current) <= target
@@ -103,6 +107,12 @@ class CompressionPipeline:
         return CompressionResult(compressed_messages=current, tokens_freed=max(0, before - after), level_used=level,
                                  recovery_hints=hints, steps=steps, tokens_after=after,
                                  fits=after <= request.token_budget)
+
+    def reserve(self, request: CompressionRequest) -> int:
+        """What the restore blocks' state lists take: reserved from the target before the levels run."""
+        messages = [m for m in request.messages if not is_restore_block(m)]
+        blocks = self._restore_blocks(messages, request, room=0)
+        return sum(request.counter.count_structured(b) for b in blocks)
 
     def _restore_blocks(self, messages: list[Message], request: CompressionRequest,
                         visible: list[Message] | None = None, room: int | None = None,

@@ -164,14 +164,14 @@ class CollapseStrategy:
     def _runs(self, request: CompressionRequest, conversation: Conversation) -> list[tuple[int, int]]:
         """Runs of at least `window` consecutive non-critical messages inside the workable range
         (kept with the reading: they depend on its content alone)."""
-        memo = conversation.memo(("collapse-runs", self.pin_first_user, request.window))
+        memo = conversation.memo(("collapse-runs", self.pin_first_user, request.window, request.anchored))
         found = memo.get(self.config.window)
         if found is None:
             found = memo[self.config.window] = self._find_runs(request, conversation)
         return list(found)
 
     def _find_runs(self, request: CompressionRequest, conversation: Conversation) -> list[tuple[int, int]]:
-        shape = conversation.shape(self.pin_first_user, request.window)
+        shape = conversation.shape(self.pin_first_user, request.window, request.anchored)
         runs: list[tuple[int, int]] = []
         start: int | None = None
         for unit in conversation.units:

@@ -96,6 +96,28 @@ class ExpandConfig(_Strict):
     """An original older than this is gone."""
 
 
+class PricesConfig(_Strict):
+    """Prices per token (any one unit: only their ratios matter), overriding the route's."""
+    input: float = Field(ge=0, allow_inf_nan=False)
+    cache_read: float = Field(ge=0, allow_inf_nan=False)
+    cache_write: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+
+
+class CostConfig(_Strict):
+    """How deep a compaction point goes (docs/compaction.md, the cost model)."""
+    depth: Literal["cost", "target"] = "cost"
+    """`cost`: the target that minimises the expected input cost per turn until the next
+    point, between what the agent must keep and `target_ratio`; `target`: `target_ratio` always."""
+    min_turns: int = Field(default=8, ge=1)
+    """A compaction point should buy room for at least this many turns of the session's growth:
+    when keeping the whole recent window would leave less, the window shrinks to its newest
+    complete steps (at least one) and the older window is compacted, once, deeply."""
+    prices: PricesConfig | None = None
+    """Instead of the route's prices from litellm's cost map (a route with none known uses
+    conservative defaults: Anthropic's cache ratios)."""
+
+
 _Level = Literal["snip", "microcompact", "collapse", "autocompact"]
 _ALL_LEVELS: tuple[_Level, ...] = ("snip", "microcompact", "collapse", "autocompact")
 
@@ -117,6 +139,13 @@ class PipelineConfig(_Strict):
     """When a compaction already ran and the context still does not fit (the loop guard is
     set): CONTEXT_EXHAUSTED, or the degraded mode (one forced Autocompact keeping the
     newest 3 messages) before it."""
+    incremental: bool = True
+    """Each compaction point adds its note after the earlier ones and leaves them byte-identical,
+    so the prefix up to the last note stays cached (docs/compaction.md)."""
+    notes_cap_ratio: float = Field(default=0.25, gt=0, le=1)
+    """Past this share of the room between what no level removes (instructions, task, tools)
+    and the trigger, the earlier notes are merged by the next compaction point (one summary
+    of them and the new span): a rare, counted event."""
     pin_first_user: bool = True
     """Keep the task statement (the first user message, or the one after a SWE-agent
     demonstration) through every level."""
@@ -126,6 +155,7 @@ class PipelineConfig(_Strict):
     autocompact: AutocompactConfig = Field(default_factory=AutocompactConfig)
     restore: RestoreConfig = Field(default_factory=RestoreConfig)
     expand: ExpandConfig = Field(default_factory=ExpandConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
 
     def window(self) -> RecentWindow:
         return RecentWindow(self.recent_messages, self.recent_steps)

@@ -21,7 +21,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Collection, Iterator
 
 from .fingerprint import message_fingerprint
-from .notes import is_ctxgate_message
+from .notes import is_compaction_note, is_ctxgate_message
 from .protocols import STRUCTURAL_DIALECTS, detect_dialect, text_reader
 from .protocols.anthropic import has_results, results_of, uses_of
 from .protocols.base import Action, Observation, id_of, text_of
@@ -150,17 +150,28 @@ class Conversation:
                 start = min(start, steps[-min(window.steps, len(steps))].start)
         return next((u.start for u in self.units if u.start <= start < u.end), start)
 
-    def shape(self, pin_first_user: bool = True, window: RecentWindow | None = None) -> Shape:
-        key = ("shape", pin_first_user, window or RecentWindow())
+    def shape(self, pin_first_user: bool = True, window: RecentWindow | None = None, anchored: bool = False) -> Shape:
+        key = ("shape", pin_first_user, window or RecentWindow(), anchored)
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = self._shape(pin_first_user, window)
+            found = self._memo[key] = self._shape(pin_first_user, window, anchored)
         return found
 
-    def _shape(self, pin_first_user: bool, window: RecentWindow | None) -> Shape:
-        head = leading_instructions(self.messages)
-        if pin_first_user and self.task == head and head < len(self.messages):
-            head += 1
+    def anchor(self, pin_first_user: bool = True) -> tuple[int, int]:
+        """(start, end) of the run of ctxgate's compaction notes right after the leading
+        instructions and the pinned task: what earlier compaction points left, oldest first."""
+        start = leading_instructions(self.messages)
+        if pin_first_user and self.task == start and start < len(self.messages):
+            start += 1
+        end = start
+        while end < len(self.messages) and is_compaction_note(self.messages[end]):
+            end += 1
+        return start, end
+
+    def _shape(self, pin_first_user: bool, window: RecentWindow | None, anchored: bool) -> Shape:
+        head, notes_end = self.anchor(pin_first_user)
+        if anchored:
+            head = notes_end
         tail = max(self.recent_start(window or RecentWindow()), head)
         pinned = set()
         for index in (newest_user_index(self.messages), self.task if pin_first_user else None):
@@ -329,5 +340,5 @@ def split_units(messages: list[Message], dialect: str | None = None) -> list[Uni
 
 
 def shape_of(messages: list[Message], pin_first_user: bool = True, dialect: str | None = None,
-             window: RecentWindow | None = None) -> Shape:
-    return read_conversation(messages, dialect).shape(pin_first_user, window)
+             window: RecentWindow | None = None, anchored: bool = False) -> Shape:
+    return read_conversation(messages, dialect).shape(pin_first_user, window, anchored)

@@ -123,7 +123,7 @@ class MicrocompactStrategy:
     def compact_range(self, request: CompressionRequest, start: int, end: int) -> tuple[list[Message], list[int]]:
         """The request's messages with every observation in [start, end) cut; and the indices cut."""
         conversation = request.conversation
-        shape = conversation.shape(self.pin_first_user, request.window)
+        shape = request.shape(self.pin_first_user)
         out = list(request.messages)
         changed: list[int] = []
         cfg, counter = self.config, request.counter
@@ -154,7 +154,7 @@ class MicrocompactStrategy:
 
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
-        shape = request.conversation.shape(self.pin_first_user, request.window)
+        shape = request.shape(self.pin_first_user)
         messages, changed = self.compact_range(request, shape.head, shape.tail)
         if not changed:
             return None
@@ -183,7 +183,7 @@ class RecentWindowCut:
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
         counter, conversation = request.counter, request.conversation
-        shape = conversation.shape(self.microcompact.pin_first_user, request.window)
+        shape = request.shape(self.microcompact.pin_first_user)
         out = list(request.messages)
         # Only what the window makes the request go over by, with nothing before it but what
         # every level keeps: older history still over the target is not the window's to pay for.

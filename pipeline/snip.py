@@ -100,7 +100,8 @@ class SnipStrategy:
         # What Snip cuts depends on the messages' content, the budget, the counter and the
         # settings alone: decided once per content, and re-applied when the history comes again.
         plans = conversation.memo(("snip", counter, request.token_budget, self.pin_first_user, request.window,
-                                   cfg.keep_recent, cfg.min_block, cfg.preview_chars, request.cuts is not None))
+                                   request.anchored, cfg.keep_recent, cfg.min_block, cfg.preview_chars,
+                                   request.cuts is not None))
         if "plan" not in plans:
             plans["plan"] = self._plan(request)
         plan = plans["plan"]
@@ -128,7 +129,7 @@ class SnipStrategy:
         if need <= 0:
             return None
         counts = conversation.counts(counter)
-        shape = conversation.shape(self.pin_first_user, request.window)
+        shape = request.shape(self.pin_first_user)
         limit = min(shape.tail, max(shape.head, len(messages) - cfg.keep_recent))
         note = SnipNote(counter, request.token_budget, cfg.preview_chars, with_ref=request.cuts is not None)
         dropped: list[int] = []

@@ -8,7 +8,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from .conversation import Conversation
+    from .conversation import Conversation, Shape
     from .refs import CutLog
     from .tokens import TokenCounter
 
@@ -44,12 +44,20 @@ class CompressionRequest:
     cuts: "CutLog | None" = None
     """Where the levels keep what they cut, each note naming it `ref ctx:HEX`; None: notes
     without references (expansion off)."""
+    anchored: bool = False
+    """Earlier compactions' notes right after the instructions and the task stay byte-identical:
+    every level works after them, so the prefix up to the last note stays cached
+    (docs/compaction.md, incremental compaction). False: they are part of what may be merged."""
 
     @cached_property
     def conversation(self) -> "Conversation":
         """The messages as the conversation model reads them (read once per request)."""
         from .conversation import read_conversation  # the model reads notes and turns, which use these types
         return read_conversation(self.messages, self.dialect)
+
+    def shape(self, pin_first_user: bool) -> "Shape":
+        """Where the levels may work on these messages (`Conversation.shape`)."""
+        return self.conversation.shape(pin_first_user, self.window, self.anchored)
 
     def with_messages(self, messages: list[Message], token_budget: int | None = None) -> "CompressionRequest":
         """The same request settings over other messages."""

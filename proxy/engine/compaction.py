@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import orjson
 
 from ...pipeline.autocompact import AutocompactBreaker
-from ...pipeline.chain import build_pipeline
+from ...pipeline.chain import CompressionPipeline, build_pipeline
+from ...pipeline.config import PipelineConfig
 from ...pipeline.collapse import CollapseStore
 from ...pipeline.fingerprint import message_fingerprint
 from ...pipeline.conversation import Kind, read_conversation
@@ -29,12 +30,15 @@ from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, Reason, RecentWindow
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
+from .depth import Depth, anchored, growth_per_turn, plan_depth, with_window
 from .state import CompactionRecord, SessionState
 from .turn_budget import Plan, Turn, budget_of, limit_of
 
 if TYPE_CHECKING:
     from .speculative import Speculator
 
+SPECULATION_TURNS = 2
+"""A background compaction starts when the session is this many turns of growth from the trigger."""
 # OpenAI: "maximum context length is N tokens"; Anthropic: "prompt is too long: M tokens > N maximum".
 _LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)|> (\d+) maximum")
 
@@ -123,29 +127,56 @@ class ChainRun:
     duration_ms: float
     cuts: dict[str, str]
     """The originals the record's notes name by reference (empty with expansion off)."""
+    depth: Depth | None = None
+    """What the cost model chose, when it chose the target."""
 
 
-async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
+async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
                     reason: Reason) -> ChainRun:
-    """The chain over `view`, as a record for the client's whole message list. Reads the
-    session's stores but changes nothing in `state` (the speculator runs it in the background)."""
+    """The chain over `view`, as a record for the client's whole message list. `target`: where
+    it lands; None: where the cost model says (`depth.plan_depth`), with the recent window it
+    chooses. Reads the session's stores but changes nothing in `state` (the speculator runs it
+    in the background). At most one summary is asked for."""
     cfg = turn.config
+    budget = budget_of(state, turn)
     working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
     collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
     breaker = (AutocompactBreaker.from_dict(state.breaker) if state.breaker
                else AutocompactBreaker(max_failures=cfg.autocompact.max_failures))
-    pipeline = build_pipeline(cfg, collapse_store=collapse, breaker=breaker, summarize=turn.summarize,
-                              working_state=working, effective_budget=budget_of(state, turn))
+    summaries = 0
+
+    async def summarize(prompt: list[dict[str, Any]]) -> str:
+        nonlocal summaries
+        summaries += 1
+        return await turn.summarize(prompt)
+
+    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
+        return build_pipeline(config, collapse_store=collapse, breaker=breaker, summarize=summarize,
+                              working_state=working, effective_budget=budget)
+
+    pipeline = pipeline_of(cfg)
     started = time.perf_counter()
     cuts = CutLog() if cfg.expand.enabled else None
-    request = CompressionRequest(messages=view, token_budget=max(1, target), counter=turn.counter, reason=reason,
-                                 dialect=turn.dialect, window=cfg.window(), cuts=cuts)
+    request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
+                                 reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
+    request = replace(request, anchored=anchored(turn, request.conversation, budget))
+    depth = None
+    if target is None:
+        depth = plan_depth(turn, view, budget, pipeline.reserve(request))
+        request = replace(request, token_budget=max(1, depth.target), window=depth.window)
+        if depth.window != cfg.window():
+            pipeline = pipeline_of(with_window(cfg, depth.window))
     result = await pipeline.compact(request)
-    hard = budget_of(state, turn) - turn.outside_tokens()
+    hard = budget - turn.outside_tokens()
     if result.tokens_after > hard:
         # The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
         # it verbatim would only forward a request the provider refuses. Only the turn in
         # progress is kept whole then; and if even that is over, its last observation is cut.
+        # A summary asked for already is not asked for again over a wider span.
+        if summaries:
+            config = with_window(cfg, RecentWindow(messages=1, steps=0))
+            pipeline = pipeline_of(config.model_copy(update={"levels": [lv for lv in cfg.levels
+                                                                        if lv != "autocompact"]}))
         result = await pipeline.compact(replace(request, window=RecentWindow(messages=1, steps=0)))
         if result.tokens_after > hard and "microcompact" in cfg.levels:
             cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
@@ -160,7 +191,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
         counted_by=turn.counter.name)
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
-                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages))
+                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth)
 
 
 class Compactor:
@@ -188,10 +219,7 @@ class Compactor:
             # forwarded as compacted then, over the trigger or not, with no second compaction.
             ratio = cfg.autocompact.speculative_ratio
             if ratio is not None and tokens > ratio * budget and self.speculator is not None and not retried:
-                # Adopted turns later with what arrived since on top: it aims lower by the growth
-                # from the watermark to the trigger, to leave the room a compaction then would.
-                aim = max(cfg.target_ratio / 2, cfg.target_ratio - (cfg.trigger_ratio - ratio))
-                self.speculator.start(state, turn, view, turn.target(budget, aim))
+                self._speculate(state, turn, view, tokens, budget)
             return Plan(messages=view, tokens_out=tokens - turn.count_offset)
         _refuse_infeasible(state, turn)
         if state.has_attempted_reactive_compact:
@@ -206,7 +234,24 @@ class Compactor:
         adopted = self._adopt_speculative(state, turn, budget)
         if adopted is not None:
             return adopted
-        return await self._compact(state, turn, view, turn.target(budget, cfg.target_ratio), "proactive")
+        target = turn.target(budget, cfg.target_ratio) if cfg.cost.depth == "target" else None
+        return await self._compact(state, turn, view, target, "proactive")
+
+    def _speculate(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], tokens: int,
+                   budget: int) -> None:
+        """Start the compaction the trigger will ask for in the background. With the cost model,
+        only once the session is within `SPECULATION_TURNS` turns of its growth of the trigger:
+        started earlier, it is stale by the time it is needed and its summary paid twice."""
+        assert self.speculator is not None
+        cfg = turn.config
+        if cfg.cost.depth == "target":
+            # Adopted turns later with what arrived since on top: it aims lower by the growth
+            # from the watermark to the trigger, to leave the room a compaction then would.
+            ratio = cfg.watermark_ratio()
+            aim = max(cfg.target_ratio / 2, cfg.target_ratio - (cfg.trigger_ratio - ratio))
+            self.speculator.start(state, turn, view, turn.target(budget, aim))
+        elif tokens + SPECULATION_TURNS * growth_per_turn(turn) > cfg.trigger_ratio * budget:
+            self.speculator.start(state, turn, view, None)
 
     @staticmethod
     def _view(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
@@ -279,7 +324,7 @@ class Compactor:
         plan.degraded = True
         return plan
 
-    async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int,
+    async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
                        reason: Reason) -> Plan:
         run = await run_chain(state, turn, view, target, reason)
         fits = turn.counter.count_messages(view) + turn.outside_tokens() <= budget_of(state, turn)
@@ -308,7 +353,8 @@ class Compactor:
         state.log_compaction({"level": "chain", "tokens_before": run.record.tokens_before,
                               "tokens_after": run.record.tokens_after, "reason": reason,
                               "duration_ms": round(run.duration_ms, 3), "at": now,
-                              "fits": result.fits, "hints": result.recovery_hints})
+                              "fits": result.fits, "hints": result.recovery_hints,
+                              **(run.depth.log_fields() if run.depth is not None else {})})
         levels = list(dict.fromkeys(s.level.value for s in result.steps))
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,

@@ -45,7 +45,7 @@ class Speculator:
         self._chains: dict[tuple[str, str], _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int) -> None:
+    def start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None) -> None:
         """Start one background compaction for the session, unless one is running or ready."""
         if state.speculative or state.speculation_wasted or state.key in self._chains:
             return

@@ -30,6 +30,7 @@ from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
 from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
+from .depth import prices_of
 from .expansion import Expansion, ExpandingWire, expansion_room, tool_definition
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
@@ -154,6 +155,7 @@ class TurnEngine:
         summarizer = config.autocompact.model or route.model_name
         turn = Turn(messages=messages, fingerprints=index.fingerprints, tools=request.tools, counter=counter,
                     config=config, max_input_tokens=caller.budget or route.max_input_tokens,
+                    prices=prices_of(config, route.prices),
                     summarize=lambda msgs: gw.summarize(summarizer, msgs), index=index)
         headers["X-Ctx-Tokenizer"] = counter.name
         if counting is None:

@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 from ...pipeline.config import PipelineConfig
 from ...pipeline.fingerprint import prefix_hashes, tools_fingerprint
 from ...pipeline.history_index import HistoryIndex
+from ...pipeline.policy import CONSERVATIVE_PRICES, Prices
 from ...pipeline.protocols import PLAIN
 from ...pipeline.tokens import TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
@@ -39,6 +40,9 @@ class Turn:
     count_scale: float = 1.0
     """The provider's count over ctxgate's, for a counter that only estimates (`calibration_of`):
     the limit is divided by it, so budget decisions are made in ctxgate's own units."""
+
+    prices: Prices = CONSERVATIVE_PRICES
+    """The route's prices, for the compaction cost model (`depth.prices_of`)."""
 
     index: HistoryIndex | None = None
     """The messages' fingerprints, prefix hashes and counts, when the engine built them

@@ -16,7 +16,9 @@ from typing import Any, Iterator
 
 from ..config import Config, ModelEntry
 from ..errors import ErrorKind, GatewayError
+from ...pipeline.policy import Prices
 from .fallbacks import Fallbacks, read_fallbacks
+from .prices import prices_for
 from .retry import RetryPolicy
 
 log = logging.getLogger("ctxgate.routing")
@@ -29,6 +31,8 @@ OPENAI_COMPATIBLE = {"openai", "custom_openai", "hosted_vllm", "openai_like", "l
 _ROUTING_KEYS = {"model", "api_base", "base_url", "api_key", "custom_llm_provider", "api_version", "organization",
                  "timeout", "stream_timeout", "max_retries", "num_retries", "rpm", "tpm", "order", "weight"}
 # LiteLLM's routing features ctxgate does not have yet: a config that sets them is told so at start.
+_UNPRICED: set[str] = set()
+"""Models already named in the log as having no known prices (said once per process)."""
 _UNSUPPORTED = ("content_policy_fallbacks",)
 
 
@@ -46,6 +50,8 @@ class Route:
     call_params: dict[str, Any] = field(default_factory=dict)
     """Parameters the config sets for every call (e.g. temperature); the client's win."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    prices: Prices | None = None
+    """Its list prices from litellm's cost map; None when the map has none (`upstream/prices.py`)."""
 
     @property
     def demo(self) -> bool:
@@ -153,11 +159,16 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
         log.warning("no context limit known for %s; using %d (set model_info.max_input_tokens)",
                     entry.model_name, limit)
     direct = forwarding == "auto" and provider in OPENAI_COMPATIBLE and bool(api_base)
+    prices = prices_for(str(lp["model"])) or prices_for(upstream_model)
+    if prices is None and lp["model"] not in _UNPRICED:
+        _UNPRICED.add(lp["model"])
+        log.info("no prices known for %s: the compaction cost model uses conservative defaults (input 1, cache read "
+                 "0.1, cache write 1.25; set ctxgate.pipeline.cost.prices)", lp["model"])
     return Route(model_name=entry.model_name, litellm_params=lp, provider=provider, upstream_model=upstream_model,
                  api_base=api_base.rstrip("/") if api_base else None, api_key=api_key, max_input_tokens=limit,
                  limit_source=source, direct=direct,
                  call_params={k: v for k, v in lp.items() if k not in _ROUTING_KEYS},
-                 retry=retry_policy(config, entry.model_name, lp))
+                 retry=retry_policy(config, entry.model_name, lp), prices=prices)
 
 
 def _shown(model: str, limit: int = 200) -> str:

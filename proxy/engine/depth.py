@@ -1,0 +1,118 @@
+"""How deep one compaction point goes: the cost model (`pipeline/policy.py`) fed with what
+the session shows now — its fixed part, its earlier notes, its recent window, its growth
+per turn — and the route's prices (docs/compaction.md, the cost model)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...pipeline.config import PipelineConfig
+from ...pipeline.conversation import Conversation, read_conversation
+from ...pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
+from ...pipeline.tokens import REPLY_PRIMING
+from ...pipeline.types import RecentWindow
+from .turn_budget import Turn
+
+GROWTH_TURNS = 10
+"""The session's growth per turn is measured over its newest this-many agent turns."""
+NOTE_MARGIN = 80
+"""Autocompact's recovery message around the summary (as its plan reserves)."""
+
+
+@dataclass(frozen=True)
+class Depth:
+    target: int
+    """Where the chain lands, in ctxgate's count of the messages."""
+    window: RecentWindow
+    """What it keeps verbatim at the end."""
+    choice: Choice | None = None
+    """The cost model's verdict (None with `cost.depth: target`)."""
+
+    def log_fields(self) -> dict[str, Any]:
+        """What the compaction log says of the decision."""
+        if self.choice is None:
+            return {}
+        return {"target": self.target, "turns_expected": round(self.choice.turns, 1),
+                "window": [self.window.messages, self.window.steps]}
+
+
+def prices_of(config: PipelineConfig, route_prices: Prices | None) -> Prices:
+    """The profile's or tenant's prices when set, else the route's, else conservative ones."""
+    if config.cost.prices is not None:
+        p = config.cost.prices
+        return Prices(input=p.input, cache_read=p.cache_read, cache_write=p.cache_write, output=p.output,
+                      model="configured")
+    return route_prices or CONSERVATIVE_PRICES
+
+
+def growth_per_turn(turn: Turn) -> float:
+    """Tokens the client's history grew by per agent turn, over its newest `GROWTH_TURNS` turns:
+    read from the request itself, so a session rebuilt from its log decides as the live one."""
+    turns = [i for i, m in enumerate(turn.messages) if m.get("role") == "assistant"][-GROWTH_TURNS:]
+    if not turns:
+        return float(max(1, turn.message_tokens()))
+    return max(1.0, turn.message_tokens(turns[0]) / len(turns))
+
+
+def anchored(turn: Turn, conversation: Conversation, budget: int) -> bool:
+    """Whether the earlier compaction notes stay byte-identical through this compaction point
+    (incremental compaction): yes, unless together they are over `notes_cap_ratio` of the room
+    between what no level removes and the trigger; then this point merges them."""
+    cfg = turn.config
+    start, end = conversation.anchor(cfg.pin_first_user)
+    if not cfg.incremental or end == start:
+        return False
+    counts = conversation.counts(turn.counter)
+    room = cfg.trigger_ratio * budget - turn.outside_tokens() - sum(counts[:start])
+    return sum(counts[start:end]) <= cfg.notes_cap_ratio * max(0.0, room)
+
+
+def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int) -> Depth:
+    """The target and recent window of a proactive compaction of `view`; `restore`: what the
+    restore blocks' state lists will take. The cost model chooses between the floor (what the
+    agent must keep) and the profile's target; with no room between them, the profile's target
+    stands and the chain's last resorts do the rest, as before the model."""
+    cfg = turn.config
+    default = turn.target(budget, cfg.target_ratio)
+    if cfg.cost.depth == "target":
+        return Depth(default, cfg.window())
+    conversation = read_conversation(view, turn.dialect)
+    counts = conversation.counts(turn.counter)
+    start, end = conversation.anchor(cfg.pin_first_user)
+    stable = REPLY_PRIMING + sum(counts[:end if anchored(turn, conversation, budget) else start])
+    trigger = int(cfg.trigger_ratio * budget) - turn.outside_tokens()
+    allowance = min(cfg.autocompact.summary_max_tokens, max(100, budget // 8))
+    reserve = allowance + NOTE_MARGIN + restore
+    growth = growth_per_turn(turn)
+    window = _window(conversation, cfg, counts, trigger - stable - reserve, growth)
+    kept = sum(counts[max(end, conversation.recent_start(window)):])
+    floor = stable + reserve + kept
+    if floor >= default:
+        # No room for a deeper point even keeping only the newest step: the profile's target with
+        # the whole window, as before the model (measured: narrowing it then only made the
+        # chain's last resorts cut more and forward more requests over the limit).
+        return Depth(default, cfg.window())
+    outlook = Outlook(trigger=trigger, stable=stable, floor=floor, default=default, growth=growth,
+                      view=REPLY_PRIMING + sum(counts), summary_tokens=allowance)
+    choice = choose_target(outlook, turn.prices)
+    return Depth(choice.target, window, choice)
+
+
+def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:
+    """`config` for a compaction that keeps `window`: a window narrower than the configured one
+    narrows Snip's `keep_recent` with it, so the older window can be cut."""
+    if window == config.window() or config.snip.keep_recent <= window.messages:
+        return config
+    return config.model_copy(update={"snip": config.snip.model_copy(update={"keep_recent": window.messages})})
+
+
+def _window(conversation: Conversation, cfg: PipelineConfig, counts: list[int], room: int,
+            growth: float) -> RecentWindow:
+    """The configured recent window, unless keeping it whole leaves room for fewer than
+    `cost.min_turns` turns of growth: then the newest complete steps that do (at least one)."""
+    need = cfg.cost.min_turns * growth
+    candidates = [cfg.window()] + [RecentWindow(messages=1, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]
+    for window in candidates:
+        if room - sum(counts[conversation.recent_start(window):]) >= need:
+            return window
+    return candidates[-1]

@@ -72,6 +72,8 @@ class MethodRun:
     sent: list[Sent] = field(default_factory=list)
     summaries: int = 0
     """Summary calls (Autocompact), speculative ones included."""
+    summary_tokens: list[tuple[int, int]] = field(default_factory=list)
+    """Each summary call's prompt and reply tokens."""
 
 
 class ProviderCount:
@@ -95,7 +97,8 @@ def _records(state: SessionState) -> list[tuple[int, str]]:
 
 
 async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | None, limit: int,
-                         summary: Callable[[list[Message]], str], counter: TokenCounter) -> MethodRun:
+                         summary: Callable[[list[Message]], str], counter: TokenCounter,
+                         config: PipelineConfig | None = None) -> MethodRun:
     """`summary(prompt)`: the text the summary model answers to Autocompact's prompt."""
     sessions = MemorySessionStore()
     speculator = Speculator(in_memory_sessions(sessions))
@@ -105,13 +108,15 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
 
     async def summarize(prompt: list[Message]) -> str:
         out.summaries += 1
-        return summary(prompt)
+        text = summary(prompt)
+        out.summary_tokens.append((counter.count_messages(prompt), counter.count(text)))
+        return text
 
     try:
         for i in agent_turns(messages):
             request = messages[:i]
             turn = Turn(messages=request, fingerprints=fingerprints_of(request), tools=tools, counter=counter,
-                        config=PipelineConfig(), max_input_tokens=limit, summarize=summarize)
+                        config=config or PipelineConfig(), max_input_tokens=limit, summarize=summarize)
             sent = Sent(i, None, 0)
             async with sessions.lock(TENANT, SESSION):
                 state = await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)

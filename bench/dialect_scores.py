@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.pipeline.policy import Prices
 from ctxgate.pipeline.turns import is_valid_sequence
 from dialect_replay import CTXGATE, UPSTREAM, MethodRun, ProviderCount, Sent
 from recoverability import (
@@ -24,8 +25,13 @@ from turn_replay import agent_turns
 Message = dict[str, Any]
 LATEST = 6
 """The last messages of the request that should arrive verbatim."""
-CACHE_MIN, CACHED_PRICE = 1024, 0.1
+CACHE_MIN = 1024
 PROBES = ("task", "files", "error", "latest", "valid")
+OPENAI = Prices(input=1.0, cache_read=0.1, cache_write=1.0, output=4.0, model="OpenAI ratios")
+"""OpenAI's cache: reads at a tenth of the input price (gpt-4.1, gpt-5), no charge to write."""
+ANTHROPIC = Prices(input=1.0, cache_read=0.1, cache_write=1.25, output=5.0, model="Anthropic ratios")
+"""Anthropic's: reads at a tenth, writes at 1.25x (claude-sonnet-4-5's list prices)."""
+PRICES = {"OpenAI": OPENAI, "Anthropic": ANTHROPIC}
 
 
 @dataclass
@@ -68,8 +74,10 @@ def mean(values: list[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def priced(requests: list[tuple[list[Message], bool]], provider: ProviderCount) -> float:
-    """Cache-aware cost of (request, answered) in order: see the module doc."""
+def priced(requests: list[tuple[list[Message], bool]], provider: ProviderCount, prices: Prices,
+           summaries: list[tuple[int, int]] = ()) -> float:  # type: ignore[assignment]
+    """Cache-aware cost of (request, answered) in order, and of the summary calls (prompt and
+    reply tokens): see the module doc of bench/dialects.py."""
     total, previous = 0.0, None
     for msgs, answered in requests:
         fps = [message_fingerprint(m) for m in msgs]
@@ -79,10 +87,10 @@ def priced(requests: list[tuple[list[Message], bool]], provider: ProviderCount) 
             while k < min(len(fps), len(previous)) and fps[k] == previous[k]:
                 k += 1
         cached = provider.tools_tokens + sum(provider.counter.count_structured(m) for m in msgs[:k]) if k else 0
-        total += tokens - (1 - CACHED_PRICE) * cached if cached >= CACHE_MIN else tokens
+        total += prices.request(tokens, cached if cached >= CACHE_MIN else 0)
         if answered:
             previous = fps
-    return total
+    return total + sum(prices.summary(prompt, reply) for prompt, reply in summaries)
 
 
 @dataclass
@@ -95,7 +103,10 @@ class RunScore:
     summaries: int
     stable: float | None
     stable_outside: float | None
-    cost: float
+    cost: dict[str, float]
+    """Per price set (`PRICES`), relative to no compaction at the same prices."""
+    points: int
+    """ctxgate's compaction points (turns whose compaction records changed)."""
     refused_ctxgate: float
     refused_upstream: float
     guard_refusals: int = 0
@@ -104,7 +115,7 @@ class RunScore:
 
 
 def score_run(run: MethodRun, needs: dict[int, Need], limit: int, provider: ProviderCount,
-              messages: list[Message], reference: float, is_ctxgate: bool) -> RunScore:
+              messages: list[Message], reference: dict[str, float], is_ctxgate: bool) -> RunScore:
     per_turn = [(s, probe(s, needs[s.turn])) for s in run.sent]
     over = [(s, p) for s, p in per_turn if needs[s.turn].tokens > limit]
     answered = [(s, s.messages) for s in run.sent if not s.refused and s.messages is not None]
@@ -119,7 +130,9 @@ def score_run(run: MethodRun, needs: dict[int, Need], limit: int, provider: Prov
         over_probes={k: mean([p[k] for _, p in over]) for k in PROBES},
         summaries=run.summaries, stable=mean([float(x) for x in stable]),
         stable_outside=mean([float(x) for x in outside]) if is_ctxgate else None,
-        cost=priced(requests, provider) / reference,
+        cost={name: priced(requests, provider, prices, run.summary_tokens) / reference[name]
+              for name, prices in PRICES.items()},
+        points=sum(s.compacted for s in run.sent),
         refused_ctxgate=sum(s.refused == CTXGATE for s in run.sent) / n,
         refused_upstream=sum(s.refused == UPSTREAM for s in run.sent) / n,
         guard_refusals=sum(s.refused == CTXGATE and "without a successful reply" in s.note for s in run.sent),

@@ -35,13 +35,19 @@ strictly and (ctxgate) leaving out the pairs whose second turn is a compaction p
 cache-aware cost (below); refused turns (share; by ctxgate before the upstream / by the
 upstream).
 
-Cache-aware cost: every turn's request is priced at 1 per input token, except its longest
-common prefix in whole messages (with the tools schema) with the previous *answered*
-request of the same method, at 0.1 when that prefix is at least 1,024 tokens. A refused
-turn is priced as if it had been processed: the request the upstream refused, or, when
-ctxgate refused it first, the client's whole request. The sum is divided by that of *no
-compaction*: the whole history every turn, each priced the same way against the previous
-turn's (refusals ignored: it is what the turns would cost with no limit).
+Cache-aware cost, at two providers' price ratios (dialect_scores.PRICES): *OpenAI* (input 1,
+cache read 0.1, no charge to write, output 4) and *Anthropic* (input 1, cache read 0.1, cache
+write 1.25, output 5). Every turn's request is priced at the cache-read price on its longest
+common prefix in whole messages (with the tools schema) with the previous *answered* request
+of the same method when that prefix is at least 1,024 tokens, and at the cache-write price on
+the rest. Every summary call is priced too: its prompt at the input price, its reply at the
+output price. A refused turn is priced as if it had been processed: the request the upstream
+refused, or, when ctxgate refused it first, the client's whole request. The sum is divided by
+that of *no compaction*: the whole history every turn, each priced the same way against the
+previous turn's (refusals ignored: it is what the turns would cost with no limit).
+
+Compaction points (ctxgate): turns whose compaction records changed, per 100 turns over the
+dialect's runs; summary calls per point (speculative ones included).
 
     .venv/bin/python bench/dialects.py                        # writes its section of RESULTS.md
     .venv/bin/python bench/dialects.py --only "OpenHands text" --limit 2 --out /tmp/x.md
@@ -50,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import collections
 import os
 import subprocess
@@ -61,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.turns import is_valid_sequence
 from dialect_replay import (
     ProviderCount,
@@ -69,7 +77,7 @@ from dialect_replay import (
     drop_oldest,
     middle_out,
 )
-from dialect_scores import PROBES, RunScore, floor_of, mean, needs_of, priced, score_run
+from dialect_scores import PRICES, PROBES, RunScore, floor_of, mean, needs_of, priced, score_run
 from recoverability import scripted_summary_text
 from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of, every_dialect
 from turn_replay import agent_turns
@@ -95,6 +103,9 @@ class RunResult:
     """Per ratio, each method's scores; None when the limit is below the run's floor."""
     floor_share: dict[float, float]
     """Per ratio, the run's floor (system prompt + task + tools schema) as a share of the limit."""
+    least_points: dict[float, int]
+    """Per ratio, the fewest compaction points any compactor needs: each point lands at the floor
+    at best, so it absorbs at most (trigger - floor) of the growth past the trigger."""
 
 
 def runs(only: str | None, limit: int | None, tau_every: int) -> list[tuple[str, Trajectory, str, list[Message]]]:
@@ -127,10 +138,14 @@ def slug(text: str) -> str:
 
 
 def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], counter: Any,
-             loop: asyncio.AbstractEventLoop) -> RunResult:
+             loop: asyncio.AbstractEventLoop, config: PipelineConfig | None = None,
+             methods: tuple[str, ...] = METHODS) -> RunResult:
+    """Every method of `methods` on one run at every ratio; ctxgate with `config` (default: the
+    professional profile's)."""
     provider = ProviderCount(counter, t.tools)
     needs = needs_of(messages, dialect != TOOL_CALLS, provider)
-    reference = priced([(messages[:i], True) for i in agent_turns(messages)], provider)
+    whole = [(messages[:i], True) for i in agent_turns(messages)]
+    reference = {name: priced(whole, provider, prices) for name, prices in PRICES.items()}
     final, floor = provider(messages), floor_of(messages, provider)
     out: dict[float, dict[str, RunScore] | None] = {}
     for ratio in RATIOS:
@@ -139,14 +154,21 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
             out[ratio] = None
             continue
         scores = {}
-        for method in METHODS:
+        for method in methods:
             if method in SUMMARIES:
-                run = loop.run_until_complete(ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter))
+                run = loop.run_until_complete(ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter,
+                                                             config))
             else:
                 run = baseline_replay(messages, t.tools, limit, BASELINES[method], counter)
             scores[method] = score_run(run, needs, limit, provider, messages, reference, method in SUMMARIES)
         out[ratio] = scores
-    return RunResult(name, t.source, dialect, out, {ratio: floor / max(1, int(ratio * final)) for ratio in RATIOS})
+    least = {}
+    for ratio in RATIOS:
+        trigger = PipelineConfig().trigger_ratio * PipelineConfig().effective_budget(int(ratio * final))
+        over = sum(needs[i].tokens > trigger for i in agent_turns(messages))  # at most a point per such turn
+        least[ratio] = min(over, math.ceil(max(0.0, final - trigger) / max(1.0, trigger - floor)))
+    return RunResult(name, t.source, dialect, out, {ratio: floor / max(1, int(ratio * final)) for ratio in RATIOS},
+                     least)
 
 
 # ---------------------------------------------------------------------------------------
@@ -170,7 +192,11 @@ def summary(rs: list[RunScore]) -> dict[str, float | None]:
     out = {k: mean([r.probes[k] for r in rs]) for k in PROBES}
     out.update({f"over_{k}": mean([r.over_probes[k] for r in rs if r.over]) for k in PROBES})
     out.update(summaries=mean([float(r.summaries) for r in rs]), stable=mean([r.stable for r in rs]),
-               stable_outside=mean([r.stable_outside for r in rs]), cost=mean([r.cost for r in rs]),
+               stable_outside=mean([r.stable_outside for r in rs]),
+               **{f"cost_{name}": mean([r.cost[name] for r in rs]) for name in PRICES},
+               points=100 * sum(r.points for r in rs) / max(1, sum(r.turns for r in rs)),
+               per_point=sum(r.summaries for r in rs) / max(1, sum(r.points for r in rs)),
+               summaries_per_100=100 * sum(r.summaries for r in rs) / max(1, sum(r.turns for r in rs)),
                refused=mean([r.refused_ctxgate + r.refused_upstream for r in rs]),
                refused_ctxgate=mean([r.refused_ctxgate for r in rs]),
                refused_upstream=mean([r.refused_upstream for r in rs]))
@@ -187,13 +213,17 @@ def method_rows(scored: list[dict[str, RunScore]], label: str = "") -> list[list
         stable = pct(f["stable"]) + (f" / {pct(f['stable_outside'])}" if m in SUMMARIES else "")
         rows.append(([label] if label else []) + [
             m, fmt(f["task"]), f"{fmt(f['files'])} ({n_files})", f"{fmt(f['error'])} ({n_err})", fmt(f["latest"]),
-            fmt(f["valid"]), fmt(f["summaries"], 1), stable, fmt(f["cost"]),
+            fmt(f["valid"]), fmt(f["summaries"], 1),
+            fmt(f["points"], 1) if m in SUMMARIES else "n/a", fmt(f["per_point"], 2) if m in SUMMARIES else "n/a",
+            stable, *(fmt(f[f"cost_{name}"]) for name in PRICES),
             f"{pct(f['refused'])} ({pct(f['refused_ctxgate'])} / {pct(f['refused_upstream'])})"])
     return rows
 
 
 HEADERS = ["method", "task", "files (runs)", "last error (runs)", "last 6 verbatim", "valid pairing",
-           "summary calls / run", "prefix-stable (strict / outside compaction points)", "cost vs no compaction",
+           "summary calls / run", "compaction points / 100 turns", "summary calls / point",
+           "prefix-stable (strict / outside compaction points)", "cost vs no compaction (OpenAI)",
+           "cost vs no compaction (Anthropic)",
            "refused (by ctxgate / by the upstream)"]
 
 
@@ -253,7 +283,8 @@ def dialect_section(results: list[RunResult], dialect: str, ratio: float) -> str
 
 
 SCOREBOARD = (("task", "task", 1), ("files", "files", 1), ("error", "last error", 1), ("latest", "last 6", 1),
-              ("valid", "valid", 1), ("stable", "prefix-stable", 1), ("cost", "cost", -1),
+              ("valid", "valid", 1), ("stable", "prefix-stable", 1), ("cost_OpenAI", "cost (OpenAI)", -1),
+              ("cost_Anthropic", "cost (Anthropic)", -1),
               ("refused", "refused", -1))
 """(summary key, label, +1 when higher is better / -1 when lower is)."""
 
@@ -309,6 +340,47 @@ def aims(results: list[RunResult]) -> str:
             + ". At 50%, task / files / last error under 0.95: " + ("; ".join(low) if low else "none") + ".\n")
 
 
+def cost_targets(results: list[RunResult]) -> str:
+    """The compaction-cost targets, per dialect and limit, ctxgate with the stand-in summary:
+    at 50%, at most 12.5 compaction points per 100 turns (one per 8 turns), at most one summary
+    call per point, cost at most 0.8 (OpenAI) and 1.0 (Anthropic) of no compaction, prefix-stable
+    on 85% of turns; at 25%, prefix-stable ahead of drop-oldest, at most 20 summary calls per 100
+    turns (4 per 20), cost at most 0.55 (OpenAI)."""
+    def mark(ok: bool) -> str:
+        return "" if ok else " **missed**"
+
+    rows = []
+    for ratio in RATIOS:
+        for d in DIALECTS:
+            ok = feasible(results, d, ratio)
+            scored = [s for _, s in ok]
+            if not scored:
+                continue
+            f = summary([s[STAND_IN] for s in scored])
+            drop = summary([s["drop-oldest"] for s in scored])
+            least = 100 * sum(r.least_points[ratio] for r, _ in ok) / max(1, sum(s[STAND_IN].turns for s in scored))
+            points, per_point, per_100 = f["points"] or 0.0, f["per_point"] or 0.0, f["summaries_per_100"] or 0.0
+            stable, openai, anthropic = f["stable"] or 0.0, f["cost_OpenAI"] or 0.0, f["cost_Anthropic"] or 0.0
+            if ratio == 0.50:
+                cells = [f"{points:.1f}{mark(points <= 12.5)}", f"{per_point:.2f}{mark(per_point <= 1.0)}",
+                         f"{per_100:.1f}", f"{pct(stable)}{mark(stable >= 0.85)}",
+                         f"{openai:.3f}{mark(openai <= 0.8)}", f"{anthropic:.3f}{mark(anthropic <= 1.0)}"]
+            else:
+                cells = [f"{points:.1f}", f"{per_point:.2f}", f"{per_100:.1f}{mark(per_100 <= 20)}",
+                         f"{pct(stable)} vs {pct(drop['stable'])}{mark(stable > (drop['stable'] or 0.0))}",
+                         f"{openai:.3f}{mark(openai <= 0.55)}", f"{anthropic:.3f}"]
+            rows.append([f"{d} at {ratio:.0%} ({len(scored)})", f"{least:.1f}", *cells])
+    return ("### Compaction cost: the targets\n\nAt 50%: ≤ 12.5 points / 100 turns, ≤ 1 summary / point, prefix-stable "
+            "≥ 85%, cost ≤ 0.8 (OpenAI) and ≤ 1.0 (Anthropic). At 25%: ≤ 20 summaries / 100 turns, prefix-stable "
+            "ahead of drop-oldest, cost ≤ 0.55 (OpenAI). **missed** marks a target not met. *At best*: the fewest "
+            "points any compactor needs under the same trigger, each landing at the run's floor (system prompt, "
+            "task, tools schema) and so absorbing at most (trigger − floor) of the growth past the trigger.\n\n"
+            + common.table(["dialect at limit (runs)", "points / 100 turns at best", "points / 100 turns",
+                            "summaries / point",
+                            "summaries / 100 turns", "prefix-stable", "cost (OpenAI)", "cost (Anthropic)"], rows)
+            + "\n")
+
+
 def package_state() -> str:
     """Where ctxgate was imported from, and at which commit (a worktree for a 'before' run)."""
     import ctxgate.pipeline
@@ -340,8 +412,10 @@ def report(results: list[RunResult], elapsed: float, note: str, tau_every: int) 
         "dialect's runs (*(runs)*: runs where the probe applies); a refused turn scores 0 on every probe. "
         "*prefix-stable*: pairs of consecutive answered turns whose second request starts with the first; after "
         "the slash, leaving out the pairs at ctxgate's compaction points. *cost*: cached prefixes (≥ 1,024 tokens, "
-        "whole messages, against the previous answered request) at 0.1, refused turns priced as if processed, "
-        "relative to sending the whole history every turn with the same caching. Definitions: "
+        "whole messages, against the previous answered request) at the cache-read price, the rest at the "
+        "cache-write price (OpenAI ratios: 0.1 / 1; Anthropic: 0.1 / 1.25), summary calls priced in and out, "
+        "refused turns priced as if processed, relative to sending the whole history every turn with the same "
+        "caching. *compaction points / 100 turns* and *summary calls / point* over the dialect's runs. Definitions: "
         "`bench/dialects.py`, `bench/dialect_replay.py`.\n")
     count = collections.Counter(r.dialect for r in results)
     out.append("Runs: " + ", ".join(f"{d} {count[d]}" for d in DIALECTS if count[d])
@@ -350,6 +424,7 @@ def report(results: list[RunResult], elapsed: float, note: str, tau_every: int) 
     out.append("### ctxgate (stand-in summary) against the best baseline, per probe\n")
     out.append(scoreboard(results) + "\n")
     out.append(aims(results))
+    out.append(cost_targets(results))
     for ratio in RATIOS:
         out.append(f"### Limit {ratio:.0%} of the final size\n")
         out += [dialect_section(results, d, ratio) for d in DIALECTS if count[d]]

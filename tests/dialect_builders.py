@@ -655,18 +655,24 @@ def complete_steps(messages: list[Message], kinds: tuple[str, ...]) -> list[int]
     return out
 
 
-def window_start(messages: list[Message], kinds: tuple[str, ...]) -> int:
-    """The recent window: the last RECENT messages, widened to hold the last two complete steps."""
-    start = max(0, len(messages) - RECENT)
+Window = tuple[int, int]
+"""A recent window as (messages, complete steps): the issue's is (RECENT, 2); a compaction point
+with little room may keep a narrower one (`cost.min_turns`), which its log names."""
+WINDOW: Window = (RECENT, 2)
+
+
+def window_start(messages: list[Message], kinds: tuple[str, ...], window: Window = WINDOW) -> int:
+    """The recent window: the last `window[0]` messages, widened to hold the last `window[1]` complete steps."""
+    start = max(0, len(messages) - window[0])
     steps = complete_steps(messages, kinds)
-    if len(steps) >= 2:
-        start = min(start, steps[-2])
+    if len(steps) >= window[1] > 0:
+        start = min(start, steps[-window[1]])
     return start
 
 
-def pinned(messages: list[Message], kinds: tuple[str, ...]) -> list[Message]:
+def pinned(messages: list[Message], kinds: tuple[str, ...], window: Window = WINDOW) -> list[Message]:
     """The leading instructions, the task and the recent window."""
-    start = window_start(messages, kinds)
+    start = window_start(messages, kinds, window)
     return [m for i, (m, k) in enumerate(zip(messages, kinds)) if i >= start or k in (INSTRUCTIONS, TASK)]
 
 
@@ -732,16 +738,16 @@ UNCUTTABLE = CUT_FLOOR + 16
 """An observation of at most this many tokens is too short to cut: cutting oldest first may pass it by."""
 
 
-def cuttable(messages: list[Message], kinds: tuple[str, ...]) -> list[int]:
+def cuttable(messages: list[Message], kinds: tuple[str, ...], window: Window = WINDOW) -> list[int]:
     """The recent window's observations the issue lets a compaction cut: all but the last
     message and the newest user message."""
     last, newest = len(messages) - 1, newest_user(messages)
-    return [i for i in range(window_start(messages, kinds), len(messages))
+    return [i for i in range(window_start(messages, kinds, window), len(messages))
             if kinds[i] == OBSERVATION and i not in (last, newest)]
 
 
 def window_floor(messages: list[Message], kinds: tuple[str, ...], tools: list[dict[str, Any]] | None,
-                 cut: dict[int, Message] | None = None) -> int:
+                 cut: dict[int, Message] | None = None, window: Window = WINDOW) -> int:
     """The instructions, the task and the recent window with every cuttable observation cut
     to CUT_FLOOR tokens (or as an earlier compaction point cut it, `cut`: a cut stays as it
     is), tools schema included: the smallest request that holds the whole window. Over the
@@ -751,8 +757,8 @@ def window_floor(messages: list[Message], kinds: tuple[str, ...], tools: list[di
 
     cut = cut or {}
     spare = sum(size(i) - (counter().count(str(cut[i].get("content"))) if i in cut else min(size(i), CUT_FLOOR))
-                for i in cuttable(messages, kinds))
-    return tokens_of(pinned(messages, kinds), tools) - spare
+                for i in cuttable(messages, kinds, window))
+    return tokens_of(pinned(messages, kinds, window), tools) - spare
 
 
 class WindowWatch:
@@ -790,27 +796,37 @@ class WindowWatch:
         self.exempt = 0
         """Messages before this index are owed nothing: a compaction point where the window
         could not fit the limit whole (`window_floor`) removed or cut what it had to."""
+        self.kept_from = 0
+        """Where the window the session's last compaction point kept begins (it may be narrower
+        than the issue's when the room is small)."""
         self.cut_points = 0
         """Compaction points where the window was over the target (and what was cut in it)."""
         self.cut_messages = 0
         self.exempt_points = 0
 
-    def over_target(self, request: Request, reserved: int = 0, offset: int = 0) -> bool:
-        """The instructions, the task and the window (with NOTE_ROOM) exceed the compaction target."""
-        window = counter().count_messages(pinned(request.messages, request.kinds))
-        target = compaction_target(request.messages, self.tools, self.limit, reserved, offset)
-        return window + NOTE_ROOM > target
+    def over_target(self, request: Request, reserved: int = 0, offset: int = 0, window: Window = WINDOW,
+                    target: int | None = None) -> bool:
+        """The instructions, the task and the window (with NOTE_ROOM) exceed the compaction target
+        (`target` when the compaction point's log names the one it chose)."""
+        kept = counter().count_messages(pinned(request.messages, request.kinds, window))
+        if target is None:
+            target = compaction_target(request.messages, self.tools, self.limit, reserved, offset)
+        return kept + NOTE_ROOM > target
 
-    def beyond(self, request: Request, reserved: int = 0, offset: int = 0) -> bool:
+    def beyond(self, request: Request, reserved: int = 0, offset: int = 0, window: Window = WINDOW) -> bool:
         """No request holding the whole window (its observations cut as far as allowed) fits
         the effective budget: ctxgate falls back to the turn in progress."""
-        floor = window_floor(request.messages, request.kinds, self.tools, self.cuts)
+        floor = window_floor(request.messages, request.kinds, self.tools, self.cuts, window)
         return floor + reserved + offset + NOTE_ROOM > self.budget
 
     def check(self, request: Request, forwarded: list[Message], point: bool, reserved: int = 0,
-              offset: int = 0) -> list[str]:
+              offset: int = 0, chosen: dict[str, Any] | None = None) -> list[str]:
         """What `forwarded` (for `request`, the session's next turn) breaks; records the turn.
-        `reserved` and `offset` are the compaction's (`Turn.reserved_tokens`, `Turn.count_offset`)."""
+        `reserved` and `offset` are the compaction's (`Turn.reserved_tokens`, `Turn.count_offset`);
+        `chosen`: at a compaction point, its log entry (`chain`), which names the window and the
+        target the cost model chose when it chose them (docs/compaction.md)."""
+        window: Window = tuple(chosen["window"]) if chosen and chosen.get("window") else WINDOW  # type: ignore
+        target = chosen.get("target") if chosen else None
         sent, kinds, n = request.messages, request.kinds, len(request.messages)
         problems: list[str] = []
         if not point and self.since == 0 and not same(forwarded, sent):
@@ -818,18 +834,19 @@ class WindowWatch:
         if not point and self.since and not same(forwarded[-(n - self.since):], sent[self.since:]):
             problems.append(f"the {n - self.since} messages that arrived after the last compaction point (at "
                             f"{self.since} messages) do not end the forwarded list verbatim")
-        if point and self.beyond(request, reserved, offset):
+        if point and self.beyond(request, reserved, offset, window):
             self.since = self.exempt = n
             self.exempt_points += 1
-            for i in range(window_start(sent, kinds), n):  # what it cut stays cut
+            for i in range(window_start(sent, kinds, window), n):  # what it cut stays cut
                 got = next((m for m in forwarded if is_cut_of(m, sent[i])), None)
                 if got is not None and i not in self.cuts:
                     self.cuts[i] = got
             return problems
-        may_cut = point and self.over_target(request, reserved, offset)
-        found, cut = self._window(request, forwarded, point, may_cut)
+        may_cut = point and self.over_target(request, reserved, offset, window, target)
+        found, cut = self._window(request, forwarded, point, may_cut, window)
         if point:
             self.since = n
+            self.kept_from = max(self.kept_from, window_start(sent, kinds, window))
             fresh = {i: m for i, m in cut.items() if i not in self.cuts}
             self.cuts.update(fresh)
             if may_cut:
@@ -838,10 +855,11 @@ class WindowWatch:
         return problems + found
 
     def _window(self, request: Request, forwarded: list[Message], point: bool,
-                may_cut: bool) -> tuple[list[str], dict[int, Message]]:
+                may_cut: bool, window: Window = WINDOW) -> tuple[list[str], dict[int, Message]]:
         """The window's problems, and its messages forwarded cut (by index, as forwarded)."""
         sent, kinds, n = request.messages, request.kinds, len(request.messages)
-        start = max(window_start(sent, kinds), self.exempt)
+        # Never before the window the last point kept: what it compacted does not come back.
+        start = max(window_start(sent, kinds, window), self.kept_from, self.exempt)
         last, newest = n - 1, newest_user(sent)
         head = [i for i in range(start, n) if kinds[i] in HEAD_KINDS]
         rest = [i for i in range(start, n) if kinds[i] not in HEAD_KINDS]

@@ -113,6 +113,8 @@ class Sent:
     error: str = ""
     count_offset: int = 0
     """The session's measured count offset after this turn (the next turn's compaction uses it)."""
+    chain: dict[str, Any] | None = None
+    """The session's last compaction (its `chain` log entry): the window and target it chose."""
 
     @property
     def forwarded(self) -> list[Message]:
@@ -144,8 +146,9 @@ def _send(gw: Gateway, up: ScriptedUpstream, session: str, budget: int, request:
     except openai.APIStatusError as e:
         status, levels, error = e.status_code, "", f"{e.status_code} {e.message}"
     summary = _session(gw, session)
+    chains = [e for e in summary.get("compactions") or [] if e.get("level") in ("chain", "speculative")]
     return Sent(request, status, levels, summary.get("records", []), _agent_calls(up, since), error,
-                int(summary.get("count_offset") or 0))
+                int(summary.get("count_offset") or 0), chains[-1] if chains else None)
 
 
 def _replay(gw: Gateway, up: ScriptedUpstream, history: History, budget: int) -> tuple[str, list[Sent]]:
@@ -185,7 +188,8 @@ def _turn_problems(history: History, budget: int, sent: list[Sent]) -> dict[str,
         if not s.calls:
             continue
         memory = [m for m in s.forwarded if m not in _without_memory(s.forwarded)]
-        window = watch.check(r, _without_memory(s.forwarded), point, counter().count_messages(memory), offset)
+        window = watch.check(r, _without_memory(s.forwarded), point, counter().count_messages(memory), offset,
+                             s.chain if point else None)
         if window:
             found.setdefault("recent window verbatim or cut oldest first", []).append(
                 f"{where}: " + "; ".join(window[:2]))

@@ -167,7 +167,9 @@ async def _replay(history: History, limit: int) -> Run:
             levels = tuple(plan.levels)
             point = bool(levels) or _records(state) != before
             over, exempt = point and watch.over_target(request), watch.exempt_points
-            problems = tuple(watch.check(request, plan.messages, point))
+            chains = [e for e in state.compaction_log if e.get("level") in ("chain", "speculative")]
+            chosen = chains[-1] if point and chains else None
+            problems = tuple(watch.check(request, plan.messages, point, chosen=chosen))
             rule = ("" if not point else "nothing" if watch.exempt_points > exempt else "cut" if over
                     else "verbatim")
             turns.append(Forward(request, plan.messages, None, levels, point,

@@ -61,14 +61,16 @@ async def test_a_long_output_arriving_is_forwarded_whole_in_the_recent_window() 
     grown = history + tool_turn(12, size=600)
     after = await _forward(compactor, state, grown, _summary)
     assert state.records, "the output took the session over the trigger"
-    assert after[-10:] == grown[-10:]
+    # With this little room the point keeps the newest complete steps rather than all ten
+    # messages (docs/compaction.md, the recent window adapts to the room).
+    assert after[-4:] == grown[-4:]
     assert "tokens truncated" not in after[-1]["content"]
     assert counter().count_messages(after) <= PipelineConfig().effective_budget(BUDGET)
 
     nxt = grown + tool_turn(13, size=20)
     again = await _forward(compactor, state, nxt)
     assert again[:len(after)] == after  # the record reproduces the compaction next turn
-    assert again[-10:] == nxt[-10:]
+    assert again[-6:] == nxt[-6:]
 
 
 async def test_an_observation_forwarded_whole_as_the_newest_message_stays_whole() -> None:

@@ -88,6 +88,11 @@ def write_claude_code(path: Path, steps: int = 24, seed: int = 2) -> Path:
     return path
 
 
+SUMMARISING_LEVELS = ["microcompact", "collapse", "autocompact"]
+"""The chain without Snip: the cost model's deep compaction points let Snip free these short
+sessions' spans alone, with no summary (docs/compaction.md)."""
+
+
 def run_replay(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["replay", *args])
     captured = capsys.readouterr()
@@ -117,6 +122,14 @@ def check_row(row: dict[str, str], r: dict[str, Any]) -> None:
     assert r["over_limit_turns"] == [t["turn"] for t in r["turns"] if (t["forwarded"] or 0) > r["limit"]]
     assert row["cost without"] == money(r["cost_without"])
     assert row["cost with"] == money(r["cost_with"])
+    assert row["points / 100 turns"] == f"{r['points_per_100_turns']:.1f}" == \
+        f"{100 * len(r['compactions']) / len(r['turns']):.1f}"
+    assert row["summaries / point"] == f"{r['summaries'] / max(1, len(r['compactions'])):.2f}"
+    answered = [t for t in r["turns"] if t["forwarded"] is not None]
+    hits = [t["cached_forwarded"] if t["cached_forwarded"] >= 1024 else 0 for t in answered]
+    assert row["cache read"] == str(r["cache_read_tokens"]) == str(sum(hits))
+    written = sum(t["forwarded"] for t in answered) - sum(hits)
+    assert row["cache written"] == str(r["cache_write_tokens"]) == str(written)
     first_level = next(iter(r["levels_fired"]))
     assert row["levels fired @ turns"].startswith(f"{first_level}@")
 
@@ -155,7 +168,8 @@ def independent_counts(path: Path, model: str) -> tuple[list[int], list[int]]:
     tools = counter.count_tools(recording.tools)
     sent = [counter.count_messages(recording.messages[:i]) + tools for i in agent_turns(recording.messages)]
     run = asyncio.run(replay(recording.messages, recording.tools, BUDGET, counter=counter,
-                             summarize=Summarizer(counter), config=PipelineConfig(), wait_background=True))
+                             summarize=Summarizer(counter), config=PipelineConfig(levels=SUMMARISING_LEVELS),
+                             wait_background=True))
     forwarded = [counter.count_messages(f.messages) + tools for f in run.turns]
     return sent, forwarded
 
@@ -167,7 +181,10 @@ def test_replay_compacts_and_reports_the_same_figures(tmp_path: Path, capsys: py
                                                       writer: Any, model: str) -> None:
     session = writer(tmp_path / "session.jsonl")
     out = tmp_path / "report"
-    code, stdout, err = run_replay(capsys, str(session), "--budget", str(BUDGET), "--out", str(out))
+    config = tmp_path / "ctxgate.yaml"  # Snip alone would free these spans: the summaries are what is tested
+    config.write_text(yaml.safe_dump({"ctxgate": {"pipeline": {"levels": SUMMARISING_LEVELS}}}))
+    code, stdout, err = run_replay(capsys, str(session), "--budget", str(BUDGET), "--out", str(out),
+                                   "--config", str(config))
     assert code == 0, err
     (r,) = json.loads((out / "report.json").read_text())
     assert r["format"] == ("openai" if model == "gpt-4o" else "claude-code")
@@ -239,7 +256,8 @@ def _config(tmp_path: Path, upstream_url: str, summarizer_base: str | None = Non
         models[1]["litellm_params"]["api_base"] = summarizer_base
     path = tmp_path / "ctxgate.yaml"
     autocompact = {"model": summarizer, "timeout_s": timeout_s}
-    path.write_text(yaml.safe_dump({"model_list": models, "ctxgate": {"pipeline": {"autocompact": autocompact}}}))
+    path.write_text(yaml.safe_dump({"model_list": models, "ctxgate": {"pipeline": {
+        "autocompact": autocompact, "levels": SUMMARISING_LEVELS}}}))
     return path
 
 

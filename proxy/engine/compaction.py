@@ -159,28 +159,44 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     cuts = CutLog() if cfg.expand.enabled else None
     request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
                                  reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
-    request = replace(request, anchored=anchored(turn, request.conversation, budget))
     depth = None
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
-        request = replace(request, token_budget=max(1, depth.target), window=depth.window)
+        request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
         if depth.window != cfg.window():
             pipeline = pipeline_of(with_window(cfg, depth.window))
+    else:
+        request = replace(request, anchored=anchored(turn, request.conversation, budget))
     result = await pipeline.compact(request)
     hard = budget - turn.outside_tokens()
     if result.tokens_after > hard:
         # The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
         # it verbatim would only forward a request the provider refuses. Only the turn in
         # progress is kept whole then; and if even that is over, its last observation is cut.
-        # A summary asked for already is not asked for again over a wider span.
+        # A summary asked for already is not asked for again over a wider span: the cheap levels
+        # go on from what it left, with its note kept.
+        narrow = RecentWindow(messages=1, steps=0)
+        again = replace(request, window=narrow)
         if summaries:
-            config = with_window(cfg, RecentWindow(messages=1, steps=0))
+            config = with_window(cfg, narrow)
             pipeline = pipeline_of(config.model_copy(update={"levels": [lv for lv in cfg.levels
                                                                         if lv != "autocompact"]}))
-        result = await pipeline.compact(replace(request, window=RecentWindow(messages=1, steps=0)))
+            again = replace(again, messages=result.compressed_messages, anchored=True)
+        first = result
+        result = await pipeline.compact(again)
+        if summaries:
+            result = replace(result, steps=first.steps + result.steps,
+                             recovery_hints=first.recovery_hints + result.recovery_hints)
         if result.tokens_after > hard and "microcompact" in cfg.levels:
+            # Cut towards the target, not only to the limit (the turn would land at it and the next
+            # turn compact again), but keeping what Microcompact keeps of any output: the newest
+            # output's head and tail are where its failure lines mostly are (measured: cut to the
+            # target alone, the last error line was in view a tenth less often).
+            others = result.tokens_after - turn.counter.count_structured(result.compressed_messages[-1])
+            keep = cfg.microcompact.head_tokens + cfg.microcompact.tail_tokens
             cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
-                replace(request, messages=result.compressed_messages, token_budget=hard))
+                replace(request, messages=result.compressed_messages,
+                        token_budget=min(hard, max(request.token_budget, others + keep))))
             if cut is not None:
                 result = replace(cut, steps=result.steps + cut.steps,
                                  recovery_hints=result.recovery_hints + cut.recovery_hints)
@@ -288,7 +304,8 @@ class Compactor:
         state.working = state.speculative["working"]
         state.add_record(record)
         state.log_compaction({"level": "speculative", "tokens_before": record.tokens_before,
-                              "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time()})
+                              "tokens_after": record.tokens_after, "levels": record.levels, "at": time.time(),
+                              **state.speculative.get("depth", {})})
         state.speculative = {}
         _set_guard(state, turn)  # a compaction was applied
         return Plan(messages=view, tokens_out=tokens - turn.count_offset, levels=list(dict.fromkeys(record.levels)),

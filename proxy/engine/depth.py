@@ -25,8 +25,10 @@ class Depth:
     """Where the chain lands, in ctxgate's count of the messages."""
     window: RecentWindow
     """What it keeps verbatim at the end."""
+    anchored: bool = False
+    """The earlier notes stay byte-identical (`anchored`)."""
     choice: Choice | None = None
-    """The cost model's verdict (None with `cost.depth: target`)."""
+    """The cost model's verdict (None with `cost.depth: target`, or with no room for a choice)."""
 
     def log_fields(self) -> dict[str, Any]:
         """What the compaction log says of the decision."""
@@ -70,16 +72,19 @@ def anchored(turn: Turn, conversation: Conversation, budget: int) -> bool:
 def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int) -> Depth:
     """The target and recent window of a proactive compaction of `view`; `restore`: what the
     restore blocks' state lists will take. The cost model chooses between the floor (what the
-    agent must keep) and the profile's target; with no room between them, the profile's target
-    stands and the chain's last resorts do the rest, as before the model."""
+    agent must keep, the earlier notes included) and the profile's target. With no room between
+    them, the profile's target and window stand and the earlier notes may be merged, as before
+    the model (measured: narrowing the window or keeping the notes then only made the chain's
+    last resorts cut more and forward more requests over the limit)."""
     cfg = turn.config
     default = turn.target(budget, cfg.target_ratio)
-    if cfg.cost.depth == "target":
-        return Depth(default, cfg.window())
     conversation = read_conversation(view, turn.dialect)
+    keep_notes = anchored(turn, conversation, budget)
+    if cfg.cost.depth == "target":
+        return Depth(default, cfg.window(), keep_notes)
     counts = conversation.counts(turn.counter)
     start, end = conversation.anchor(cfg.pin_first_user)
-    stable = REPLY_PRIMING + sum(counts[:end if anchored(turn, conversation, budget) else start])
+    stable = REPLY_PRIMING + sum(counts[:end if keep_notes else start])
     trigger = int(cfg.trigger_ratio * budget) - turn.outside_tokens()
     allowance = min(cfg.autocompact.summary_max_tokens, max(100, budget // 8))
     reserve = allowance + NOTE_MARGIN + restore
@@ -88,14 +93,16 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     kept = sum(counts[max(end, conversation.recent_start(window)):])
     floor = stable + reserve + kept
     if floor >= default:
-        # No room for a deeper point even keeping only the newest step: the profile's target with
-        # the whole window, as before the model (measured: narrowing it then only made the
-        # chain's last resorts cut more and forward more requests over the limit).
-        return Depth(default, cfg.window())
+        return Depth(default, cfg.window(), keep_notes and floor - kept + _whole(conversation, cfg, counts) <= default)
     outlook = Outlook(trigger=trigger, stable=stable, floor=floor, default=default, growth=growth,
                       view=REPLY_PRIMING + sum(counts), summary_tokens=allowance)
     choice = choose_target(outlook, turn.prices)
-    return Depth(choice.target, window, choice)
+    return Depth(choice.target, window, keep_notes, choice)
+
+
+def _whole(conversation: Conversation, cfg: PipelineConfig, counts: list[int]) -> int:
+    """The configured recent window's tokens."""
+    return sum(counts[conversation.recent_start(cfg.window()):])
 
 
 def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:

@@ -102,7 +102,7 @@ class Speculator:
             await self._content.put(state.tenant, state.session_id, run.cuts, expand.store_max_bytes,
                                     expand.store_ttl_s)
         state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
-                             "working": run.working}
+                             "working": run.working, "depth": run.depth.log_fields() if run.depth else {}}
         log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens, %.0f ms)",
                  state.session_id, ",".join(run.record.levels), run.record.tokens_before,
                  run.record.tokens_after, run.duration_ms)

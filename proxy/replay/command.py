@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     except SessionFailed as e:
         return _fail(str(e))
     out = Path(args.out)
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=None if sys.stdout.isatty() else 260)
     console.print(results_table(results))
     written = write_report(results, out)
     console.print(f"report: {written}")
@@ -133,6 +133,7 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
                 try:
                     run: Replay = await replay(r.messages, r.tools, limit, counter=target.counter,
                                                summarize=summarizer, config=pipeline_config, wait_background=True,
+                                               prices=target.prices,
                                                on_turn=lambda _: progress.advance(task))
                 except Exception as e:  # content the readers let through but the pipeline cannot take
                     raise SessionFailed(f"{job.path}: session {r.name} could not be replayed: "

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...pipeline.config import PipelineConfig
+from ...pipeline.policy import Prices
 from ...pipeline.tokens import TokenCounter
 from ...wal.config import WalConfig
 from ..engine.compaction import Compactor, fingerprints_of
 from ..engine.content_store import MemoryContentStore
+from ..engine.depth import prices_of
 from ..engine.journal import Journal
 from ..engine.session import Sessions
 from ..engine.speculative import Speculator
@@ -94,7 +96,7 @@ def in_memory_sessions(store: MemorySessionStore) -> Sessions:
 async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, budget: int, *,
                  counter: TokenCounter, summarize: Summarize, config: PipelineConfig | None = None,
                  provider_count: Callable[[list[Message]], int] | None = None, speculate: bool = True,
-                 upstream_s: float = 0.0, wait_background: bool = False,
+                 upstream_s: float = 0.0, wait_background: bool = False, prices: Prices | None = None,
                  on_turn: Callable[[Forwarded], None] | None = None) -> Replay:
     """`budget`: the model's context limit (`max_input_tokens`). `provider_count`: what the
     provider reports as `usage.prompt_tokens` (default: ctxgate's own count, tools included:
@@ -120,7 +122,8 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
         for i in agent_turns(messages):
             request = messages[:i]
             turn = Turn(messages=request, fingerprints=fingerprints_of(request), tools=tools, counter=counter,
-                        config=pipeline_config, max_input_tokens=budget, summarize=counted_summary)
+                        config=pipeline_config, max_input_tokens=budget, summarize=counted_summary,
+                        prices=prices_of(pipeline_config, prices))
             steps.clear()
             started = time.perf_counter()
             async with sessions.lock(TENANT, SESSION):

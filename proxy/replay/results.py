@@ -12,7 +12,7 @@ from ...pipeline.config import PipelineConfig
 from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_MARKER, SNIP_MARKER,
                                is_ctxgate_message)
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
-from .costs import Prices
+from .costs import CACHE_MIN_TOKENS, Prices
 from .driver import Message, Replay
 from .formats import Recording
 
@@ -109,6 +109,25 @@ class SessionResult:
         return sum(bool(t.refused) for t in self.turns)
 
     @property
+    def points_per_100_turns(self) -> float:
+        """Compaction points per 100 turns: each rewrites what the provider cached."""
+        return 100 * len(self.compactions) / max(1, len(self.turns))
+
+    @property
+    def summaries_per_point(self) -> float:
+        return self.summaries / max(1, len(self.compactions))
+
+    @property
+    def cache_read_tokens(self) -> int:
+        """Forwarded tokens a provider reads from its prompt cache (the prefix the previous request had)."""
+        return sum(_hit(t.cached_forwarded, t.forwarded) for t in self.turns if t.forwarded is not None)
+
+    @property
+    def cache_write_tokens(self) -> int:
+        """Forwarded tokens a provider reads afresh (and writes to its cache, where it charges for that)."""
+        return sum(t.forwarded - _hit(t.cached_forwarded, t.forwarded) for t in self.turns if t.forwarded is not None)
+
+    @property
     def over_limit_turns(self) -> list[int]:
         """Turns whose forwarded request is still over the limit: a provider would refuse it,
         and the gateway would then compact reactively, which a replay does not model."""
@@ -118,8 +137,15 @@ class SessionResult:
         data = asdict(self)
         data.update(sent_total=self.sent_total, sent_answered=self.sent_answered, forwarded_total=self.forwarded_total,
                     stable_turns=self.stable_turns, refused_turns=self.refused_turns,
-                    over_limit_turns=self.over_limit_turns)
+                    over_limit_turns=self.over_limit_turns, points_per_100_turns=self.points_per_100_turns,
+                    summaries_per_point=self.summaries_per_point, cache_read_tokens=self.cache_read_tokens,
+                    cache_write_tokens=self.cache_write_tokens)
         return data
+
+
+def _hit(cached: int, tokens: int) -> int:
+    """What the provider's cache serves of a request whose prefix of `cached` tokens repeats."""
+    return min(cached, tokens) if cached >= CACHE_MIN_TOKENS else 0
 
 
 def _common_prefix(a: list[bytes], b: list[bytes]) -> int:

@@ -6,7 +6,8 @@ from rich.table import Table
 from .results import SessionResult
 
 COLUMNS = ("session", "turns", "limit", "tokens sent", "tokens forwarded", "saved", "levels fired @ turns",
-           "summaries", "prefix-stable", "cost without", "cost with", "refused", "over limit")
+           "points / 100 turns", "summaries", "summaries / point", "prefix-stable", "cache read", "cache written",
+           "cost without", "cost with", "refused", "over limit")
 
 
 def money(value: float | None) -> str:
@@ -41,17 +42,22 @@ def results_table(results: list[SessionResult]) -> Table:
         table.add_column(name, justify="left" if left else "right", overflow="fold")
     for r in results:
         table.add_row(r.name, str(len(r.turns)), str(r.limit), str(r.sent_total), str(r.forwarded_total),
-                      saved(r.sent_answered, r.forwarded_total), levels_text(r), str(r.summaries),
-                      stable_text([r]), money(r.cost_without), money(r.cost_with), str(r.refused_turns),
+                      saved(r.sent_answered, r.forwarded_total), levels_text(r), f"{r.points_per_100_turns:.1f}",
+                      str(r.summaries), f"{r.summaries_per_point:.2f}", stable_text([r]), str(r.cache_read_tokens),
+                      str(r.cache_write_tokens), money(r.cost_without), money(r.cost_with), str(r.refused_turns),
                       str(len(r.over_limit_turns)))
     unpriced = total_cost(results, "cost_with")[1]
     if len(results) > 1:
+        points = sum(len(r.compactions) for r in results)
+        turns, summaries = sum(len(r.turns) for r in results), sum(r.summaries for r in results)
         table.add_section()
         mark = "*" if unpriced else ""
         table.add_row("total", str(sum(len(r.turns) for r in results)), "", str(sum(r.sent_total for r in results)),
                       str(sum(r.forwarded_total for r in results)),
                       saved(sum(r.sent_answered for r in results), sum(r.forwarded_total for r in results)), "",
-                      str(sum(r.summaries for r in results)), stable_text(results),
+                      f"{100 * points / max(1, turns):.1f}", str(summaries), f"{summaries / max(1, points):.2f}",
+                      stable_text(results), str(sum(r.cache_read_tokens for r in results)),
+                      str(sum(r.cache_write_tokens for r in results)),
                       money(total_cost(results, "cost_without")[0]) + mark,
                       money(total_cost(results, "cost_with")[0]) + mark, str(sum(r.refused_turns for r in results)),
                       str(sum(len(r.over_limit_turns) for r in results)))

@@ -1,0 +1,172 @@
+"""How deep a compaction point goes (docs/compaction.md, the cost model), and what later
+points leave of earlier ones: the cost model on its own, the compactor over a stateless
+client's turns, and the settings that configure it."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, is_compaction_note, is_restore_block
+from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Outlook, Prices, choose_target, cost_per_turn
+from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+from ctxgate.proxy.engine.depth import growth_per_turn, plan_depth, prices_of
+from ctxgate.proxy.engine.state import SessionState
+from ctxgate.proxy.engine.turn_budget import Turn
+from pipeline_builders import Message, counter, system, tool_turn, user
+
+OPENAI = Prices(input=2.5, cache_read=1.25, cache_write=2.5, output=10.0)
+ANTHROPIC = Prices(input=3.0, cache_read=0.3, cache_write=3.75, output=15.0)
+BUDGET = 6000
+
+
+def _outlook(**over: Any) -> Outlook:
+    base = dict(trigger=5000, stable=1500, floor=2200, default=3000, growth=200.0, view=5200, summary_tokens=400)
+    return Outlook(**{**base, **over})
+
+
+@pytest.mark.parametrize("prices", [OPENAI, ANTHROPIC, CONSERVATIVE_PRICES])
+def test_the_choice_is_the_cheapest_target_of_the_grid_and_within_the_floor_and_the_default(prices: Prices) -> None:
+    outlook = _outlook()
+    choice = choose_target(outlook, prices)
+    assert outlook.floor <= choice.target <= outlook.default
+    grid = [int(outlook.floor + (outlook.default - outlook.floor) * k / 16) for k in range(17)]
+    assert choice.cost_per_turn == pytest.approx(min(cost_per_turn(t, outlook, prices) for t in grid))
+    assert choice.turns == pytest.approx((outlook.trigger - choice.target) / outlook.growth)
+
+
+def test_a_deeper_point_buys_more_turns_and_costs_less_per_turn_with_cache_writes_dear() -> None:
+    """Anthropic charges 1.25x to write the cache: a point that lands lower amortises its
+    write over more turns and reads less every turn."""
+    outlook = _outlook()
+    shallow, deep = cost_per_turn(outlook.default, outlook, ANTHROPIC), cost_per_turn(outlook.floor, outlook, ANTHROPIC)
+    assert deep < shallow
+    assert choose_target(outlook, ANTHROPIC).target == outlook.floor
+
+
+def test_a_floor_above_the_default_is_the_target() -> None:
+    outlook = _outlook(floor=3500, default=3000)
+    assert choose_target(outlook, ANTHROPIC).target == 3500
+
+
+def test_a_point_that_buys_no_turn_counts_as_one() -> None:
+    outlook = _outlook(floor=4990, default=4990)
+    assert choose_target(outlook, OPENAI).turns == 1.0
+
+
+def test_prices_come_from_the_profile_then_the_route_then_the_conservative_default() -> None:
+    configured = PipelineConfig(cost={"prices": {"input": 1, "cache_read": 0.5, "cache_write": 1}})
+    assert prices_of(configured, ANTHROPIC).cache_read == 0.5
+    assert prices_of(PipelineConfig(), ANTHROPIC) is ANTHROPIC
+    assert prices_of(PipelineConfig(), None) is CONSERVATIVE_PRICES
+
+
+@pytest.mark.parametrize("bad", [{"input": -1, "cache_read": 0, "cache_write": 0},
+                                 {"input": "cheap", "cache_read": 0, "cache_write": 0},
+                                 {"input": float("nan"), "cache_read": 0, "cache_write": 0}])
+def test_a_price_that_is_negative_or_not_a_number_is_refused_with_its_path(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as e:
+        PipelineConfig(cost={"prices": bad})
+    assert ("cost", "prices", "input") in [err["loc"] for err in e.value.errors()]
+
+
+def test_min_turns_below_one_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        PipelineConfig(cost={"min_turns": 0})
+
+
+# ---------------------------------------------------------------------------------------
+# The compactor over a stateless client's turns
+
+
+def _turn(messages: list[Message], summarize: Any, config: PipelineConfig | None = None) -> Turn:
+    return Turn(messages=messages, fingerprints=fingerprints_of(messages), tools=None, counter=counter(),
+                config=config or PipelineConfig(), max_input_tokens=BUDGET, summarize=summarize)
+
+
+class Summaries:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, _: list[Message]) -> str:
+        self.calls += 1
+        return (f"1. goal: fix the test (summary {self.calls})\n2. steps\n3. decisions\n4. open\n5. files\n"
+                "6. tools")
+
+
+async def _replay(turns: int, size: int, config: PipelineConfig | None = None
+                  ) -> tuple[list[list[Message]], list[int], Summaries]:
+    """`turns` agent turns of `size`-token outputs, each forwarded as a stateless client
+    would send it; the forwarded requests, the turns that were compaction points, the summaries."""
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
+    sent: list[list[Message]] = []
+    points: list[int] = []
+    for i in range(turns):
+        history = history + tool_turn(i, size=size)
+        records = len(state.records)
+        plan = await compactor.prepare(state, _turn(history, summaries, config))
+        state.has_attempted_reactive_compact = False  # the upstream answered
+        if len(state.records) != records:
+            points.append(i)
+        sent.append(plan.messages)
+    return sent, points, summaries
+
+
+async def test_a_later_point_leaves_the_earlier_notes_byte_identical_and_adds_its_own_after_them() -> None:
+    sent, points, _ = await _replay(60, 120)
+    assert len(points) >= 2, "the run must reach two compaction points"
+    first, second = sent[points[0]], sent[points[1]]
+    notes = [m for m in first if is_compaction_note(m)]
+    assert notes, "the first point left a note"
+    end = first.index(notes[-1]) + 1
+    assert second[:end] == first[:end], "the prefix up to the first point's last note is what the provider cached"
+    assert len([m for m in second if is_compaction_note(m)]) > len(notes)
+    restore = [i for i, m in enumerate(second) if is_restore_block(m)]
+    last_note = max(i for i, m in enumerate(second) if is_compaction_note(m))
+    assert all(i > last_note for i in restore), "the restore blocks come after every note"
+
+
+async def test_each_point_asks_for_at_most_one_summary_and_between_points_the_prefix_holds() -> None:
+    sent, points, summaries = await _replay(60, 120)
+    assert summaries.calls <= len(points)
+    for i in range(1, len(sent)):
+        if i not in points:
+            assert sent[i][:len(sent[i - 1])] == sent[i - 1], f"turn {i} is no compaction point but changed the prefix"
+
+
+async def test_the_cost_model_compacts_more_rarely_than_the_fixed_target() -> None:
+    _, fixed, fixed_summaries = await _replay(100, 120, PipelineConfig(cost={"depth": "target"}))
+    _, cost, cost_summaries = await _replay(100, 120)
+    assert len(cost) < len(fixed)
+    assert cost_summaries.calls <= fixed_summaries.calls
+
+
+async def test_notes_past_their_cap_are_merged_by_the_next_point() -> None:
+    """A cap of 1% of the room: every point finds the earlier notes over it and merges them,
+    so there is never more than one summary note."""
+    sent, points, _ = await _replay(60, 120, PipelineConfig(notes_cap_ratio=0.01))
+    assert len(points) >= 2
+    for request in sent:
+        assert sum(1 for m in request if is_compaction_note(m) and AUTOCOMPACT_MARKER in m["content"]) <= 1
+
+
+def test_the_recent_window_narrows_when_keeping_it_whole_buys_too_few_turns() -> None:
+    """Large outputs in the recent window and a small budget: keeping the newest 10 messages
+    verbatim would leave room for fewer than `min_turns` turns; the point keeps the newest
+    complete steps instead."""
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    for i in range(8):
+        history += tool_turn(i, size=120)
+    for i in range(8, 12):
+        history += tool_turn(i, size=600)
+    turn = _turn(history, Summaries())
+    budget = PipelineConfig().effective_budget(BUDGET)
+    depth = plan_depth(turn, history, budget, restore=0)
+    assert depth.window != PipelineConfig().window()
+    assert depth.window.steps >= 1
+    assert growth_per_turn(turn) > 0
+    wide = plan_depth(turn, history, 10 * budget, restore=0)
+    assert wide.window == PipelineConfig().window(), "with room to spare the whole window is kept"

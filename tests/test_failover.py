@@ -150,7 +150,9 @@ class Cluster:
 
 def _config(upstream: ScriptedUpstream, redis_url: str, summarizer: str, speculation: bool) -> dict[str, Any]:
     autocompact: dict[str, Any] = {"model": summarizer} | ({} if speculation else {"speculative_ratio": None})
-    config = main_config(upstream.url, "auto", state=redis_url, pipeline={"autocompact": autocompact},
+    # Without Snip, which would free these spans alone: the summaries are what a failover must not pay twice.
+    config = main_config(upstream.url, "auto", state=redis_url,
+                         pipeline={"autocompact": autocompact, "levels": ["microcompact", "collapse", "autocompact"]},
                          tenants={t: {"api_keys": [k], "allow_overrides": ["budget"]} for t, k in KEYS.items()},
                          **({"wal": {"backend": "redis"}} if REDIS_WAL else {}))
     config["model_list"] = [*model_list(upstream.url), {

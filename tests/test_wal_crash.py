@@ -37,7 +37,6 @@ import httpx
 import openai
 import pytest
 
-from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import message_fingerprint, prefix_hashes
 from clients import agent_turns, client, feasible_turns
 from servers import LIVE, Gateway, launch, model_list, run_ctxgate, start_gateways, stop_all, wait_until
@@ -144,6 +143,34 @@ class Current:
             self._cond.wait_for(lambda: self.generation > generation, timeout)
 
 
+class Permits:
+    """Paces clients by count, not by time: each attempt takes a permit, and the test hands out
+    a generation's worth between two kills, so the run holds as many kills however fast or
+    loaded the machine is."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.granted = self.taken = 0
+        self.unlimited = False
+
+    def grant(self, n: int) -> int:
+        """`n` more attempts may start; returns how many will have started once they have."""
+        with self._cond:
+            self.granted += n
+            self._cond.notify_all()
+            return self.granted
+
+    def release_all(self) -> None:
+        with self._cond:
+            self.unlimited = True
+            self._cond.notify_all()
+
+    def take(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.unlimited or self.taken < self.granted)
+            self.taken += 1
+
+
 @dataclass
 class Attempt:
     turn: int
@@ -180,10 +207,12 @@ class Replay:
             assert raw.parse().choices[0].message.content == "ok"
         return dict(raw.headers)
 
-    def run(self, current: Current) -> None:
+    def run(self, current: Current, permits: Permits | None = None) -> None:
         k = 0
         try:
             while k < len(self.turns):
+                if permits is not None:
+                    permits.take()
                 generation, gw = current.get()
                 try:
                     levels = self.send(gw, k).get("x-ctx-levels", "")
@@ -204,8 +233,8 @@ def replays(tenant: str) -> list[Replay]:
             for name in SESSIONS]
 
 
-def start_clients(sessions: list[Replay], current: Current) -> list[threading.Thread]:
-    threads = [threading.Thread(target=s.run, args=(current,), name=f"client-{s.name}", daemon=True)
+def start_clients(sessions: list[Replay], current: Current, permits: Permits | None = None) -> list[threading.Thread]:
+    threads = [threading.Thread(target=s.run, args=(current, permits), name=f"client-{s.name}", daemon=True)
                for s in sessions]
     for t in threads:
         t.start()
@@ -240,7 +269,11 @@ def test_sigkill_under_load_loses_no_turn_and_changes_no_payload(upstream: Scrip
 
     control_threads = start_clients(control_sessions, Current(control))
     current = Current(crash)
-    crash_threads = start_clients(crash_sessions, current)
+    # A generation's worth of attempts between two kills: the sessions cannot end before
+    # MAX_KILLS kills, whatever the machine's speed (a retried attempt takes a permit too).
+    permits = Permits()
+    per_generation = max(1, sum(len(s.turns) for s in crash_sessions) // (MAX_KILLS + 2))
+    crash_threads = start_clients(crash_sessions, current, permits)
 
     kills: list[int] = []
     """The upstream log's length when each kill had taken effect."""
@@ -250,12 +283,12 @@ def test_sigkill_under_load_loses_no_turn_and_changes_no_payload(upstream: Scrip
     verified: list[dict[str, Any]] = []
     try:
         while len(kills) < MAX_KILLS and not all(s.done.is_set() for s in crash_sessions):
+            started_by = permits.grant(per_generation)
             if rng.random() < 0.25:  # right after the restart: recovery and the first turns in flight
                 time.sleep(rng.uniform(0.0, 0.3))
-            else:  # mid-run: some turns of this generation answered first
-                before = sum(s.completed for s in crash_sessions)
-                wait_until(lambda: sum(s.completed for s in crash_sessions) > before
-                           or all(s.done.is_set() for s in crash_sessions), 60, "a turn through the restarted gateway")
+            else:  # mid-run: this generation's attempts started, some answered first
+                wait_until(lambda: permits.taken >= started_by or all(s.done.is_set() for s in crash_sessions), 120,
+                           "this generation's attempts to start")
                 time.sleep(rng.uniform(0.0, 0.5))
             if all(s.done.is_set() for s in crash_sessions):
                 break
@@ -286,9 +319,11 @@ def test_sigkill_under_load_loses_no_turn_and_changes_no_payload(upstream: Scrip
 
             crash = launch("crash", workdir, config).wait_ready()
             current.publish(crash)
+        permits.release_all()
         for t in [*crash_threads, *control_threads]:
             t.join(180)
     finally:
+        permits.release_all()
         stop_all([crash, control])
     failures = [s.failure for s in [*crash_sessions, *control_sessions] if s.failure]
     assert not failures, failures
@@ -485,28 +520,32 @@ def test_a_kill_around_a_speculative_summary_changes_no_payload(upstream: Script
     upstream.reset()
     name = "python__mypy-15976_0"
     t = trajectory(name)
-    crash_cfg = gateway_config(upstream.url, CRASH_KEY,
+    # Without Snip, which would free these spans alone with no summary to kill around.
+    levels = ["microcompact", "collapse", "autocompact"]
+    crash_cfg = gateway_config(upstream.url, CRASH_KEY, levels=levels,
                                autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
-    control_cfg = gateway_config(upstream.url, CONTROL_KEY,
+    control_cfg = gateway_config(upstream.url, CONTROL_KEY, levels=levels,
                                  autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
     started = start_gateways({"crash": (tmp_path / "crash", crash_cfg), "control": (tmp_path / "control", control_cfg)})
     gws = dict(started)
     session = {gw: Replay(name, gw, turns_of(t), t.tools, stream=False) for gw in ("crash", "control")}
-    speculating = 0.7 * PipelineConfig().effective_budget(BUDGET)
     killed_at: int | None = None
 
     def kept(which: str) -> bool:
         return any(e["type"] == "CHECKPOINT" and e.get("reason") == "speculative"
                    for e in events_of(gws[which].data_dir, which, name))
 
+    def speculations(which: str) -> int:
+        """Background compactions the session's log says were started (SPECULATION events)."""
+        return sum(e["type"] == "SPECULATION" for e in events_of(gws[which].data_dir, which, name))
+
     try:
         for k in range(len(session["crash"].turns)):
             started_one = False
             for which in ("control", "crash"):
-                sent = session[which].send(gws[which], k)
-                # ctxgate judges the budget in the provider's count (this upstream leaves the tools out)
-                counted = upstream_calls(upstream, KEYS_OF[which], "gpt-4o")[-1][1].prompt_tokens
-                started_one = sent["x-ctx-levels"] == "none" and counted > speculating
+                before = speculations(which)
+                session[which].send(gws[which], k)
+                started_one = speculations(which) > before
                 if started_one and moment == "summary kept":  # the next turn finds it kept, in both gateways
                     # A history that is all recent window gives a speculation nothing to do: none is kept.
                     deadline = time.monotonic() + 10

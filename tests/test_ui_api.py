@@ -140,6 +140,10 @@ def test_the_list_shows_live_figures_to_the_admin_and_the_own_tenant(
     compacting_turns_count = sum(1 for lv in levels if lv != "none")
     assert mine["cache_stable_share"] == pytest.approx(1 - compacting_turns_count / len(levels))
     assert mine["summary_calls"] == sum(lv.split(",").count("autocompact") for lv in levels)
+    assert mine["points_per_100_turns"] == pytest.approx(100 * compacting_turns_count / len(levels))
+    assert mine["summaries_per_point"] == pytest.approx(mine["summary_calls"] / compacting_turns_count)
+    assert mine["cache_read_tokens"] > 0 and mine["cache_write_tokens"] > 0  # cached between points, written at them
+    assert mine["input_cost"] > 0  # the route's prices from litellm's cost map
 
     acme = {(s["tenant"], s["id"]) for s in get(uigw, f"{DASHBOARD}/sessions", KEYS["acme"]).json()["data"]}
     assert ("acme", session) in acme and all(tenant == "acme" for tenant, _ in acme)

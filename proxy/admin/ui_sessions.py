@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from ...pipeline.policy import Prices
 from ..engine.state import SessionState
+from ..errors import GatewayError
 from ..gateway import Gateway
 from ..ids import is_valid_id
 from .ui_auth import Viewer
@@ -71,14 +73,43 @@ class SessionFigures:
             "failed_turns": max(0, state.turns - state.answered_turns), "created_at": state.created_at,
             "updated_at": state.updated_at, "profile": state.profile or None, "dialect": state.dialect or "plain",
             "records": len(state.records), "last_level": last.get("level"), "last_compaction_at": last.get("at"),
-            "tokens_in": None, "tokens_out": None, "cache_stable_share": None,
+            "tokens_in": None, "tokens_out": None, "cache_stable_share": None, "points_per_100_turns": None,
+            "summaries_per_point": None, "cache_read_tokens": None, "cache_write_tokens": None, "input_cost": None,
             "summary_calls": sum(1 for e in compactions if e.get("level") in SUMMARY_LEVELS), "wal": False}
         if await asyncio.to_thread(self.timelines.has_log, tenant, session):
             timeline = await self.timeline(tenant, session)
             latest = timeline.points[-1] if timeline.points else {}
             figures.update(wal=True, tokens_in=latest.get("tokens_in"), tokens_out=latest.get("tokens_out"),
-                           cache_stable_share=timeline.cache_stable_share, summary_calls=timeline.summary_calls)
+                           cache_stable_share=timeline.cache_stable_share, summary_calls=timeline.summary_calls,
+                           **self._cache_figures(timeline))
         return figures
+
+    def _cache_figures(self, timeline: Timeline) -> dict[str, Any]:
+        """Compaction points per 100 turns, summary calls per point, cache reads and writes, and
+        what the forwarded requests' input cost at each route's list prices (None when a
+        route's prices are unknown; the summary calls are not in it: the log does not count
+        their tokens)."""
+        points = timeline.compaction_points
+        cached = timeline.cache_tokens()
+        cost: float | None = 0.0
+        for model, read, written in cached:
+            prices = self._prices(model)
+            if prices is None or cost is None:
+                cost = None
+                continue
+            cost += prices.request(read + written, read)
+        return {"points_per_100_turns": 100 * points / len(timeline.points) if timeline.points else None,
+                "summaries_per_point": timeline.summary_calls / points if points else None,
+                "cache_read_tokens": sum(r for _, r, _ in cached), "cache_write_tokens": sum(w for _, _, w in cached),
+                "input_cost": cost if cached else None}
+
+    def _prices(self, model: str | None) -> Prices | None:
+        if not model:
+            return None
+        try:
+            return self.gw.router.resolve(model).prices
+        except GatewayError:
+            return None
 
 
 def compaction_rows(state: SessionState) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...pipeline.policy import CACHE_MIN_TOKENS
 from ...wal.backend import WalLog
 from ...wal.events import EventType
 
@@ -35,6 +36,26 @@ class Timeline:
         if not self.points:
             return None
         return sum(1 for p in self.points if not p["levels"]) / len(self.points)
+
+    @property
+    def compaction_points(self) -> int:
+        """Answered turns with a compaction before them: each rewrote what the provider cached."""
+        return sum(1 for p in self.points if p["levels"])
+
+    def cache_tokens(self) -> list[tuple[str | None, int, int]]:
+        """Per answered turn: its model, the tokens a provider read from its cache (the turn
+        before's whole request, on a turn with no compaction before it, when at least
+        `CACHE_MIN_TOKENS`) and the tokens it read afresh and wrote. At a compaction point
+        nothing is counted as cached, though the prefix up to the earlier notes may still be."""
+        out: list[tuple[str | None, int, int]] = []
+        previous: int | None = None
+        for p in self.points:
+            tokens = p.get("prompt_tokens") or p.get("tokens_out") or 0
+            cached = previous if previous is not None and not p["levels"] and previous >= CACHE_MIN_TOKENS else 0
+            cached = min(cached, tokens)
+            out.append((p.get("model"), cached, tokens - cached))
+            previous = tokens
+        return out
 
 
 def build(events: list[dict[str, Any]]) -> Timeline:
@@ -64,7 +85,8 @@ def build(events: list[dict[str, Any]]) -> Timeline:
         elif kind == EventType.RESPONSE.value:
             timeline.points.append({"turn": event.get("turn"), "tokens_in": event.get("tokens_in"),
                                     "tokens_out": event.get("tokens_out"), "prompt_tokens": event.get("prompt_tokens"),
-                                    "budget": budget, "levels": levels, "timestamp": event.get("timestamp")})
+                                    "budget": budget, "levels": levels, "timestamp": event.get("timestamp"),
+                                    "model": event.get("model")})
             levels = []
     return timeline
 

@@ -135,6 +135,10 @@ async function refreshSessions() {
     cell(row, s.last_level ? s.last_level + " at " + when(s.last_compaction_at) : "–", "level");
     cell(row, share(s.cache_stable_share));
     cell(row, number(s.summary_calls));
+    cell(row, s.points_per_100_turns == null ? "–" : s.points_per_100_turns.toFixed(1));
+    cell(row, s.summaries_per_point == null ? "–" : s.summaries_per_point.toFixed(2));
+    cell(row, s.cache_read_tokens == null ? "–" : number(s.cache_read_tokens) + " / " + number(s.cache_write_tokens));
+    cell(row, s.input_cost == null ? "–" : "$" + s.input_cost.toFixed(4));
     cell(row, when(s.updated_at));
     row.addEventListener("click", () => select(s.tenant, s.id));
     return row;

@@ -1,0 +1,124 @@
+"""Incremental compaction through a real `ctxgate serve`, driven by the official SDKs: what an
+earlier compaction point produced reaches the upstream byte-identical at the next one (the
+prefix up to the last note stays cached), each point asks for at most one summary, and a
+turn below the trigger is forwarded as the client sent it. On the Chat Completions door
+(notes as system messages) and the Anthropic Messages door (notes as `system` blocks)."""
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import anthropic
+import openai
+import pytest
+
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note
+from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
+from upstream import ScriptedUpstream
+
+BUDGET = "6000"
+CLAUDE_KEY = "sk-claude-compaction"
+NOTE_MARKERS = (AUTOCOMPACT_MARKER, SNIP_MARKER, "[ctxgate: collapsed context]")
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    config = main_config(upstream.url, "auto")
+    config["model_list"].append({"model_name": "claude-x", "model_info": {"max_input_tokens": 100_000},
+                                 "litellm_params": {"model": "anthropic/claude-x", "api_base": upstream.url,
+                                                    "api_key": UPSTREAM_KEY}})
+    config["ctxgate"]["tenants"]["claude"] = {"api_keys": [CLAUDE_KEY], "allow_overrides": ["budget"]}
+    gateway = launch("compaction-doors", Path(tmp_path_factory.mktemp("compaction-doors")), config).wait_ready()
+    yield gateway
+    stop_all([gateway])
+
+
+def output(i: int) -> str:
+    return "\n".join(f"step {i} line {j}: checked module_{j}.py, nothing to change" for j in range(40))
+
+
+def chat_turns(n: int) -> list[list[dict[str, Any]]]:
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful coding agent."},
+                                     {"role": "user", "content": "TASK: fix the failing test in src/app.py"}]
+    turns = []
+    for i in range(n):
+        history = history + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+                "name": "bash", "arguments": json.dumps({"command": f"check {i}"})}}]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": output(i)}]
+        turns.append(history)
+    return turns
+
+
+def points_of(levels: list[str]) -> list[int]:
+    return [i for i, lv in enumerate(levels) if lv not in ("", "none")]
+
+
+def test_chat_a_later_point_keeps_the_earlier_notes_byte_identical(gw: Gateway, upstream: ScriptedUpstream) -> None:
+    cli = openai.OpenAI(base_url=gw.url, api_key=KEYS["acme"], max_retries=0, timeout=60)
+    session = f"incr-{uuid.uuid4().hex[:10]}"
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}]
+    start = len(upstream.log)
+    levels, bodies = [], []
+    for messages in chat_turns(40):
+        since = len(upstream.log)
+        raw = cli.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=messages, tools=tools,  # type: ignore[arg-type]
+            extra_headers={"X-Ctx-Budget": BUDGET, "X-Ctx-Session": session})
+        raw.parse()
+        levels.append(raw.headers.get("x-ctx-levels", ""))
+        [forwarded] = [r for r in upstream.log[since:] if r.door == "chat" and r.body.get("model") == "gpt-4o"]
+        bodies.append(forwarded)
+        if levels[-1] == "none" and not any(is_compaction_note(m) for m in forwarded.body["messages"]):
+            assert forwarded.body["messages"] == messages, "below the trigger the request is forwarded as sent"
+    points = points_of(levels)
+    assert len(points) >= 2, levels
+    first, second = bodies[points[0]].body["messages"], bodies[points[1]].body["messages"]
+    end = max(i for i, m in enumerate(first) if is_compaction_note(m)) + 1
+    assert second[:end] == first[:end], "the prefix up to the first point's last note is what the provider cached"
+    assert sum(1 for m in second if is_compaction_note(m)) > sum(1 for m in first if is_compaction_note(m))
+    for a, b in zip(points, points[1:]):  # between points, each request starts with the one before
+        for k in range(a + 1, b):
+            before, after = bodies[k - 1].body["messages"], bodies[k].body["messages"]
+            assert after[:len(before)] == before, f"turn {k} is no compaction point but changed the prefix"
+    summaries = [r for r in upstream.log[start:] if r.door == "chat" and "summarizer" in str(r.body.get("model"))]
+    assert len(summaries) <= len(points)
+
+
+def test_messages_a_later_point_keeps_the_earlier_note_blocks_byte_identical(gw: Gateway,
+                                                                            upstream: ScriptedUpstream) -> None:
+    cli = anthropic.Anthropic(base_url=gw.base, api_key=CLAUDE_KEY, max_retries=0, timeout=60)
+    session = f"incr-msg-{uuid.uuid4().hex[:10]}"
+    tools = [{"name": "bash", "description": "Run a shell command.",
+              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "TASK: fix the failing test in src/app.py"}]
+    levels, systems = [], []
+    for i in range(40):
+        messages = messages + [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "bash",
+                                               "input": {"command": f"check {i}"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": output(i)}]}]
+        since = len(upstream.log)
+        raw = cli.messages.with_raw_response.create(
+            model="claude-x", max_tokens=64, system="You are a careful coding agent.", messages=messages,  # type: ignore
+            tools=tools, extra_headers={"X-Ctx-Budget": BUDGET, "X-Ctx-Session": session})  # type: ignore[arg-type]
+        raw.parse()
+        levels.append(raw.headers.get("x-ctx-levels", ""))
+        [forwarded] = [r for r in upstream.log[since:] if r.door == "messages"]
+        system = forwarded.body.get("system")
+        systems.append([system] if isinstance(system, str) else
+                       [{k: v for k, v in b.items() if k != "cache_control"} for b in system or []])
+    points = points_of(levels)
+    assert len(points) >= 2, levels
+    first, second = systems[points[0]], systems[points[1]]
+
+    def is_note(block: Any) -> bool:
+        return isinstance(block, dict) and str(block.get("text", "")).startswith(NOTE_MARKERS)
+
+    end = max(i for i, b in enumerate(first) if is_note(b)) + 1
+    # The breakpoint ctxgate adds moves to the last system block: compared without it.
+    assert second[:end] == first[:end], "the system blocks up to the first point's last note are cached"
+    assert sum(map(is_note, second)) > sum(map(is_note, first))

@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Any
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.notes import is_ctxgate_message
+from ctxgate.pipeline.notes import is_compaction_note, is_ctxgate_message
 from ctxgate.pipeline.turns import is_valid_sequence
 from ctxgate.proxy.engine.turn_budget import Turn
 
@@ -796,6 +796,8 @@ class WindowWatch:
         self.exempt = 0
         """Messages before this index are owed nothing: a compaction point where the window
         could not fit the limit whole (`window_floor`) removed or cut what it had to."""
+        self.notes: list[Message] = []
+        """The compaction notes the session's last forwarded request held."""
         self.kept_from = 0
         """Where the window the session's last compaction point kept begins (it may be narrower
         than the issue's when the room is small)."""
@@ -805,10 +807,11 @@ class WindowWatch:
         self.exempt_points = 0
 
     def over_target(self, request: Request, reserved: int = 0, offset: int = 0, window: Window = WINDOW,
-                    target: int | None = None) -> bool:
-        """The instructions, the task and the window (with NOTE_ROOM) exceed the compaction target
-        (`target` when the compaction point's log names the one it chose)."""
-        kept = counter().count_messages(pinned(request.messages, request.kinds, window))
+                    target: int | None = None, notes: int = 0) -> bool:
+        """The instructions, the task, the earlier notes (`notes` tokens) and the window (with
+        NOTE_ROOM) exceed the compaction target (`target` when the compaction point's log names
+        the one it chose)."""
+        kept = counter().count_messages(pinned(request.messages, request.kinds, window)) + notes
         if target is None:
             target = compaction_target(request.messages, self.tools, self.limit, reserved, offset)
         return kept + NOTE_ROOM > target
@@ -842,7 +845,12 @@ class WindowWatch:
                 if got is not None and i not in self.cuts:
                     self.cuts[i] = got
             return problems
-        may_cut = point and self.over_target(request, reserved, offset, window, target)
+        # The notes earlier points left stay byte-identical (incremental compaction): kept, like
+        # the instructions and the task, so they count against the target too.
+        earlier = [m for m in forwarded if is_compaction_note(m) and any(same([m], [e]) for e in self.notes)]
+        notes = counter().count_messages(earlier) if earlier else 0
+        self.notes = [m for m in forwarded if is_compaction_note(m)]
+        may_cut = point and self.over_target(request, reserved, offset, window, target, notes)
         found, cut = self._window(request, forwarded, point, may_cut, window)
         if point:
             self.since = n

@@ -73,9 +73,9 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     """The target and recent window of a proactive compaction of `view`; `restore`: what the
     restore blocks' state lists will take. The cost model chooses between the floor (what the
     agent must keep, the earlier notes included) and the profile's target. With no room between
-    them, the profile's target and window stand and the earlier notes may be merged, as before
-    the model (measured: narrowing the window or keeping the notes then only made the chain's
-    last resorts cut more and forward more requests over the limit)."""
+    them, the profile's target and window stand, as before
+    the model (measured: narrowing the window then only made the chain's last resorts cut
+    more and forward more requests over the limit)."""
     cfg = turn.config
     default = turn.target(budget, cfg.target_ratio)
     conversation = read_conversation(view, turn.dialect)
@@ -93,16 +93,11 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     kept = sum(counts[max(end, conversation.recent_start(window)):])
     floor = stable + reserve + kept
     if floor >= default:
-        return Depth(default, cfg.window(), keep_notes and floor - kept + _whole(conversation, cfg, counts) <= default)
+        return Depth(default, cfg.window(), keep_notes)
     outlook = Outlook(trigger=trigger, stable=stable, floor=floor, default=default, growth=growth,
                       view=REPLY_PRIMING + sum(counts), summary_tokens=allowance)
     choice = choose_target(outlook, turn.prices)
     return Depth(choice.target, window, keep_notes, choice)
-
-
-def _whole(conversation: Conversation, cfg: PipelineConfig, counts: list[int]) -> int:
-    """The configured recent window's tokens."""
-    return sum(counts[conversation.recent_start(cfg.window()):])
 
 
 def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:

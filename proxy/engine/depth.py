@@ -73,9 +73,9 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     """The target and recent window of a proactive compaction of `view`; `restore`: what the
     restore blocks' state lists will take. The cost model chooses between the floor (what the
     agent must keep, the earlier notes included) and the profile's target. With no room between
-    them, the profile's target and window stand, as before
-    the model (measured: narrowing the window then only made the chain's last resorts cut
-    more and forward more requests over the limit)."""
+    them, the profile's target and window stand, as before the model (measured: narrowing the
+    window there made the last resorts cut more, forward more requests over the limit and
+    ask for more summaries)."""
     cfg = turn.config
     default = turn.target(budget, cfg.target_ratio)
     conversation = read_conversation(view, turn.dialect)

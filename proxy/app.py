@@ -64,6 +64,17 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
                                             headers={"X-Request-Id": request_id}))
 
 
+@web.middleware
+async def refuse_websocket(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """An agent that tries a WebSocket transport (Codex's Responses WebSocket) gets a clear 400
+    at once, on which it falls back to HTTP, rather than a method error or a wait."""
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"ctxgate serves {request.path} over HTTP only: WebSocket "
+                           "transports are not proxied; send the request as an HTTP POST (Codex: a model provider "
+                           "with wire_api = \"responses\")", code="websocket_unsupported")
+    return await handler(request)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
@@ -143,7 +154,8 @@ async def session_end(request: web.Request) -> web.Response:
 def create_app(gw: Gateway) -> web.Application:
     # openai_errors outermost: a body over the size limit, met while guard_requests reads it, is its 413.
     guard = guard_requests(gw.config.ctxgate.connections.body_read_timeout_s)
-    app = web.Application(middlewares=[openai_errors, guard], client_max_size=gw.config.ctxgate.max_body_bytes)
+    app = web.Application(middlewares=[openai_errors, refuse_websocket, guard],
+                          client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
     app[STARTED] = time.time()
     chat = ChatDoor(gw).__call__  # the bound coroutine function: aiohttp warns on other callables

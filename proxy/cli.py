@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
                             "More than one needs ctxgate.state set to a redis:// URL (default 1)")
     serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
+    # `ctxgate run` passes its pid: killed even with SIGKILL, it leaves no gateway behind.
+    serve.add_argument("--exit-with-parent", type=int, default=None, help=argparse.SUPPRESS)
     wal_cli.add_commands(sub, _serve_args)
     run_parser = launcher.add_command(sub, _serve_args)
     replay_command.add_command(sub)
@@ -61,13 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if n > 1:
         return workers.supervise(n, args.host, args.port, level, args.config, args.data_dir)
-    return _serve(config, args.host, args.port, args.data_dir)
+    return _serve(config, args.host, args.port, args.data_dir, parent=args.exit_with_parent)
 
 
 def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[no-untyped-def]
-           worker: tuple[int, int | None] | None = None) -> int:
+           worker: tuple[int, int | None] | None = None, parent: int | None = None) -> int:
     """One gateway process; as a worker of `--workers N`, it shares the port (SO_REUSEPORT), tells
     the parent on `ready_fd` when it listens instead of printing, and stops if the parent goes.
+    Started by `ctxgate run` (`parent`: the launcher's pid), it stops when the launcher is gone.
 
     Every worker runs the Gateway's housekeeping, which is safe in each: the WAL recovery at
     start rebuilds a session under its session lock (in Redis) and only if the store lacks it,
@@ -117,7 +120,10 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
         else:
             print(f"ctxgate listening on {where} (models: {', '.join(gw.router.model_names())}; state: "
                   f"{config.ctxgate.state}; data: {gw.data_dir})", flush=True)
+        watching = asyncio.create_task(_watch_parent(parent, stop)) if parent is not None else None
         await stop.wait()
+        if watching is not None:
+            watching.cancel()
         await guard.stop_listening()
         await runner.cleanup()
 
@@ -126,7 +132,8 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
 
 
 async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
-    """A worker whose parent is gone (killed with SIGKILL) stops rather than serve unsupervised."""
+    """A worker, or a launcher's gateway, whose parent is gone (killed with SIGKILL) stops rather
+    than serve unsupervised: it was reparented, so its parent pid is no longer `parent`."""
     while os.getppid() == parent:
         await asyncio.sleep(1.0)
     stop.set()

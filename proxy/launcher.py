@@ -198,7 +198,7 @@ def _spawn(data_dir: Path, config: str | None, session: str) -> _Served:
 def _popen_serve(data_dir: Path, config: str | None, session: str, log: Path) -> _Served:
     port = _free_port()
     argv = [sys.executable, "-m", "ctxgate.proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--data-dir", str(data_dir)]
+            "--data-dir", str(data_dir), "--exit-with-parent", str(os.getpid())]
     if config:
         argv += ["--config", config]
     # Appended, so the logs of earlier runs (and of concurrent ones in the same data dir) survive.
@@ -207,7 +207,8 @@ def _popen_serve(data_dir: Path, config: str | None, session: str, log: Path) ->
         out.flush()
         start = out.tell()
         # A session of its own: Ctrl-C and a terminal hangup reach the agent's process group, not the
-        # gateway, which must outlive an interrupted turn and is stopped by us once the agent exits.
+        # gateway, which must outlive an interrupted turn and is stopped by us once the agent exits;
+        # if we are killed outright (SIGKILL), it sees us gone and stops itself (--exit-with-parent).
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     return _Served(proc, f"http://127.0.0.1:{port}", log, start)

@@ -6,6 +6,7 @@ through ctxgate with the openai SDK) to a JSON file the test reads.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -139,6 +140,33 @@ def test_sigterm_reaches_the_agent_and_stops_the_gateway(
             launcher.communicate()
     assert launcher.returncode == expected, stderr
     assert port_closed(read_json(ready)["url"])
+
+
+def test_a_launcher_killed_outright_leaves_no_gateway_running(tmp_path: Path, config_file: Path) -> None:
+    """SIGKILL gives the launcher no chance to stop its gateway: the gateway sees its parent gone
+    and stops itself. The agent, in the launcher's process group, is the terminal's to end."""
+    ready = tmp_path / "ready.json"
+    launcher = subprocess.Popen([*ctxgate_command(), "run", "--config", str(config_file), "--",
+                                 sys.executable, "-c", SLEEPER, str(ready), "handle"],
+                                cwd=tmp_path, env=_launcher_env(), stderr=subprocess.PIPE, text=True)
+    agent = None
+    try:
+        wait_until(ready.exists, 60, "the agent to start")
+        seen = wait_until(lambda: read_json(ready) if ready.stat().st_size else None, 5, "the agent's ready file")
+        agent = seen["pid"]
+        assert not port_closed(seen["url"]), "the gateway serves while the launcher lives"
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)  # its stderr stays open in the agent, which lives on
+        wait_until(lambda: port_closed(seen["url"]), 30, "the orphaned gateway to stop")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+        if agent is not None:
+            try:
+                os.kill(agent, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.mark.parametrize("args", [[], ["--"], ["--session", "s1", "--"]])

@@ -283,3 +283,20 @@ def test_the_upstreams_retry_and_rate_limit_headers_reach_the_client(gateway: Ga
     raw.parse()
     if gateway.name == "auto":  # through litellm a reply is rebuilt from its objects, without the headers
         assert raw.headers["x-request-id"] == "req_scripted" and raw.headers["x-ratelimit-remaining-requests"] == "99"
+
+
+# -- transports ctxgate does not serve --------------------------------------------------
+
+@pytest.mark.parametrize("method, path", [("GET", "/v1/responses"), ("GET", "/v1/chat/completions"),
+                                          ("POST", "/v1/responses")])
+def test_a_websocket_upgrade_gets_a_clear_error_at_once(gateway: Gateway, up: ScriptedUpstream, method: str,
+                                                        path: str) -> None:
+    """Codex tries the Responses API over a WebSocket first: a clear 400 it falls back on, never
+    a hang and never anything forwarded."""
+    before = len(up.log)
+    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", "Authorization": f"Bearer {KEYS['acme']}"}
+    resp = httpx.request(method, gateway.base + path, headers=headers, timeout=30)
+    err = assert_error_shape(resp, 400, "websocket_unsupported")
+    assert "HTTP" in err["message"] and path in err["message"]
+    assert len(up.log) == before

@@ -142,16 +142,8 @@ class Conversation:
                 and any(self.infos[i].kind is Kind.OBSERVATION for i in range(unit.start + 1, unit.end)))
 
     def recent_start(self, window: RecentWindow) -> int:
-        """Where the recent window begins (0 for a conversation shorter than it). Its messages
-        are the agent's: it never reaches back into the notes earlier compaction points left
-        after the instructions and the task (a later point may merge those), and ctxgate's
-        notes further on are kept with it but not counted."""
-        notes_start, notes_end = self.anchor()
-        floor = notes_end if notes_end > notes_start else 0
-        start, seen = len(self.messages), 0
-        while start > floor and seen < window.messages:
-            start -= 1
-            seen += self.infos[start].kind is not Kind.NOTE
+        """Where the recent window begins (0 for a conversation shorter than it)."""
+        start = max(0, len(self.messages) - window.messages)
         if window.steps > 0:
             steps = [u for u in self.units if self.is_complete_step(u)]
             if steps:

@@ -78,7 +78,8 @@ class Gateway:
                                                     else None), s.memory, gw.summarize, gw._log_dream)
         content = open_content_store(s.state, root)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
-        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator, content=content)
+        gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator, content=content,
+                                 on_merge=gw.metrics.note_merges.inc)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         for name in gw.router.model_names():
             try:

@@ -97,12 +97,18 @@ class Summaries:
                 "6. tools")
 
 
+MERGES: list[int] = []
+
+
 async def _replay(turns: int, size: int, config: PipelineConfig | None = None
                   ) -> tuple[list[list[Message]], list[int], Summaries]:
     """`turns` agent turns of `size`-token outputs, each forwarded as a stateless client
-    would send it; the forwarded requests, the turns that were compaction points, the summaries."""
+    would send it; the forwarded requests, the turns that were compaction points, the summaries.
+    Each merge of earlier notes is appended to MERGES (the compactor's `on_merge`)."""
     history = [system(), user("TASK: fix the failing test in src/app.py")]
-    compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
+    MERGES.clear()
+    compactor = Compactor(on_merge=lambda: MERGES.append(1))
+    state, summaries = SessionState("t", "s"), Summaries()
     sent: list[list[Message]] = []
     points: list[int] = []
     for i in range(turns):
@@ -152,6 +158,9 @@ async def test_notes_past_their_cap_are_merged_by_the_next_point() -> None:
     assert len(points) >= 2
     for request in sent:
         assert sum(1 for m in request if is_compaction_note(m) and AUTOCOMPACT_MARKER in m["content"]) <= 1
+    assert MERGES and len(MERGES) <= len(points) - 1, "the points after the first merged the notes, counted"
+    await _replay(60, 120)
+    assert not MERGES, "under the default cap, no point merges"
 
 
 def test_the_recent_window_narrows_when_keeping_it_whole_buys_too_few_turns() -> None:

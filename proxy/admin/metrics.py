@@ -72,6 +72,9 @@ class Metrics:
                                                registry=self.registry), lambda _, n: self.minutes.compaction())
         self.tokens_saved = Counter("ctxgate_tokens_saved", "Tokens removed by compaction", ["level"],
                                     registry=self.registry)
+        self.note_merges = Counter("ctxgate_compaction_note_merges", "Compaction points that merged the earlier "
+                                   "points' notes (over their cap) instead of adding theirs after them",
+                                   registry=self.registry)
         self.calibration_diff = Histogram("ctxgate_calibration_diff_tokens", "upstream prompt_tokens minus ctxgate's "
                                           "count", ["model"],
                                           buckets=(-1000, -100, -20, -5, -1, 0, 1, 5, 20, 100, 1000),

@@ -30,7 +30,7 @@ from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, Reason, RecentWindow
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
-from .depth import Depth, anchored, growth_per_turn, plan_depth, with_window
+from .depth import Depth, anchored, chain_config, growth_per_turn, merge_due, plan_depth, with_window
 from .state import CompactionRecord, SessionState
 from .turn_budget import Plan, Turn, budget_of, limit_of
 
@@ -129,6 +129,8 @@ class ChainRun:
     """The originals the record's notes name by reference (empty with expansion off)."""
     depth: Depth | None = None
     """What the cost model chose, when it chose the target."""
+    merged_notes: int = 0
+    """Earlier compaction notes this run merged (they were over their cap): a rare, counted event."""
 
 
 async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
@@ -163,10 +165,11 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
         request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
-        if depth.window != cfg.window():
-            pipeline = pipeline_of(with_window(cfg, depth.window))
     else:
         request = replace(request, anchored=anchored(turn, request.conversation, budget))
+    config = chain_config(cfg, request.window, merge_due(turn, request))
+    if config is not cfg:
+        pipeline = pipeline_of(config)
     result = await pipeline.compact(request)
     hard = budget - turn.outside_tokens()
     if result.tokens_after > hard:
@@ -207,13 +210,17 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
         counted_by=turn.counter.name)
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
-                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth)
+                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
+                    0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
 
 
 class Compactor:
     def __init__(self, on_step: Callable[[dict[str, Any]], None] | None = None,
-                 speculator: "Speculator | None" = None, content: ContentStore | None = None) -> None:
+                 speculator: "Speculator | None" = None, content: ContentStore | None = None,
+                 on_merge: Callable[[], None] | None = None) -> None:
         self._on_step = on_step
+        self._on_merge = on_merge
+        """Called when a compaction point merged the earlier notes (a metric counts it)."""
         self.speculator = speculator
         self.content: ContentStore = content or MemoryContentStore()
         """Where the originals a compaction cut are kept for expansion."""
@@ -371,11 +378,21 @@ class Compactor:
                               "tokens_after": run.record.tokens_after, "reason": reason,
                               "duration_ms": round(run.duration_ms, 3), "at": now,
                               "fits": result.fits, "hints": result.recovery_hints,
-                              **(run.depth.log_fields() if run.depth is not None else {})})
+                              **(run.depth.log_fields() if run.depth is not None else {}),
+                              **({"merged_notes": run.merged_notes} if run.merged_notes else {})})
+        if run.merged_notes and self._on_merge:
+            self._on_merge()
         levels = list(dict.fromkeys(s.level.value for s in result.steps))
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
+
+
+def _merged(view: list[dict[str, Any]], out: list[dict[str, Any]], pin_first_user: bool, dialect: str) -> int:
+    """How many of the notes earlier points left after the task are gone from `out`."""
+    start, end = read_conversation(view, dialect).anchor(pin_first_user)
+    kept = {orjson.dumps(m) for m in out}
+    return sum(1 for m in view[start:end] if orjson.dumps(m) not in kept)
 
 
 def _named(cuts: CutLog | None, messages: list[dict[str, Any]]) -> dict[str, str]:

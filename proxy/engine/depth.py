@@ -10,7 +10,7 @@ from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import Conversation, read_conversation
 from ...pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
 from ...pipeline.tokens import REPLY_PRIMING
-from ...pipeline.types import RecentWindow
+from ...pipeline.types import CompressionRequest, RecentWindow
 from .turn_budget import Turn
 
 GROWTH_TURNS = 10
@@ -98,6 +98,23 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
                       view=REPLY_PRIMING + sum(counts), summary_tokens=allowance)
     choice = choose_target(outlook, turn.prices)
     return Depth(choice.target, window, keep_notes, choice)
+
+
+def merge_due(turn: Turn, request: CompressionRequest) -> bool:
+    """The earlier notes are over their cap (the request is not anchored, incremental
+    compaction on): this point merges them."""
+    start, end = request.conversation.anchor(turn.config.pin_first_user)
+    return turn.config.incremental and not request.anchored and end > start
+
+
+def chain_config(config: PipelineConfig, window: RecentWindow, merge: bool) -> PipelineConfig:
+    """The settings the chain runs with at this point: `with_window`, and when the earlier notes
+    are due to be merged, without Snip (which keeps notes as they are) when Autocompact, which
+    summarises them with the new span, is on."""
+    config = with_window(config, window)
+    if merge and "autocompact" in config.levels and "snip" in config.levels:
+        config = config.model_copy(update={"levels": [lv for lv in config.levels if lv != "snip"]})
+    return config
 
 
 def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:

@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
+from .agent_wiring import wire
 from .config import Config
 from .ids import InvalidId, validate_id
 
@@ -57,6 +58,8 @@ def add_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     p.add_argument("--url", default=None, help="use this running ctxgate (e.g. http://127.0.0.1:8787) instead of "
                                                "starting one")
     p.add_argument("--session", default=None, help="the session id the agent's requests carry (default: run-<hex>)")
+    p.add_argument("--explain", action="store_true", help="print what was set for the agent (variables, "
+                                                          "arguments) before running it")
     # REMAINDER: everything from COMMAND on is the agent's, even flags ctxgate also has (--config, --url).
     p.add_argument("agent", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
@@ -91,8 +94,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 served.wait_ready()
                 base = served.base
                 where = f"listening on {base} (session {session}; its log: {served.log})"
-            print(f"ctxgate: {where}; running: {shlex.join(args.agent)}", file=sys.stderr, flush=True)
-            return signals.run_agent(args.agent, agent_env(os.environ, base, session))
+            wired = wire(args.agent, os.environ, base, session)
+            print(f"ctxgate: {where}; running: {shlex.join(wired.argv)}", file=sys.stderr, flush=True)
+            if args.explain:
+                print(wired.explain(), file=sys.stderr, flush=True)
+            return signals.run_agent(wired.argv, wired.env)
         except LaunchError as e:
             print(f"ctxgate run: {e}", file=sys.stderr)
             return EXIT_LAUNCH_FAILED
@@ -102,30 +108,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
             signals.launching = False  # a signal during the stop below must not cut it short
             if served is not None:
                 served.stop()
-
-
-def agent_env(environ: Mapping[str, str], base: str, session: str) -> dict[str, str]:
-    """The user's environment (API keys included, untouched) plus where ctxgate is and which session this is."""
-    env = dict(environ)
-    # Claude Code sends one `Name: value` per line; an inherited X-Ctx-Session would name another session.
-    headers = [line for line in env.get("ANTHROPIC_CUSTOM_HEADERS", "").splitlines()
-               if line.strip() and not line.lower().startswith("x-ctx-session:")]
-    # The session is in the base URLs (ctxgate serves every door under /s/<session>/ too): an
-    # agent that reads its base URL from the environment but no headers still names its session.
-    own = f"{base}/s/{session}"
-    env.update(
-        ANTHROPIC_BASE_URL=own,  # no /v1: the Anthropic SDK and Claude Code append /v1/messages
-        OPENAI_BASE_URL=f"{own}/v1",
-        OPENAI_API_BASE=f"{own}/v1",  # older OpenAI SDKs and tools built on them
-        CTXGATE_URL=base,
-        CTXGATE_SESSION=session,
-        ANTHROPIC_CUSTOM_HEADERS="\n".join([*headers, f"X-Ctx-Session: {session}"]),
-    )
-    # An agent honouring the user's HTTP(S)_PROXY must still reach a local ctxgate directly.
-    for name in ("NO_PROXY", "no_proxy"):
-        kept = [h for h in env.get(name, "").split(",") if h.strip()]
-        env[name] = ",".join([*kept, *(h for h in ("127.0.0.1", "localhost") if h not in kept)])
-    return env
 
 
 def _gateway_root(url: str) -> str:

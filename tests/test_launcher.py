@@ -184,3 +184,47 @@ def test_unreachable_url_is_refused_before_the_agent_runs(tmp_path: Path) -> Non
     assert done.returncode == 125
     assert f"no ctxgate answers {url}/healthz" in done.stderr
     assert not marker.exists()
+
+
+# A program named `codex` on PATH that reads its provider the way Codex does (`-c` overrides,
+# TOML strings), records what it was given, and asks its provider over the Responses API.
+CODEX_STAND_IN = """#!{python}
+import json, os, sys
+import openai
+overrides = {{}}
+args = sys.argv[1:]
+while args and args[0] == "-c":
+    key, _, value = args[1].partition("=")
+    overrides[key] = json.loads(value)
+    args = args[2:]
+provider = overrides["model_providers." + overrides["model_provider"] + ".base_url"]
+client = openai.OpenAI(base_url=provider, api_key=os.environ.get("OPENAI_API_KEY", "none"), max_retries=0)
+reply = client.responses.create(model="gpt-4o", input=" ".join(args[1:]))
+json.dump({{"overrides": overrides, "rest": args, "reply": reply.output_text,
+            "session": os.environ["CTXGATE_SESSION"], "url": os.environ["CTXGATE_URL"]}}, open({seen!r}, "w"))
+"""
+
+
+def test_codex_gets_a_responses_provider_over_http_through_overrides(tmp_path: Path, config_file: Path) -> None:
+    """Codex reads no base-URL variable: the launcher gives it a model provider of its own with
+    `-c` overrides, and leaves the user's ~/.codex alone."""
+    bin_dir, home, seen = tmp_path / "bin", tmp_path / "home", tmp_path / "codex.json"
+    bin_dir.mkdir()
+    home.mkdir()
+    codex = bin_dir / "codex"
+    codex.write_text(CODEX_STAND_IN.format(python=sys.executable, seen=str(seen)))
+    codex.chmod(0o755)
+    env = {**_launcher_env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(home)}
+    done = subprocess.run([*ctxgate_command(), "run", "--config", str(config_file), "--session", "codex-1",
+                           "--explain", "--", "codex", "exec", "say hello"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = read_json(seen)
+    assert got["overrides"] == {"model_provider": "ctxgate", "model_providers.ctxgate.name": "ctxgate",
+                                "model_providers.ctxgate.base_url": f"{got['url']}/s/codex-1/v1",
+                                "model_providers.ctxgate.wire_api": "responses",
+                                "model_providers.ctxgate.env_key": "OPENAI_API_KEY"}
+    assert got["rest"] == ["exec", "say hello"] and got["session"] == "codex-1"
+    assert got["reply"] == REPLY, "the Responses door answered through the provider it was given"
+    assert "agent recognised as Codex" in done.stderr and "model_providers.ctxgate.wire_api" in done.stderr
+    assert not (home / ".codex").exists(), "the user's Codex config is not written"

@@ -1,0 +1,84 @@
+"""What `ctxgate run` sets for the agent it starts, agent by agent.
+
+Every agent gets the variables the OpenAI and Anthropic SDKs read (`agent_env`), with the
+session in the base URLs. An agent that reads none of them gets what it does read:
+
+- **Codex** ignores `OPENAI_BASE_URL` and talks to its own host, first over a WebSocket: it
+  gets a model provider of its own through `-c` overrides (`wire_api = "responses"`, HTTP),
+  made the one it uses. The user's `~/.codex/config.toml` is not touched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import Mapping
+
+CODEX_PROVIDER = "ctxgate"
+"""The model provider `ctxgate run` gives Codex."""
+SHOWN_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_CUSTOM_HEADERS",
+                   "CTXGATE_URL", "CTXGATE_SESSION", "NO_PROXY")
+
+
+@dataclass
+class Wiring:
+    """The agent's command line and environment, and what `--explain` says of them."""
+    argv: list[str]
+    env: dict[str, str]
+    added_args: list[str] = field(default_factory=list)
+    agent: str = "generic"
+
+    def explain(self) -> str:
+        lines = [f"ctxgate run: agent recognised as {self.agent}", "  variables set:"]
+        lines += [f"    {name}={shlex.quote(self.env[name])}" for name in SHOWN_VARIABLES if name in self.env]
+        if self.added_args:
+            lines += ["  arguments added:", "    " + shlex.join(self.added_args)]
+        return "\n".join(lines)
+
+
+def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str) -> Wiring:
+    """How to start `argv` so that it talks to the ctxgate at `base` in `session`."""
+    env = agent_env(environ, base, session)
+    if os.path.basename(argv[0]) == "codex":
+        added = codex_overrides(f"{base}/s/{session}/v1", "OPENAI_API_KEY" if environ.get("OPENAI_API_KEY") else None)
+        return Wiring([argv[0], *added, *argv[1:]], env, added, "Codex")
+    return Wiring(list(argv), env)
+
+
+def codex_overrides(base_url: str, env_key: str | None) -> list[str]:
+    """`-c` overrides (TOML values) that give Codex a Responses provider over HTTP at `base_url`."""
+    values = {"model_provider": CODEX_PROVIDER,
+              f"model_providers.{CODEX_PROVIDER}.name": "ctxgate",
+              f"model_providers.{CODEX_PROVIDER}.base_url": base_url,
+              f"model_providers.{CODEX_PROVIDER}.wire_api": "responses"}
+    if env_key:
+        values[f"model_providers.{CODEX_PROVIDER}.env_key"] = env_key
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["-c", f"{key}={json.dumps(value)}"]  # a TOML basic string: JSON's string escapes are TOML's
+    return out
+
+
+def agent_env(environ: Mapping[str, str], base: str, session: str) -> dict[str, str]:
+    """The user's environment (API keys included, untouched) plus where ctxgate is and which session this is."""
+    env = dict(environ)
+    # Claude Code sends one `Name: value` per line; an inherited X-Ctx-Session would name another session.
+    headers = [line for line in env.get("ANTHROPIC_CUSTOM_HEADERS", "").splitlines()
+               if line.strip() and not line.lower().startswith("x-ctx-session:")]
+    # The session is in the base URLs (ctxgate serves every door under /s/<session>/ too): an
+    # agent that reads its base URL from the environment but no headers still names its session.
+    own = f"{base}/s/{session}"
+    env.update(
+        ANTHROPIC_BASE_URL=own,  # no /v1: the Anthropic SDK and Claude Code append /v1/messages
+        OPENAI_BASE_URL=f"{own}/v1",
+        OPENAI_API_BASE=f"{own}/v1",  # older OpenAI SDKs and tools built on them
+        CTXGATE_URL=base,
+        CTXGATE_SESSION=session,
+        ANTHROPIC_CUSTOM_HEADERS="\n".join([*headers, f"X-Ctx-Session: {session}"]),
+    )
+    # An agent honouring the user's HTTP(S)_PROXY must still reach a local ctxgate directly.
+    for name in ("NO_PROXY", "no_proxy"):
+        kept = [h for h in env.get(name, "").split(",") if h.strip()]
+        env[name] = ",".join([*kept, *(h for h in ("127.0.0.1", "localhost") if h not in kept)])
+    return env

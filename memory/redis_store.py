@@ -14,8 +14,9 @@ some replica writes.
 
 Redis unreachable or too slow, or no pooled connection free within the timeout: calls
 raise `redis.exceptions.ConnectionError` or `redis.exceptions.TimeoutError` (both
-`redis.exceptions.RedisError`, neither a builtin ConnectionError), as proxy/state.py's
-`reachable()` already maps to 503.
+`redis.exceptions.RedisError`, neither a builtin ConnectionError), or on a cluster failing
+over one of redis-py's cluster errors: `redis_backend.UNAVAILABLE` lists them all, and the
+gateway's `reachable()` maps them to 503.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import builtins
 import orjson
 import redis.asyncio as redis
 
+from ..redis_backend import RedisTarget
 from ..wal.paths import safe_name
 from .entries import Category, MemoryEntry
 from .ranking import TenantView
@@ -75,9 +77,15 @@ class RedisMemoryStore:
         # A blocking pool: past `max_connections` concurrent calls wait for a connection
         # instead of failing at once (the default pool raises MaxConnectionsError); timeouts
         # bound a partitioned Redis, so the request gets a 503, not a hung socket.
-        pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout_s,
-                                                     socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-        self._redis = redis.Redis.from_pool(pool)
+        # On a cluster: redis-py's cluster client, `max_connections` per node.
+        target = RedisTarget.parse(url)
+        if target.cluster:
+            self._redis = target.async_client(max_connections=max_connections, socket_timeout=timeout_s,
+                                              socket_connect_timeout=timeout_s)
+        else:
+            pool = redis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=timeout_s,
+                                                         socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+            self._redis = redis.Redis.from_pool(pool)
         self._prefix = prefix
         self._put = self._redis.register_script(_PUT)
         self._delete = self._redis.register_script(_DELETE)

@@ -9,7 +9,8 @@ import signal
 import sys
 
 from . import launcher, wal_cli, workers
-from .config import ConfigError, load_config
+from ..redis_backend import RedisTarget, RedisUrlError, is_redis_url
+from .config import Config, ConfigError, load_config
 from .replay import command as replay_command
 
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--log-level", default=os.environ.get("CTXGATE_LOG_LEVEL", "INFO"))
     serve.add_argument("--workers", default="1",
                        help="worker processes on the one port (SO_REUSEPORT); 0 or auto: one per core. "
-                            "More than one needs ctxgate.state set to a redis:// URL (default 1)")
+                            "More than one needs ctxgate.state set to a Redis URL (default 1)")
     serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
     # `ctxgate run` passes its pid: killed even with SIGKILL, it leaves no gateway behind.
@@ -58,12 +59,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         n = workers.parse_workers(args.workers)
         workers.check(n, config.ctxgate.state, args.port)
-    except workers.WorkersError as e:
+        check_redis(config)
+    except (workers.WorkersError, RedisUrlError) as e:
         print(f"ctxgate: refusing to start: {e}", file=sys.stderr)
         return 2
     if n > 1:
         return workers.supervise(n, args.host, args.port, level, args.config, args.data_dir)
     return _serve(config, args.host, args.port, args.data_dir, parent=args.exit_with_parent)
+
+
+def check_redis(config: Config) -> None:
+    """Every Redis the config names, checked before anything starts: a cluster URL must reach a
+    cluster node, a one-node URL must not name one (`RedisTarget.check`)."""
+    s = config.ctxgate
+    urls = {url for url in (s.state, s.wal.redis_url) if url and is_redis_url(url)}
+    for url in sorted(urls):
+        RedisTarget.parse(url).check()
 
 
 def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[no-untyped-def]

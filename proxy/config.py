@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
 from ..memory.config import MemoryConfig
 from ..wal.config import WalConfig
+from ..redis_backend import RedisTarget, is_redis_url
 from .ids import validate_id
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
@@ -126,8 +127,10 @@ class CtxgateSettings(_Strict):
     @field_validator("state")
     @classmethod
     def _state(cls, v: str) -> str:
-        if v != "memory" and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("state must be 'memory' or a redis:// URL")
+        if v != "memory" and not is_redis_url(v):
+            raise ValueError("state must be 'memory', a redis:// URL or a redis+cluster:// URL")
+        if v != "memory":
+            RedisTarget.parse(v)
         return v
 
     @field_validator("tenants")

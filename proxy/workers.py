@@ -57,8 +57,9 @@ def check(workers: int, state: str, port: int) -> None:
         return
     if state == "memory":
         raise WorkersError(
-            f"--workers {workers} needs a shared state backend: set ctxgate.state to a redis:// URL "
-            f"(with state 'memory' each worker would keep its own copy of a session, and turns would be lost)")
+            f"--workers {workers} needs a shared state backend: set ctxgate.state to a Redis URL "
+            f"(redis:// or redis+cluster://): with state 'memory' each worker would keep its own copy of a session, "
+            f"and turns would be lost")
     if port == 0:
         raise WorkersError(f"--workers {workers} needs a fixed --port (with port 0 each worker would get its own)")
 

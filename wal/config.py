@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+from ..redis_backend import RedisTarget, is_redis_url
 
 
 class WalConfig(BaseModel):
@@ -46,6 +46,13 @@ class WalConfig(BaseModel):
     idempotency_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     idempotency_max_per_tenant: int = Field(default=1000, gt=0)
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            RedisTarget.parse(v)  # raises a ValueError naming the URL, password masked
+        return v
+
     def enabled_for(self, profile: str) -> bool:
         return self.enabled if self.enabled is not None else profile != "minimal"
 
@@ -56,10 +63,10 @@ class WalConfig(BaseModel):
         """The rule of the module docstring, for `ctxgate.state` = `state`."""
         if self.backend is not None:
             return self.backend
-        return "redis" if state.startswith(REDIS_SCHEMES) else "file"
+        return "redis" if is_redis_url(state) else "file"
 
     def redis_url_for(self, state: str) -> str:
-        url = self.redis_url or (state if state.startswith(REDIS_SCHEMES) else None)
+        url = self.redis_url or (state if is_redis_url(state) else None)
         if url is None:
             raise ValueError("wal.backend: redis needs wal.redis_url when ctxgate.state is not a Redis URL")
         return url

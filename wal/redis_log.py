@@ -1,6 +1,7 @@
 """The log in Redis (docs/wal.md, The log on Redis): one stream per session.
 
-Keys of a session, `<base>` = `ctxgate:wal:<tenant>:<session>`:
+Keys of a session, `<base>` = `ctxgate:wal:<tag><tenant>:<session>` (`<tag>`: the session's
+hash tag on a Redis Cluster, `redis_backend.RedisTarget.tag`; empty on one node):
 
     <base>               stream; entry id `<seq>-0`, fields `seq` and `line` (the file's line, CRC included)
     <base>:checkpoints   sorted set of the checkpoints' seqs: when to archive and where to cut,
@@ -9,17 +10,17 @@ Keys of a session, `<base>` = `ctxgate:wal:<tenant>:<session>`:
                          every checkpoint in the stream names its records
     <base>:archives      sorted set of archive keys by first seq
     <base>:archive:<first>-<last>   hash {lines, records}, zlib; expires after the retention
-    ctxgate:wal:logs     hash, JSON [tenant, session] -> last append (ms): the list of logs
+    ctxgate:wal:logs[:<tag>]   hash, JSON [tenant, session] -> last append (ms): the list of
+                         logs; on a cluster one per shard, beside the sessions of that shard
 
 One Lua script appends: it checks the stream's last seq, stores the new records, then the
 entries, so a reader never sees a checkpoint naming a record that is not there, and a seq is
-never written twice (an entry id must grow). Redis Cluster is not supported: the script
-touches the global list beside the session's keys.
+never written twice (an entry id must grow). Every key the script touches carries the
+session's tag, the list of logs included, so on a cluster it runs on one slot.
 """
 from __future__ import annotations
 
 import logging
-import re
 import time
 import zlib
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterator
 import orjson
 from redis.exceptions import RedisError, WatchError
 
+from ..redis_backend import UNAVAILABLE, RedisTarget
 from .backend import Appended, LogInfo, LogRead, WalUnavailable
 from .events import EventType, decode_line, encode_line, timestamp
 from .paths import safe_name
@@ -77,19 +79,25 @@ def key_part(value: str) -> str:
 
 
 class _Keys:
-    def __init__(self, tenant: str, session: str) -> None:
-        self.base = f"ctxgate:wal:{key_part(tenant)}:{key_part(session)}"
+    def __init__(self, tenant: str, session: str, target: RedisTarget) -> None:
+        tag = target.tag(tenant, session)
+        self.base = f"ctxgate:wal:{tag}{key_part(tenant)}:{key_part(session)}"
+        self.logs = _logs_key(tag)
         self.checkpoints = self.base + ":checkpoints"
         self.records = self.base + ":records"
         self.archives = self.base + ":archives"
         self.field = orjson.dumps([tenant, session])
 
 
+def _logs_key(tag: str) -> str:
+    return f"{LOGS}:{tag}" if tag else LOGS
+
+
 @contextmanager
 def reachable() -> Iterator[None]:
     try:
         yield
-    except RedisError as e:
+    except (RedisError, *UNAVAILABLE) as e:
         raise WalUnavailable(f"Redis: {e}") from None
 
 
@@ -97,10 +105,9 @@ class RedisLog:
     def __init__(self, url: str, archive_every: int = 10, retention_s: float = 7 * 86400.0,
                  clock: Callable[[], float] = time.time, wait_replicas: int = 0, wait_timeout_ms: int = 1000,
                  idle_ttl_s: float | None = None) -> None:
-        import redis
-
-        self.where = re.sub(r"//[^@/]*@", "//", url)  # no password in what the CLI prints
-        self._redis: Any = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5)
+        self._target = RedisTarget.parse(url)
+        self.where = self._target.masked  # no password in what the CLI prints
+        self._redis: Any = self._target.sync_client(socket_timeout=10, socket_connect_timeout=5)
         """Typed loosely: redis-py's sync replies are unions of bytes and str this module never sees."""
         self._append_script = self._redis.register_script(_APPEND)
         self._archive_every = archive_every
@@ -120,7 +127,7 @@ class RedisLog:
         acknowledged the same way."""
         if not events:
             return Appended([])
-        keys = _Keys(tenant, session)
+        keys = _Keys(tenant, session, self._target)
         now = timestamp(self._clock())
         last = self._last.get(keys.base, 0)
         for _ in range(_RETRIES):
@@ -146,7 +153,7 @@ class RedisLog:
     def put_events(self, tenant: str, session: str, events: list[dict[str, Any]]) -> bool:
         """Append events that carry their seqs already (an import, a retried append): False when
         they are all there already; WalUnavailable when other events hold those seqs."""
-        keys = _Keys(tenant, session)
+        keys = _Keys(tenant, session, self._target)
         done, last, _ = self._put(keys, events)
         if not done:
             raise WalUnavailable(f"seq {events[0]['seq']} is not past {last}, the last of {keys.base}")
@@ -162,9 +169,11 @@ class RedisLog:
             args += [event["seq"], encode_line(event), int(event["type"] == EventType.CHECKPOINT.value)]
         with reachable():
             done, last, checkpoints = self._append_script(
-                keys=[keys.base, keys.checkpoints, keys.records, LOGS], args=args + records)
+                keys=[keys.base, keys.checkpoints, keys.records, keys.logs], args=args + records)
             if done and self._wait_replicas:
-                acked = self._redis.wait(self._wait_replicas, self._wait_timeout_ms)
+                # On a cluster WAIT goes to the master of the session's slot, the one that took it.
+                where = {"target_nodes": self._redis.get_node_from_key(keys.base)} if self._target.cluster else {}
+                acked = self._redis.wait(self._wait_replicas, self._wait_timeout_ms, **where)
                 if acked < self._wait_replicas:
                     raise WalUnavailable(f"{acked} of {self._wait_replicas} Redis replicas acknowledged the append "
                                          f"in {self._wait_timeout_ms} ms (wal.redis_wait_replicas)")
@@ -204,7 +213,7 @@ class RedisLog:
                     continue
 
     def archive(self, tenant: str, session: str) -> str | None:
-        keys = _Keys(tenant, session)
+        keys = _Keys(tenant, session, self._target)
         with reachable():
             latest = self._redis.zrevrange(keys.checkpoints, 0, 0)
         return self._archive_before(keys, int(latest[0])) if latest else None
@@ -218,20 +227,20 @@ class RedisLog:
 
     def exists(self, tenant: str, session: str) -> bool:
         with reachable():
-            return bool(self._redis.exists(_Keys(tenant, session).base))
+            return bool(self._redis.exists(_Keys(tenant, session, self._target).base))
 
     def open(self, tenant: str, session: str) -> LogRead:
-        read = self._read(_Keys(tenant, session), history=False)
-        self._last[_Keys(tenant, session).base] = max((s.last_seq for s in read.scans), default=0)
+        read = self._read(_Keys(tenant, session, self._target), history=False)
+        self._last[_Keys(tenant, session, self._target).base] = max((s.last_seq for s in read.scans), default=0)
         return read
 
     def live(self, tenant: str, session: str) -> WalScan:
-        keys = _Keys(tenant, session)
+        keys = _Keys(tenant, session, self._target)
         with reachable():
             return scan_entries(keys.base, [f[b"line"] for _, f in self._redis.xrange(keys.base)])
 
     def history(self, tenant: str, session: str) -> LogRead:
-        return self._read(_Keys(tenant, session), history=True)
+        return self._read(_Keys(tenant, session, self._target), history=True)
 
     def _read(self, keys: _Keys, history: bool) -> LogRead:
         with reachable():
@@ -273,7 +282,7 @@ class RedisLog:
         return scans
 
     def version(self, tenant: str, session: str) -> tuple[Any, ...]:
-        keys = _Keys(tenant, session)
+        keys = _Keys(tenant, session, self._target)
         with reachable():
             with self._redis.pipeline(transaction=True) as pipe:
                 pipe.xrevrange(keys.base, count=1)
@@ -284,35 +293,40 @@ class RedisLog:
     def sessions(self, tenant: str | None = None) -> list[LogInfo]:
         """Every log listed; one whose stream expired (`wal.redis_idle_ttl_days`) leaves the list."""
         with reachable():
-            logs = self._redis.hgetall(LOGS)
+            with self._redis.pipeline(transaction=False) as pipe:  # every shard's list (one on one node)
+                for tag in self._target.shard_tags():
+                    pipe.hgetall(_logs_key(tag))
+                shards = pipe.execute()
             found = []
-            for field, written_ms in logs.items():
-                t, s = orjson.loads(field)
-                if tenant is None or t == tenant:
-                    found.append(LogInfo(t, s, _Keys(t, s).base, int(written_ms) / 1000))
+            for logs in shards:
+                for field, written_ms in logs.items():
+                    t, s = orjson.loads(field)
+                    if tenant is None or t == tenant:
+                        found.append(LogInfo(t, s, _Keys(t, s, self._target).base, int(written_ms) / 1000))
             with self._redis.pipeline(transaction=False) as pipe:
                 for info in found:
                     pipe.exists(info.where)
                 there = pipe.execute()
-            gone = [info for info, exists in zip(found, there) if not exists]
-            if gone:
-                self._redis.hdel(LOGS, *(orjson.dumps([i.tenant, i.session]) for i in gone))
+            for info, exists in zip(found, there):
+                if not exists:
+                    keys = _Keys(info.tenant, info.session, self._target)
+                    self._redis.hdel(keys.logs, keys.field)
         return sorted((i for i, exists in zip(found, there) if exists), key=lambda i: (i.tenant, i.session))
 
     def changed_externally(self, tenant: str, session: str) -> bool:
-        keys = _Keys(tenant, session)
+        keys = _Keys(tenant, session, self._target)
         if keys.base not in self._last:
             return False
         try:
             top = self._redis.xrevrange(keys.base, count=1)
-        except RedisError:  # noticed on a later turn; this one's append refuses it meanwhile
+        except (RedisError, *UNAVAILABLE):  # noticed on a later turn; this one's append refuses it meanwhile
             return False
         return (_seq_of(top[0][0]) if top else 0) != self._last[keys.base]
 
     def ping(self) -> bool:
         try:
             return bool(self._redis.ping())
-        except RedisError:
+        except (RedisError, *UNAVAILABLE):
             return False
 
     def close(self) -> None:

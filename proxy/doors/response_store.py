@@ -25,6 +25,7 @@ from typing import Any, Iterator, Protocol
 import orjson
 import xxhash
 
+from ...redis_backend import RedisTarget
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..engine.state import reachable
@@ -208,18 +209,16 @@ def _touch(paths: list[Path]) -> None:
 
 class _Redis:
     def __init__(self, url: str) -> None:
-        import redis.asyncio as redis
+        self._target = RedisTarget.parse(url)
+        self._redis = self._target.async_client()
 
-        self._redis = redis.from_url(url)
-
-    @staticmethod
-    def _key(tenant: str, response_id: str) -> str:
+    def _key(self, tenant: str, response_id: str) -> str:
         # The id is the client's to choose: hashed, it cannot reach into another tenant's keys.
-        return f"ctxgate:resp:{tenant}:{xxhash.xxh3_128_hexdigest(response_id.encode())}"
+        return f"ctxgate:resp:{self._target.tag(tenant)}{tenant}:{xxhash.xxh3_128_hexdigest(response_id.encode())}"
 
-    @staticmethod
-    def _index(tenant: str) -> str:
-        return f"ctxgate:resp-index:{tenant}"
+    def _index(self, tenant: str) -> str:
+        """On a cluster, the tenant's hash tag puts it on the slot of the keys it lists."""
+        return f"ctxgate:resp-index:{self._target.tag(tenant)}{tenant}"
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         with reachable():

@@ -15,6 +15,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
+from ...redis_backend import RedisTarget
+
 MAX_SESSIONS = 10_000
 """Sessions with originals held in one process; the least recently written go first."""
 
@@ -85,13 +87,11 @@ class RedisContentStore:
     oldest go first past `max_bytes`."""
 
     def __init__(self, url: str) -> None:
-        import redis.asyncio as redis
+        self._target = RedisTarget.parse(url)
+        self._redis = self._target.async_client()
 
-        self._redis = redis.from_url(url)
-
-    @staticmethod
-    def _key(tenant: str, session_id: str) -> str:
-        return f"ctxgate:content:{tenant}:{session_id}"
+    def _key(self, tenant: str, session_id: str) -> str:
+        return f"ctxgate:content:{self._target.tag(tenant, session_id)}{tenant}:{session_id}"
 
     async def put(self, tenant: str, session_id: str, originals: dict[str, str], max_bytes: int,
                   ttl_s: float) -> None:

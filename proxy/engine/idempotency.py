@@ -16,12 +16,13 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, AsyncContextManager, AsyncIterator, Protocol
+from typing import Any, AsyncContextManager, AsyncIterator, Callable, Protocol
 
 import orjson
 import xxhash
 
 from ...pipeline.fingerprint import message_fingerprint
+from ...redis_backend import RedisTarget
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..errors import ErrorKind, GatewayError
@@ -106,15 +107,16 @@ class _RedisInFlight:
     """One request per key at a time across the replicas sharing the Redis: a retry that races
     its original on another replica waits for it, and is answered from its stored reply."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, key: Callable[[str, str], str]) -> None:
         self._redis = redis
+        self._key = key
 
     @asynccontextmanager
     async def hold(self, tenant: str, key: str) -> AsyncIterator[None]:
         def busy() -> GatewayError:  # never: it waits as long as the original's replica lives
             return GatewayError(ErrorKind.UNAVAILABLE, f"{HEADER} {key!r} is in use", code="idempotency_key_busy")
 
-        async with leased(self._redis, RedisIdempotencyStore._key(tenant, key) + ":lock", None, busy):
+        async with leased(self._redis, self._key(tenant, key) + ":lock", None, busy):
             yield
 
 
@@ -145,15 +147,17 @@ class FileIdempotencyStore:
 
 class RedisIdempotencyStore:
     def __init__(self, url: str, ttl_s: float, max_per_tenant: int) -> None:
-        import redis.asyncio as redis
-
-        self._redis = redis.from_url(url)
+        self._target = RedisTarget.parse(url)
+        self._redis = self._target.async_client()
         self._ttl, self._max = int(ttl_s), max_per_tenant
-        self.in_flight = _RedisInFlight(self._redis)
+        self.in_flight = _RedisInFlight(self._redis, self._key)
 
-    @staticmethod
-    def _key(tenant: str, key: str) -> str:
-        return f"ctxgate:idem:{tenant}:{xxhash.xxh3_128_hexdigest(key.encode())}"
+    def _index(self, tenant: str) -> str:
+        """A tenant's keys by age; on a cluster they share the tenant's hash tag with it."""
+        return f"ctxgate:idem:{self._target.tag(tenant)}{tenant}"
+
+    def _key(self, tenant: str, key: str) -> str:
+        return f"{self._index(tenant)}:{xxhash.xxh3_128_hexdigest(key.encode())}"
 
     async def get(self, tenant: str, key: str) -> StoredReply | None:
         with reachable():
@@ -161,7 +165,7 @@ class RedisIdempotencyStore:
         return StoredReply.from_bytes(raw) if raw else None
 
     async def put(self, tenant: str, key: str, reply: StoredReply) -> None:
-        name, index = self._key(tenant, key), f"ctxgate:idem:{tenant}"
+        name, index = self._key(tenant, key), self._index(tenant)
         with reachable():
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.set(name, reply.to_bytes(), ex=self._ttl)

@@ -129,7 +129,7 @@ def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embe
 
         if state_url == "memory":
             raise ValueError("ctxgate.memory.store: redis keeps memory next to the session state: set ctxgate.state "
-                             "to a redis:// URL")
+                             "to a redis:// or redis+cluster:// URL")
         return RedisMemoryStore(state_url)
     if kind == "vector":
         if embed is None:

@@ -21,9 +21,9 @@ LEASE_S = 10.0
 
 @asynccontextmanager
 async def leased(redis: Any, name: str, wait_s: float | None, busy: Callable[[], GatewayError],
-                 lease_s: float = LEASE_S) -> AsyncIterator[None]:
+                 lease_s: float = LEASE_S) -> AsyncIterator[Any]:
     """Hold the lock `name`, waiting for it at most `wait_s` (None: while its holder lives),
-    else raise `busy()`."""
+    else raise `busy()`. Yields redis-py's lock: its `name` and `local.token` fence a write."""
     lock = redis.lock(name, timeout=lease_s, blocking_timeout=wait_s)
     with reachable():
         acquired = await lock.acquire()
@@ -31,7 +31,7 @@ async def leased(redis: Any, name: str, wait_s: float | None, busy: Callable[[],
         raise busy()
     renewing = asyncio.create_task(_renew(lock, name, lease_s))
     try:
-        yield
+        yield lock
     finally:
         renewing.cancel()
         await asyncio.gather(renewing, return_exceptions=True)

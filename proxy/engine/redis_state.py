@@ -10,6 +10,12 @@ engine keeps: records, and these fields' values, are replaced, never changed in 
 (a change in place would not be saved). A save writes the new parts, the main value and an
 EXPIRE for each kept part in one MULTI/EXEC: the main value never names a part that is not
 there, whatever fails.
+
+A save made under the session's lock is fenced by it: the MULTI/EXEC runs only while the
+lock still holds this process's token (WATCHed). A replica cut off from Redis past its lease,
+whose session another replica has carried on meanwhile, cannot write its stale state over
+the newer one; its turn ends in a 503. On a Redis Cluster every key of a session carries the
+session's hash tag, so the save, its fence and the lock stay on one slot.
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
 import orjson
+from redis.exceptions import WatchError
 
+from ...redis_backend import RedisTarget
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import LEASE_S, leased
 from .state import CompactionRecord, SessionState, reachable
@@ -52,9 +60,8 @@ class RedisSessionStore:
 
     def __init__(self, url: str, ttl_s: int = 7 * 24 * 3600, lock_timeout_s: float = 120.0,
                  lock_lease_s: float = LEASE_S) -> None:
-        import redis.asyncio as redis
-
-        self._redis = redis.from_url(url)
+        self._target = RedisTarget.parse(url)
+        self._redis = self._target.async_client()
         self._ttl = ttl_s
         self._lock_timeout = lock_timeout_s
         """How long a request waits for the session's lock before it is refused (session_busy)."""
@@ -63,10 +70,11 @@ class RedisSessionStore:
         the others at most this long."""
         self._stored: dict[int, _InRedis] = {}
         """By `id(state)`: what Redis already holds, so a save writes only what is not."""
+        self._held: dict[tuple[str, str], Any] = {}
+        """The session locks this process holds now: what fences a save."""
 
-    @staticmethod
-    def _key(tenant: str, session_id: str) -> str:
-        return f"ctxgate:session:{tenant}:{session_id}"
+    def _key(self, tenant: str, session_id: str) -> str:
+        return f"ctxgate:session:{self._target.tag(tenant, session_id)}{tenant}:{session_id}"
 
     @asynccontextmanager
     async def lock(self, tenant: str, session_id: str) -> AsyncIterator[None]:
@@ -75,8 +83,12 @@ class RedisSessionStore:
                                 "later", code="session_busy")
 
         async with leased(self._redis, self._key(tenant, session_id) + ":lock", self._lock_timeout, busy,
-                          self._lock_lease):
-            yield
+                          self._lock_lease) as held:
+            self._held[(tenant, session_id)] = held
+            try:
+                yield
+            finally:
+                self._held.pop((tenant, session_id), None)
 
     async def load(self, tenant: str, session_id: str) -> SessionState | None:
         with reachable():
@@ -126,8 +138,12 @@ class RedisSessionStore:
         main[PARTS] = parts
         kept = {k for k in _part_keys(parts) if k not in writes}
         dropped = _part_keys(stored.parts) - kept - writes.keys()
+        held = self._held.get(state.key)
         with reachable():
             async with self._redis.pipeline(transaction=True) as pipe:
+                if held is not None:
+                    await self._fence(pipe, held, state)
+                    pipe.multi()
                 for key, raw in writes.items():  # parts before the main value that names them
                     pipe.set(key, raw, ex=self._ttl)
                 pipe.set(base, orjson.dumps(main), ex=self._ttl)
@@ -135,8 +151,25 @@ class RedisSessionStore:
                     pipe.expire(key, self._ttl)
                 if dropped:
                     pipe.delete(*dropped)
-                await pipe.execute()
+                try:
+                    await pipe.execute()
+                except WatchError:  # the lock changed hands between the check and the write
+                    raise self._lease_lost(state) from None
         self._remember(state, parts)
+
+    async def _fence(self, pipe: Any, held: Any, state: SessionState) -> None:
+        """WATCH the lock and check it is still this process's: else another replica holds the
+        session now, and this state is stale."""
+        await pipe.watch(held.name)
+        if await pipe.get(held.name) != held.local.token:
+            raise self._lease_lost(state)
+
+    @staticmethod
+    def _lease_lost(state: SessionState) -> GatewayError:
+        log.warning("session %s/%s: its lock lapsed while this replica held it (cut off from Redis past the "
+                    "lease): the state of this turn is not saved", *state.key)
+        return GatewayError(ErrorKind.UNAVAILABLE, f"session {state.session_id} was taken over by another replica "
+                            "while this one was cut off from Redis; retry", code="session_lease_lost")
 
     def _remember(self, state: SessionState, parts: dict[str, Any]) -> SessionState:
         if id(state) not in self._stored:
@@ -154,7 +187,8 @@ class RedisSessionStore:
         """SCANs the key space (never KEYS, which blocks Redis): a key is a session's main value
         when its JSON names that very key; part and lock keys are skipped by their name first,
         so the large records are never read only to be dropped."""
-        prefix = self._key(tenant, "") if tenant is not None else "ctxgate:session:"
+        # One node: a tenant's keys share a prefix. On a cluster the hash tag comes first.
+        prefix = self._key(tenant, "") if tenant is not None and not self._target.cluster else "ctxgate:session:"
         found: list[SessionState] = []
         with reachable():
             async for raw_key in self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500):
@@ -166,7 +200,8 @@ class RedisSessionStore:
                 except orjson.JSONDecodeError:
                     continue
                 if not isinstance(main, dict) or not isinstance(t := main.get("tenant"), str) \
-                        or not isinstance(s := main.get("session_id"), str) or self._key(t, s) != key:
+                        or not isinstance(s := main.get("session_id"), str) or self._key(t, s) != key \
+                        or tenant not in (None, t):
                     continue
                 state = await self.load(t, s)
                 if state is not None:

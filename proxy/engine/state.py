@@ -213,19 +213,20 @@ class MemorySessionStore:
 
 @contextmanager
 def reachable() -> Iterator[None]:
-    """Redis down or partitioned, or something else answering at its address: a 503 the
-    client may retry, not an internal error."""
-    from redis.exceptions import ConnectionError as RedisConnectionError, InvalidResponse
-    from redis.exceptions import TimeoutError as RedisTimeoutError
+    """Redis down or partitioned, a cluster failing over, or something else answering at its
+    address: a 503 the client may retry, not an internal error."""
+    from redis.exceptions import InvalidResponse
+
+    from ...redis_backend import UNAVAILABLE
 
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError) as e:
-        raise GatewayError(ErrorKind.UNAVAILABLE,
-                           f"the session state backend is unreachable: {e}", code="state_unavailable") from None
     except InvalidResponse as e:
         raise GatewayError(ErrorKind.UNAVAILABLE, f"the session state backend did not answer as Redis: {e}",
                            code="state_unavailable") from None
+    except UNAVAILABLE as e:
+        raise GatewayError(ErrorKind.UNAVAILABLE,
+                           f"the session state backend is unreachable: {e}", code="state_unavailable") from None
 
 
 def open_store(url: str, max_memory_sessions: int = 10_000, idle_ttl_s: float = 3600.0) -> SessionStore:

@@ -26,13 +26,14 @@ from typing import Any, Callable, Iterator
 import httpx
 import openai
 import pytest
-import redis
 
 from ctxgate.proxy.engine.redis_state import RedisSessionStore
+from ctxgate.redis_backend import RedisTarget
 from ctxgate.wal.config import WalConfig
 from clients import agent_turns, assert_error_shape, feasible_turns
 from servers import (Gateway, RedisServer, launch, main_config, model_list, run_ctxgate, start_gateways, stop_all,
                      wait_until)
+from redis_cluster import RedisClusterNodes
 from trajectories import openhands
 from upstream import ScriptedUpstream, prompt_tokens
 
@@ -101,7 +102,7 @@ class Agent:
 class Cluster:
     """The replicas on one Redis and one upstream (the reference run goes through replica a alone)."""
     upstream: ScriptedUpstream
-    redis: RedisServer
+    redis: RedisServer | RedisClusterNodes
     replicas: dict[str, Gateway]
     workdir: Path
     log_dir: Path
@@ -122,6 +123,9 @@ class Cluster:
         self.replicas[name] = launch(name, old.data_dir.parent, old.config)
         return self.replicas[name]
 
+    def calls_in_flight(self, model: str) -> list[Any]:
+        return [c for c in self.upstream.chats() if c.body.get("model") == model and not c.done]
+
     def calls(self, model: str) -> list[Any]:
         return [c for c in self.upstream.chats() if c.body.get("model") == model and c not in self.killed]
 
@@ -129,8 +133,12 @@ class Cluster:
         """No upstream call open and no background compaction in flight for the session."""
         if not all(c.done for c in self.upstream.log):
             return False
-        with redis.Redis.from_url(self.redis.url) as conn:
-            raw = conn.get(f"ctxgate:session:{agent.tenant}:{agent.session}")
+        target = RedisTarget.parse(self.redis.url)
+        conn = target.sync_client()
+        try:
+            raw = conn.get(f"ctxgate:session:{target.tag(agent.tenant, agent.session)}{agent.tenant}:{agent.session}")
+        finally:
+            conn.close()
         return raw is None or not json.loads(raw).get("speculation")
 
     def between_turns(self, agent: Agent) -> None:

@@ -183,7 +183,7 @@ class RedisLog:
         """Move the entries before seq `cut` (a checkpoint) to a compressed archive key with the
         records their checkpoints name, so it reads back alone; keep in the records hash only
         what the checkpoints left in the stream name. WATCHed: an append meanwhile retries it."""
-        with reachable(), self._redis.pipeline() as pipe:
+        with reachable(), self._redis.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(keys.base, keys.records)
@@ -249,7 +249,7 @@ class RedisLog:
                 pipe.hgetall(keys.records)
                 pipe.zrange(keys.archives, 0, -1)
                 entries, stored, archive_names = pipe.execute()
-            live = scan_entries(keys.base, [f.get(b"line", b"") for _, f in entries])
+            live = scan_entries(keys.base, [_fields(f).get(b"line", b"") for _, f in entries])
             records = _loaded(stored)
             held = set(records)
             scans = [live]
@@ -374,6 +374,11 @@ def _loaded(stored: dict[bytes, bytes]) -> dict[str, dict[str, Any]]:
         except orjson.JSONDecodeError:  # left out: recovery warns of a record no checkpoint holds
             continue
     return records
+
+
+def _fields(fields: dict[bytes, bytes] | list[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's fields: redis-py's cluster client leaves them a flat list inside MULTI."""
+    return fields if isinstance(fields, dict) else dict(zip(fields[::2], fields[1::2]))
 
 
 def _seq_of(entry_id: bytes) -> int:

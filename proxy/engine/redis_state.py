@@ -157,6 +157,14 @@ class RedisSessionStore:
                     raise self._lease_lost(state) from None
         self._remember(state, parts)
 
+    async def fence(self, state: SessionState) -> None:
+        held = self._held.get(state.key)
+        if held is not None:
+            with reachable():
+                owner = await self._redis.get(held.name)
+            if owner != held.local.token:
+                raise self._lease_lost(state)
+
     async def _fence(self, pipe: Any, held: Any, state: SessionState) -> None:
         """WATCH the lock and check it is still this process's: else another replica holds the
         session now, and this state is stale."""

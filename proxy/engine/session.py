@@ -55,7 +55,9 @@ class Sessions:
             await self._commit(tx)
 
     async def _commit(self, tx: Transaction) -> None:
-        """The WAL first, then the store: a change the WAL could not take is not saved either."""
+        """The WAL first, then the store: a change the WAL could not take is not saved either.
+        Neither is written by a replica whose hold on the session lapsed (`SessionStore.fence`)."""
+        await self.store.fence(tx.state)
         if tx.write_log is not None:
             try:
                 await tx.write_log(tx.state)

@@ -142,6 +142,9 @@ class SessionStore(Protocol):
     async def forget(self, tenant: str, session_id: str) -> None:
         """Drop an in-process copy a failed change may have touched (a no-op where `load`
         returns a fresh copy each time)."""
+    async def fence(self, state: SessionState) -> None:
+        """Raise (503 session_lease_lost) when this process no longer holds the session's lock:
+        another replica carried the session on while this one was cut off."""
     async def list(self, tenant: str | None = None) -> list[SessionState]:
         """The sessions the store holds, of `tenant` or of every tenant, for reading only:
         listing neither renews their place in memory nor their lifetime in Redis."""
@@ -200,6 +203,9 @@ class MemorySessionStore:
 
     async def list(self, tenant: str | None = None) -> list[SessionState]:
         return [state for (t, _), state in self._states.items() if tenant is None or t == tenant]
+
+    async def fence(self, state: SessionState) -> None:
+        """One process: its lock cannot lapse."""
 
     def __len__(self) -> int:
         return len(self._states)

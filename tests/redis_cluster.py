@@ -110,6 +110,12 @@ class RedisClusterNodes:
         time.sleep(NODE_TIMEOUT_MS / 1000)
         self.wait_healthy()
 
+    def rejoin(self, node: RedisServer) -> None:
+        """Start a killed node again: it rejoins as a replica of the master that replaced it."""
+        node.restart()
+        self.killed.remove(node)
+        self.wait_healthy()
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

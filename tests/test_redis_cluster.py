@@ -295,7 +295,15 @@ def test_two_replicas_on_a_cluster_survive_a_replica_kill_and_a_master_failover(
             cluster.kill("a")
             cluster.relaunch("a").wait_ready()
         if i == failover_at:  # the master of the first session's slot dies; its replica takes over
-            nodes.fail_over(nodes.master_of(target.tag(agents[0].tenant, agents[0].session) + "x"))
+            old = nodes.master_of(target.tag(agents[0].tenant, agents[0].session) + "x")
+            nodes.fail_over(old)
+            # The promoted master has no replica yet: an append cannot be acknowledged, and the
+            # turn is refused with a clean 503 before anything is forwarded.
+            with pytest.raises(openai.APIStatusError) as refused:
+                agents[0].whole(cluster.replicas["b"], messages)
+            assert_error_shape(refused.value.response, 503)
+            agents[0].acknowledged -= 1 if refused.value.response.is_success else 0
+            nodes.rejoin(old)  # as the new master's replica: appends are acknowledged again
         for agent in agents:  # turn i of every session, each on a replica picked at random
             agent.whole(cluster.replicas[rng.choice("ab")], messages, timeout=120)
     for agent in agents:

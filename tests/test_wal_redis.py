@@ -262,6 +262,11 @@ def test_wait_for_a_replica_a_lone_redis_does_not_have_fails_closed(url: str, tm
     assert refused.value.code == "wal_unavailable" and "0 of 1 Redis replicas" in str(refused.value)
     assert time.monotonic() - before >= 0.09 and state.wal_seq == 0
     journal.close()
+    # Refused, it left nothing behind: the stream is empty and the retry takes the same seqs.
+    assert raw.xlen(f"ctxgate:wal:{key_part(state.tenant)}:{key_part(state.session_id)}") == 0
+    log = RedisLog(url)
+    assert log.append(state.tenant, state.session_id, [{"type": "RESPONSE"}]).last_seq == 1
+    log.close()
 
 
 def test_an_idle_log_expires_when_asked_to_and_leaves_the_list(url: str, raw: redis.Redis) -> None:

@@ -69,6 +69,23 @@ TTL (ms, 0: none), then n times (seq, line, is checkpoint), then (record key, re
 pairs. Returns (0, last seq) when the first seq is not past the stream's last and the
 entries are not those already there (the caller numbers them again), (1, ...) when they are
 all there already, (2, last seq, checkpoints) when appended."""
+_UNAPPEND = """
+for i = 1, #ARGV do
+  redis.call('XDEL', KEYS[1], ARGV[i] .. '-0')
+  redis.call('ZREM', KEYS[2], ARGV[i])
+end
+local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local id = '0-0'
+if #top > 0 then id = top[1][1] end
+local seq = string.match(id, '^(%d+)')
+if not redis.pcall('XSETID', KEYS[1], id, 'ENTRIESADDED', seq, 'MAXDELETEDID', id)['ok'] then
+  redis.call('XSETID', KEYS[1], id)
+end
+return 1
+"""
+"""KEYS: stream, checkpoints. ARGV: the seqs of an append no replica acknowledged. Removes
+them and sets the stream's last id back to what is left, so the turn, refused, leaves nothing
+behind and its retry takes the same seqs. (XSETID's Redis 7 form first, then Redis 6's.)"""
 
 
 def key_part(value: str) -> str:
@@ -110,6 +127,7 @@ class RedisLog:
         self._redis: Any = self._target.sync_client(socket_timeout=10, socket_connect_timeout=5)
         """Typed loosely: redis-py's sync replies are unions of bytes and str this module never sees."""
         self._append_script = self._redis.register_script(_APPEND)
+        self._unappend_script = self._redis.register_script(_UNAPPEND)
         self._archive_every = archive_every
         self._retention_ms = max(1, int(retention_s * 1000))
         self._clock = clock
@@ -175,6 +193,8 @@ class RedisLog:
                 where = {"target_nodes": self._redis.get_node_from_key(keys.base)} if self._target.cluster else {}
                 acked = self._redis.wait(self._wait_replicas, self._wait_timeout_ms, **where)
                 if acked < self._wait_replicas:
+                    if done == 2:
+                        self._unappend_script(keys=[keys.base, keys.checkpoints], args=[e["seq"] for e in events])
                     raise WalUnavailable(f"{acked} of {self._wait_replicas} Redis replicas acknowledged the append "
                                          f"in {self._wait_timeout_ms} ms (wal.redis_wait_replicas)")
         return int(done), int(last), int(checkpoints)

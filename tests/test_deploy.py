@@ -11,10 +11,12 @@ import pytest
 import yaml
 
 from ctxgate.proxy.config import load_config
+from ctxgate.redis_backend import RedisTarget
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 COMPOSE = DEPLOY / "docker-compose.yaml"
 KUBERNETES = DEPLOY / "kubernetes"
+CLUSTER = DEPLOY / "redis-cluster"
 
 
 def _documents(path: Path) -> list[dict[str, Any]]:
@@ -153,3 +155,37 @@ def test_kubernetes_redis_keeps_an_aof_on_a_volume_of_its_own() -> None:
 @pytest.mark.parametrize("path", [COMPOSE, KUBERNETES / "redis.yaml"])
 def test_the_aof_fsync_choice_is_explained(path: Path) -> None:
     assert "appendfsync always" in path.read_text()
+
+
+# -- a Redis Cluster -------------------------------------------------------------------------
+
+def test_the_cluster_config_loads_and_names_a_cluster(tmp_path: Path) -> None:
+    config = load_config(str(CLUSTER / "ctxgate.yaml")).ctxgate
+    target = RedisTarget.parse(config.state)
+    assert target.cluster and len(target.nodes) >= 2  # a start does not depend on one node
+    assert config.wal.redis_wait_replicas == 1
+
+
+def test_compose_cluster_nodes_keep_an_aof_each_on_a_volume_of_their_own() -> None:
+    services = _documents(CLUSTER / "docker-compose.yaml")[0]["services"]
+    nodes = {name: s for name, s in services.items() if name.startswith("redis-") and name != "redis-cluster-init"}
+    assert len(nodes) == 6
+    volumes = [next(iter(_writable_mounts(s))) for s in nodes.values()]
+    assert len(set(volumes)) == 6
+    for node in nodes.values():
+        args = _arguments(node["command"])
+        assert args["cluster-enabled"] == "yes" and args["appendonly"] == "yes" and args["appendfsync"] == "always"
+    assert "--cluster-replicas 1" in " ".join(services["redis-cluster-init"]["command"])
+    ctxgate = {name: s for name, s in services.items() if name.startswith("ctxgate-")}
+    assert len(ctxgate) == 2 and not set(volumes) & set().union(*(_writable_mounts(s) for s in ctxgate.values()))
+
+
+def test_kubernetes_cluster_nodes_keep_an_aof_each_on_a_claim_of_their_own() -> None:
+    docs = _documents(CLUSTER / "kubernetes.yaml")
+    nodes = next(d for d in docs if d["kind"] == "StatefulSet")["spec"]
+    assert nodes["replicas"] == 6
+    script = " ".join(nodes["template"]["spec"]["containers"][0]["args"])
+    assert "--cluster-enabled yes" in script and "--appendonly yes" in script and "--appendfsync always" in script
+    assert [c["spec"]["accessModes"] for c in nodes["volumeClaimTemplates"]] == [["ReadWriteOnce"]]
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert "--cluster-replicas 1" in " ".join(job["spec"]["template"]["spec"]["containers"][0]["args"])

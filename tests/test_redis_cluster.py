@@ -370,3 +370,23 @@ async def _state(url: str, agent: Agent) -> SessionState:
         await store.close()
     assert state is not None
     return state
+
+
+def test_a_background_compaction_is_paid_once_whichever_replica_the_next_turn_reaches(
+        fleet: Callable[..., Cluster], longest: Any) -> None:
+    """Each summary takes a second and the turns alternate between the replicas, so the
+    background compaction a turn starts on one replica is still running when the next turn
+    reaches the other: that replica neither starts it again nor compacts on its own at the
+    trigger; it waits for the first one's result and adopts it. Counted at the upstream:
+    no summary request is sent twice."""
+    cluster = fleet(0, summarizer=SLOW_SUMMARIZER, speculation=True)
+    cluster.upstream.slow_s = 1.0
+    agent = ClusterAgent("pair0", f"s-{uuid.uuid4().hex[:8]}", _agent("x", longest).budget, longest.tools,
+                         model="gpt-4o")
+    for i, messages in enumerate(_turns(agent, longest)):
+        agent.whole(cluster.replicas["ab"[i % 2]], messages, timeout=150)
+    cluster.between_turns(agent)
+    summaries = Counter(c.raw for c in cluster.calls(SLOW_SUMMARIZER))
+    assert summaries and max(summaries.values()) == 1, "a summary paid twice"
+    state = asyncio.run(_state(cluster.redis.url, agent))
+    assert [e for e in state.compaction_log if e["level"] == "speculative"], "no background compaction adopted"

@@ -29,9 +29,29 @@ async def leased(redis: Any, name: str, wait_s: float | None, busy: Callable[[],
         acquired = await lock.acquire()
     if not acquired:
         raise busy()
+    async with _held(lock, name, lease_s):
+        yield lock
+
+
+@asynccontextmanager
+async def leased_if_free(redis: Any, name: str, lease_s: float = LEASE_S) -> AsyncIterator[bool]:
+    """Hold the lock `name` if nobody does (yields True), else yield False at once."""
+    lock = redis.lock(name, timeout=lease_s)
+    with reachable():
+        acquired = await lock.acquire(blocking=False)
+    if not acquired:
+        yield False
+        return
+    async with _held(lock, name, lease_s):
+        yield True
+
+
+@asynccontextmanager
+async def _held(lock: Any, name: str, lease_s: float) -> AsyncIterator[None]:
+    """Renew `lock` while the body runs; release it after."""
     renewing = asyncio.create_task(_renew(lock, name, lease_s))
     try:
-        yield lock
+        yield
     finally:
         renewing.cancel()
         await asyncio.gather(renewing, return_exceptions=True)

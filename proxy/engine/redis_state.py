@@ -19,6 +19,7 @@ session's hash tag, so the save, its fence and the lock stay on one slot.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -33,7 +34,7 @@ from redis.exceptions import WatchError
 
 from ...redis_backend import RedisTarget
 from ..errors import ErrorKind, GatewayError
-from .redis_lock import LEASE_S, leased
+from .redis_lock import LEASE_S, leased, leased_if_free
 from .state import CompactionRecord, SessionState, reachable
 
 log = logging.getLogger("ctxgate.state")
@@ -42,6 +43,10 @@ BLOB_PARTS = ("speculative", "compaction_log", "memory_block", "expanded")
 """The large fields other than `records` that a steady turn leaves alone."""
 PARTS = "parts"
 """The main value's field naming the part keys: {"records": [key, ...], name: key or ""}."""
+SPECULATION_RESULT_TTL_S = 3600
+"""A published background compaction waits this long for the turn that needs it (the
+session's next trigger); one that stale is dropped by its prefix hash anyway."""
+SPECULATION_POLL_S = 0.05
 SMALL_FIELDS = tuple(f.name for f in fields(SessionState) if f.name not in ("records", *BLOB_PARTS))
 
 
@@ -157,6 +162,33 @@ class RedisSessionStore:
                     raise self._lease_lost(state) from None
         self._remember(state, parts)
 
+    @asynccontextmanager
+    async def speculating(self, tenant: str, session_id: str) -> AsyncIterator[bool]:
+        async with leased_if_free(self._redis, self._key(tenant, session_id) + ":speculation",
+                                  self._lock_lease) as mine:
+            yield mine
+
+    async def publish_speculation(self, tenant: str, session_id: str, result: dict[str, Any]) -> None:
+        with reachable():
+            await self._redis.set(self._key(tenant, session_id) + ":speculation:result", orjson.dumps(result),
+                                  ex=SPECULATION_RESULT_TTL_S)
+
+    async def speculation_result(self, tenant: str, session_id: str, wait_s: float) -> dict[str, Any] | None:
+        claim = self._key(tenant, session_id) + ":speculation"
+        deadline = time.monotonic() + wait_s
+        with reachable():
+            while True:
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.get(claim + ":result")
+                    pipe.exists(claim)
+                    raw, running = await pipe.execute()
+                if raw is not None:
+                    found: dict[str, Any] = orjson.loads(raw)
+                    return found
+                if not running or time.monotonic() > deadline:
+                    return None
+                await asyncio.sleep(SPECULATION_POLL_S)
+
     async def fence(self, state: SessionState) -> None:
         held = self._held.get(state.key)
         if held is not None:
@@ -229,7 +261,7 @@ class RedisSessionStore:
         await self._redis.aclose()
 
 
-_PART_KEY = re.compile(r":(record:\d+:.*|(" + "|".join(BLOB_PARTS) + r"):[0-9a-f]{16}|lock)$")
+_PART_KEY = re.compile(r":(record:\d+:.*|(" + "|".join(BLOB_PARTS) + r"):[0-9a-f]{16}|lock|speculation(:result)?)$")
 """The names `save` and `lock` give part keys and the lock beside a main value."""
 
 

@@ -24,10 +24,16 @@ from .state import SessionState
 log = logging.getLogger("ctxgate.speculative")
 
 
+REMOTE_WAIT_S = 120.0
+"""How long a turn at the trigger waits for a background compaction another replica runs
+(its claim is renewed while that replica lives; a dead one's lapses within a lease)."""
+
+
 @dataclass
 class _Running:
-    """One background compaction in flight."""
-    chain: "asyncio.Task[ChainRun]"
+    """One background compaction in flight in this process."""
+    chain: "asyncio.Future[ChainRun | None]"
+    """Its result once it ran; None when another replica holds the claim and runs it."""
     records_at_start: int
     expand: ExpandConfig
     """Where its originals are kept once it is (the turn's expansion settings)."""
@@ -46,17 +52,23 @@ class Speculator:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None) -> None:
-        """Start one background compaction for the session, unless one is running or ready."""
+        """Start one background compaction for the session, unless one is ready, or in flight
+        here or on another replica (`state.speculation`; `resume` decides whether to run it again)."""
+        if state.speculation:
+            return
+        self._start(state, turn, view, target)
+
+    def _start(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None) -> None:
         if state.speculative or state.speculation_wasted or state.key in self._chains:
             return
         snapshot = SessionState(state.tenant, state.session_id, collapse=state.collapse, breaker=state.breaker,
                                 learned_max_input_tokens=state.learned_max_input_tokens)
-        chain = asyncio.create_task(run_chain(snapshot, turn, view, target, "proactive"))
-        self._chains[state.key] = _Running(chain, len(state.records), turn.config.expand)
+        running = _Running(asyncio.get_running_loop().create_future(), len(state.records), turn.config.expand)
+        self._chains[state.key] = running
         # In the WAL (a SPECULATION event): a restart while it is in flight starts it again.
         state.speculation = {"prefix_len": len(turn.messages), "prefix_hash": turn.prefix_hashes[-1],
                              "target": target, "records": len(state.records), "logged": False}
-        task = asyncio.create_task(self._persist(snapshot.tenant, snapshot.session_id))
+        task = asyncio.create_task(self._run(snapshot, turn, view, target, running))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -65,9 +77,10 @@ class Speculator:
         return (tenant, session_id) in self._chains
 
     def resume(self, state: SessionState, turn: Turn, view_of: Callable[[Turn], list[dict[str, Any]]]) -> None:
-        """First turn after a restart: the speculation the log says was in flight runs again
-        over the same prefix, so the compaction it yields is the one a gateway that never
-        crashed would apply."""
+        """A turn finds a speculation in flight that this process does not run: after a restart,
+        or started by another replica. It runs again over the same prefix, so the compaction it
+        yields is the one a gateway that never crashed would apply, unless another replica
+        still holds its claim (`SessionStore.speculating`): then that one's result is awaited."""
         pending = state.speculation
         if not pending or state.speculative or state.key in self._chains:
             return
@@ -77,51 +90,82 @@ class Speculator:
             state.speculation = {}  # the history moved on or was rewritten: nothing to redo
             return
         then = replace(turn, messages=turn.messages[:k], fingerprints=turn.fingerprints[:k])
-        self.start(state, then, view_of(then), pending["target"])
+        self._start(state, then, view_of(then), pending["target"])
         state.speculation["logged"] = True  # the same speculation, already in the log
 
     async def settle(self, state: SessionState) -> None:
         """Called with the session locked when the trigger is reached: a compaction still in
-        flight is the one this turn needs, so wait for it rather than start another."""
+        flight, here or on another replica, is the one this turn needs, so wait for it rather
+        than start another."""
         running = self._chains.get(state.key)
-        if running is None:
+        if running is not None:
+            try:
+                run = await asyncio.shield(running.chain)
+            except Exception:
+                return
+            if run is not None:  # it ran here
+                if run.result.steps:
+                    self._keep(state, _kept(run), running.records_at_start)
+                else:
+                    state.speculation = {}  # nothing done
+                return
+        pending = state.speculation
+        if not pending:
             return
-        try:
-            run = await asyncio.shield(running.chain)
-        except Exception:
-            return
-        await self._keep(state, run, running)
+        result = await self._sessions.store.speculation_result(state.tenant, state.session_id, REMOTE_WAIT_S)
+        if result is not None and (result["prefix_hash"], result["records"]) == (pending["prefix_hash"],
+                                                                                 pending["records"]):
+            self._keep(state, result["speculative"], result["records"])
 
-    async def _keep(self, state: SessionState, run: ChainRun, running: _Running) -> None:
+    def _keep(self, state: SessionState, speculative: dict[str, Any], records_at_start: int) -> None:
         """The speculation ended: its result is kept as the pending record, unless stale."""
         state.speculation = {}
-        if not run.result.steps or len(state.records) != running.records_at_start or state.speculative:
-            return  # nothing done, or the session compacted meanwhile: stale
-        if self._content is not None and run.cuts:
-            expand = running.expand
-            await self._content.put(state.tenant, state.session_id, run.cuts, expand.store_max_bytes,
-                                    expand.store_ttl_s)
-        state.speculative = {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker,
-                             "working": run.working, "depth": run.depth.log_fields() if run.depth else {}}
-        log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens, %.0f ms)",
-                 state.session_id, ",".join(run.record.levels), run.record.tokens_before,
-                 run.record.tokens_after, run.duration_ms)
+        if len(state.records) != records_at_start or state.speculative:
+            return  # the session compacted meanwhile, or the result is kept already
+        state.speculative = speculative
+        record = speculative["record"]
+        log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens)", state.session_id,
+                 ",".join(record["levels"]), record["tokens_before"], record["tokens_after"])
 
-    async def _persist(self, tenant: str, session_id: str) -> None:
-        running = self._chains[(tenant, session_id)]
+    async def _run(self, snapshot: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
+                   running: _Running) -> None:
+        """The life of one background compaction: claimed across replicas, run, handed to
+        whichever replica's turn needs it (its originals stored, its result published), then
+        kept in the session."""
+        tenant, session_id = snapshot.key
         try:
-            run = await running.chain
-            async with self._sessions.transaction(tenant, session_id) as tx:
-                await self._keep(tx.state, run, running)
-                # Kept or dropped, the speculation ended: the log says so, or a restart would find
-                # it still in flight there and ask for its summary again.
-                tx.write_log = self._on_done
+            async with self._sessions.store.speculating(tenant, session_id) as mine:
+                if not mine:  # another replica runs it: a turn takes its published result
+                    running.chain.set_result(None)
+                    return
+                run = await run_chain(snapshot, turn, view, target, "proactive")
+                if run.result.steps:
+                    await self._hand_over(tenant, session_id, run, running, turn.prefix_hashes[-1])
+                running.chain.set_result(run)
+                async with self._sessions.transaction(tenant, session_id) as tx:
+                    if run.result.steps:
+                        self._keep(tx.state, _kept(run), running.records_at_start)
+                    else:
+                        tx.state.speculation = {}
+                    # Kept or dropped, the speculation ended: the log says so, or a restart would
+                    # find it still in flight there and ask for its summary again.
+                    tx.write_log = self._on_done
         except Exception as e:  # a background task: log, never raise into nowhere
             log.warning("speculative compaction of session %s failed: %s", session_id, e)
             await self._forget(tenant, session_id)
         finally:
+            if not running.chain.done():
+                running.chain.set_result(None)
             # Only now: until the result is saved, a turn at the trigger must find it here.
             self._chains.pop((tenant, session_id), None)
+
+    async def _hand_over(self, tenant: str, session_id: str, run: ChainRun, running: _Running,
+                         prefix_hash: str) -> None:
+        if self._content is not None and run.cuts:
+            expand = running.expand
+            await self._content.put(tenant, session_id, run.cuts, expand.store_max_bytes, expand.store_ttl_s)
+        await self._sessions.store.publish_speculation(tenant, session_id, {
+            "prefix_hash": prefix_hash, "records": running.records_at_start, "speculative": _kept(run)})
 
     async def _forget(self, tenant: str, session_id: str) -> None:
         try:
@@ -136,3 +180,9 @@ class Speculator:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _kept(run: ChainRun) -> dict[str, Any]:
+    """What `SessionState.speculative` holds of a finished background compaction."""
+    return {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker, "working": run.working,
+            "depth": run.depth.log_fields() if run.depth else {}}

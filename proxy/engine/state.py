@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterator, Protocol
+from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, Protocol
 
 import orjson
 
@@ -145,6 +145,14 @@ class SessionStore(Protocol):
     async def fence(self, state: SessionState) -> None:
         """Raise (503 session_lease_lost) when this process no longer holds the session's lock:
         another replica carried the session on while this one was cut off."""
+    def speculating(self, tenant: str, session_id: str) -> AsyncContextManager[bool]:
+        """Claim the session's background compaction across replicas: True while this process
+        holds the claim (renewed, released at the end), False when another one does."""
+    async def publish_speculation(self, tenant: str, session_id: str, result: dict[str, Any]) -> None:
+        """Hand a finished background compaction to the replica whose turn needs it now."""
+    async def speculation_result(self, tenant: str, session_id: str, wait_s: float) -> dict[str, Any] | None:
+        """The result another replica's background compaction published, waiting for it while
+        that replica still holds the claim (at most `wait_s`); None when there is none."""
     async def list(self, tenant: str | None = None) -> list[SessionState]:
         """The sessions the store holds, of `tenant` or of every tenant, for reading only:
         listing neither renews their place in memory nor their lifetime in Redis."""
@@ -206,6 +214,16 @@ class MemorySessionStore:
 
     async def fence(self, state: SessionState) -> None:
         """One process: its lock cannot lapse."""
+
+    @asynccontextmanager
+    async def speculating(self, tenant: str, session_id: str) -> AsyncIterator[bool]:
+        yield True  # one process: the speculator's own bookkeeping runs one per session
+
+    async def publish_speculation(self, tenant: str, session_id: str, result: dict[str, Any]) -> None:
+        return None
+
+    async def speculation_result(self, tenant: str, session_id: str, wait_s: float) -> dict[str, Any] | None:
+        return None
 
     def __len__(self) -> int:
         return len(self._states)

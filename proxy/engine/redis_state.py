@@ -8,11 +8,12 @@ record is new, and each other large part under a key named by a digest of its co
 written when the field holds a new object with other content. Both rest on one rule the
 engine keeps: records, and these fields' values, are replaced, never changed in place
 (a change in place would not be saved). A save writes the new parts, the main value and an
-EXPIRE for each kept part in one MULTI/EXEC: the main value never names a part that is not
-there, whatever fails.
+EXPIRE for each kept part in one Lua script (atomic, as MULTI/EXEC would be; redis-py's
+cluster client runs a MULTI/EXEC through a thread of its own, a script in one call): the
+main value never names a part that is not there, whatever fails.
 
-A save made under the session's lock is fenced by it: the MULTI/EXEC runs only while the
-lock still holds this process's token (WATCHed). A replica cut off from Redis past its lease,
+A save made under the session's lock is fenced by it: the script writes only while the lock
+still holds this process's token. A replica cut off from Redis past its lease,
 whose session another replica has carried on meanwhile, cannot write its stale state over
 the newer one; its turn ends in a 503. On a Redis Cluster every key of a session carries the
 session's hash tag, so the save, its fence and the lock stay on one slot.
@@ -30,7 +31,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, AsyncIterator
 
 import orjson
-from redis.exceptions import WatchError
 
 from ...redis_backend import RedisTarget
 from ..errors import ErrorKind, GatewayError
@@ -77,6 +77,7 @@ class RedisSessionStore:
         """By `id(state)`: what Redis already holds, so a save writes only what is not."""
         self._held: dict[tuple[str, str], Any] = {}
         """The session locks this process holds now: what fences a save."""
+        self._save_script = self._redis.register_script(_SAVE)
 
     def _key(self, tenant: str, session_id: str) -> str:
         return f"ctxgate:session:{self._target.tag(tenant, session_id)}{tenant}:{session_id}"
@@ -145,21 +146,12 @@ class RedisSessionStore:
         dropped = _part_keys(stored.parts) - kept - writes.keys()
         held = self._held.get(state.key)
         with reachable():
-            async with self._redis.pipeline(transaction=True) as pipe:
-                if held is not None:
-                    await self._fence(pipe, held, state)
-                    pipe.multi()
-                for key, raw in writes.items():  # parts before the main value that names them
-                    pipe.set(key, raw, ex=self._ttl)
-                pipe.set(base, orjson.dumps(main), ex=self._ttl)
-                for key in kept:  # a kept part lives as long as the main value naming it
-                    pipe.expire(key, self._ttl)
-                if dropped:
-                    pipe.delete(*dropped)
-                try:
-                    await pipe.execute()
-                except WatchError:  # the lock changed hands between the check and the write
-                    raise self._lease_lost(state) from None
+            saved = await self._save_script(
+                keys=[base + ":lock", base, *writes, *kept, *dropped],
+                args=[held.local.token if held is not None else b"", self._ttl, len(writes), len(kept),
+                      orjson.dumps(main), *writes.values()])
+        if not saved:  # the lock changed hands: another replica holds the session now
+            raise self._lease_lost(state)
         self._remember(state, parts)
 
     @asynccontextmanager
@@ -173,20 +165,19 @@ class RedisSessionStore:
             await self._redis.set(self._key(tenant, session_id) + ":speculation:result", orjson.dumps(result),
                                   ex=SPECULATION_RESULT_TTL_S)
 
-    async def speculation_result(self, tenant: str, session_id: str, wait_s: float) -> dict[str, Any] | None:
+    async def speculation_result(self, tenant: str, session_id: str, prefix_hash: str,
+                                 wait_s: float) -> dict[str, Any] | None:
         claim = self._key(tenant, session_id) + ":speculation"
         deadline = time.monotonic() + wait_s
         with reachable():
             while True:
-                async with self._redis.pipeline(transaction=True) as pipe:
-                    pipe.get(claim + ":result")
-                    pipe.exists(claim)
-                    raw, running = await pipe.execute()
-                if raw is not None:
-                    found: dict[str, Any] = orjson.loads(raw)
+                running = await self._redis.exists(claim)
+                raw = await self._redis.get(claim + ":result")  # after: one published before a release is seen
+                found: dict[str, Any] | None = orjson.loads(raw) if raw is not None else None
+                if found is not None and found.get("prefix_hash") == prefix_hash:
                     return found
                 if not running or time.monotonic() > deadline:
-                    return None
+                    return None  # an earlier speculation's result, or none: nobody runs this one
                 await asyncio.sleep(SPECULATION_POLL_S)
 
     async def fence(self, state: SessionState) -> None:
@@ -196,13 +187,6 @@ class RedisSessionStore:
                 owner = await self._redis.get(held.name)
             if owner != held.local.token:
                 raise self._lease_lost(state)
-
-    async def _fence(self, pipe: Any, held: Any, state: SessionState) -> None:
-        """WATCH the lock and check it is still this process's: else another replica holds the
-        session now, and this state is stale."""
-        await pipe.watch(held.name)
-        if await pipe.get(held.name) != held.local.token:
-            raise self._lease_lost(state)
 
     @staticmethod
     def _lease_lost(state: SessionState) -> GatewayError:
@@ -260,6 +244,20 @@ class RedisSessionStore:
     async def close(self) -> None:
         await self._redis.aclose()
 
+
+_SAVE = """
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local ttl, written, kept = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+for i = 1, written do redis.call('SET', KEYS[2 + i], ARGV[5 + i], 'EX', ttl) end
+redis.call('SET', KEYS[2], ARGV[5], 'EX', ttl)
+for i = 3 + written, 2 + written + kept do redis.call('EXPIRE', KEYS[i], ttl) end
+for i = 3 + written + kept, #KEYS do redis.call('DEL', KEYS[i]) end
+return 1
+"""
+"""KEYS: the session's lock, its main value, then the parts written, kept and dropped. ARGV:
+the lock's token (empty: a save outside the lock, as recovery's), the TTL, how many parts are
+written and kept, the main value, then the written parts' values. Returns 0, writing nothing,
+when the lock is not the token's."""
 
 _PART_KEY = re.compile(r":(record:\d+:.*|(" + "|".join(BLOB_PARTS) + r"):[0-9a-f]{16}|lock|speculation(:result)?)$")
 """The names `save` and `lock` give part keys and the lock beside a main value."""

@@ -112,9 +112,9 @@ class Speculator:
         pending = state.speculation
         if not pending:
             return
-        result = await self._sessions.store.speculation_result(state.tenant, state.session_id, REMOTE_WAIT_S)
-        if result is not None and (result["prefix_hash"], result["records"]) == (pending["prefix_hash"],
-                                                                                 pending["records"]):
+        result = await self._sessions.store.speculation_result(state.tenant, state.session_id,
+                                                               pending["prefix_hash"], REMOTE_WAIT_S)
+        if result is not None and result["records"] == pending["records"]:
             self._keep(state, result["speculative"], result["records"])
 
     def _keep(self, state: SessionState, speculative: dict[str, Any], records_at_start: int) -> None:
@@ -135,7 +135,10 @@ class Speculator:
         tenant, session_id = snapshot.key
         try:
             async with self._sessions.store.speculating(tenant, session_id) as mine:
-                if not mine:  # another replica runs it: a turn takes its published result
+                # Another replica runs it, or ran it since this turn read the session (its result
+                # is published): a turn takes that result.
+                if not mine or await self._published(tenant, session_id, turn.prefix_hashes[-1],
+                                                     running.records_at_start):
                     running.chain.set_result(None)
                     return
                 run = await run_chain(snapshot, turn, view, target, "proactive")
@@ -158,6 +161,10 @@ class Speculator:
                 running.chain.set_result(None)
             # Only now: until the result is saved, a turn at the trigger must find it here.
             self._chains.pop((tenant, session_id), None)
+
+    async def _published(self, tenant: str, session_id: str, prefix_hash: str, records: int) -> bool:
+        result = await self._sessions.store.speculation_result(tenant, session_id, prefix_hash, 0.0)
+        return result is not None and result["records"] == records
 
     async def _hand_over(self, tenant: str, session_id: str, run: ChainRun, running: _Running,
                          prefix_hash: str) -> None:

@@ -150,9 +150,11 @@ class SessionStore(Protocol):
         holds the claim (renewed, released at the end), False when another one does."""
     async def publish_speculation(self, tenant: str, session_id: str, result: dict[str, Any]) -> None:
         """Hand a finished background compaction to the replica whose turn needs it now."""
-    async def speculation_result(self, tenant: str, session_id: str, wait_s: float) -> dict[str, Any] | None:
-        """The result another replica's background compaction published, waiting for it while
-        that replica still holds the claim (at most `wait_s`); None when there is none."""
+    async def speculation_result(self, tenant: str, session_id: str, prefix_hash: str,
+                                 wait_s: float) -> dict[str, Any] | None:
+        """The result another replica's background compaction over the prefix `prefix_hash`
+        published, waiting for it while a replica holds the claim (at most `wait_s`); None when
+        there is none."""
     async def list(self, tenant: str | None = None) -> list[SessionState]:
         """The sessions the store holds, of `tenant` or of every tenant, for reading only:
         listing neither renews their place in memory nor their lifetime in Redis."""
@@ -222,7 +224,8 @@ class MemorySessionStore:
     async def publish_speculation(self, tenant: str, session_id: str, result: dict[str, Any]) -> None:
         return None
 
-    async def speculation_result(self, tenant: str, session_id: str, wait_s: float) -> dict[str, Any] | None:
+    async def speculation_result(self, tenant: str, session_id: str, prefix_hash: str,
+                                 wait_s: float) -> dict[str, Any] | None:
         return None
 
     def __len__(self) -> int:

@@ -56,3 +56,16 @@ async def test_the_redis_store_lists_main_values_only(redis_store: RedisSessionS
     conn.expire(key, 100)
     await redis_store.list(other)
     assert conn.ttl(key) <= 100  # listing did not renew it
+
+
+async def test_the_redis_listing_is_newest_first_limited_and_forgets_the_expired(
+        redis_store: RedisSessionStore, redis_server: RedisServer) -> None:
+    tenant = "t-" + uuid.uuid4().hex[:8]
+    for session in ("s1", "s2", "s3"):
+        await redis_store.save(_state(tenant, session))
+    assert [s.session_id for s in await redis_store.list(tenant, 2)] == ["s3", "s2"]
+    conn = redis.Redis.from_url(redis_server.url)
+    conn.delete(f"ctxgate:session:{tenant}:s3")  # expired
+    await redis_store.list(tenant, 2)
+    assert [s.session_id for s in await redis_store.list(tenant, 2)] == ["s2", "s1"]
+    assert conn.zscore(f"ctxgate:sessions:tenant:{tenant}", f'["{tenant}","s3"]') is None

@@ -34,7 +34,7 @@ class SessionFigures:
 
     async def visible(self, viewer: Viewer) -> list[dict[str, Any]]:
         """Every session `viewer` may see, most recently updated first."""
-        held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant)}
+        held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant, MAX_LISTED)}
         logs = await asyncio.to_thread(self.gw.journal.writer.sessions, viewer.tenant)
         for tenant, session in ((info.tenant, info.session) for info in logs):
             # Names read from disk must follow the id rule before they reach a page or a URL.

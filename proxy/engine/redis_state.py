@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 import time
 import weakref
 from contextlib import asynccontextmanager
@@ -146,10 +145,11 @@ class RedisSessionStore:
         dropped = _part_keys(stored.parts) - kept - writes.keys()
         held = self._held.get(state.key)
         with reachable():
+            tag = self._target.tag(*state.key)
             saved = await self._save_script(
-                keys=[base + ":lock", base, *writes, *kept, *dropped],
+                keys=[base + ":lock", base, _listing(tag), _listing(tag, state.tenant), *writes, *kept, *dropped],
                 args=[held.local.token if held is not None else b"", self._ttl, len(writes), len(kept),
-                      orjson.dumps(main), *writes.values()])
+                      orjson.dumps(main), orjson.dumps(list(state.key)), state.updated_at, *writes.values()])
         if not saved:  # the lock changed hands: another replica holds the session now
             raise self._lease_lost(state)
         self._remember(state, parts)
@@ -207,29 +207,28 @@ class RedisSessionStore:
         cost a serialisation of every record on every save)."""
         return f"{base}:record:{record.prefix_len}:{record.prefix_hash}:{record.created_at!r}"
 
-    async def list(self, tenant: str | None = None) -> list[SessionState]:
-        """SCANs the key space (never KEYS, which blocks Redis): a key is a session's main value
-        when its JSON names that very key; part and lock keys are skipped by their name first,
-        so the large records are never read only to be dropped."""
-        # One node: a tenant's keys share a prefix. On a cluster the hash tag comes first.
-        prefix = self._key(tenant, "") if tenant is not None and not self._target.cluster else "ctxgate:session:"
-        found: list[SessionState] = []
+    async def list(self, tenant: str | None = None, limit: int | None = None) -> list[SessionState]:
+        """The most recently saved first, from the listings each save keeps (a sorted set per
+        shard: one on one node, 256 on a cluster, read in one pipeline), not from a SCAN. A
+        session whose state expired leaves its listing when it is next read."""
+        keys = [_listing(tag, tenant) if tenant is not None else _listing(tag) for tag in self._target.shard_tags()]
+        end = -1 if limit is None else limit - 1
         with reachable():
-            async for raw_key in self._redis.scan_iter(match=_glob_escape(prefix) + "*", count=500):
-                key = raw_key.decode()
-                if _PART_KEY.search(key):
-                    continue
-                try:
-                    main = orjson.loads(await self._redis.get(key) or b"null")
-                except orjson.JSONDecodeError:
-                    continue
-                if not isinstance(main, dict) or not isinstance(t := main.get("tenant"), str) \
-                        or not isinstance(s := main.get("session_id"), str) or self._key(t, s) != key \
-                        or tenant not in (None, t):
-                    continue
-                state = await self.load(t, s)
-                if state is not None:
-                    found.append(state)
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.zrevrange(key, 0, end, withscores=True)
+                shards = await pipe.execute()
+        named = sorted(((score, member, key) for key, found in zip(keys, shards) for member, score in found),
+                       key=lambda x: -x[0])
+        found: list[SessionState] = []
+        for _, member, key in named[:limit]:
+            t, s = orjson.loads(member)
+            state = await self.load(t, s)
+            if state is not None:
+                found.append(state)
+            else:
+                with reachable():
+                    await self._redis.zrem(key, member)
         return found
 
     async def forget(self, tenant: str, session_id: str) -> None:
@@ -248,23 +247,28 @@ class RedisSessionStore:
 _SAVE = """
 if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 local ttl, written, kept = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-for i = 1, written do redis.call('SET', KEYS[2 + i], ARGV[5 + i], 'EX', ttl) end
+for i = 1, written do redis.call('SET', KEYS[4 + i], ARGV[7 + i], 'EX', ttl) end
 redis.call('SET', KEYS[2], ARGV[5], 'EX', ttl)
-for i = 3 + written, 2 + written + kept do redis.call('EXPIRE', KEYS[i], ttl) end
-for i = 3 + written + kept, #KEYS do redis.call('DEL', KEYS[i]) end
+for i = 5 + written, 4 + written + kept do redis.call('EXPIRE', KEYS[i], ttl) end
+for i = 5 + written + kept, #KEYS do redis.call('DEL', KEYS[i]) end
+for k = 3, 4 do
+  redis.call('ZADD', KEYS[k], ARGV[7], ARGV[6])
+  redis.call('ZREMRANGEBYSCORE', KEYS[k], '-inf', tonumber(ARGV[7]) - ttl)
+  redis.call('EXPIRE', KEYS[k], ttl)
+end
 return 1
 """
-"""KEYS: the session's lock, its main value, then the parts written, kept and dropped. ARGV:
-the lock's token (empty: a save outside the lock, as recovery's), the TTL, how many parts are
-written and kept, the main value, then the written parts' values. Returns 0, writing nothing,
-when the lock is not the token's."""
+"""KEYS: the session's lock, its main value, the two listings it belongs to (every tenant's
+and its tenant's, of its shard), then the parts written, kept and dropped. ARGV: the lock's
+token (empty: a save outside the lock, as recovery's), the TTL, how many parts are written
+and kept, the main value, the session's name in the listings and its time, then the written
+parts' values. Returns 0, writing nothing, when the lock is not the token's. A listing drops
+what expired with the TTL."""
 
-_PART_KEY = re.compile(r":(record:\d+:.*|(" + "|".join(BLOB_PARTS) + r"):[0-9a-f]{16}|lock|speculation(:result)?)$")
-"""The names `save` and `lock` give part keys and the lock beside a main value."""
-
-
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+def _listing(tag: str, tenant: str | None = None) -> str:
+    """The sessions of one shard by the time they were saved: every tenant's, or one tenant's."""
+    name = f"ctxgate:sessions:{tag}" if tag else "ctxgate:sessions"
+    return name if tenant is None else f"{name}:tenant:{tenant}"
 
 
 def _part_keys(parts: dict[str, Any]) -> set[str]:

@@ -155,9 +155,10 @@ class SessionStore(Protocol):
         """The result another replica's background compaction over the prefix `prefix_hash`
         published, waiting for it while a replica holds the claim (at most `wait_s`); None when
         there is none."""
-    async def list(self, tenant: str | None = None) -> list[SessionState]:
-        """The sessions the store holds, of `tenant` or of every tenant, for reading only:
-        listing neither renews their place in memory nor their lifetime in Redis."""
+    async def list(self, tenant: str | None = None, limit: int | None = None) -> list[SessionState]:
+        """The sessions the store holds, of `tenant` or of every tenant, the most recently saved
+        first (at most `limit`), for reading only: listing neither renews their place in memory
+        nor their lifetime in Redis."""
     async def ping(self) -> bool: ...
     async def close(self) -> None: ...
 
@@ -211,8 +212,9 @@ class MemorySessionStore:
         # still has the state as it was before.
         self._states.pop((tenant, session_id), None)
 
-    async def list(self, tenant: str | None = None) -> list[SessionState]:
-        return [state for (t, _), state in self._states.items() if tenant is None or t == tenant]
+    async def list(self, tenant: str | None = None, limit: int | None = None) -> list[SessionState]:
+        found = [state for (t, _), state in reversed(self._states.items()) if tenant is None or t == tenant]
+        return found[:limit]
 
     async def fence(self, state: SessionState) -> None:
         """One process: its lock cannot lapse."""

@@ -6,6 +6,13 @@ session in the base URLs. An agent that reads none of them gets what it does rea
 - **Codex** ignores `OPENAI_BASE_URL` and talks to its own host, first over a WebSocket: it
   gets a model provider of its own through `-c` overrides (`wire_api = "responses"`, HTTP),
   made the one it uses. The user's `~/.codex/config.toml` is not touched.
+- **OpenHands** reads `LLM_BASE_URL`: it gets the OpenAI base URL there.
+- **aider** and **mini-swe-agent** call models through litellm, which prefers
+  `ANTHROPIC_API_BASE` to `ANTHROPIC_BASE_URL` and `OPENAI_BASE_URL` to `OPENAI_API_BASE`:
+  every agent gets all four, so a user's own `ANTHROPIC_API_BASE` cannot send one around
+  ctxgate.
+- **Claude Code** and programs on the OpenAI or Anthropic SDKs read the variables every
+  agent gets.
 """
 from __future__ import annotations
 
@@ -17,8 +24,11 @@ from typing import Mapping
 
 CODEX_PROVIDER = "ctxgate"
 """The model provider `ctxgate run` gives Codex."""
-SHOWN_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_CUSTOM_HEADERS",
-                   "CTXGATE_URL", "CTXGATE_SESSION", "NO_PROXY")
+SHOWN_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_BASE",
+                   "ANTHROPIC_CUSTOM_HEADERS", "LLM_BASE_URL", "CTXGATE_URL", "CTXGATE_SESSION", "NO_PROXY")
+AGENTS = {"claude": "Claude Code", "codex": "Codex", "aider": "aider", "mini": "mini-swe-agent",
+          "mini-extra": "mini-swe-agent", "mini-swe-agent": "mini-swe-agent", "openhands": "OpenHands"}
+"""The agents recognised by their command's name."""
 
 
 @dataclass
@@ -40,10 +50,13 @@ class Wiring:
 def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str) -> Wiring:
     """How to start `argv` so that it talks to the ctxgate at `base` in `session`."""
     env = agent_env(environ, base, session)
-    if os.path.basename(argv[0]) == "codex":
+    agent = AGENTS.get(os.path.basename(argv[0]), "generic")
+    if agent == "Codex":
         added = codex_overrides(f"{base}/s/{session}/v1", "OPENAI_API_KEY" if environ.get("OPENAI_API_KEY") else None)
-        return Wiring([argv[0], *added, *argv[1:]], env, added, "Codex")
-    return Wiring(list(argv), env)
+        return Wiring([argv[0], *added, *argv[1:]], env, added, agent)
+    if agent == "OpenHands":
+        env["LLM_BASE_URL"] = env["OPENAI_BASE_URL"]
+    return Wiring(list(argv), env, agent=agent)
 
 
 def codex_overrides(base_url: str, env_key: str | None) -> list[str]:
@@ -71,6 +84,7 @@ def agent_env(environ: Mapping[str, str], base: str, session: str) -> dict[str, 
     own = f"{base}/s/{session}"
     env.update(
         ANTHROPIC_BASE_URL=own,  # no /v1: the Anthropic SDK and Claude Code append /v1/messages
+        ANTHROPIC_API_BASE=own,  # litellm's first choice (aider, mini-swe-agent)
         OPENAI_BASE_URL=f"{own}/v1",
         OPENAI_API_BASE=f"{own}/v1",  # older OpenAI SDKs and tools built on them
         CTXGATE_URL=base,

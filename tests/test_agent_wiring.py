@@ -1,0 +1,39 @@
+"""What `ctxgate run` sets for each agent it knows (`proxy/agent_wiring.py`). The launcher's
+own tests start a gateway and a Codex stand-in; these check every agent's wiring alone."""
+from __future__ import annotations
+
+import pytest
+
+from ctxgate.proxy.agent_wiring import wire
+
+BASE = "http://127.0.0.1:8787"
+OWN = f"{BASE}/s/s-1"
+
+
+@pytest.mark.parametrize("command, agent", [
+    (["claude", "-p", "hi"], "Claude Code"), (["/usr/local/bin/aider", "--yes"], "aider"),
+    (["mini", "-t", "fix it"], "mini-swe-agent"), (["mini-extra"], "mini-swe-agent"),
+    (["openhands"], "OpenHands"), (["python", "agent.py"], "generic"),
+])
+def test_every_agent_gets_the_base_urls_litellm_and_the_sdks_read(command: list[str], agent: str) -> None:
+    # A user's own bases (litellm prefers ANTHROPIC_API_BASE) must not send an agent around ctxgate.
+    user = {"ANTHROPIC_API_BASE": "https://api.anthropic.com", "OPENAI_BASE_URL": "https://api.openai.com/v1",
+            "OPENAI_API_KEY": "sk-user"}
+    wired = wire(command, user, BASE, "s-1")
+    assert wired.agent == agent and wired.argv == command
+    assert (wired.env["ANTHROPIC_API_BASE"], wired.env["ANTHROPIC_BASE_URL"]) == (OWN, OWN)
+    assert (wired.env["OPENAI_BASE_URL"], wired.env["OPENAI_API_BASE"]) == (f"{OWN}/v1", f"{OWN}/v1")
+    assert wired.env["OPENAI_API_KEY"] == "sk-user"  # keys untouched
+    assert f"agent recognised as {agent}" in wired.explain() and f"ANTHROPIC_API_BASE={OWN}" in wired.explain()
+
+
+def test_openhands_gets_its_own_variable() -> None:
+    wired = wire(["openhands", "--task", "x"], {}, BASE, "s-1")
+    assert wired.env["LLM_BASE_URL"] == f"{OWN}/v1" and f"LLM_BASE_URL={OWN}/v1" in wired.explain()
+    assert "LLM_BASE_URL" not in wire(["aider"], {}, BASE, "s-1").env
+
+
+def test_codex_gets_overrides_and_an_unknown_agent_none() -> None:
+    assert "-c" in wire(["codex", "exec", "hi"], {}, BASE, "s-1").added_args
+    generic = wire(["my-agent"], {}, BASE, "s-1")
+    assert generic.added_args == [] and "arguments added" not in generic.explain()

@@ -90,9 +90,7 @@ async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
                 "cluster, 3 masters": (cluster.url, [n.port for n in cluster.nodes])}
     rows = []
     try:
-        port = overhead.free_port()
-        upstream = overhead.start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
-                                  f"http://127.0.0.1:{port}", "/healthz", workdir)
+        upstream = overhead.start_upstream(workdir)
         procs.append(upstream)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:

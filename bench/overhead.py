@@ -88,6 +88,13 @@ class Proc:
                 self.popen.wait(5)
 
 
+def start_upstream(workdir: Path) -> Proc:
+    """bench/upstream.py (the scripted "ok" upstream) on a free port, healthy."""
+    port = free_port()
+    return start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
+                 f"http://127.0.0.1:{port}", "/healthz", workdir)
+
+
 def start(name: str, argv: list[str], base: str, health: str, workdir: Path, env: dict[str, str] | None = None,
           timeout: float = 120.0) -> Proc:
     """Start `argv`, wait until `base + health` answers 200. The targets are below `base`
@@ -117,13 +124,11 @@ def upstream_and_ctxgate(workdir: Path, config_of: Callable[[str], dict[str, Any
                          env: dict[str, str] | None = None) -> list[Proc]:
     """The bench upstream and one `ctxgate serve` in front of it, started and healthy:
     `config_of(upstream base URL)` is ctxgate's config. Upstream first; stop them in reverse."""
-    procs = []
-    up_port, port = free_port(), free_port()
-    procs.append(start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
-                       f"http://127.0.0.1:{up_port}", "/healthz", workdir))
+    procs = [start_upstream(workdir)]
+    port = free_port()
     try:
         cfg = workdir / "ctxgate.yaml"
-        cfg.write_text(yaml.safe_dump(config_of(f"http://127.0.0.1:{up_port}")))
+        cfg.write_text(yaml.safe_dump(config_of(procs[0].url)))
         procs.append(start("ctxgate", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port", str(port),
                                        "--log-level", "WARNING"], f"http://127.0.0.1:{port}", "/healthz", workdir,
                            {"LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}))
@@ -444,9 +449,7 @@ async def main_async(args: argparse.Namespace):
     missing: list[str] = []
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     try:
-        up_port = free_port()
-        upstream = start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(up_port)],
-                         f"http://127.0.0.1:{up_port}", "/healthz", workdir)
+        upstream = start_upstream(workdir)
         procs.append(upstream)
         gws = {}
         for fwd in ("auto", "litellm"):

@@ -102,9 +102,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     rows = []
     try:
-        port = overhead.free_port()
-        upstream = overhead.start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
-                                  f"http://127.0.0.1:{port}", "/healthz", workdir)
+        upstream = overhead.start_upstream(workdir)
         procs.append(upstream)
         port = overhead.free_port()
         cfg = overhead.ctxgate_config(upstream.url, "auto", workdir, args.state)

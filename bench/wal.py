@@ -339,9 +339,7 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
     procs: list[overhead.Proc] = []
     rng = random.Random(20261203)
     try:
-        port = overhead.free_port()
-        upstream = overhead.start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
-                                  f"http://127.0.0.1:{port}/healthz", workdir)
+        upstream = overhead.start_upstream(workdir)
         procs.append(upstream)
         urls = {}
         for name, wal in (("wal-on", True), ("wal-off", False)):
@@ -349,7 +347,7 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
             cfg = gateway_config(upstream.url, workdir, name, wal)
             procs.append(overhead.start(f"ctxgate-{name}", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config",
                                                            str(cfg), "--port", str(port), "--log-level", "WARNING"],
-                                        f"http://127.0.0.1:{port}/healthz", workdir,
+                                        f"http://127.0.0.1:{port}", "/healthz", workdir,
                                         {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}))
             urls[name] = f"{procs[-1].url}/v1/chat/completions"
         samples: dict[tuple[str, str], list[overhead.Sample]] = {}

@@ -133,7 +133,7 @@ class RedisTarget:
 
         if not self.cluster:
             try:
-                client = redis.Redis.from_url(self.url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+                client = self.sync_client(socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
                 try:
                     enabled = client.info("cluster").get("cluster_enabled")
                 finally:

@@ -123,6 +123,11 @@ class Cluster:
         self.replicas[name] = launch(name, old.data_dir.parent, old.config)
         return self.replicas[name]
 
+    def stop(self) -> None:
+        stop_all(self.replicas.values())
+        self.redis.stop()
+        self.upstream.stop()
+
     def calls_in_flight(self, model: str) -> list[Any]:
         return [c for c in self.upstream.chats() if c.body.get("model") == model and not c.done]
 
@@ -186,9 +191,7 @@ def cluster_of(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 
     yield start
     for cluster in made:
-        stop_all(cluster.replicas.values())
-        cluster.redis.stop()
-        cluster.upstream.stop()
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")

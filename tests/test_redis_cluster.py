@@ -147,32 +147,33 @@ def longest() -> Any:
 
 # -- each store on three masters --------------------------------------------------------------
 
-def _spread(cluster: RedisClusterNodes, target: RedisTarget, count: int) -> list[str]:
-    """Session ids whose tags fall on every master."""
+def _spread(cluster: RedisClusterNodes, target: RedisTarget, count: int, tenant: str = "acme") -> list[str]:
+    """Session ids of `tenant` whose tags fall on every master."""
     found: dict[int, list[str]] = {}
     i = 0
     while len(found) < len(cluster.nodes) or min(len(v) for v in found.values()) < count:
         session = f"s-{i}"
         i += 1
-        found.setdefault(cluster.master_of(target.tag("acme", session) + "x").port, []).append(session)
+        found.setdefault(cluster.master_of(target.tag(tenant, session) + "x").port, []).append(session)
     return [s for sessions in found.values() for s in sessions[:count]]
 
 
 async def test_session_state_saves_loads_locks_and_lists_on_the_cluster(masters: RedisClusterNodes) -> None:
     store = RedisSessionStore(masters.url)
-    sessions = _spread(masters, RedisTarget.parse(masters.url), 2)
+    tenant = "t-" + uuid.uuid4().hex[:8]  # the module's cluster also holds other tests' sessions
+    sessions = _spread(masters, RedisTarget.parse(masters.url), 2, tenant)
     for n, session in enumerate(sessions):
-        async with store.lock("acme", session):
-            state = SessionState("acme", session, turns=n)
+        async with store.lock(tenant, session):
+            state = SessionState(tenant, session, turns=n)
             state.add_record(CompactionRecord(3, "h", [{"role": "user", "content": "x" * 100}], ["snip"], 9, 3, 1.0))
             state.memory_block = "remembered"
             await store.save(state)
     other = RedisSessionStore(masters.url)  # another replica
     for n, session in enumerate(sessions):
-        loaded = await other.load("acme", session)
+        loaded = await other.load(tenant, session)
         assert loaded is not None and loaded.turns == n and loaded.records[0].messages[0]["content"] == "x" * 100
         assert loaded.memory_block == "remembered"
-    assert sorted(s.session_id for s in await other.list("acme")) == sorted(sessions)
+    assert sorted(s.session_id for s in await other.list(tenant)) == sorted(sessions)
     assert await other.list("nobody") == []
     await store.close()
     await other.close()

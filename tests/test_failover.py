@@ -129,7 +129,8 @@ class Cluster:
         self.upstream.stop()
 
     def calls_in_flight(self, model: str) -> list[Any]:
-        return [c for c in self.upstream.chats() if c.body.get("model") == model and not c.done]
+        return [c for c in self.upstream.chats()
+                if isinstance(c.body, dict) and c.body.get("model") == model and not c.done]
 
     def calls(self, model: str) -> list[Any]:
         return [c for c in self.upstream.chats() if c.body.get("model") == model and c not in self.killed]

@@ -22,7 +22,7 @@ from .entries import Category, MemoryEntry
 from .limits import BoundedStore
 from .loader import MemoryContextLoader
 from .project_scan import describe, scan_project
-from .short_term import BufferScope, SessionBuffer, SessionKey, ShortTermStore
+from .short_term import BufferScope, LocalShortTermStore, SessionBuffer, SessionKey, ShortTermStore
 from .store import LongTermStore
 
 log = logging.getLogger("ctxgate.memory")
@@ -33,14 +33,14 @@ _TRIGGER_C_MIN = 5
 
 class MemoryManager:
     def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, short_term: ShortTermStore | None = None) -> None:
         self.store = BoundedStore(store, config, clock=clock)
         """What the API writes through: a write past the tenant's caps is refused."""
         self._captured = self.store.capturing()
         """What capture writes through: the oldest captured entries make room, or it is skipped."""
         self.config = config
         self.loader = MemoryContextLoader(store)
-        self.short_term = ShortTermStore()
+        self.short_term: ShortTermStore = short_term or LocalShortTermStore()
         self._complete = complete
         self._on_dream = on_dream
         self._clock = clock
@@ -71,11 +71,11 @@ class MemoryManager:
             await asyncio.gather(previous, return_exceptions=True)
         now = self._clock()
         found = capture(messages, self.short_term.unseen(key, fingerprints), truncate, now)
-        buf, first = await self.short_term.add(key, scope, fingerprints, found, now)
-        if first and self.config.workspace_root:
+        added = await self.short_term.add(key, scope, fingerprints, found, now)
+        buf, size = added.buffer, added.size
+        if added.first and self.config.workspace_root:
             await self._refresh_project(buf)
         triggers = self.config.triggers_for(buf.profile)
-        size = len(buf.entries)
         if "A" in triggers and size > self.config.threshold_count:
             self._dream(key, "A", None)
         elif "C" in triggers and size > _TRIGGER_C_MIN and now - buf.last_dream_at > self.config.dream_interval_s:
@@ -104,11 +104,13 @@ class MemoryManager:
         for running in (self._observing.get(key), self._dreaming.get(key)):
             if running is not None:
                 await asyncio.gather(running, return_exceptions=True)
-        buf = self.short_term.get(key)
+        buf, entries = await self.short_term.peek(key)
+        if buf is None:
+            return None
         event = None
-        if buf is not None and buf.entries and "B" in self.config.triggers_for(buf.profile):
+        if entries and "B" in self.config.triggers_for(buf.profile):
             event = await self._run_dream(key, "B", self.config.end_timeout_s)
-        await self.short_term.forget(key)
+        await self.short_term.forget(key, buf.last_seen_at)
         return event
 
     async def sweep(self) -> int:
@@ -162,8 +164,11 @@ class MemoryManager:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def close(self) -> None:
-        """Shutdown ends every session: buffered memory is consolidated (or written raw), not lost."""
+        """Shutdown ends the sessions whose buffers die with this process: buffered memory is
+        consolidated (or written raw), not lost. Buffers in Redis stay for the replicas that
+        carry the sessions on (or end them when they go idle)."""
         await self.idle_tasks()
-        for key in await self.short_term.keys():
+        for key in await self.short_term.left_at_close():
             await self.end_session(key)
+        await self.short_term.close()
         await self.store.close()

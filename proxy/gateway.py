@@ -20,7 +20,7 @@ from .errors import ErrorKind, GatewayError
 from .engine.idempotency import IdempotencyStore, open_idempotency_store
 from .engine.history import HistoryCache
 from .engine.journal import Journal
-from .engine.memory_turn import BlockRefresher, open_memory_store
+from .engine.memory_turn import BlockRefresher, open_memory_store, open_short_term
 from ..memory.manager import MemoryManager
 from .admin.metrics import Metrics
 from .upstream.routing import Route, Router
@@ -75,7 +75,8 @@ class Gateway:
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
-                                                    else None), s.memory, gw.summarize, gw._log_dream)
+                                                    else None), s.memory, gw.summarize, gw._log_dream,
+                                  short_term=open_short_term(s.state))
         content = open_content_store(s.state, root)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator, content=content,

@@ -3,6 +3,7 @@ stability across turns, the budget cap, tenant isolation, auto-dream at session 
 through the scripted summarizer (and its timeout path), and persistence across a restart."""
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import uuid
@@ -12,6 +13,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from ctxgate.memory.redis_short_term import RedisShortTermStore
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
 from clients import assert_error_shape, client, post
@@ -182,6 +184,40 @@ def test_memory_outlives_a_restart(upstream: ScriptedUpstream, tmp_path: Path) -
         assert block is not None and "Checkout API takes a cart id." in block["content"]
     finally:
         gw.stop()
+
+
+def test_what_a_replica_killed_with_9_captured_is_consolidated_by_another(
+        upstream: ScriptedUpstream, tmp_path: Path, redis_server: Any) -> None:
+    """With the state in Redis, the short-term buffer is there too: replica a captures, dies
+    with SIGKILL before the session ends, and replica b ends it with a's candidates."""
+    config = main_config(upstream.url, "auto", state=redis_server.url,
+                         memory={"dream_model": "summarizer", "end_timeout_s": 5})
+    gws = start_gateways({"mem-a": (tmp_path / "a", config), "mem-b": (tmp_path / "b", config)})
+    a, b = gws["mem-a"], gws["mem-b"]
+    session = "m-kill-" + uuid.uuid4().hex[:8]
+
+    def buffered() -> tuple[Any, list[Any]]:
+        async def peek() -> tuple[Any, list[Any]]:
+            observer = RedisShortTermStore(redis_server.url)
+            try:
+                return await observer.peek(("acme", session))
+            finally:
+                await observer.close()
+        return asyncio.run(peek())
+
+    try:
+        _chat(a, "I prefer tabs over spaces. Please always write docstrings.", session)
+        wait_until(lambda: len(buffered()[1]) == 2, 30, "replica a to buffer what the turn taught")
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait(30)
+        ended = post(b, {}, path=f"/v1/ctx/sessions/{session}/end")
+        assert ended.status_code == 200, ended.text
+        event = ended.json()["auto_dream"]
+        assert event["entries_count"] == 2 and event["trigger"] == "B"
+        assert event["consolidated"] is True and buffered() == (None, [])
+    finally:
+        for gw in (a, b):
+            gw.stop()
 
 
 def test_an_unreachable_memory_store_is_a_503_not_a_500(upstream: ScriptedUpstream, tmp_path: Path) -> None:

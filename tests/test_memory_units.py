@@ -244,7 +244,7 @@ def test_many_concurrent_captures_feed_one_buffer_without_loss_or_duplicates(tmp
         for messages in turns + turns:  # every request twice: resent history is captured once
             manager.observe(("t1", "s1"), scope, messages, [message_fingerprint(m) for m in messages], _cut)
         await manager.idle_tasks()
-        buffered = list(manager.short_term.get(("t1", "s1")).entries)  # type: ignore[union-attr]
+        _, buffered = await manager.short_term.peek(("t1", "s1"))
         assert sorted(c.content for c in buffered) == sorted(f"Please always use tabs number {i}." for i in range(40))
         await manager.end_session(("t1", "s1"))
         return await manager.store.list("t1")
@@ -376,17 +376,17 @@ def test_short_term_buffers_that_hold_nothing_go_past_the_cap() -> None:
     """A conversation that never comes back must not hold memory: past `max_sessions`, the
     empty buffers go, oldest first; one holding candidates stays (they are not consolidated yet)."""
     from ctxgate.memory.entries import Category
-    from ctxgate.memory.short_term import BufferScope, Candidate, ShortTermStore
+    from ctxgate.memory.short_term import BufferScope, Candidate, LocalShortTermStore
 
     async def run() -> None:
-        store = ShortTermStore(max_sessions=10)
+        store = LocalShortTermStore(max_sessions=10)
         scope = BufferScope("u1", "p1", "professional", None)
         await store.add(("t", "keeper"), scope, ["fp-k"], [(0, Candidate(Category.USER, "I prefer tabs."))], 1.0)
         for i in range(30):
             await store.add(("t", f"s{i}"), scope, [f"fp-{i}"], [], 2.0 + i)
         assert len(store) <= 10
-        assert store.get(("t", "keeper")) is not None and store.get(("t", "s29")) is not None
-        assert store.get(("t", "s0")) is None
+        assert (await store.peek(("t", "keeper")))[0] is not None and (await store.peek(("t", "s29")))[0] is not None
+        assert (await store.peek(("t", "s0")))[0] is None
         assert store.unseen(("t", "s0"), ["fp-0"]) == {0}  # it comes back unseen
 
     asyncio.run(run())

@@ -32,7 +32,9 @@ import pytest
 import yaml
 
 from ctxgate.memory.entries import Category, MemoryEntry
+from ctxgate.memory.redis_short_term import RedisShortTermStore
 from ctxgate.memory.redis_store import RedisMemoryStore
+from ctxgate.memory.short_term import BufferScope, Candidate
 from ctxgate.proxy.engine.content_store import RedisContentStore
 from ctxgate.proxy.engine.redis_state import RedisSessionStore
 from ctxgate.proxy.engine.state import CompactionRecord, SessionState
@@ -207,6 +209,20 @@ async def test_the_other_stores_keep_a_tenant_or_session_on_one_slot(masters: Re
     await memory.put(entry)
     assert [e.id for e in await memory.list("acme")] == ["m1"] and await memory.delete("acme", "m1")
     await memory.close()
+    a, b = RedisShortTermStore(masters.url), RedisShortTermStore(masters.url)  # two replicas
+    tenant = "st-" + uuid.uuid4().hex[:8]
+    sessions = _spread(masters, RedisTarget.parse(masters.url), 1, tenant)
+    scope = BufferScope("u1", None, "enterprise", "gpt-4o")
+    for session in sessions:
+        await a.add((tenant, session), scope, ["f0"], [(0, Candidate(Category.USER, f"taught in {session}"))], 10.0)
+    assert sorted(s for t, s in await b.idle(100.0, 1.0) if t == tenant) == sorted(sessions)
+    for session in sessions:
+        _, taken = await b.drain((tenant, session), 100.0)
+        assert [c.content for c in taken] == [f"taught in {session}"]
+        await b.forget((tenant, session), 10.0)
+    assert [s for t, s in await a.idle(100.0, 1.0) if t == tenant] == []
+    await a.close()
+    await b.close()
 
 
 # -- as it will be run --------------------------------------------------------------------------

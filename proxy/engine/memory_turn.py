@@ -11,6 +11,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from ...memory.capture import project_id, text_of, workspace_root
 from ...memory.config import MemoryConfig
 from ...memory.file_store import FileMemoryStore
+from ...memory.short_term import LocalShortTermStore, ShortTermStore
 from ...memory.store import LongTermStore
 from ...pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
@@ -114,6 +115,16 @@ def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
     while at < len(messages) and messages[at].get("role") in ("system", "developer"):
         at += 1
     return [*messages[:at], block_message(block), *messages[at:]]
+
+
+def open_short_term(state_url: str) -> ShortTermStore:
+    """Short-term buffers live where the session state does: in Redis every replica shares
+    them (and a replica killed with -9 loses none), in memory they are this process's."""
+    if state_url == "memory":
+        return LocalShortTermStore()
+    from ...memory.redis_short_term import RedisShortTermStore
+
+    return RedisShortTermStore(state_url)
 
 
 def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embed: Embed | None) -> LongTermStore:

@@ -19,6 +19,7 @@ from .upstream.demo import DemoForwarder
 from .errors import ErrorKind, GatewayError
 from .engine.idempotency import IdempotencyStore, open_idempotency_store
 from .engine.history import HistoryCache
+from .engine.shared_counts import SharedCounts, open_shared_counts
 from .engine.journal import Journal
 from .engine.memory_turn import BlockRefresher, open_memory_store, open_short_term
 from ..memory.manager import MemoryManager
@@ -53,6 +54,8 @@ class Gateway:
     compactor: Compactor = field(default_factory=Compactor)
     speculator: Speculator | None = None
     histories: HistoryCache = field(default_factory=HistoryCache)
+    shared_counts: SharedCounts | None = None
+    """The sessions' token counts in Redis, for a turn this process has not seen the history of."""
     json_parser: JsonParser = field(default_factory=JsonParser)
 
     @classmethod
@@ -78,6 +81,7 @@ class Gateway:
                                                     else None), s.memory, gw.summarize, gw._log_dream,
                                   short_term=open_short_term(s.state))
         content = open_content_store(s.state, root)
+        gw.shared_counts = open_shared_counts(s.state)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator, content=content,
                                  on_merge=gw.metrics.note_merges.inc)
@@ -183,6 +187,8 @@ class Gateway:
         await self.direct.close()
         await self.sessions.close()
         await self.compactor.content.close()
+        if self.shared_counts is not None:
+            await self.shared_counts.close()
         close_idempotency = getattr(self.idempotency, "close", None)
         if close_idempotency is not None:
             await close_idempotency()

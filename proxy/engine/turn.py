@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ...memory.short_term import BufferScope
 from ...pipeline.history_index import HistoryIndex
 from ...pipeline.turns import kept_characters
+from ...redis_backend import UNAVAILABLE
 from ..errors import ErrorKind, GatewayError, context_exhausted
 from ..tenancy import Caller
 from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
@@ -141,10 +142,16 @@ class TurnEngine:
         known = request.known or gw.histories.match(caller.tenant, session_id, messages)
         bound = request.count_bound
         index = (known.index or HistoryIndex.build([], counter)).extend(messages, known.length, counter, count=False)
+        mine = len(index.cumulative_tokens) - 1
+        if mine == 0 and messages and gw.shared_counts is not None:
+            index = await self._shared_counts(caller.tenant, session_id, index)
+        counted = len(index.cumulative_tokens) - 1
+        gw.metrics.message_counts.labels("shared").inc(counted - mine)
+        gw.metrics.message_counts.labels("counted").inc(len(messages) - counted)
         counting: asyncio.Future[HistoryIndex] | None = None
-        if known.length == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded:
+        if counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded:
             counting = asyncio.ensure_future(asyncio.to_thread(index.counted, messages, counter))
-        elif known.length == 0 and request.body_bytes > INLINE_COUNT_BOUND:
+        elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
             # A large count in a thread: the event loop serves other requests meanwhile.
             index = await asyncio.to_thread(index.counted, messages, counter)
         else:
@@ -228,6 +235,18 @@ class TurnEngine:
         headers["X-Ctx-Tokens-In"] = str(turn.tokens_in())
         self.gw.histories.remember(caller.tenant, session_id, request.messages, turn.index, request.body_bytes,
                                    request.door_state)
+        if self.gw.shared_counts is not None:
+            self.gw.shared_counts.keep_later(caller.tenant, session_id, turn.index)
+
+    async def _shared_counts(self, tenant: str, session_id: str, index: HistoryIndex) -> HistoryIndex:
+        """`index` with the counts another replica left for this history (see shared_counts.py);
+        unchanged when there are none, or Redis cannot say (the turn then counts them itself)."""
+        assert self.gw.shared_counts is not None
+        try:
+            return index.with_counts(await self.gw.shared_counts.known(tenant, session_id, index))
+        except UNAVAILABLE as e:
+            log.warning("session %s: shared token counts unavailable (%s): counting the history here", session_id, e)
+            return index
 
     async def _count_late(self, prepared: PreparedTurn, request: TurnInput,
                           counting: "asyncio.Future[HistoryIndex]") -> None:

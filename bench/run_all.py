@@ -2,7 +2,7 @@
 section of bench/RESULTS.md. `make bench` calls this.
 
     .venv/bin/python bench/run_all.py [overhead levels recoverability dialects compaction_frontier
-                                       prefix_stability memory wal cluster]
+                                       prefix_stability memory wal cluster shared_counts]
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 SCRIPTS = ["overhead", "levels", "recoverability", "dialects", "compaction_frontier", "prefix_stability", "memory",
-           "wal", "cluster"]
+           "wal", "cluster", "shared_counts"]
 
 
 def main() -> int:

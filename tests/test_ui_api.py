@@ -124,6 +124,33 @@ def test_the_viewer_is_who_the_key_says(uigw: Gateway) -> None:
     assert page.status_code == 200 and 'id="key-form"' in page.text
 
 
+def test_the_list_comes_in_pages_newest_first(uigw: Gateway, compacted: tuple[str, list[str]]) -> None:
+    for _ in range(3):
+        drive(uigw, new_session(), compacting_turns(1)[0], None)
+    whole = get(uigw, f"{DASHBOARD}/sessions?limit=500").json()
+    assert whole["has_more"] is False and len(whole["data"]) >= 4
+    order = [(s["tenant"], s["id"]) for s in whole["data"]]
+    assert [s["updated_at"] for s in whole["data"]] == sorted((s["updated_at"] for s in whole["data"]), reverse=True)
+    paged: list[tuple[str, str]] = []
+    offset, more = 0, True
+    while more:
+        page = get(uigw, f"{DASHBOARD}/sessions?limit=2&offset={offset}").json()
+        assert (page["offset"], page["limit"]) == (offset, 2) and len(page["data"]) <= 2
+        paged += [(s["tenant"], s["id"]) for s in page["data"]]
+        offset, more = offset + 2, page["has_more"]
+    assert paged == order
+    assert len(get(uigw, f"{DASHBOARD}/sessions").json()["data"]) == min(len(order), 50)  # the default page
+
+
+@pytest.mark.parametrize("query, param", [("limit=0", "limit"), ("limit=501", "limit"), ("limit=ten", "limit"),
+                                          ("offset=-1", "offset"), ("limit=2&offset=499", "offset"),
+                                          ("limit=1.5", "limit")])
+def test_a_bad_page_is_a_400_naming_its_parameter(uigw: Gateway, query: str, param: str) -> None:
+    reply = get(uigw, f"{DASHBOARD}/sessions?{query}")
+    assert_error_shape(reply, 400, f"invalid_{param}")
+    assert reply.json()["error"]["param"] == param
+
+
 def test_the_list_shows_live_figures_to_the_admin_and_the_own_tenant(
         uigw: Gateway, compacted: tuple[str, list[str]]) -> None:
     session, levels = compacted

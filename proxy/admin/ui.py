@@ -17,7 +17,7 @@ from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..ids import InvalidId, validate_id
 from .ui_auth import Viewer, loopback_only, viewer_of
-from .ui_sessions import SessionFigures, compaction_rows, record_rows
+from .ui_sessions import MAX_LISTED, PAGE, SessionFigures, compaction_rows, record_rows
 
 log = logging.getLogger("ctxgate.dashboard")
 
@@ -42,6 +42,17 @@ def _id(value: str, what: str) -> str:
         return validate_id(value, what)
     except InvalidId as e:
         raise GatewayError(ErrorKind.INVALID_REQUEST, str(e), param=what, code=f"invalid_{what}") from None
+
+
+def _bounded(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    """An integer query parameter from `low` to `high`; anything else is a 400 naming it."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"{name} must be an integer from {low} to {high}, not {raw!r}",
+                           param=name, code=f"invalid_{name}")
+    return int(raw)
 
 
 class Dashboard:
@@ -85,8 +96,13 @@ class Dashboard:
         return _json({"role": viewer.role, "tenant": viewer.tenant})
 
     async def sessions(self, request: web.Request) -> web.Response:
+        """`?limit=N&offset=M`: one page, newest first (N from 1 to 500, 50 unless given;
+        offset + limit at most 500)."""
         viewer = self._viewer(request)
-        return _json({"object": "list", "data": await self.figures.visible(viewer)})
+        limit = _bounded(request, "limit", PAGE, 1, MAX_LISTED)
+        offset = _bounded(request, "offset", 0, 0, MAX_LISTED - limit)
+        page, more = await self.figures.visible(viewer, offset, limit)
+        return _json({"object": "list", "data": page, "offset": offset, "limit": limit, "has_more": more})
 
     async def session(self, request: web.Request) -> web.Response:
         _, tenant, session = self._session_key(request)

@@ -18,7 +18,9 @@ from .ui_auth import Viewer
 from .ui_timeline import CACHED_LOGS, SUMMARY_LEVELS, Timeline, TimelineCache
 
 MAX_LISTED = 500
-"""The most recently updated sessions shown; a dashboard is not an export."""
+"""The deepest a listing reaches (offset plus page), newest first; a dashboard is not an export."""
+PAGE = 50
+"""Sessions per page unless the request asks for another size: figures are computed per page."""
 _NOT_COMPACTIONS = ("chain", "rollback")
 """Compaction-log entries that are not a level firing: the chain's total and a rollback."""
 
@@ -32,9 +34,11 @@ class SessionFigures:
     async def timeline(self, tenant: str, session: str) -> Timeline:
         return await asyncio.to_thread(self.timelines.get, tenant, session)
 
-    async def visible(self, viewer: Viewer) -> list[dict[str, Any]]:
-        """Every session `viewer` may see, most recently updated first."""
-        held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant, MAX_LISTED)}
+    async def visible(self, viewer: Viewer, offset: int = 0, limit: int = PAGE) -> tuple[list[dict[str, Any]], bool]:
+        """One page of the sessions `viewer` may see, most recently updated first, with their
+        figures, and whether there are more after it. Only the page's sessions are figured."""
+        depth = min(offset + limit + 1, MAX_LISTED)
+        held = {s.key: s for s in await self.gw.sessions.store.list(viewer.tenant, depth)}
         logs = await asyncio.to_thread(self.gw.journal.writer.sessions, viewer.tenant)
         for tenant, session in ((info.tenant, info.session) for info in logs):
             # Names read from disk must follow the id rule before they reach a page or a URL.
@@ -43,8 +47,9 @@ class SessionFigures:
                 state = await self._from_log(tenant, session)
                 if state is not None:
                     held[(tenant, session)] = state
-        states = sorted(held.values(), key=lambda s: s.updated_at, reverse=True)[:MAX_LISTED]
-        return [await self.figures(state) for state in states]
+        states = sorted(held.values(), key=lambda s: s.updated_at, reverse=True)[:depth]
+        page = states[offset:offset + limit]
+        return [await self.figures(state) for state in page], len(states) > offset + limit
 
     async def state(self, tenant: str, session: str) -> SessionState | None:
         """For reading only, without the session's lock: a dashboard never waits for a turn."""

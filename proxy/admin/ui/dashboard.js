@@ -11,6 +11,8 @@ let viewer = null;
 let selected = null; // {tenant, session}
 let polling = null;
 let busy = false;
+let sessionsOffset = 0; // the sessions page shown: its first row's place, newest first
+const SESSIONS_PAGE = 50;
 
 function key() { return sessionStorage.getItem(KEY_STORAGE) || ""; }
 
@@ -117,7 +119,7 @@ async function refresh() {
 }
 
 async function refreshSessions() {
-  const reply = await api(API + "/sessions");
+  const reply = await api(API + "/sessions?limit=" + SESSIONS_PAGE + "&offset=" + sessionsOffset);
   if (reply.status !== 200) { status(errorText(reply)); return; }
   const body = $("sessions").tBodies[0];
   const rows = reply.body.data.map((s) => {
@@ -144,8 +146,20 @@ async function refreshSessions() {
     return row;
   });
   body.replaceChildren(...rows);
-  $("no-sessions").hidden = rows.length > 0;
+  $("no-sessions").hidden = rows.length > 0 || sessionsOffset > 0;
+  $("sessions-newer").disabled = sessionsOffset === 0;
+  $("sessions-older").disabled = !reply.body.has_more;
+  $("sessions-range").textContent = rows.length ? (sessionsOffset + 1) + "–" + (sessionsOffset + rows.length) : "";
 }
+
+$("sessions-newer").addEventListener("click", () => {
+  sessionsOffset = Math.max(0, sessionsOffset - SESSIONS_PAGE);
+  refreshSessions();
+});
+$("sessions-older").addEventListener("click", () => {
+  sessionsOffset += SESSIONS_PAGE;
+  refreshSessions();
+});
 
 async function refreshMetrics() {
   const reply = await api(API + "/metrics");

@@ -14,10 +14,10 @@ import orjson
 import pytest
 import redis
 
-from ctxgate.proxy.engine.journal import Journal, RollbackError
+from ctxgate.proxy.engine.journal import APPEND_FENCE, Journal, RollbackError
 from ctxgate.proxy.engine.state import CompactionRecord, SessionState
 from ctxgate.proxy.errors import ErrorKind, GatewayError
-from ctxgate.wal.backend import WalUnavailable
+from ctxgate.wal.backend import Fence, WalFenced, WalUnavailable
 from ctxgate.wal.config import WalConfig
 from ctxgate.wal.events import encode_line
 from ctxgate.wal.reader import recover
@@ -309,3 +309,30 @@ def test_each_record_is_stored_once_and_checkpoints_only_name_records(url: str, 
         again.close()
 
     asyncio.run(run())
+
+
+def test_an_append_whose_lease_lapsed_writes_nothing(url: str, tmp_path: Path, raw: redis.Redis) -> None:
+    """The session lock is checked in the append's own script: a replica whose lease lapsed
+    between its commit's check and its append writes nothing, and its turn is a 503."""
+    journal = Journal(tmp_path, WalConfig(backend="redis", redis_url=url))
+    state = wal_state()
+    stream = f"ctxgate:wal:{key_part(state.tenant)}:{key_part(state.session_id)}"
+    raw.set("lease", b"this-replica")
+    held = APPEND_FENCE.set(Fence(url, "lease", b"this-replica"))
+    try:
+        asyncio.run(journal.checkpoint(state, "compaction"))
+        assert raw.xlen(stream) == 1
+        raw.set("lease", b"another-replica")  # the lease lapsed and another replica took it
+        with pytest.raises(GatewayError) as lost:
+            asyncio.run(journal.checkpoint(state, "compaction"))
+        assert lost.value.code == "session_lease_lost" and raw.xlen(stream) == 1 and state.wal_seq == 1
+    finally:
+        APPEND_FENCE.reset(held)
+    log = RedisLog(url)
+    with pytest.raises(WalFenced):
+        log.append(state.tenant, state.session_id, [{"type": "RESPONSE"}], fence=Fence(url, "lease", b"stale"))
+    # a fence on another Redis cannot be checked here: the append goes on
+    elsewhere = Fence("redis://elsewhere:6379/0", "lease", b"stale")
+    assert log.append(state.tenant, state.session_id, [{"type": "RESPONSE"}], fence=elsewhere).last_seq == 2
+    log.close()
+    journal.close()

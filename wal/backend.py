@@ -8,16 +8,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from .config import WalConfig
-from .paths import WalPaths
 from .reader import WalScan
 
 
 class WalUnavailable(OSError):
     """The log could not take an append (its store is unreachable, or too few replicas
     acknowledged it): the turn is refused before anything is forwarded."""
+
+
+class WalFenced(WalUnavailable):
+    """The append's fence did not hold: the writer's lease on the session lapsed, and the log
+    took nothing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Append only while the key `key` on the Redis at `where` holds `token` (a lease on the
+    session): checked in the same script as the append, so a writer whose lease lapsed writes
+    nothing. A log elsewhere (files, another Redis) cannot check it and ignores it."""
+    where: str
+    key: str
+    token: bytes
 
 
 @dataclass
@@ -67,9 +80,10 @@ class WalLog(Protocol):
         """Archives and the live log, read without changing anything: rollback and the CLI."""
 
     def append(self, tenant: str, session: str, events: list[dict[str, Any]], after_seq: int = 0,
-               sync: bool = False) -> Appended:
+               sync: bool = False, fence: Fence | None = None) -> Appended:
         """Write `events` ({"type": ..., fields}) with seqs after max(`after_seq`, the log's last);
-        `sync`: durable before returning. Raises OSError (`WalUnavailable`) when it cannot."""
+        `sync`: durable before returning; `fence`: only while it holds (`WalFenced` when not).
+        Raises OSError (`WalUnavailable`) when it cannot."""
 
     def ping(self) -> bool:
         """Can the log be written now (its Redis answers; a file log: always)?"""
@@ -94,18 +108,3 @@ class WalLog(Protocol):
 
     def close(self) -> None:
         ...
-
-
-def open_log(config: WalConfig, paths: WalPaths, state: str, clock: Callable[[], float],
-             on_torn: Callable[[Path, bytes], None] | None = None) -> WalLog:
-    """The backend `config` names for `ctxgate.state` = `state` (`WalConfig.backend_for`)."""
-    retention_s = config.archive_retention_days * 86400.0
-    if config.backend_for(state) == "redis":
-        from .redis_log import RedisLog  # redis is imported only when a log lives there
-
-        return RedisLog(config.redis_url_for(state), config.archive_every, retention_s, clock,
-                        config.redis_wait_replicas, config.redis_wait_timeout_ms,
-                        config.redis_idle_ttl_days * 86400.0 if config.redis_idle_ttl_days else None)
-    from .file_log import FileLog
-
-    return FileLog(paths, config.archive_every, retention_s, clock, on_torn)

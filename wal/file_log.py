@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .archive import archive_segment, prune_archives
-from .backend import Appended, LogInfo, LogRead
+from .backend import Appended, Fence, LogInfo, LogRead
 from .events import EventType
 from .paths import WalPaths
 from .reader import WalScan, scan_file
@@ -43,7 +43,8 @@ class FileLog:
         return _read([scan_file(f) for f in files])
 
     def append(self, tenant: str, session: str, events: list[dict[str, Any]], after_seq: int = 0,
-               sync: bool = False) -> Appended:
+               sync: bool = False, fence: Fence | None = None) -> Appended:
+        """A file cannot check a fence: a replica's files are its own."""
         return self.writer.append(tenant, session, events, after_seq, sync)
 
     def version(self, tenant: str, session: str) -> tuple[Any, ...]:

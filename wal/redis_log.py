@@ -30,7 +30,7 @@ import orjson
 from redis.exceptions import RedisError, WatchError
 
 from ..redis_backend import UNAVAILABLE, RedisTarget
-from .backend import Appended, LogInfo, LogRead, WalUnavailable
+from .backend import Appended, Fence, LogInfo, LogRead, WalFenced, WalUnavailable
 from .events import EventType, decode_line, encode_line, timestamp
 from .paths import safe_name
 from .reader import Damage, WalScan, scan_bytes, scan_entries
@@ -40,6 +40,11 @@ log = logging.getLogger("ctxgate.wal")
 LOGS = "ctxgate:wal:logs"
 _RETRIES = 5
 _APPEND = """
+local args = #ARGV
+if #KEYS == 5 then
+  if redis.call('GET', KEYS[5]) ~= ARGV[args] then return {-1, 0, 0} end
+  args = args - 1
+end
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local last = 0
 if #top > 0 then last = tonumber(string.match(top[1][1], '^(%d+)')) end
@@ -52,7 +57,7 @@ if tonumber(ARGV[5]) <= last then
   end
   return {1, last, redis.call('ZCARD', KEYS[2])}
 end
-for i = 5 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 5 + 3 * n, args, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 for i = 0, n - 1 do
   local seq = ARGV[5 + 3 * i]
   redis.call('XADD', KEYS[1], seq .. '-0', 'seq', seq, 'line', ARGV[6 + 3 * i])
@@ -64,11 +69,13 @@ end
 redis.call('HSET', KEYS[4], ARGV[2], ARGV[1])
 return {2, tonumber(ARGV[5 + 3 * (n - 1)]), redis.call('ZCARD', KEYS[2])}
 """
-"""KEYS: stream, checkpoints, records, LOGS. ARGV: now (ms), the log's LOGS field, n, the idle
-TTL (ms, 0: none), then n times (seq, line, is checkpoint), then (record key, record JSON)
-pairs. Returns (0, last seq) when the first seq is not past the stream's last and the
-entries are not those already there (the caller numbers them again), (1, ...) when they are
-all there already, (2, last seq, checkpoints) when appended."""
+"""KEYS: stream, checkpoints, records, LOGS, and a fence's key when there is one. ARGV: now
+(ms), the log's LOGS field, n, the idle TTL (ms, 0: none), then n times (seq, line, is
+checkpoint), then (record key, record JSON) pairs, then the fence's token. Returns (-1, ...)
+writing nothing when the fence's key does not hold its token, (0, last seq) when the first
+seq is not past the stream's last and the entries are not those already there (the caller
+numbers them again), (1, ...) when they are all there already, (2, last seq, checkpoints)
+when appended."""
 _UNAPPEND = """
 for i = 1, #ARGV do
   redis.call('XDEL', KEYS[1], ARGV[i] .. '-0')
@@ -123,6 +130,7 @@ class RedisLog:
                  clock: Callable[[], float] = time.time, wait_replicas: int = 0, wait_timeout_ms: int = 1000,
                  idle_ttl_s: float | None = None) -> None:
         self._target = RedisTarget.parse(url)
+        self._url = url
         self.where = self._target.masked  # no password in what the CLI prints
         self._redis: Any = self._target.sync_client(socket_timeout=10, socket_connect_timeout=5)
         """Typed loosely: redis-py's sync replies are unions of bytes and str this module never sees."""
@@ -140,9 +148,10 @@ class RedisLog:
     # -- writing ---------------------------------------------------------------------------
 
     def append(self, tenant: str, session: str, events: list[dict[str, Any]], after_seq: int = 0,
-               sync: bool = False) -> Appended:
+               sync: bool = False, fence: Fence | None = None) -> Appended:
         """`sync` is Redis's persistence and `wait_replicas` (docs/wal.md): every append is
-        acknowledged the same way."""
+        acknowledged the same way. A `fence` on this Redis is checked in the append's script (its
+        key shares the session's hash tag); one on another Redis cannot be, and is ignored."""
         if not events:
             return Appended([])
         keys = _Keys(tenant, session, self._target)
@@ -153,7 +162,9 @@ class RedisLog:
             written = [{"seq": seq + i, "type": e["type"], "timestamp": now, **{k: v for k, v in e.items()
                                                                                  if k != "type"}}
                        for i, e in enumerate(events, start=1)]
-            done, last, checkpoints = self._put(keys, written)
+            done, last, checkpoints = self._put(keys, written, fence if fence and fence.where == self._url else None)
+            if done < 0:
+                raise WalFenced(f"the lease on {tenant}/{session} lapsed: the log took nothing")
             if done:
                 break
         else:
@@ -178,7 +189,7 @@ class RedisLog:
         self._last[keys.base] = max(self._last.get(keys.base, 0), last)
         return done == 2
 
-    def _put(self, keys: _Keys, events: list[dict[str, Any]]) -> tuple[int, int, int]:
+    def _put(self, keys: _Keys, events: list[dict[str, Any]], fence: Fence | None = None) -> tuple[int, int, int]:
         args: list[Any] = [int(self._clock() * 1000), keys.field, len(events), self._idle_ttl_ms]
         records: list[Any] = []
         for event in events:
@@ -186,9 +197,11 @@ class RedisLog:
             records += [x for key, record in held.items() for x in (key, record)]
             args += [event["seq"], encode_line(event), int(event["type"] == EventType.CHECKPOINT.value)]
         with reachable():
-            done, last, checkpoints = self._append_script(
-                keys=[keys.base, keys.checkpoints, keys.records, keys.logs], args=args + records)
-            if done and self._wait_replicas:
+            names = [keys.base, keys.checkpoints, keys.records, keys.logs]
+            if fence is not None:
+                names, records = names + [fence.key], records + [fence.token]
+            done, last, checkpoints = self._append_script(keys=names, args=args + records)
+            if done > 0 and self._wait_replicas:
                 # On a cluster WAIT goes to the master of the session's slot, the one that took it.
                 where = {"target_nodes": self._redis.get_node_from_key(keys.base)} if self._target.cluster else {}
                 acked = self._redis.wait(self._wait_replicas, self._wait_timeout_ms, **where)

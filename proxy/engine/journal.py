@@ -13,12 +13,14 @@ import asyncio
 import logging
 import re
 import time
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable
 
 import orjson
 
-from ...wal.backend import open_log
+from ...wal.backend import Fence, WalFenced
+from ...wal.open_log import open_log
 from ...wal.config import WalConfig
 from ...wal.events import EventType, content_hash
 from ...wal.mirror import DB_NAME, SqliteMirror
@@ -27,9 +29,13 @@ from ...wal.reader import Recovery, find_checkpoint, recover
 from ...wal.records import REF, record_key, resolved
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
+from .redis_lock import lease_lost
 from .state import SessionState
 
 log = logging.getLogger("ctxgate.wal")
+APPEND_FENCE: ContextVar[Fence | None] = ContextVar("append_fence", default=None)
+"""The session lock of the transaction committing now (`Sessions._commit` sets it): every
+append the commit makes is fenced by it, wherever in the journal the append is made."""
 # What a failed tool run looks like in its output, for TOOL_RESULT's `success`.
 _FAILURE = re.compile(r"(?i)traceback \(most recent call last\)|\berror\b|\bexception\b|command not found|"
                       r"no such file or directory|exit code [1-9]")
@@ -162,12 +168,15 @@ class Journal:
             events = events + [event]
         if not events:
             return
+        fence = APPEND_FENCE.get()
         try:
             if checkpoint or self._remote:  # an fsync or a round trip: off the event loop
                 appended = await asyncio.to_thread(self.writer.append, state.tenant, state.session_id, events,
-                                                   state.wal_seq, checkpoint)
+                                                   state.wal_seq, checkpoint, fence)
             else:
-                appended = self.writer.append(state.tenant, state.session_id, events, state.wal_seq)
+                appended = self.writer.append(state.tenant, state.session_id, events, state.wal_seq, fence=fence)
+        except WalFenced:
+            raise lease_lost(*state.key) from None
         except OSError as e:
             log.error("WAL of session %s/%s not written: %s", state.tenant, state.session_id, e)
             raise GatewayError(ErrorKind.UNAVAILABLE,

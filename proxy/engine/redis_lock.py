@@ -11,12 +11,21 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
-from ..errors import GatewayError
+from ..errors import ErrorKind, GatewayError
 from .state import reachable
 
 log = logging.getLogger("ctxgate.state")
 
 LEASE_S = 10.0
+
+
+def lease_lost(tenant: str, session_id: str) -> GatewayError:
+    """What a commit meets when this replica's lease on the session lapsed (cut off from Redis
+    past the lease) and another may have carried the session on: nothing of the turn is kept."""
+    log.warning("session %s/%s: its lock lapsed while this replica held it (cut off from Redis past the lease): "
+                "this turn is neither logged nor saved", tenant, session_id)
+    return GatewayError(ErrorKind.UNAVAILABLE, f"session {session_id} was taken over by another replica while this "
+                        "one was cut off from Redis; retry", code="session_lease_lost")
 
 
 @asynccontextmanager

@@ -32,8 +32,9 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ...redis_backend import RedisTarget
+from ...wal.backend import Fence
 from ..errors import ErrorKind, GatewayError
-from .redis_lock import LEASE_S, leased, leased_if_free
+from .redis_lock import LEASE_S, lease_lost, leased, leased_if_free
 from .state import CompactionRecord, SessionState, reachable
 
 log = logging.getLogger("ctxgate.state")
@@ -65,6 +66,7 @@ class RedisSessionStore:
     def __init__(self, url: str, ttl_s: int = 7 * 24 * 3600, lock_timeout_s: float = 120.0,
                  lock_lease_s: float = LEASE_S) -> None:
         self._target = RedisTarget.parse(url)
+        self._url = url
         self._redis = self._target.async_client()
         self._ttl = ttl_s
         self._lock_timeout = lock_timeout_s
@@ -151,7 +153,7 @@ class RedisSessionStore:
                 args=[held.local.token if held is not None else b"", self._ttl, len(writes), len(kept),
                       orjson.dumps(main), orjson.dumps(list(state.key)), state.updated_at, *writes.values()])
         if not saved:  # the lock changed hands: another replica holds the session now
-            raise self._lease_lost(state)
+            raise lease_lost(*state.key)
         self._remember(state, parts)
 
     @asynccontextmanager
@@ -180,20 +182,15 @@ class RedisSessionStore:
                     return None  # an earlier speculation's result, or none: nobody runs this one
                 await asyncio.sleep(SPECULATION_POLL_S)
 
-    async def fence(self, state: SessionState) -> None:
+    async def fence(self, state: SessionState) -> Fence | None:
         held = self._held.get(state.key)
-        if held is not None:
-            with reachable():
-                owner = await self._redis.get(held.name)
-            if owner != held.local.token:
-                raise self._lease_lost(state)
-
-    @staticmethod
-    def _lease_lost(state: SessionState) -> GatewayError:
-        log.warning("session %s/%s: its lock lapsed while this replica held it (cut off from Redis past the "
-                    "lease): the state of this turn is not saved", *state.key)
-        return GatewayError(ErrorKind.UNAVAILABLE, f"session {state.session_id} was taken over by another replica "
-                            "while this one was cut off from Redis; retry", code="session_lease_lost")
+        if held is None:
+            return None
+        with reachable():
+            owner = await self._redis.get(held.name)
+        if owner != held.local.token:
+            raise lease_lost(*state.key)
+        return Fence(self._url, held.name, held.local.token)
 
     def _remember(self, state: SessionState, parts: dict[str, Any]) -> SessionState:
         if id(state) not in self._stored:

@@ -19,7 +19,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from ..errors import GatewayError
 from ..upstream.forwarders import UpstreamError
-from .journal import Journal
+from .journal import APPEND_FENCE, Journal
 from .state import SessionState, SessionStore
 
 WriteLog = Callable[[SessionState], Awaitable[None]]
@@ -56,14 +56,19 @@ class Sessions:
 
     async def _commit(self, tx: Transaction) -> None:
         """The WAL first, then the store: a change the WAL could not take is not saved either.
-        Neither is written by a replica whose hold on the session lapsed (`SessionStore.fence`)."""
-        await self.store.fence(tx.state)
+        Neither is written by a replica whose hold on the session lapsed (`SessionStore.fence`,
+        checked before the log is written, again by the log's append script when the log is in
+        the same Redis, and by the state's save script)."""
+        fence = await self.store.fence(tx.state)
         if tx.write_log is not None:
+            fenced = APPEND_FENCE.set(fence)
             try:
                 await tx.write_log(tx.state)
             except BaseException:
                 await self.store.forget(tx.state.tenant, tx.state.session_id)
                 raise
+            finally:
+                APPEND_FENCE.reset(fenced)
         await self.store.save(tx.state)
 
     async def read(self, tenant: str, session_id: str) -> SessionState | None:

@@ -15,6 +15,7 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 
 import orjson
 
+from ...wal.backend import Fence
 from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
@@ -142,9 +143,10 @@ class SessionStore(Protocol):
     async def forget(self, tenant: str, session_id: str) -> None:
         """Drop an in-process copy a failed change may have touched (a no-op where `load`
         returns a fresh copy each time)."""
-    async def fence(self, state: SessionState) -> None:
+    async def fence(self, state: SessionState) -> Fence | None:
         """Raise (503 session_lease_lost) when this process no longer holds the session's lock:
-        another replica carried the session on while this one was cut off."""
+        another replica carried the session on while this one was cut off. Else the lock as a
+        fence the log's append checks again in its own script (None: nothing to check)."""
     def speculating(self, tenant: str, session_id: str) -> AsyncContextManager[bool]:
         """Claim the session's background compaction across replicas: True while this process
         holds the claim (renewed, released at the end), False when another one does."""
@@ -216,8 +218,9 @@ class MemorySessionStore:
         found = [state for (t, _), state in reversed(self._states.items()) if tenant is None or t == tenant]
         return found[:limit]
 
-    async def fence(self, state: SessionState) -> None:
+    async def fence(self, state: SessionState) -> Fence | None:
         """One process: its lock cannot lapse."""
+        return None
 
     @asynccontextmanager
     async def speculating(self, tenant: str, session_id: str) -> AsyncIterator[bool]:

@@ -27,7 +27,8 @@ from .admin.metrics import Metrics
 from .upstream.routing import Route, Router
 from .engine.speculative import Speculator
 from .engine.session import Sessions
-from .engine.state import SessionState, open_store
+from .engine.open_store import open_store
+from .engine.state import SessionState
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
 from .large_json import JsonParser
 from .upstream.retry import Retrier

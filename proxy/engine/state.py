@@ -259,11 +259,3 @@ def reachable() -> Iterator[None]:
     except UNAVAILABLE as e:
         raise GatewayError(ErrorKind.UNAVAILABLE,
                            f"the session state backend is unreachable: {e}", code="state_unavailable") from None
-
-
-def open_store(url: str, max_memory_sessions: int = 10_000, idle_ttl_s: float = 3600.0) -> SessionStore:
-    if url == "memory":
-        return MemorySessionStore(max_memory_sessions, idle_ttl_s)
-    from .redis_state import RedisSessionStore  # imports this module: imported here, not at the top
-
-    return RedisSessionStore(url)

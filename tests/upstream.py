@@ -8,6 +8,8 @@ it receives:
   chunk when `stream_options.include_usage`), `n`, `stop` and `response_format`;
   `usage.prompt_tokens` is OpenAI's published formula over o200k_base (`prompt_tokens`);
 - a name containing `tools`: a tool call to the first tool of the request;
+- `agent-steps-N`: a model for real agents, N steps of shell commands whose next one depends
+  on the newest observation that reached it (tests/agent_steps.py), on chat and Responses;
 - `error-<status>`: that HTTP status with an OpenAI error object (a 429 with `retry-after: 1`);
 - `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
@@ -47,6 +49,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aiohttp import web
+
+from agent_steps import chat_choice, is_steps_model
 
 _spec = importlib.util.find_spec("litellm")
 if _spec is not None and _spec.origin:  # tiktoken's BPE files from the litellm wheel: never downloaded
@@ -335,6 +339,8 @@ class ScriptedUpstream:
                                   "system_fingerprint": "fp_scripted", "choices": choices, "usage": usage})
 
     def _choice(self, body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
+        if is_steps_model(model):
+            return chat_choice(body, model, i)
         if (expanding := expansion_call(body, model)) is not None:
             return {"index": i, "message": {"role": "assistant", "content": None, "tool_calls": expanding},
                     "logprobs": None, "finish_reason": "tool_calls"}

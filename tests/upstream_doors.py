@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 
+from agent_steps import is_steps_model, responses_output
 from upstream import (CREATED, EXPAND_TOOL, O200K, REPLY, SUMMARY, Received, _json, encode, error_object, fault_reply,
                       faulty_stream, flaky_status, offered_tools, ref_to_expand)
 
@@ -421,6 +422,8 @@ class Doors:
                            "encrypted_content": signature(THOUGHT)})
         if (expanding := responses_expansion(body, model, suffix)) is not None:
             return output + expanding
+        if is_steps_model(model):
+            return output + responses_output(body, model, suffix)
         tools = body.get("tools")
         if "tools" in model and isinstance(tools, list) and tools and isinstance(tools[0], dict):
             output.append({"id": f"fc_{suffix}", "type": "function_call", "status": "completed",

@@ -1,0 +1,113 @@
+"""Real agents, unmodified, through `ctxgate run`: installed from PyPI (pinned, kept between
+runs: tests/real_agents.py), each runs against a scripted model whose next step depends on
+the newest observation that reached it (tests/agent_steps.py), well past its context limit
+and through several compaction points, to its final answer.
+
+Each test checks the agent's exit status and answer (`DONE-N`: every step arrived whole;
+`LOST`: the newest step did not), that every request the upstream received was valid for its
+API and under the limit, and that compaction happened (the prompt shrank more than once).
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ctxgate.pipeline.turns import is_valid_sequence
+from real_agents import pypi_agent
+from servers import KEYS, _model, child_env, ctxgate_command, main_config
+from upstream import ScriptedUpstream
+
+LIMIT = 24_000
+"""The model's context limit in tokens: at the upstream (a request over it is refused) and in
+the route ctxgate compacts for. Each step adds about 5K."""
+STEPS = 14
+MODEL = f"agent-steps-{STEPS}"
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Any:
+    upstream = ScriptedUpstream(limit=LIMIT).start()
+    config = main_config(upstream.url, "auto")
+    config["model_list"].append(_model(MODEL, f"{upstream.url}/v1", max_input_tokens=LIMIT))
+    path = tmp_path / "ctxgate.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    yield upstream, path
+    upstream.stop()
+
+
+def _run(config: Path, session: str, argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`ctxgate run` the agent, as a user would, with the tenant's key as its OpenAI key."""
+    home = cwd / "home"  # the agents write their own config and caches under HOME: not the tester's
+    home.mkdir(exist_ok=True)
+    return subprocess.run([*ctxgate_command(), "run", "--config", str(config), "--session", session, "--", *argv],
+                          cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**child_env(), "HOME": str(home), "OPENAI_API_KEY": KEYS["acme"], **env})
+
+
+def _shrinks(prompts: list[int]) -> int:
+    return sum(1 for before, after in zip(prompts, prompts[1:]) if after < before)
+
+
+def _check_upstream(upstream: ScriptedUpstream, door: str) -> list[Any]:
+    received = [r for r in upstream.log if r.door == door and isinstance(r.body, dict) and r.body.get("model") == MODEL]
+    assert len(received) >= STEPS + 1, len(received)
+    prompts = [r.prompt_tokens for r in received]
+    assert all(p is not None and p <= LIMIT for p in prompts), prompts  # never refused for its size
+    assert _shrinks([p for p in prompts if p is not None]) >= 2, prompts  # several compaction points
+    return received
+
+
+def test_mini_swe_agent_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -> None:
+    upstream, config = limited
+    bin_dir = pypi_agent("mini-swe-agent")
+    trajectory = tmp_path / "trajectory.json"
+    done = _run(config, "mini-1", [str(bin_dir / "mini"), "--model", f"openai/{MODEL}", "--task",
+                                  "Run the steps you are given, one at a time.", "--yolo", "--exit-immediately",
+                                  "--cost-limit", "0", "--output", str(trajectory)], tmp_path,
+                MSWEA_CONFIGURED="true", MSWEA_COST_TRACKING="ignore_errors", MSWEA_SILENT_STARTUP="1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    info = json.loads(trajectory.read_text())["info"]
+    assert info["exit_status"] == "Submitted" and info["submission"].strip() == f"DONE-{STEPS}", info
+    for r in _check_upstream(upstream, "chat"):
+        assert is_valid_sequence(r.body["messages"]), r.body["messages"]
+        assert r.body["tools"][0]["function"]["name"] == "bash"  # the agent's tool reached the model
+
+
+AGENTS_SDK_PROGRAM = '''
+import subprocess, sys
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+
+set_tracing_disabled(True)  # no trace export to OpenAI's own host
+
+
+@function_tool
+def bash(command: str) -> str:
+    """Run a shell command; returns its output."""
+    return subprocess.run(command, shell=True, capture_output=True, text=True).stdout
+
+
+agent = Agent(name="stepper", instructions="Run the steps you are given, one at a time.", tools=[bash],
+              model=sys.argv[1])
+print("ANSWER:", Runner.run_sync(agent, "Run the steps.", max_turns=40).final_output)
+'''
+
+
+def test_an_agents_sdk_program_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -> None:
+    """The Agents SDK speaks Responses: the whole input list every turn, function calls and
+    their outputs as items."""
+    upstream, config = limited
+    bin_dir = pypi_agent("openai-agents")
+    program = tmp_path / "stepper.py"
+    program.write_text(AGENTS_SDK_PROGRAM)
+    done = _run(config, "sdk-1", [str(bin_dir / "python"), str(program), MODEL], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"ANSWER: DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
+    for r in _check_upstream(upstream, "responses"):
+        calls = {i["call_id"] for i in r.body["input"] if i.get("type") == "function_call"}
+        outputs = [i["call_id"] for i in r.body["input"] if i.get("type") == "function_call_output"]
+        assert set(outputs) <= calls, r.body["input"]  # every output answers a call the request holds

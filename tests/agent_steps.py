@@ -13,11 +13,14 @@ it as any other command and answers with its output.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
 
 FINISH = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_CALLS = itertools.count(1)
+"""Call ids: unique in the process (a compacted request is shorter, so its length would repeat one)."""
 BULK_LINES = 2500
 """`seq 1 2500`: about 12K characters, 5K tokens, per step."""
 
@@ -55,39 +58,80 @@ def command_after(step: int | None, total: int) -> str:
     return f"echo STEP-{step + 1}-OK && seq 1 {BULK_LINES}"
 
 
+SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command")
+"""Names of a shell tool, taken before the first tool offered (Claude Code offers a dozen)."""
+
+
 def _command_parameter(parameters: Any) -> str:
     properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
     return next((name for name, spec in properties.items() if isinstance(spec, dict)
                  and spec.get("type") == "string"), "command")
 
 
+def _shell_tool(tools: list[tuple[str, Any]]) -> tuple[str, str]:
+    """(name, command parameter) of the shell tool among (name, JSON schema) pairs."""
+    name, schema = next((t for t in tools if t[0] in SHELL_TOOLS), tools[0] if tools else ("bash", None))
+    return name, _command_parameter(schema)
+
+
+def _answer(observed: str) -> str | None:
+    """The answer once the finishing command's output is back (agents that end by answering):
+    the line after the marker's own line, not the marker quoted in instructions or a command."""
+    found = re.search(FINISH + r"[ \t]*(?:\n|\\n)([^\n\\]*)", observed)
+    return found.group(1).strip() if found else None
+
+
 def chat_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
-    """A Chat Completions choice: a call of the request's first tool."""
+    """A Chat Completions choice: a call of the shell tool, or the answer."""
     messages = body.get("messages") or []
     answered = any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
     last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
-    step = newest_step(_text(last.get("content")) if last.get("role") != "assistant" else None, answered)
-    function = (body.get("tools") or [{}])[0].get("function") or {}
-    arguments = {_command_parameter(function.get("parameters")): command_after(step, steps_of(model))}
-    call = {"id": f"call_step_{len(messages)}_{i}", "type": "function",
-            "function": {"name": function.get("name", "bash"), "arguments": json.dumps(arguments)}}
-    return {"index": i, "message": {"role": "assistant", "content": f"Step {step}: carrying on.", "tool_calls": [call]},
+    observed = _text(last.get("content")) if last.get("role") != "assistant" else ""
+    if (answer := _answer(observed)) is not None:
+        return {"index": i, "message": {"role": "assistant", "content": answer}, "logprobs": None,
+                "finish_reason": "stop"}
+    offered = [((t.get("function") or {}).get("name", ""), (t.get("function") or {}).get("parameters"))
+               for t in body.get("tools") or [] if isinstance(t, dict)]
+    name, parameter = _shell_tool(offered)
+    arguments = {parameter: command_after(newest_step(observed, answered), steps_of(model))}
+    call = {"id": f"call_step_{next(_CALLS)}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments)}}
+    return {"index": i, "message": {"role": "assistant", "content": "Carrying on.", "tool_calls": [call]},
             "logprobs": None, "finish_reason": "tool_calls"}
 
 
 def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict[str, Any]]:
-    """A Responses output: a function call of the request's first tool, or, once the
-    finishing command's output is back, a message with the answer."""
+    """A Responses output: a function call of the shell tool, or, once the finishing
+    command's output is back, a message with the answer."""
     items = body.get("input") if isinstance(body.get("input"), list) else []
     answered = any(isinstance(it, dict) and it.get("type") == "function_call" for it in items)
     last = items[-1] if items and isinstance(items[-1], dict) else {}
     observed = _text(last.get("output")) if last.get("type") == "function_call_output" else _text(last.get("content"))
-    if FINISH in observed:
-        answer = observed.split(FINISH, 1)[1].strip().splitlines()
+    if (answer := _answer(observed)) is not None:
         return [{"type": "message", "id": f"msg_{suffix}", "status": "completed", "role": "assistant",
-                 "content": [{"type": "output_text", "text": answer[0] if answer else "", "annotations": []}]}]
-    tool = next((t for t in body.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"), {})
-    arguments = {_command_parameter(tool.get("parameters")): command_after(newest_step(observed, answered),
-                                                                            steps_of(model))}
+                 "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
+    offered = [(t.get("name", ""), t.get("parameters")) for t in body.get("tools") or []
+               if isinstance(t, dict) and t.get("type") == "function"]
+    name, parameter = _shell_tool(offered)
+    arguments = {parameter: command_after(newest_step(observed, answered), steps_of(model))}
     return [{"type": "function_call", "id": f"fc_{suffix}", "call_id": f"call_{suffix}", "status": "completed",
-             "name": tool.get("name", "bash"), "arguments": json.dumps(arguments)}]
+             "name": name, "arguments": json.dumps(arguments)}]
+
+
+def anthropic_content(body: dict[str, Any], model: str, suffix: str) -> tuple[list[dict[str, Any]], str]:
+    """Messages content and stop reason: a `tool_use` of the shell tool, or the answer."""
+    messages = body.get("messages") or []
+    answered = any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    observed = ""
+    if last.get("role") == "user":
+        content = last.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        observed = "".join(_text(b.get("content")) if b.get("type") == "tool_result" else _text([b])
+                           for b in blocks if isinstance(b, dict))
+    if (answer := _answer(observed)) is not None:
+        return [{"type": "text", "text": answer}], "end_turn"
+    offered = [(t.get("name", ""), t.get("input_schema")) for t in body.get("tools") or [] if isinstance(t, dict)]
+    name, parameter = _shell_tool(offered)
+    command = command_after(newest_step(observed, answered), steps_of(model))
+    return [{"type": "tool_use", "id": f"toolu_{suffix}", "name": name, "input": {parameter: command}}], "tool_use"

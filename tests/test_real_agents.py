@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
+from agent_steps import steps_of
 from ctxgate.pipeline.turns import is_valid_sequence
-from real_agents import pypi_agent
+from real_agents import npm_agent, pypi_agent
 from servers import KEYS, _model, child_env, ctxgate_command, main_config
 from upstream import ScriptedUpstream
 
@@ -29,13 +30,18 @@ STEPS = 14
 MODEL = f"agent-steps-{STEPS}"
 
 
-@pytest.fixture
-def limited(tmp_path: Path) -> Any:
-    upstream = ScriptedUpstream(limit=LIMIT).start()
+def _limited(tmp_path: Path, limit: int, model: str) -> tuple[ScriptedUpstream, Path]:
+    upstream = ScriptedUpstream(limit=limit).start()
     config = main_config(upstream.url, "auto")
-    config["model_list"].append(_model(MODEL, f"{upstream.url}/v1", max_input_tokens=LIMIT))
+    config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=limit))
     path = tmp_path / "ctxgate.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return upstream, path
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Any:
+    upstream, path = _limited(tmp_path, LIMIT, MODEL)
     yield upstream, path
     upstream.stop()
 
@@ -53,11 +59,11 @@ def _shrinks(prompts: list[int]) -> int:
     return sum(1 for before, after in zip(prompts, prompts[1:]) if after < before)
 
 
-def _check_upstream(upstream: ScriptedUpstream, door: str) -> list[Any]:
-    received = [r for r in upstream.log if r.door == door and isinstance(r.body, dict) and r.body.get("model") == MODEL]
-    assert len(received) >= STEPS + 1, len(received)
+def _check_upstream(upstream: ScriptedUpstream, door: str, model: str = MODEL, limit: int = LIMIT) -> list[Any]:
+    received = [r for r in upstream.log if r.door == door and isinstance(r.body, dict) and r.body.get("model") == model]
+    assert len(received) >= steps_of(model) + 1, len(received)
     prompts = [r.prompt_tokens for r in received]
-    assert all(p is not None and p <= LIMIT for p in prompts), prompts  # never refused for its size
+    assert all(p is not None and p <= limit for p in prompts), prompts  # never refused for its size
     assert _shrinks([p for p in prompts if p is not None]) >= 2, prompts  # several compaction points
     return received
 
@@ -111,3 +117,41 @@ def test_an_agents_sdk_program_runs_past_its_limit_to_its_answer(limited: Any, t
         calls = {i["call_id"] for i in r.body["input"] if i.get("type") == "function_call"}
         outputs = [i["call_id"] for i in r.body["input"] if i.get("type") == "function_call_output"]
         assert set(outputs) <= calls, r.body["input"]  # every output answers a call the request holds
+
+
+def test_codex_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -> None:
+    """Codex through the provider `ctxgate run` gives it (Responses over HTTP, no WebSocket)."""
+    upstream, config = limited
+    codex = npm_agent("@openai/codex", "codex")
+    done = _run(config, "codex-1", [str(codex), "exec", "--skip-git-repo-check",
+                                    "--dangerously-bypass-approvals-and-sandbox", "--model", MODEL,
+                                    "Run the steps you are given, one at a time."], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
+    for r in _check_upstream(upstream, "responses"):
+        calls = {i["call_id"] for i in r.body["input"] if i.get("type") == "function_call"}
+        outputs = [i["call_id"] for i in r.body["input"] if i.get("type") == "function_call_output"]
+        assert set(outputs) <= calls, r.body["input"]
+
+
+CLAUDE_LIMIT = 60_000
+"""Claude Code's system prompt and tools alone take about 29K tokens."""
+CLAUDE_MODEL = "agent-steps-16"
+
+
+def test_claude_code_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
+    """Claude Code speaks Messages: ctxgate's Messages door, the route's chat upstream behind it."""
+    claude = npm_agent("@anthropic-ai/claude-code", "claude")
+    upstream, config = _limited(tmp_path, CLAUDE_LIMIT, CLAUDE_MODEL)
+    try:
+        done = _run(config, "claude-1", [str(claude), "-p", "Run the steps you are given, one at a time.",
+                                         "--dangerously-skip-permissions", "--model", CLAUDE_MODEL], tmp_path,
+                    ANTHROPIC_API_KEY=KEYS["acme"], IS_SANDBOX="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+                    DISABLE_AUTOUPDATER="1", ANTHROPIC_DEFAULT_HAIKU_MODEL="summarizer",
+                    ANTHROPIC_SMALL_FAST_MODEL="summarizer")
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert f"DONE-{steps_of(CLAUDE_MODEL)}" in done.stdout, done.stdout[-3000:]
+        for r in _check_upstream(upstream, "chat", CLAUDE_MODEL, CLAUDE_LIMIT):
+            assert is_valid_sequence(r.body["messages"]), r.body["messages"]
+    finally:
+        upstream.stop()

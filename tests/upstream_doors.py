@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from aiohttp import web
 
-from agent_steps import is_steps_model, responses_output
+from agent_steps import anthropic_content, is_steps_model, responses_output
 from upstream import (CREATED, EXPAND_TOOL, O200K, REPLY, SUMMARY, Received, _json, encode, error_object, fault_reply,
                       faulty_stream, flaky_status, offered_tools, ref_to_expand)
 
@@ -324,6 +324,9 @@ class Doors:
             content.append({"type": "thinking", "thinking": THOUGHT, "signature": signature(THOUGHT)})
         if (expanding := anthropic_expansion(body, model)) is not None:
             return content + expanding, "tool_use"
+        if is_steps_model(model):
+            steps, stop_reason = anthropic_content(body, model, str(len(self.up.log)))
+            return content + steps, stop_reason
         tools = body.get("tools")
         if "tools" in model and isinstance(tools, list) and tools and isinstance(tools[0], dict):
             content.append({"type": "tool_use", "id": f"toolu_up{len(self.up.log)}",

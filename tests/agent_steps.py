@@ -1,6 +1,6 @@
 """A scripted model for real agents: its next step depends on what reaches it.
 
-Model `agent-steps-N` runs N steps of one tool (the first tool the request offers, whose
+Model `agent-steps-N` (or `agent-steps-N-thinking`) runs N steps of one tool (the first tool the request offers, whose
 first string parameter takes a shell command), then finishes. Step k's command prints the
 marker `STEP-k-OK` and a bulk of output that fills the context. The model reads its progress
 from the request's newest observation only (the last message, a tool result or a user
@@ -25,12 +25,18 @@ BULK_LINES = 2500
 """`seq 1 2500`: about 12K characters, 5K tokens, per step."""
 
 
+_NAME = re.compile(r"agent-steps-(\d+)(-thinking)?")
+"""`-thinking`: each reply also carries the door's reasoning (Responses) or thinking (Messages)."""
+
+
 def is_steps_model(model: str) -> bool:
-    return re.fullmatch(r"agent-steps-\d+", model) is not None
+    return _NAME.fullmatch(model) is not None
 
 
 def steps_of(model: str) -> int:
-    return int(model.rsplit("-", 1)[1])
+    found = _NAME.fullmatch(model)
+    assert found is not None, model
+    return int(found.group(1))
 
 
 def _text(content: Any) -> str:

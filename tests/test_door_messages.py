@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import anthropic
+import httpx
 import httpx2
 import pytest
 
@@ -205,7 +206,7 @@ def test_x_api_key_auth_and_a_wrong_key(gw: Gateway, up: ScriptedUpstream) -> No
 
 @pytest.mark.parametrize("bad", [
     {"messages": "not a list"},
-    {"messages": [{"role": "system", "content": "hi"}]},
+    {"messages": [{"role": "tool", "content": "hi"}]},
     {"messages": [{"role": "user"}]},
     {"max_tokens": 0},
     {"max_tokens": None},
@@ -223,6 +224,32 @@ def test_bad_input_is_a_400_in_anthropics_shape_and_changes_nothing(gw: Gateway,
     assert e.value.body["type"] == "error"  # type: ignore[index]
     assert e.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert len(sent(up)) == 1 and turns_of(gw, headers["X-Ctx-Session"]) == 1
+
+
+def test_a_system_turn_among_the_messages_is_forwarded_in_its_place(gw: Gateway, up: ScriptedUpstream) -> None:
+    """Claude Code sends system turns among its messages (its environment, reminders): they
+    reach the upstream where and as the client sent them, not refused, not moved into `system`."""
+    body = {"model": "claude-x", "max_tokens": 8, "system": [{"type": "text", "text": "You are terse."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                         {"role": "system", "content": [{"type": "text", "text": "# Environment\nLinux"}]}]}
+    raw = json.dumps(body).encode()
+    up.reset()
+    reply = httpx.post(gw.base + "/v1/messages", content=raw, timeout=30,
+                       headers={"x-api-key": CLAUDE_KEY, "content-type": "application/json", **session()})
+    assert reply.status_code == 200, reply.text
+    assert sent(up)[-1].raw == raw
+
+
+def test_a_compacted_conversation_keeps_a_system_turn_in_its_place() -> None:
+    body = {"system": "You are terse.", "messages": [
+        {"role": "user", "content": "first"}, {"role": "assistant", "content": "done"},
+        {"role": "system", "content": "Reminder: tests pass."}, {"role": "user", "content": "next"}]}
+    conversation = conversation_of(body)
+    compacted = [m for m in conversation.neutral if m.get("content") != "first"]
+    system, turns = render(conversation, compacted)
+    assert system == "You are terse."
+    assert [(m["role"], m["content"]) for m in turns] == [
+        ("user", COMPACTED_OPENING), ("assistant", "done"), ("system", "Reminder: tests pass."), ("user", "next")]
 
 
 def test_unknown_model_is_a_404_in_anthropics_shape(gw: Gateway) -> None:

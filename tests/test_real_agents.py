@@ -14,13 +14,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
 
 from agent_steps import steps_of
 from ctxgate.pipeline.turns import is_valid_sequence
 from real_agents import npm_agent, pypi_agent
-from servers import KEYS, _model, child_env, ctxgate_command, main_config
+from recorder import Recorder, Sent
+from servers import KEYS, UPSTREAM_KEY, Gateway, _model, child_env, ctxgate_command, main_config, start_gateways
 from upstream import ScriptedUpstream
 
 LIMIT = 24_000
@@ -46,11 +48,14 @@ def limited(tmp_path: Path) -> Any:
     upstream.stop()
 
 
-def _run(config: Path, session: str, argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """`ctxgate run` the agent, as a user would, with the tenant's key as its OpenAI key."""
+def _run(config: Path | None, session: str, argv: list[str], cwd: Path, url: str | None = None,
+         **env: str) -> subprocess.CompletedProcess[str]:
+    """`ctxgate run` the agent, as a user would, with the tenant's key as its OpenAI key: with a
+    gateway of its own from `config`, or through the one at `url`."""
     home = cwd / "home"  # the agents write their own config and caches under HOME: not the tester's
     home.mkdir(exist_ok=True)
-    return subprocess.run([*ctxgate_command(), "run", "--config", str(config), "--session", session, "--", *argv],
+    where = ["--url", url] if url else ["--config", str(config)]
+    return subprocess.run([*ctxgate_command(), "run", *where, "--session", session, "--", *argv],
                           cwd=cwd, capture_output=True, text=True, timeout=600,
                           env={**child_env(), "HOME": str(home), "OPENAI_API_KEY": KEYS["acme"], **env})
 
@@ -137,6 +142,10 @@ def test_codex_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -
 CLAUDE_LIMIT = 60_000
 """Claude Code's system prompt and tools alone take about 29K tokens."""
 CLAUDE_MODEL = "agent-steps-16"
+CLAUDE_ENV = {"ANTHROPIC_API_KEY": KEYS["acme"], "IS_SANDBOX": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+              "DISABLE_AUTOUPDATER": "1", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "summarizer",
+              "ANTHROPIC_SMALL_FAST_MODEL": "summarizer"}
+"""As root in a sandbox, no traffic of its own, its side requests to a model that answers text."""
 
 
 def test_claude_code_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
@@ -146,12 +155,91 @@ def test_claude_code_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
     try:
         done = _run(config, "claude-1", [str(claude), "-p", "Run the steps you are given, one at a time.",
                                          "--dangerously-skip-permissions", "--model", CLAUDE_MODEL], tmp_path,
-                    ANTHROPIC_API_KEY=KEYS["acme"], IS_SANDBOX="1", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-                    DISABLE_AUTOUPDATER="1", ANTHROPIC_DEFAULT_HAIKU_MODEL="summarizer",
-                    ANTHROPIC_SMALL_FAST_MODEL="summarizer")
+                    **CLAUDE_ENV)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert f"DONE-{steps_of(CLAUDE_MODEL)}" in done.stdout, done.stdout[-3000:]
         for r in _check_upstream(upstream, "chat", CLAUDE_MODEL, CLAUDE_LIMIT):
             assert is_valid_sequence(r.body["messages"]), r.body["messages"]
     finally:
+        upstream.stop()
+
+
+# -- what agents send, byte for byte below the trigger ---------------------------------------
+
+THINKING = "agent-steps-10-thinking"
+
+
+def _front(tmp_path: Path, route: str, limit: int) -> tuple[ScriptedUpstream, Gateway, Recorder]:
+    """A gateway on a native route of `route`'s API to the scripted upstream, and a recorder in
+    front of it: what the agent sent, then what ctxgate forwarded."""
+    upstream = ScriptedUpstream(limit=limit).start()
+    config = main_config(upstream.url, "auto")
+    config["model_list"].append({"model_name": THINKING, "litellm_params": {
+        "model": f"{route}/{THINKING}", "api_base": upstream.url if route == "anthropic" else f"{upstream.url}/v1",
+        "api_key": UPSTREAM_KEY}, "model_info": {"max_input_tokens": limit}})
+    gateway = start_gateways({"front": (tmp_path / "gateway", config)})["front"]
+    return upstream, gateway, Recorder(gateway.base).start()
+
+
+def _below_the_trigger(sent: list[Sent], received: list[Any]) -> list[tuple[Sent, Any]]:
+    """The requests up to the session's first compaction point, paired with what the upstream got."""
+    assert len(sent) == len(received) >= 3, (len(sent), len(received))
+    prompts = [r.prompt_tokens for r in received]
+    first = next((i for i in range(1, len(prompts)) if prompts[i] < prompts[i - 1]), len(prompts))
+    assert first >= 3, prompts
+    return list(zip(sent[:first - 1], received[:first - 1]))  # the request before a point may start it
+
+
+def _to(log: list[Any], model: str, suffix: str) -> list[Any]:
+    return [r for r in log if r.path.endswith(suffix) and orjson.loads(r.raw).get("model") == model]
+
+
+def test_what_codex_sends_reaches_the_upstream_byte_for_byte(tmp_path: Path) -> None:
+    """Responses fields Codex sends (`store`, `prompt_cache_key`, `include`, `client_metadata`,
+    `reasoning`, and the encrypted reasoning it hands back) are the agent's own bytes upstream."""
+    codex = npm_agent("@openai/codex", "codex")
+    upstream, gateway, recorder = _front(tmp_path, "openai", 40_000)
+    try:
+        done = _run(None, "codex-bytes", [str(codex), "exec", "--skip-git-repo-check",
+                                          "--dangerously-bypass-approvals-and-sandbox", "--model", THINKING,
+                                          "Run the steps."], tmp_path, url=recorder.url)
+        assert done.returncode == 0 and f"DONE-{steps_of(THINKING)}" in done.stdout, done.stdout[-2000:]
+        sent = _to(recorder.log, THINKING, "/responses")
+        pairs = _below_the_trigger(sent, _to(upstream.log, THINKING, "/responses"))
+        first = orjson.loads(sent[0].raw)
+        assert {"store", "prompt_cache_key", "include", "client_metadata", "reasoning"} <= set(first), sorted(first)
+        assert any(i.get("type") == "reasoning" and i.get("encrypted_content")
+                   for s, _ in pairs for i in orjson.loads(s.raw)["input"]), "no encrypted reasoning handed back"
+        for s, r in pairs:
+            assert r.raw == s.raw
+    finally:
+        recorder.stop()
+        gateway.stop()
+        upstream.stop()
+
+
+def test_what_claude_code_sends_reaches_the_upstream_byte_for_byte(tmp_path: Path) -> None:
+    """Claude Code's system blocks, `cache_control` marks, thinking blocks with their signatures
+    and `anthropic-beta` headers reach a native Messages upstream as it sent them."""
+    claude = npm_agent("@anthropic-ai/claude-code", "claude")
+    upstream, gateway, recorder = _front(tmp_path, "anthropic", CLAUDE_LIMIT)
+    try:
+        done = _run(None, "claude-bytes", [str(claude), "-p", "Run the steps.", "--dangerously-skip-permissions",
+                                           "--model", THINKING], tmp_path, url=recorder.url, **CLAUDE_ENV)
+        assert done.returncode == 0 and f"DONE-{steps_of(THINKING)}" in done.stdout, done.stdout[-2000:]
+        sent = _to(recorder.log, THINKING, "/messages")
+        pairs = _below_the_trigger(sent, _to(upstream.log, THINKING, "/messages"))
+        first = orjson.loads(sent[0].raw)
+        assert isinstance(first["system"], list) and len(first["system"]) > 1
+        assert "cache_control" in sent[0].raw.decode() and "anthropic-beta" in sent[0].headers
+        assert any(b.get("type") == "thinking" and b.get("signature") for s, _ in pairs
+                   for m in orjson.loads(s.raw)["messages"] if isinstance(m["content"], list) for b in m["content"])
+        for s, r in pairs:
+            assert r.raw == s.raw
+            assert r.headers.get("anthropic-beta") == s.headers["anthropic-beta"]
+        counted = _to(recorder.log, THINKING, "/count_tokens")
+        assert [r.raw for r in _to(upstream.log, THINKING, "/count_tokens")] == [s.raw for s in counted]
+    finally:
+        recorder.stop()
+        gateway.stop()
         upstream.stop()

@@ -32,7 +32,8 @@ class _Open(BaseModel):
 
 
 class _Message(_Open):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
+    """`system`: a system turn in the conversation (Claude Code sends them), kept in its place."""
     content: str | list[dict[str, Any]]
 
 
@@ -110,9 +111,10 @@ def render(conversation: Conversation, neutral: list[Message]) -> tuple[Any, lis
     body = conversation.body
     if neutral is conversation.neutral:  # nothing compacted or added: the client's own, as sent
         return body.get("system"), body["messages"]
-    systems = [m for m in neutral if m.get("role") == "system"]
+    leading = _leading(neutral)
+    systems = [m for m in neutral if _to_system(m, leading)]
     # The client's breakpoints go back on the messages that reach the upstream as it sent them.
-    turns = [conversation.marked.get(id(m), m) for m in neutral if m.get("role") != "system"]
+    turns = [conversation.marked.get(id(m), m) for m in neutral if not _to_system(m, leading)]
     compacted = any(is_ctxgate_message(m) for m in systems) or turns != body["messages"]
     turns = _valid_turns(turns, _signed_turns(body["messages"]))
     client_system = body.get("system")
@@ -126,6 +128,19 @@ def render(conversation: Conversation, neutral: list[Message]) -> tuple[Any, lis
         # compaction: one breakpoint at its end lets the provider cache it.
         system = [*system[:-1], {**system[-1], "cache_control": {"type": "ephemeral"}}]
     return system, turns
+
+
+def _leading(neutral: list[Message]) -> set[int]:
+    """The ids of the system messages before the first turn."""
+    first_turn = next((i for i, m in enumerate(neutral) if m.get("role") != "system"), len(neutral))
+    return {id(m) for m in neutral[:first_turn]}
+
+
+def _to_system(message: Message, leading: set[int]) -> bool:
+    """Whether a neutral message goes into `system`: the leading system messages (the client's
+    `system`, the memory block) and ctxgate's notes wherever they are. A system turn the client
+    sent among its messages stays a turn, where it was."""
+    return message.get("role") == "system" and (id(message) in leading or is_ctxgate_message(message))
 
 
 def _as_blocks(content: Any) -> list[Block]:
@@ -179,18 +194,26 @@ def _pair_tools(turns: list[Message]) -> list[Message]:
     with an unanswered call is dropped, never edited."""
     out: list[Message] = []
     for i, m in enumerate(turns):
+        before, after = _neighbour(turns, i, -1), _neighbour(turns, i, 1)
         if m.get("role") == "user":
-            asked = _ids(turns[i - 1], "tool_use", "id") if i and turns[i - 1].get("role") == "assistant" else set()
+            asked = _ids(before, "tool_use", "id") if before and before.get("role") == "assistant" else set()
             m = _textify(m, "tool_result", lambda b: b.get("tool_use_id") not in asked)
-        elif i + 1 < len(turns):
-            answered = _ids(turns[i + 1], "tool_result", "tool_use_id") if turns[i + 1].get("role") == "user" \
-                else set()
+        elif m.get("role") == "assistant" and after is not None:
+            answered = _ids(after, "tool_result", "tool_use_id") if after.get("role") == "user" else set()
             if _ids(m, "tool_use", "id") - answered:
                 if _has_thinking(m):
                     continue
                 m = _textify(m, "tool_use", lambda b: b.get("id") not in answered)
         out.append(m)
     return out
+
+
+def _neighbour(turns: list[Message], i: int, step: int) -> Message | None:
+    """The nearest turn before (step -1) or after (+1) turn i that is not a system turn."""
+    j = i + step
+    while 0 <= j < len(turns) and turns[j].get("role") == "system":
+        j += step
+    return turns[j] if 0 <= j < len(turns) else None
 
 
 def _ids(message: Message, kind: str, key: str) -> set[Any]:

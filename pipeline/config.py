@@ -116,6 +116,13 @@ class CostConfig(_Strict):
     prices: PricesConfig | None = None
     """Instead of the route's prices from litellm's cost map (a route with none known uses
     conservative defaults: Anthropic's cache ratios)."""
+    clear_at_least: int | None = Field(default=None, ge=0)
+    """The least a compaction point frees, in tokens: a point that would free less (a target
+    just under the request) goes deeper, so a cache break always buys this much room. None: a
+    tenth of the effective budget; 0: no minimum."""
+
+    def least_gain(self, budget: int) -> int:
+        return budget // 10 if self.clear_at_least is None else self.clear_at_least
 
 
 _Level = Literal["snip", "microcompact", "collapse", "autocompact"]

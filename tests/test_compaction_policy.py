@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, is_compaction_note, is_restore_block
 from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Outlook, Prices, choose_target, cost_per_turn
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
@@ -205,3 +205,23 @@ def test_a_route_without_known_prices_uses_the_conservative_ones_and_says_so_onc
     assert prices_of(PipelineConfig(), router.resolve("private").prices) is CONSERVATIVE_PRICES
     gpt = router.resolve("gpt-4o").prices
     assert gpt is not None and 0 < gpt.cache_read < gpt.input  # from litellm's cost map
+
+
+def test_a_point_frees_at_least_clear_at_least() -> None:
+    """Instructions that take most of the budget (Claude Code's 29K of a 60K limit) leave the
+    point a target just under the request: it goes deeper, freeing at least
+    `cost.clear_at_least` (a tenth of the budget by default), so a cache break buys room."""
+    history = [system("You are a careful coding agent. " * 400), user("TASK: fix the failing test in src/app.py")]
+    for i in range(12):
+        history += tool_turn(i, size=150)
+    view = _turn(history, Summaries()).message_tokens()
+    budget = int(view / 0.86)  # just over the trigger
+    targets = []
+    for least in (0, None, view // 4):
+        config = PipelineConfig(cost=CostConfig(clear_at_least=least))
+        depth = plan_depth(_turn(history, Summaries(), config), history, budget, restore=0)
+        assert depth.target <= view - config.cost.least_gain(budget), (least, depth.target, view)
+        targets.append(depth.target)
+    assert targets[0] >= targets[1] > targets[2], targets  # the larger the least gain, the deeper the point
+    with pytest.raises(ValidationError):
+        CostConfig(clear_at_least=-1)

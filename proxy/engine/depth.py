@@ -77,12 +77,14 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     window there made the last resorts cut more, forward more requests over the limit and
     ask for more summaries)."""
     cfg = turn.config
-    default = turn.target(budget, cfg.target_ratio)
     conversation = read_conversation(view, turn.dialect)
+    counts = conversation.counts(turn.counter)
+    # A point frees at least `clear_at_least`: a cache break must buy room, not a few tokens.
+    default = min(turn.target(budget, cfg.target_ratio),
+                  REPLY_PRIMING + sum(counts) - cfg.cost.least_gain(budget))
     keep_notes = anchored(turn, conversation, budget)
     if cfg.cost.depth == "target":
         return Depth(default, cfg.window(), keep_notes)
-    counts = conversation.counts(turn.counter)
     start, end = conversation.anchor(cfg.pin_first_user)
     stable = REPLY_PRIMING + sum(counts[:end if keep_notes else start])
     trigger = int(cfg.trigger_ratio * budget) - turn.outside_tokens()

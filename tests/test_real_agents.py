@@ -73,6 +73,12 @@ def _check_upstream(upstream: ScriptedUpstream, door: str, model: str = MODEL, l
     return received
 
 
+def _outputs_answer_calls(items: list[dict[str, Any]]) -> None:
+    """Every function call output of a Responses input answers a call the input holds."""
+    calls = {i["call_id"] for i in items if i.get("type") == "function_call"}
+    assert {i["call_id"] for i in items if i.get("type") == "function_call_output"} <= calls, items
+
+
 def test_mini_swe_agent_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -> None:
     upstream, config = limited
     bin_dir = pypi_agent("mini-swe-agent")
@@ -119,9 +125,7 @@ def test_an_agents_sdk_program_runs_past_its_limit_to_its_answer(limited: Any, t
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"ANSWER: DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
     for r in _check_upstream(upstream, "responses"):
-        calls = {i["call_id"] for i in r.body["input"] if i.get("type") == "function_call"}
-        outputs = [i["call_id"] for i in r.body["input"] if i.get("type") == "function_call_output"]
-        assert set(outputs) <= calls, r.body["input"]  # every output answers a call the request holds
+        _outputs_answer_calls(r.body["input"])
 
 
 def test_codex_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -> None:
@@ -134,9 +138,7 @@ def test_codex_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
     for r in _check_upstream(upstream, "responses"):
-        calls = {i["call_id"] for i in r.body["input"] if i.get("type") == "function_call"}
-        outputs = [i["call_id"] for i in r.body["input"] if i.get("type") == "function_call_output"]
-        assert set(outputs) <= calls, r.body["input"]
+        _outputs_answer_calls(r.body["input"])
 
 
 CLAUDE_LIMIT = 60_000

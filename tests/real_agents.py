@@ -12,7 +12,9 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -22,7 +24,8 @@ NPM_AGENTS = {"@openai/codex": "0.171.0", "@anthropic-ai/claude-code": "2.1.332"
 """Pinned: a new release is taken on purpose, with the tests run against it."""
 _UNREACHABLE = re.compile(r"Temporary failure in name resolution|Failed to establish a new connection|"
                           r"Network is unreachable|Connection refused|timed out|Could not fetch URL|"
-                          r"No route to host|Name or service not known", re.I)
+                          r"No route to host|Name or service not known|ECONNREFUSED|ENOTFOUND|EAI_AGAIN|"
+                          r"ETIMEDOUT|ECONNRESET|ENETUNREACH", re.I)
 
 
 def pypi_agent(package: str) -> Path:
@@ -34,8 +37,9 @@ def pypi_agent(package: str) -> Path:
         return venv / "bin"
     AGENTS_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
-    _install(f"{package}=={version}", [str(venv / "bin" / "pip"), "install", "--quiet",
-                                        "--disable-pip-version-check", f"{package}=={version}"])
+    pip = str(venv / "bin" / "pip")
+    _install(f"{package}=={version}", [pip, "install", "--quiet", "--disable-pip-version-check",
+                                        f"{package}=={version}"], lambda: _index_unreachable(pip, package))
     installed.touch()
     return venv / "bin"
 
@@ -55,10 +59,31 @@ def npm_agent(package: str, command: str) -> Path:
     return prefix / "node_modules" / ".bin" / command
 
 
-def _install(what: str, argv: list[str]) -> None:
+_UNREACHED: dict[str, str] = {}
+"""What could not be installed for want of its registry, and why: the next test needing it
+skips at once instead of waiting for the registry again."""
+
+
+def _install(what: str, argv: list[str], unreachable: Callable[[], bool] = lambda: False) -> None:
+    if what in _UNREACHED:
+        pytest.skip(_UNREACHED[what])
     done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["failed"])[-1]
-        if _UNREACHABLE.search(done.stderr) or "ENOTFOUND" in done.stderr or "EAI_AGAIN" in done.stderr:
-            pytest.skip(f"{what}: the package registry cannot be reached ({last})")
+        lines = done.stderr.strip().splitlines() or ["failed"]
+        why = next((line for line in lines if _UNREACHABLE.search(line)), lines[-1]).strip()
+        if _UNREACHABLE.search(done.stderr) or unreachable():
+            _UNREACHED[what] = f"{what}: the package registry cannot be reached ({why})"
+            pytest.skip(_UNREACHED[what])
         raise AssertionError(f"installing {what} failed: {done.stderr[-2000:]}")
+
+
+def _index_unreachable(pip: str, package: str) -> bool:
+    """Whether pip's index does not answer for `package` (pip, quiet, says only that it found
+    no version when it cannot connect)."""
+    configured = subprocess.run([pip, "config", "get", "global.index-url"], capture_output=True, text=True)
+    index = os.environ.get("PIP_INDEX_URL") or configured.stdout.strip() or "https://pypi.org/simple"
+    try:
+        with urllib.request.urlopen(f"{index.rstrip('/')}/{package}/", timeout=15):
+            return False
+    except (OSError, ValueError):
+        return True

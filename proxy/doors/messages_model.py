@@ -1,9 +1,11 @@
 """Anthropic Messages bodies: checked on the way in, rendered back from the neutral model.
 
 In the neutral model (what the pipeline reads) the request is the `system` as one leading
-system message followed by the client's messages, the same dict objects. Compaction may
-drop or edit messages and add system notes anywhere; the memory block is a system message
-after the leading ones. Rendering puts every system message back into `system` and repairs
+system message followed by the client's messages, the same dict objects (a system turn the
+client sends among its messages, as Claude Code does, is a system message in its place).
+Compaction may drop or edit messages and add system notes anywhere; the memory block is a
+system message after the leading ones. Rendering puts the leading system messages and
+ctxgate's notes back into `system`, leaves the client's own system turns where they are, and repairs
 what the Messages API refuses: turns that do not alternate or start with an assistant,
 `tool_use` / `tool_result` blocks without their partner, more than 4 cache breakpoints.
 An assistant turn with `thinking` blocks is never edited (their signatures cover it): it is

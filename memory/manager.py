@@ -106,6 +106,7 @@ class MemoryManager:
                 await asyncio.gather(running, return_exceptions=True)
         buf, entries = await self.short_term.peek(key)
         if buf is None:
+            await self.short_term.forget(key, 0.0)  # a listing left by a buffer that expired goes
             return None
         event = None
         if entries and "B" in self.config.triggers_for(buf.profile):

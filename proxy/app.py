@@ -22,6 +22,7 @@ from .admin.metrics import authorize_metrics
 from .admin.rollback import requested_seq, roll_back
 from .admin.ui import Dashboard
 from .connections import guard_requests
+from .engine.state import reachable
 from .tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate")
@@ -147,7 +148,8 @@ async def session_end(request: web.Request) -> web.Response:
     gw, tenant, session_id = _session_of(request)
     if await gw.sessions.read(tenant, session_id) is None:
         raise GatewayError(ErrorKind.NOT_FOUND, f"no session {session_id} for this tenant", code="session_not_found")
-    event = await gw.memory.end_session((tenant, session_id)) if gw.memory is not None else None
+    with reachable():  # short-term buffers in Redis: away, a 503 to retry, never a 500
+        event = await gw.memory.end_session((tenant, session_id)) if gw.memory is not None else None
     return _json({"id": session_id, "ended": True, "auto_dream": event})
 
 

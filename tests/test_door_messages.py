@@ -155,6 +155,23 @@ def test_count_tokens_answers_the_providers_count_of_what_would_be_forwarded(gw:
     assert raw.headers["x-ctx-tokenizer"] == "anthropic:count_tokens"
 
 
+def test_count_tokens_below_the_trigger_reaches_the_upstream_byte_for_byte(gw: Gateway, up: ScriptedUpstream) -> None:
+    """What Claude Code asks count_tokens (system blocks, cache_control, tools) is what the
+    provider counts, as the client sent it."""
+    system = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    body = {"model": "claude-x", "system": system,
+            "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object", "properties": {}}}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hello there"}]}]}
+    raw = json.dumps(body).encode()
+    up.reset()
+    reply = httpx.post(gw.base + "/v1/messages/count_tokens", content=raw, timeout=30,
+                       headers={"x-api-key": CLAUDE_KEY, "content-type": "application/json",
+                                "anthropic-beta": "token-counting-2024-11-01", **session()})
+    assert reply.status_code == 200, reply.text
+    [counted] = sent(up, "count_tokens")
+    assert counted.raw == raw and counted.headers.get("anthropic-beta") == "token-counting-2024-11-01"
+
+
 def test_count_tokens_through_the_adapter_is_the_estimate(gw: Gateway, up: ScriptedUpstream) -> None:
     raw = client(gw).messages.with_raw_response.count_tokens(
         model="claude-v1-adapter", messages=[{"role": "user", "content": "hello there"}], extra_headers=session())

@@ -15,6 +15,8 @@ import pytest
 import redis
 
 from ctxgate.proxy.engine.journal import APPEND_FENCE, Journal, RollbackError
+from ctxgate.proxy.engine.redis_state import RedisSessionStore
+from ctxgate.proxy.engine.session import Sessions
 from ctxgate.proxy.engine.state import CompactionRecord, SessionState
 from ctxgate.proxy.errors import ErrorKind, GatewayError
 from ctxgate.wal.backend import Fence, WalFenced, WalUnavailable
@@ -335,4 +337,24 @@ def test_an_append_whose_lease_lapsed_writes_nothing(url: str, tmp_path: Path, r
     elsewhere = Fence("redis://elsewhere:6379/0", "lease", b"stale")
     assert log.append(state.tenant, state.session_id, [{"type": "RESPONSE"}], fence=elsewhere).last_seq == 2
     log.close()
+    journal.close()
+
+
+async def test_a_log_that_cannot_check_the_lock_is_not_written_once_the_lease_lapsed(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """State in Redis, the log in files: the file cannot check the session lock, so the commit
+    reads the lock before it appends; a lease another replica took leaves the log untouched."""
+    store = RedisSessionStore(redis_server.url)
+    journal = Journal(tmp_path, WalConfig(backend="file"))
+    sessions = Sessions(store, journal)
+    session = "fenced-" + str(time.time_ns())
+    raw = redis.Redis.from_url(redis_server.url)
+    with pytest.raises(GatewayError) as lost:
+        async with sessions.transaction("t", session) as tx:
+            tx.write_log = lambda state: journal.checkpoint(state, "compaction")
+            raw.set(f"ctxgate:session:t:{session}:lock", b"another-replica")  # the lease lapsed and was taken
+    assert lost.value.code == "session_lease_lost"
+    assert not journal.writer.exists("t", session) and raw.get(f"ctxgate:session:t:{session}") is None
+    raw.close()
+    await store.close()
     journal.close()

@@ -85,6 +85,10 @@ class WalLog(Protocol):
         `sync`: durable before returning; `fence`: only while it holds (`WalFenced` when not).
         Raises OSError (`WalUnavailable`) when it cannot."""
 
+    def checks(self, fence: Fence) -> bool:
+        """Whether `append` checks `fence` itself (the log is in the Redis that holds its key)."""
+        ...
+
     def ping(self) -> bool:
         """Can the log be written now (its Redis answers; a file log: always)?"""
         ...

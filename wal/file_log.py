@@ -42,9 +42,13 @@ class FileLog:
         files = [*self.paths.archives(tenant, session), self.paths.live(tenant, session)]
         return _read([scan_file(f) for f in files])
 
+    def checks(self, fence: Fence) -> bool:
+        """A file cannot check a fence: a replica's files are its own."""
+        return False
+
     def append(self, tenant: str, session: str, events: list[dict[str, Any]], after_seq: int = 0,
                sync: bool = False, fence: Fence | None = None) -> Appended:
-        """A file cannot check a fence: a replica's files are its own."""
+        """`fence` is not checked here (`checks`)."""
         return self.writer.append(tenant, session, events, after_seq, sync)
 
     def version(self, tenant: str, session: str) -> tuple[Any, ...]:

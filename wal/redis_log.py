@@ -147,6 +147,11 @@ class RedisLog:
 
     # -- writing ---------------------------------------------------------------------------
 
+    def checks(self, fence: Fence) -> bool:
+        """A fence on this Redis: its key shares the session's hash tag, so the append script
+        reads it in the same slot."""
+        return fence.where == self._url
+
     def append(self, tenant: str, session: str, events: list[dict[str, Any]], after_seq: int = 0,
                sync: bool = False, fence: Fence | None = None) -> Appended:
         """`sync` is Redis's persistence and `wait_replicas` (docs/wal.md): every append is
@@ -162,7 +167,7 @@ class RedisLog:
             written = [{"seq": seq + i, "type": e["type"], "timestamp": now, **{k: v for k, v in e.items()
                                                                                  if k != "type"}}
                        for i, e in enumerate(events, start=1)]
-            done, last, checkpoints = self._put(keys, written, fence if fence and fence.where == self._url else None)
+            done, last, checkpoints = self._put(keys, written, fence if fence and self.checks(fence) else None)
             if done < 0:
                 raise WalFenced(f"the lease on {tenant}/{session} lapsed: the log took nothing")
             if done:

@@ -36,11 +36,14 @@ COUNT_HEADER = "X-Ctx-Count"
 class MessagesWire(MessagesExpansion):
     name = "messages"
 
-    def __init__(self, gw: Gateway, conversation: Conversation, raw: bytes, http: web.Request) -> None:
+    def __init__(self, gw: Gateway, conversation: Conversation, raw: bytes, http: web.Request,
+                 counting: bool = False) -> None:
         self._gw = gw
         self._conversation = conversation
         self._body = conversation.body
         self._raw = raw
+        self._counting = counting
+        """The client's request is a count_tokens one: its own bytes are what Anthropic counts."""
         self._version = http.headers.get("anthropic-version")
         self._beta = http.headers.get("anthropic-beta")
         # A client that signs in with a bearer token (Claude Code's OAuth login) and whose tenant
@@ -72,7 +75,9 @@ class MessagesWire(MessagesExpansion):
     async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
         if route.provider != "anthropic":
             return None  # the calibrated estimate counts the litellm adapter's routes
-        call = MessagesCall(self.payload(messages, route), None, self._version, self._beta,
+        payload = self.payload(messages, route)
+        raw = self._raw if self._counting and payload is self._body else None
+        call = MessagesCall(payload, raw, self._version, self._beta,
                             bearer=api_key is not None and api_key == self._bearer)
         return await count_native(self._gw.direct, route, call, api_key)
 
@@ -143,7 +148,7 @@ class MessagesDoor:
         state change."""
         request, conversation = await self.read(http, counting=True)
         headers = {"X-Ctx-Session": request.session_id, COUNT_HEADER: "after-compaction"}
-        wire = MessagesWire(self.gw, conversation, await http.read(), http)
+        wire = MessagesWire(self.gw, conversation, await http.read(), http, counting=True)
         tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, wire,
                                            headers)
         return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type="application/json",

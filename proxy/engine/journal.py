@@ -99,6 +99,10 @@ class Journal:
 
     # -- writing ---------------------------------------------------------------------------
 
+    def checks(self, fence: Fence) -> bool:
+        """Whether the log's appends check `fence` themselves (it is in the lock's Redis)."""
+        return self.writer.checks(fence)
+
     async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
         """What this turn brought and what compaction did, before anything is forwarded."""
         steps, state.wal_pending = state.wal_pending, []

@@ -182,15 +182,17 @@ class RedisSessionStore:
                     return None  # an earlier speculation's result, or none: nobody runs this one
                 await asyncio.sleep(SPECULATION_POLL_S)
 
-    async def fence(self, state: SessionState) -> Fence | None:
+    def fence(self, state: SessionState) -> Fence | None:
         held = self._held.get(state.key)
-        if held is None:
-            return None
-        with reachable():
-            owner = await self._redis.get(held.name)
-        if owner != held.local.token:
-            raise lease_lost(*state.key)
-        return Fence(self._url, held.name, held.local.token)
+        return None if held is None else Fence(self._url, held.name, held.local.token)
+
+    async def confirm(self, state: SessionState) -> None:
+        held = self._held.get(state.key)
+        if held is not None:
+            with reachable():
+                owner = await self._redis.get(held.name)
+            if owner != held.local.token:
+                raise lease_lost(*state.key)
 
     def _remember(self, state: SessionState, parts: dict[str, Any]) -> SessionState:
         if id(state) not in self._stored:

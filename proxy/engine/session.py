@@ -56,11 +56,13 @@ class Sessions:
 
     async def _commit(self, tx: Transaction) -> None:
         """The WAL first, then the store: a change the WAL could not take is not saved either.
-        Neither is written by a replica whose hold on the session lapsed (`SessionStore.fence`,
-        checked before the log is written, again by the log's append script when the log is in
-        the same Redis, and by the state's save script)."""
-        fence = await self.store.fence(tx.state)
+        Neither is written by a replica whose hold on the session lapsed: the session lock is
+        checked by the state's save script, by the log's append script when the log is in the
+        same Redis, and by a read before the append when it is not (`SessionStore.confirm`)."""
+        fence = self.store.fence(tx.state)
         if tx.write_log is not None:
+            if fence is not None and not self.journal.checks(fence):
+                await self.store.confirm(tx.state)
             fenced = APPEND_FENCE.set(fence)
             try:
                 await tx.write_log(tx.state)

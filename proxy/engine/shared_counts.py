@@ -60,18 +60,14 @@ class SharedCounts:
         return f"ctxgate:session:{self._target.tag(tenant, session_id)}{tenant}:{session_id}:counts:{counter_name}"
 
     async def known(self, tenant: str, session_id: str, index: HistoryIndex) -> list[int]:
-        """The counts of the longest prefix of `index`'s messages whose counts are stored (two
-        round trips: the list's length, then the entries if their last one names the same
-        prefix as the request)."""
-        key = self._key(tenant, session_id, index.counter_name)
-        stored = await self._redis.llen(key)
-        m = min(stored, len(index))
-        if m == 0:
+        """The stored counts of `index`'s leading messages, in one round trip: the entries up to
+        the request's length, kept when the last of them names the request's own prefix there."""
+        if not len(index):
             return []
-        entries = await self._redis.lrange(key, 0, m - 1)
-        if len(entries) != m or entries[-1].split(b" ", 1)[0].decode() != index.prefix_hashes[m - 1]:
+        entries = await self._redis.lrange(self._key(tenant, session_id, index.counter_name), 0, len(index) - 1)
+        if not entries or entries[-1].split(b" ", 1)[0].decode() != index.prefix_hashes[len(entries) - 1]:
             return []
-        self._note(tenant, session_id, stored)
+        self._note(tenant, session_id, len(entries))
         return [int(e.split(b" ", 1)[1]) for e in entries]
 
     def keep_later(self, tenant: str, session_id: str, index: HistoryIndex) -> None:

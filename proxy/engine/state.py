@@ -143,10 +143,14 @@ class SessionStore(Protocol):
     async def forget(self, tenant: str, session_id: str) -> None:
         """Drop an in-process copy a failed change may have touched (a no-op where `load`
         returns a fresh copy each time)."""
-    async def fence(self, state: SessionState) -> Fence | None:
+    def fence(self, state: SessionState) -> Fence | None:
+        """The session's lock as this process holds it, for a write to check (the state's save
+        and a log append in the same Redis check it in their own scripts); None: one process,
+        nothing to fence."""
+    async def confirm(self, state: SessionState) -> None:
         """Raise (503 session_lease_lost) when this process no longer holds the session's lock:
-        another replica carried the session on while this one was cut off. Else the lock as a
-        fence the log's append checks again in its own script (None: nothing to check)."""
+        another replica carried the session on while this one was cut off. For a write that
+        cannot check the fence itself (a log in files or in another Redis)."""
     def speculating(self, tenant: str, session_id: str) -> AsyncContextManager[bool]:
         """Claim the session's background compaction across replicas: True while this process
         holds the claim (renewed, released at the end), False when another one does."""
@@ -218,9 +222,12 @@ class MemorySessionStore:
         found = [state for (t, _), state in reversed(self._states.items()) if tenant is None or t == tenant]
         return found[:limit]
 
-    async def fence(self, state: SessionState) -> Fence | None:
+    def fence(self, state: SessionState) -> Fence | None:
         """One process: its lock cannot lapse."""
         return None
+
+    async def confirm(self, state: SessionState) -> None:
+        """One process: its lock cannot lapse."""
 
     @asynccontextmanager
     async def speculating(self, tenant: str, session_id: str) -> AsyncIterator[bool]:

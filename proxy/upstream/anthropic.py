@@ -71,14 +71,19 @@ async def send_native(pool: DirectForwarder, route: Route, call: MessagesCall, *
 
 async def count_native(pool: DirectForwarder, route: Route, call: MessagesCall, api_key: str | None) -> int:
     """Anthropic's own count of `call.body`'s prompt (its `count_tokens` endpoint: free, and
-    the only exact count there is for Claude models)."""
+    the only exact count there is for Claude models): the client's own bytes when they are a
+    count_tokens request ctxgate left as it was (`call.raw`)."""
     url = messages_url(route.api_base, "messages/count_tokens")
-    body = {k: call.body[k] for k in COUNTED_FIELDS if k in call.body}
-    body.update(model=call.body["model"], messages=call.body["messages"])
+    if call.raw is not None:
+        data = call.raw
+    else:
+        body = {k: call.body[k] for k in COUNTED_FIELDS if k in call.body}
+        body.update(model=call.body["model"], messages=call.body["messages"])
+        data = orjson.dumps(body)
     # Asked inside the session's lock, and only an aid (the estimate answers without it): never waited for.
     once = replace(route, retry=replace(route.retry, num_retries=0))
     try:
-        reply = await pool.post(once, url, orjson.dumps(body), _headers(call, api_key, False), stream=False,
+        reply = await pool.post(once, url, data, _headers(call, api_key, False), stream=False,
                                 where=url)
     except UpstreamError as e:  # a GatewayError is what the engine takes for "no count": the estimate answers
         raise e.to_api_error() from None

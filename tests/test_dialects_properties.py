@@ -217,6 +217,15 @@ def test_the_recent_window_reaches_the_upstream_verbatim_or_cut_oldest_first(dia
         assert not f.window, f"{run.where(f)}: " + "; ".join(f.window[:3])
 
 
+def test_a_window_that_only_just_fits_keeps_its_actions_before_the_restored_state_and_the_notes() -> None:
+    """A case the property above draws only in some test orders: the window cut to its floor
+    fits the budget, but not with the restore blocks and three earlier notes beside it. The
+    restored state goes first, then the notes are merged; the window's actions stay verbatim
+    (they used to be summarised by a fallback to the turn in progress)."""
+    run = replayed("tool_calls", 200, 37, 0.2)
+    assert [f"{run.where(f)}: {f.window[0]}" for f in run.turns if f.window] == []
+
+
 @pytest.mark.parametrize("dialect", DIALECTS)
 @SAME_CASES
 @PROPS

@@ -8,7 +8,8 @@ import pytest
 from ctxgate.pipeline.config import RestoreConfig
 from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block
 from ctxgate.pipeline.protocols.base import paths_in
-from ctxgate.pipeline.restore import ActiveRestore, CurrentFile, WorkingState, extract_working_state
+from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, extract_working_state,
+                                      shed_restore_blocks)
 
 from pipeline_builders import call, calls, counter, filler, real_histories, system, tool, user
 
@@ -227,3 +228,16 @@ def test_names_beyond_the_restored_contents_are_listed() -> None:
     names = next(b["content"] for b in blocks if "Current files:" in b["content"])
     assert all(f"/f{i}.py" in names for i in range(8))
     assert sum("Latest content seen of" in b["content"] for b in blocks) == 2
+
+
+def test_blocks_are_shed_least_important_first_until_the_request_fits() -> None:
+    c = counter()
+    history = transcript()
+    blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
+    messages = history[:2] + blocks + history[2:]
+    full, bare = c.count_messages(messages), c.count_messages(history)
+    assert shed_restore_blocks(messages, c, full) == messages
+    assert shed_restore_blocks(messages, c, bare) == history
+    assert shed_restore_blocks(messages, c, bare - 1) is None
+    kept = shed_restore_blocks(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]))
+    assert kept == history[:2] + blocks[:2] + history[2:]

@@ -24,10 +24,10 @@ from ...pipeline.conversation import Kind, read_conversation
 from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
 from ...pipeline.protocols import PLAIN, detect_dialect
 from ...pipeline.refs import REF_RE, CutLog
-from ...pipeline.restore import extract_working_state
+from ...pipeline.restore import extract_working_state, shed_restore_blocks
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
-from ...pipeline.types import CompressionRequest, Reason, RecentWindow
+from ...pipeline.types import CompressionRequest, CompressionResult, Reason, RecentWindow
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
 from .depth import Depth, anchored, chain_config, growth_per_turn, merge_due, plan_depth, with_window
@@ -172,6 +172,14 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         pipeline = pipeline_of(config)
     result = await pipeline.compact(request)
     hard = budget - turn.outside_tokens()
+    # Over the budget, what goes before the recent window does: the restored state first, then
+    # (when no summary was asked for yet) the earlier notes, merged by this point's one summary.
+    result = _shed(result, turn.counter, hard)
+    if result.tokens_after > hard and request.anchored and not summaries and "autocompact" in cfg.levels:
+        merging = replace(request, anchored=False)
+        merged = _shed(await pipeline_of(chain_config(cfg, request.window, True)).compact(merging), turn.counter, hard)
+        if merged.tokens_after < result.tokens_after:
+            request, result = merging, merged
     if result.tokens_after > hard:
         # The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
         # it verbatim would only forward a request the provider refuses. Only the turn in
@@ -212,6 +220,17 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                     (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
                     0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
+
+
+def _shed(result: CompressionResult, counter: TokenCounter, limit: int) -> CompressionResult:
+    """`result` without the restore blocks it cannot afford under `limit` (`shed_restore_blocks`);
+    as it is if it fits, or does not fit even without them."""
+    if result.tokens_after <= limit:
+        return result
+    shed = shed_restore_blocks(result.compressed_messages, counter, limit)
+    if shed is None:
+        return result
+    return replace(result, compressed_messages=shed, tokens_after=counter.count_messages(shed))
 
 
 class Compactor:

@@ -21,6 +21,10 @@ $(VENV)/.installed-dev: $(BIN)/python pyproject.toml
 run: $(VENV)/.installed
 	$(BIN)/ctxgate serve $(ARGS)
 
+# Test files run on TEST_WORKERS processes, each file whole on one of them (its module
+# fixtures, servers included, are built once): `make test TEST_WORKERS=0` runs them in this one.
+TEST_WORKERS ?= 2
+
 # The dashboard's browser tests drive Debian's headless Chromium: installed here when run as
 # root and missing; if apt fails the browser tests skip, they do not fail.
 test: $(VENV)/.installed-dev
@@ -29,7 +33,7 @@ test: $(VENV)/.installed-dev
 		|| echo "could not install chromium; the browser tests will skip"; fi
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 $(VENV)/.installed-bench: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,bench]'

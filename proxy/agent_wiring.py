@@ -6,7 +6,9 @@ session in the base URLs. An agent that reads none of them gets what it does rea
 - **Codex** ignores `OPENAI_BASE_URL` and talks to its own host, first over a WebSocket: it
   gets a model provider of its own through `-c` overrides (`wire_api = "responses"`, HTTP),
   made the one it uses. The user's `~/.codex/config.toml` is not touched.
-- **OpenHands** reads `LLM_BASE_URL`: it gets the OpenAI base URL there.
+- **OpenHands** (the `openhands` CLI) reads `LLM_BASE_URL` only when given
+  `--override-with-envs`, else the settings it saved under `~/.openhands` (their own base
+  URL): it gets the OpenAI base URL there and the flag, which overrides for this run only.
 - **aider** and **mini-swe-agent** call models through litellm, which prefers
   `ANTHROPIC_API_BASE` to `ANTHROPIC_BASE_URL` and `OPENAI_BASE_URL` to `OPENAI_API_BASE`:
   every agent gets all four, so a user's own `ANTHROPIC_API_BASE` cannot send one around
@@ -24,6 +26,8 @@ from typing import Mapping
 
 CODEX_PROVIDER = "ctxgate"
 """The model provider `ctxgate run` gives Codex."""
+OPENHANDS_ENV_FLAG = "--override-with-envs"
+"""What makes OpenHands take `LLM_BASE_URL` (and `LLM_MODEL`, `LLM_API_KEY`) over its saved settings."""
 SHOWN_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_BASE",
                    "ANTHROPIC_CUSTOM_HEADERS", "LLM_BASE_URL", "CTXGATE_URL", "CTXGATE_SESSION", "NO_PROXY")
 AGENTS = {"claude": "Claude Code", "codex": "Codex", "aider": "aider", "mini": "mini-swe-agent",
@@ -56,6 +60,8 @@ def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str) -
         return Wiring([argv[0], *added, *argv[1:]], env, added, agent)
     if agent == "OpenHands":
         env["LLM_BASE_URL"] = env["OPENAI_BASE_URL"]
+        added = [] if OPENHANDS_ENV_FLAG in argv else [OPENHANDS_ENV_FLAG]
+        return Wiring([argv[0], *added, *argv[1:]], env, added, agent)  # before any subcommand
     return Wiring(list(argv), env, agent=agent)
 
 

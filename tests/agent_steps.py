@@ -1,7 +1,8 @@
 """A scripted model for real agents: its next step depends on what reaches it.
 
-Model `agent-steps-N` (or `agent-steps-N-thinking`) runs N steps of one tool (the first tool the request offers, whose
-first string parameter takes a shell command), then finishes. Step k's command prints the
+Model `agent-steps-N` (or `agent-steps-N-thinking`) runs N steps of one tool (a shell tool of
+SHELL_TOOLS, else the first tool the request offers, whose `command` or first string parameter
+takes a shell command), then finishes. Step k's command prints the
 marker `STEP-k-OK` and a bulk of output that fills the context. The model reads its progress
 from the request's newest observation only (the last message, a tool result or a user
 turn): a gateway that lost or cut the newest step verbatim makes it finish with `LOST`
@@ -10,6 +11,10 @@ instead of carrying on, so the agent's final answer says whether every step arri
 The finishing command is mini-swe-agent's (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`
 then the answer on the next line); an agent with its own tool (the Agents SDK test's) runs
 it as any other command and answers with its output.
+
+A chat request that offers no tools (aider's: it runs the ```bash blocks of a reply, when
+the user agrees, and adds their output to the chat as a user turn) gets a text reply
+(`text_reply`): the next step as a ```bash block, then the answer itself as plain text.
 """
 from __future__ import annotations
 
@@ -64,20 +69,25 @@ def command_after(step: int | None, total: int) -> str:
     return f"echo STEP-{step + 1}-OK && seq 1 {BULK_LINES}"
 
 
-SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command")
+SHELL_TOOLS = ("bash", "Bash", "exec_command", "shell", "run_shell_command", "terminal")
 """Names of a shell tool, taken before the first tool offered (Claude Code offers a dozen)."""
 
 
-def _command_parameter(parameters: Any) -> str:
-    properties = parameters.get("properties", {}) if isinstance(parameters, dict) else {}
-    return next((name for name, spec in properties.items() if isinstance(spec, dict)
-                 and spec.get("type") == "string"), "command")
+def _command_parameter(properties: dict[str, Any]) -> str:
+    """`command` when it is a string parameter (OpenHands' comes after two others), else the first string one."""
+    strings = [name for name, spec in properties.items() if isinstance(spec, dict) and spec.get("type") == "string"]
+    return "command" if "command" in strings else next(iter(strings), "command")
 
 
-def _shell_tool(tools: list[tuple[str, Any]]) -> tuple[str, str]:
-    """(name, command parameter) of the shell tool among (name, JSON schema) pairs."""
+def _shell_call(tools: list[tuple[str, Any]], command: str) -> tuple[str, dict[str, Any]]:
+    """(name, arguments) of a call running `command` with the shell tool among (name, JSON schema)
+    pairs. A required parameter with fixed choices (OpenHands' `security_risk`) gets its first."""
     name, schema = next((t for t in tools if t[0] in SHELL_TOOLS), tools[0] if tools else ("bash", None))
-    return name, _command_parameter(schema)
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    required = schema.get("required", []) if isinstance(schema, dict) else []
+    chosen = {p: spec["enum"][0] for p, spec in properties.items()
+              if p in required and isinstance(spec, dict) and spec.get("enum")}
+    return name, {**chosen, _command_parameter(properties): command}
 
 
 def _answer(observed: str) -> str | None:
@@ -98,8 +108,7 @@ def chat_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
                 "finish_reason": "stop"}
     offered = [((t.get("function") or {}).get("name", ""), (t.get("function") or {}).get("parameters"))
                for t in body.get("tools") or [] if isinstance(t, dict)]
-    name, parameter = _shell_tool(offered)
-    arguments = {parameter: command_after(newest_step(observed, answered), steps_of(model))}
+    name, arguments = _shell_call(offered, command_after(newest_step(observed, answered), steps_of(model)))
     call = {"id": f"call_step_{next(_CALLS)}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments)}}
     return {"index": i, "message": {"role": "assistant", "content": "Carrying on.", "tool_calls": [call]},
@@ -118,8 +127,7 @@ def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict
                  "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
     offered = [(t.get("name", ""), t.get("parameters")) for t in body.get("tools") or []
                if isinstance(t, dict) and t.get("type") == "function"]
-    name, parameter = _shell_tool(offered)
-    arguments = {parameter: command_after(newest_step(observed, answered), steps_of(model))}
+    name, arguments = _shell_call(offered, command_after(newest_step(observed, answered), steps_of(model)))
     return [{"type": "function_call", "id": f"fc_{suffix}", "call_id": f"call_{suffix}", "status": "completed",
              "name": name, "arguments": json.dumps(arguments)}]
 
@@ -138,6 +146,56 @@ def anthropic_content(body: dict[str, Any], model: str, suffix: str) -> tuple[li
     if (answer := _answer(observed)) is not None:
         return [{"type": "text", "text": answer}], "end_turn"
     offered = [(t.get("name", ""), t.get("input_schema")) for t in body.get("tools") or [] if isinstance(t, dict)]
-    name, parameter = _shell_tool(offered)
-    command = command_after(newest_step(observed, answered), steps_of(model))
-    return [{"type": "tool_use", "id": f"toolu_{suffix}", "name": name, "input": {parameter: command}}], "tool_use"
+    name, arguments = _shell_call(offered, command_after(newest_step(observed, answered), steps_of(model)))
+    return [{"type": "tool_use", "id": f"toolu_{suffix}", "name": name, "input": arguments}], "tool_use"
+
+
+TEXT_COMMAND_TAIL_S = 1
+"""A text-protocol command lasts a moment past its output, as a real one does: aider at a
+terminal copies a command's output only while the command is alive (pexpect's `interact`), so
+a command done in milliseconds would reach the chat cut, or not at all."""
+_ASKED = re.compile(r"^echo STEP-(\d+)-OK ", re.M)
+"""The step a reply of the text protocol asked for: its ```bash block's command."""
+_REPORTED = re.compile(r"^STEP-(\d+)-OK\s*$", re.M)
+"""A step's marker as its command printed it, on a line of its own (not the command echoed)."""
+
+
+def asked_step(reply: str) -> int | None:
+    """The step a text-protocol reply asked the agent to run; None for an answer."""
+    found = _ASKED.findall(reply)
+    return int(found[-1]) if found else None
+
+
+def text_step(messages: list[Any]) -> int | None:
+    """The step the text protocol has reached: the one its newest reply in `messages` asked for,
+    when the turns after that reply carry its output; 0 before any step (no step named
+    anywhere); None when the newest step did not arrive (its reply or its output was lost).
+
+    The agent adds turns of its own after a reply (aider: "Ok" after the output, the user's
+    next message, a system reminder), so the model's replies are told apart by their command."""
+    said = [(m.get("role"), _text(m.get("content"))) for m in messages if isinstance(m, dict)]
+    replies = [i for i, (role, text) in enumerate(said) if role == "assistant" and asked_step(text) is not None]
+    if not replies:
+        return 0 if not any("STEP-" in text for _, text in said) else None
+    asked = asked_step(said[replies[-1]][1])
+    after = "\n".join(text for _, text in said[replies[-1] + 1:])
+    return asked if str(asked) in _REPORTED.findall(after) else None
+
+
+def text_reply(messages: list[Any], total: int) -> str:
+    """The text protocol's reply: the next step's command in a ```bash block, or the answer
+    (`DONE-N` once every step arrived, `LOST` when the newest one did not)."""
+    step = text_step(messages)
+    if step is None:
+        return "LOST"
+    if step >= total:
+        return f"DONE-{total}"
+    command = f"echo STEP-{step + 1}-OK && seq 1 {BULK_LINES} && sleep {TEXT_COMMAND_TAIL_S}"
+    return f"Running step {step + 1}.\n\n```bash\n{command}\n```\n"
+
+
+def text_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
+    """A Chat Completions choice of the text protocol, for a request that offers no tools."""
+    content = text_reply(body.get("messages") or [], steps_of(model))
+    return {"index": i, "message": {"role": "assistant", "content": content}, "logprobs": None,
+            "finish_reason": "stop"}

@@ -19,9 +19,12 @@ from typing import Callable
 import pytest
 
 AGENTS_DIR = Path(os.environ.get("CTXGATE_AGENTS_DIR") or Path.home() / ".cache" / "ctxgate" / "agents")
-PYPI_AGENTS = {"mini-swe-agent": "2.4.6", "openai-agents": "0.24.0"}
+PYPI_AGENTS = {"mini-swe-agent": "2.4.6", "openai-agents": "0.24.0", "aider-chat": "0.86.2",
+               "openhands": "1.16.0"}
 NPM_AGENTS = {"@openai/codex": "0.171.0", "@anthropic-ai/claude-code": "2.1.332"}
 """Pinned: a new release is taken on purpose, with the tests run against it."""
+PYTHONS = {"openhands": "3.12"}
+"""Agents that install only on another Python than the tests' own (OpenHands: 3.12 alone)."""
 _UNREACHABLE = re.compile(r"Temporary failure in name resolution|Failed to establish a new connection|"
                           r"Network is unreachable|Connection refused|timed out|Could not fetch URL|"
                           r"No route to host|Name or service not known|ECONNREFUSED|ENOTFOUND|EAI_AGAIN|"
@@ -36,12 +39,27 @@ def pypi_agent(package: str) -> Path:
     if installed.exists():
         return venv / "bin"
     AGENTS_DIR.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
+    subprocess.run([_python(package), "-m", "venv", "--clear", str(venv)], check=True, timeout=300)
     pip = str(venv / "bin" / "pip")
     _install(f"{package}=={version}", [pip, "install", "--quiet", "--disable-pip-version-check",
                                         f"{package}=={version}"], lambda: _index_unreachable(pip, package))
     installed.touch()
     return venv / "bin"
+
+
+def _python(package: str) -> str:
+    """The interpreter of `package`'s virtualenv: the tests' own, or the version it needs
+    (`pythonX.Y` on PATH, else pyenv's); the test skips when none runs."""
+    version = PYTHONS.get(package)
+    if version is None:
+        return sys.executable
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    installed = sorted(pyenv.glob(f"versions/{version}.*/bin/python{version}"))
+    candidates = [shutil.which(f"python{version}"), *map(str, installed)]
+    for candidate in candidates:  # a pyenv shim is on PATH but fails where that version is not selected
+        if candidate and subprocess.run([candidate, "-c", ""], capture_output=True, timeout=60).returncode == 0:
+            return candidate
+    pytest.skip(f"{package}=={PYPI_AGENTS[package]}: needs Python {version}, which is not installed")
 
 
 def npm_agent(package: str, command: str) -> Path:

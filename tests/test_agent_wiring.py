@@ -20,16 +20,21 @@ def test_every_agent_gets_the_base_urls_litellm_and_the_sdks_read(command: list[
     user = {"ANTHROPIC_API_BASE": "https://api.anthropic.com", "OPENAI_BASE_URL": "https://api.openai.com/v1",
             "OPENAI_API_KEY": "sk-user"}
     wired = wire(command, user, BASE, "s-1")
-    assert wired.agent == agent and wired.argv == command
+    assert wired.agent == agent and wired.argv == [command[0], *wired.added_args, *command[1:]]
     assert (wired.env["ANTHROPIC_API_BASE"], wired.env["ANTHROPIC_BASE_URL"]) == (OWN, OWN)
     assert (wired.env["OPENAI_BASE_URL"], wired.env["OPENAI_API_BASE"]) == (f"{OWN}/v1", f"{OWN}/v1")
     assert wired.env["OPENAI_API_KEY"] == "sk-user"  # keys untouched
     assert f"agent recognised as {agent}" in wired.explain() and f"ANTHROPIC_API_BASE={OWN}" in wired.explain()
 
 
-def test_openhands_gets_its_own_variable() -> None:
-    wired = wire(["openhands", "--task", "x"], {}, BASE, "s-1")
+def test_openhands_gets_its_own_variable_and_the_flag_that_makes_it_read_it() -> None:
+    # Without the flag OpenHands ignores LLM_BASE_URL for the base URL of its saved settings.
+    wired = wire(["openhands", "--headless", "-t", "x"], {}, BASE, "s-1")
     assert wired.env["LLM_BASE_URL"] == f"{OWN}/v1" and f"LLM_BASE_URL={OWN}/v1" in wired.explain()
+    assert wired.argv == ["openhands", "--override-with-envs", "--headless", "-t", "x"]
+    assert "--override-with-envs" in wired.explain()
+    given = ["openhands", "--override-with-envs", "-t", "x"]
+    assert wire(given, {}, BASE, "s-1").argv == given  # not twice
     assert "LLM_BASE_URL" not in wire(["aider"], {}, BASE, "s-1").env
 
 

@@ -48,16 +48,23 @@ def limited(tmp_path: Path) -> Any:
     upstream.stop()
 
 
-def _run(config: Path | None, session: str, argv: list[str], cwd: Path, url: str | None = None,
-         **env: str) -> subprocess.CompletedProcess[str]:
-    """`ctxgate run` the agent, as a user would, with the tenant's key as its OpenAI key: with a
-    gateway of its own from `config`, or through the one at `url`."""
+def _launch(config: Path | None, session: str, argv: list[str], cwd: Path, url: str | None = None,
+            **env: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment to `ctxgate run` the agent, as a user would, with the
+    tenant's key as its OpenAI key: with a gateway of its own from `config`, or through the one
+    at `url`."""
     home = cwd / "home"  # the agents write their own config and caches under HOME: not the tester's
     home.mkdir(exist_ok=True)
     where = ["--url", url] if url else ["--config", str(config)]
-    return subprocess.run([*ctxgate_command(), "run", *where, "--session", session, "--", *argv],
-                          cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**child_env(), "HOME": str(home), "OPENAI_API_KEY": KEYS["acme"], **env})
+    return ([*ctxgate_command(), "run", *where, "--session", session, "--", *argv],
+            {**child_env(), "HOME": str(home), "OPENAI_API_KEY": KEYS["acme"], **env})
+
+
+def _run(config: Path | None, session: str, argv: list[str], cwd: Path, url: str | None = None,
+         **env: str) -> subprocess.CompletedProcess[str]:
+    """`ctxgate run` the agent (see `_launch`), its output captured."""
+    command, environ = _launch(config, session, argv, cwd, url, **env)
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600, env=environ)
 
 
 def _shrinks(prompts: list[int]) -> int:

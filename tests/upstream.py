@@ -10,6 +10,7 @@ it receives:
 - a name containing `tools`: a tool call to the first tool of the request;
 - `agent-steps-N`: a model for real agents, N steps of shell commands whose next one depends
   on the newest observation that reached it (tests/agent_steps.py), on chat and Responses;
+  on chat without tools, a text reply whose ```bash block is the next step (aider's protocol);
 - `error-<status>`: that HTTP status with an OpenAI error object (a 429 with `retry-after: 1`);
 - `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
@@ -50,7 +51,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from agent_steps import chat_choice, is_steps_model
+from agent_steps import chat_choice, is_steps_model, text_choice
 
 _spec = importlib.util.find_spec("litellm")
 if _spec is not None and _spec.origin:  # tiktoken's BPE files from the litellm wheel: never downloaded
@@ -339,8 +340,9 @@ class ScriptedUpstream:
                                   "system_fingerprint": "fp_scripted", "choices": choices, "usage": usage})
 
     def _choice(self, body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
-        if is_steps_model(model):
-            return chat_choice(body, model, i)
+        if is_steps_model(model):  # no tools but the gateway's (aider): a text reply, whose ```bash block it runs
+            agents = [name for name in offered_tools(body) if name != EXPAND_TOOL]
+            return chat_choice(body, model, i) if agents else text_choice(body, model, i)
         if (expanding := expansion_call(body, model)) is not None:
             return {"index": i, "message": {"role": "assistant", "content": None, "tool_calls": expanding},
                     "logprobs": None, "finish_reason": "tool_calls"}

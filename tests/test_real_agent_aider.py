@@ -1,0 +1,88 @@
+"""aider, unmodified, through `ctxgate run`, driven at a terminal as a user would drive it.
+
+aider offers the model no tools: it sends Chat Completions with plain text, and runs the
+```bash blocks of a reply once the user agrees ("Run shell command?"; `--yes-always` never
+agrees to that), then offers to add their output to the chat ("Add command output to the
+chat?"), which it does as a user turn followed by its own "Ok". It does not go back to the
+model by itself: the user's next message does. So the test answers aider's prompts through a
+pseudo-terminal (pexpect): yes to both questions, then `continue`, step after step, past the
+context limit, until the scripted model's reply is an answer (`DONE-N`, or `LOST` when the
+newest step's output did not reach it: tests/agent_steps.py, `text_reply`).
+
+aider summarises its history itself only once it has applied a file edit (its "done" messages
+grow only then); the scripted model never edits, so every compaction point is ctxgate's.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+import pexpect
+
+from agent_steps import asked_step
+from ctxgate.pipeline.turns import is_valid_sequence
+from real_agents import pypi_agent
+from test_real_agents import LIMIT, MODEL, STEPS, _check_upstream, _launch, _limited
+from upstream import Received
+
+AIDER_FLAGS = ["--edit-format", "diff", "--no-git", "--no-check-update", "--analytics-disable",
+               "--no-show-release-notes", "--no-show-model-warnings", "--no-pretty", "--no-fancy-input"]
+"""`diff`: the edit format whose coder runs shell blocks (aider gives a model it does not know
+`whole`, which ignores them); no git repository to offer to create, no update check, no
+analytics or release-notes question, no warning about the unknown model, plain terminal
+output and input, so that its prompts can be read and answered."""
+PROMPT_TIMEOUT_S = 120
+"""Per prompt of aider: generous, for a loaded machine (a step takes a few seconds)."""
+RUN_SHELL = r"Run shell commands?\? .*: $"
+ADD_OUTPUT = r"Add command output to the chat\? .*: $"
+READY = r"\n(diff)?> $"
+"""aider's input prompt, named by its edit format when that is not the model's own."""
+ANSWER = re.compile(r"^(DONE-\d+|LOST)\s*$", re.M)
+
+
+def _drive(child: pexpect.spawn, task: str, steps: int) -> str:
+    """Give aider `task`, agree to each command the model proposes and to adding its output, ask
+    it to continue, until a reply proposes no command: that reply's text."""
+    child.expect(READY)
+    child.sendline(task)
+    for _ in range(steps + 2):  # a reply per step, then the answer; a reply more is a runaway
+        if child.expect([RUN_SHELL, READY]) == 1:
+            return str(child.before)
+        child.sendline("y")
+        child.expect(ADD_OUTPUT)
+        child.sendline("y")
+        child.expect(READY)
+        child.sendline("continue")
+    raise AssertionError(f"aider still running steps after {steps + 2} replies")
+
+
+def _reply(received: Received) -> str:
+    """The text the scripted upstream streamed back for one request."""
+    frames = [orjson.loads(line[6:]) for line in received.response.splitlines() if line.startswith(b"data: {")]
+    return "".join(c["delta"].get("content") or "" for f in frames for c in f["choices"])
+
+
+def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
+    aider = pypi_agent("aider-chat") / "aider"
+    upstream, config = _limited(tmp_path, LIMIT, MODEL)
+    command, env = _launch(config, "aider-1", [str(aider), "--model", f"openai/{MODEL}", *AIDER_FLAGS], tmp_path,
+                           SHELL="/bin/sh")  # aider runs a command with `$SHELL -i -c`: no rc files of the tester's
+    child = pexpect.spawn(command[0], command[1:], cwd=str(tmp_path), env=env, encoding="utf-8",
+                          timeout=PROMPT_TIMEOUT_S)
+    try:
+        last = _drive(child, "Run the steps you are given, one at a time.", STEPS)
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        child.close()
+        assert child.exitstatus == 0, (child.exitstatus, child.signalstatus, last[-2000:])
+        assert [a.group(1) for a in ANSWER.finditer(last)] == [f"DONE-{STEPS}"], last[-2000:]
+        received = _check_upstream(upstream, "chat")
+        for r in received:
+            assert is_valid_sequence(r.body["messages"]), r.body["messages"]
+            assert "summarize this partial conversation" not in r.raw.decode(), "aider summarised by itself"
+        asked = [asked_step(_reply(r)) for r in received]
+        assert [a for a in asked if a is not None] == list(range(1, STEPS + 1)), asked  # none lost, none re-run
+    finally:
+        child.close(force=True)
+        upstream.stop()

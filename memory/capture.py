@@ -46,7 +46,9 @@ MANIFEST_LANGUAGE = {"pyproject.toml": "python", "requirements.txt": "python", "
              "go.mod": "go", "Cargo.toml": "rust"}
 _FRAMEWORKS = ("django", "flask", "fastapi", "pytest", "react", "vue", "next", "express", "gin", "tokio",
                "numpy", "pandas", "sqlalchemy", "aiohttp", "spring", "rails")
-_LISTING_LINE = re.compile(r"^/?[\w.@+-][\w./@+-]*/?$")
+_LISTING_LINE = re.compile(r"^(?=.*[A-Za-z])/?[\w.@+-][\w./@+-]*/?$")
+"""A name in a listing: path characters only, and a letter among them (a column of numbers,
+`seq`'s or a count's, is not a listing)."""
 
 
 def text_of(content: Any) -> str:

@@ -83,6 +83,16 @@ def test_capture_finds_preferences_corrections_project_facts_and_references() ->
     assert workspace_root(CONVERSATION) == "/workspace/acme-shop"
 
 
+def test_a_column_of_numbers_is_not_a_listing_of_files() -> None:
+    output = "STEP-1-OK\n" + "\n".join(str(i) for i in range(1, 301))
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "seq 1 300"}'}}
+    messages = [{"role": "user", "content": "Run the steps."}, {"role": "assistant", "content": None,
+                                                                 "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": output}]
+    found = capture(messages, set(range(len(messages))), _cut, now=1000.0)
+    assert not [c for _, c in found if "file_index" in c.data], found
+
+
 def test_capture_only_looks_at_the_messages_it_is_given() -> None:
     assert capture(CONVERSATION, {0, 2, 4}, _cut) == []
 

@@ -3,6 +3,7 @@ statement, its newest user message; and whether a provider accepts a message seq
 How messages group into steps is the conversation model's (`conversation.py`)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .types import Message
@@ -11,13 +12,31 @@ INSTRUCTION_ROLES = ("system", "developer")
 DEMONSTRATION_PREFIX = "Here is a demonstration of how to correctly accomplish this task"
 """How SWE-agent opens the worked example of another task it sends as the first user
 message, before the real task."""
+EXAMPLES_CLOSER = "I switched to a new code base. Please don't consider the above files"
+"""How aider closes the worked examples of its edit format, sent as user and assistant turns
+right after its system prompt: they and the reply to this turn are instructions, not the task."""
+EXAMPLES_SCAN = 24
+"""How far past the system messages the examples' closing turn is looked for."""
+_ACKNOWLEDGEMENT = re.compile(r"Ok\.?|Ok, (?:I will use these|I won't try and edit|any changes I propose will be to)"
+                             r"[^\n]{0,60}")
+"""A reply a client writes itself to context it hands over in a user turn (aider's "Ok.",
+"Ok, I will use these files as references."): that user turn is not the task."""
 
 
 def leading_instructions(messages: list[Message]) -> int:
-    """How many leading system/developer messages there are (never dropped or altered)."""
+    """How many messages open the request as instructions (never dropped or altered): the
+    leading system/developer messages, and the worked examples a client closes itself after
+    them (`EXAMPLES_CLOSER`), through the reply to the closing turn."""
     n = 0
     while n < len(messages) and messages[n].get("role") in INSTRUCTION_ROLES:
         n += 1
+    for i in range(n, min(len(messages), n + EXAMPLES_SCAN)):
+        m = messages[i]
+        if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or not isinstance(m.get("content"), str):
+            break
+        if m["role"] == "user" and m["content"].startswith(EXAMPLES_CLOSER):
+            replied = i + 1 < len(messages) and messages[i + 1].get("role") == "assistant"
+            return i + 2 if replied else i + 1
     return n
 
 
@@ -29,9 +48,16 @@ def first_user_index(messages: list[Message]) -> int | None:
 
 
 def task_index(messages: list[Message]) -> int | None:
-    """The task statement: the first user message, or the user message right after it when
-    the first is a demonstration of another task (SWE-agent)."""
-    first = first_user_index(messages)
+    """The task statement: the first user message after the instructions, or the user message
+    right after it when the first is a demonstration of another task (SWE-agent). A user turn
+    the client answers itself (`_ACKNOWLEDGEMENT`) is context, not the task, when a user
+    message follows it."""
+    first = _first_user_from(messages, leading_instructions(messages))
+    while first is not None and _acknowledged(messages, first):
+        later = _first_user_from(messages, first + 2)
+        if later is None:
+            break
+        first = later
     if first is None:
         return None
     content = messages[first].get("content")
@@ -40,6 +66,18 @@ def task_index(messages: list[Message]) -> int | None:
             and messages[following].get("role") == "user"):
         return following
     return first
+
+
+def _first_user_from(messages: list[Message], start: int) -> int | None:
+    return next((i for i in range(start, len(messages)) if messages[i].get("role") == "user"), None)
+
+
+def _acknowledged(messages: list[Message], user: int) -> bool:
+    """The turn after `messages[user]` is the client's own acknowledgement of it."""
+    reply = messages[user + 1] if user + 1 < len(messages) else {}
+    content = reply.get("content")
+    return (reply.get("role") == "assistant" and not reply.get("tool_calls") and isinstance(content, str)
+            and _ACKNOWLEDGEMENT.fullmatch(content.strip()) is not None)
 
 
 def kept_characters(messages: list[Message]) -> int:

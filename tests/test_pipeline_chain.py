@@ -269,3 +269,26 @@ async def test_the_task_after_a_demonstration_is_kept_not_the_demonstration() ->
     assert task in out, "the task statement is pinned"
     assert demo not in out, "the demonstration is history like any other"
     assert out[0] == h[0] and out[-1] == h[-1]
+
+
+async def test_worked_examples_a_client_closes_itself_are_instructions_and_the_task_follows_them() -> None:
+    """aider sends worked examples of its edit format as user and assistant turns, closes them
+    with a turn setting them aside, and hands over context it answers itself ("Ok."). The
+    examples stay whole with the system prompt; the task is the first turn the model answered."""
+    examples = [user("Change get_factorial() to use math.factorial"),
+                assistant("mathweb/flask/app.py\n" + filler(300, 1)),
+                user("I switched to a new code base. Please don't consider the above files or try to edit them any "
+                     "longer."), assistant("Ok.")]
+    task = user("Make the config loader accept retry_after. TASK-7")
+    h = [system(), *examples, user("I am not sharing any files that you can edit yet."), assistant("Ok."), task]
+    for i in range(30):
+        h += [assistant(f"Running step {i}.\n\n```bash\necho STEP-{i}-OK\n```"), user(f"Output {i}: " + filler(120, i)),
+              assistant("Ok"), user("continue")]
+    pipeline = build_pipeline(PipelineConfig(), summarize=Scripted(), effective_budget=6000,
+                              working_state=extract_working_state(h, PipelineConfig().restore))
+    result = await compact(pipeline, h, 3000)
+    out = result.compressed_messages
+    assert result.fits
+    assert out[:5] == h[:5], "the examples stay with the system prompt, as sent"
+    assert task in out, "the task statement is pinned"
+    assert out[-1] == h[-1]

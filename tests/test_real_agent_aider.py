@@ -39,6 +39,9 @@ ADD_OUTPUT = r"Add command output to the chat\? .*: $"
 READY = r"\n(diff)?> $"
 """aider's input prompt, named by its edit format when that is not the model's own."""
 ANSWER = re.compile(r"^(DONE-\d+|LOST)\s*$", re.M)
+TASK = "Run the steps you are given, one at a time."
+EXAMPLE = "Change get_factorial() to use math.factorial"
+"""The first of aider's worked examples of its edit format, sent before the task every turn."""
 
 
 def _drive(child: pexpect.spawn, task: str, steps: int) -> str:
@@ -71,7 +74,7 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
     child = pexpect.spawn(command[0], command[1:], cwd=str(tmp_path), env=env, encoding="utf-8",
                           timeout=PROMPT_TIMEOUT_S)
     try:
-        last = _drive(child, "Run the steps you are given, one at a time.", STEPS)
+        last = _drive(child, TASK, STEPS)
         child.sendline("/exit")
         child.expect(pexpect.EOF)
         child.close()
@@ -81,6 +84,8 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
         for r in received:
             assert is_valid_sequence(r.body["messages"]), r.body["messages"]
             assert "summarize this partial conversation" not in r.raw.decode(), "aider summarised by itself"
+            said = [m["content"] for m in r.body["messages"] if m["role"] == "user" and isinstance(m["content"], str)]
+            assert said[0] == EXAMPLE and any(s.startswith(TASK) for s in said), said[:8]  # compaction kept both
         asked = [asked_step(_reply(r)) for r in received]
         assert [a for a in asked if a is not None] == list(range(1, STEPS + 1)), asked  # none lost, none re-run
     finally:

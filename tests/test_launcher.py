@@ -177,6 +177,17 @@ def test_no_command_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
     assert not (tmp_path / ".ctxgate").exists()
 
 
+def test_an_agent_that_cannot_be_started_exits_127_or_126_with_one_line(tmp_path: Path, running: Gateway) -> None:
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\necho ran\n")  # not executable
+    missing = ctxgate_run(["--url", running.url, "--", str(tmp_path / "no-such-agent")], tmp_path)
+    denied = ctxgate_run(["--url", running.url, "--", str(script)], tmp_path)
+    assert missing.returncode == 127 and denied.returncode == 126
+    assert missing.stderr.strip().splitlines()[-1] == f"ctxgate run: command not found: {tmp_path / 'no-such-agent'}"
+    assert denied.stderr.strip().splitlines()[-1] == f"ctxgate run: cannot run {script}: Permission denied"
+    assert "Traceback" not in missing.stderr + denied.stderr
+
+
 def test_unreachable_url_is_refused_before_the_agent_runs(tmp_path: Path) -> None:
     marker = tmp_path / "agent-ran"
     url = f"http://127.0.0.1:{free_port()}"

@@ -20,7 +20,7 @@ import orjson
 from .config import RestoreConfig
 from .conversation import read_conversation
 from .protocols.base import readable_text
-from .notes import RESTORE_MARKER, is_restore_block, system_note
+from .notes import RESTORE_MARKER, system_note
 from .tokens import TokenCounter
 from .types import Message
 
@@ -216,18 +216,3 @@ class ActiveRestore:
             used += counter.count_structured(block)
         return out
 
-
-def shed_restore_blocks(messages: list[Message], counter: TokenCounter, limit: int) -> list[Message] | None:
-    """`messages` with their restore blocks dropped, the least important (the last) first,
-    until they fit `limit` tokens; None if they do not fit even without any. A compaction
-    whose recent window only just fits gives up the restored state before it gives up the
-    window: the newest steps verbatim are worth more than a list of what came before them."""
-    kept = list(messages)
-    tokens = counter.count_messages(kept)
-    while tokens > limit:
-        at = next((i for i in range(len(kept) - 1, -1, -1) if is_restore_block(kept[i])), None)
-        if at is None:
-            return None
-        del kept[at]
-        tokens = counter.count_messages(kept)
-    return kept

@@ -16,7 +16,7 @@ from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
 from ctxgate.proxy.engine.depth import growth_per_turn, plan_depth, prices_of
 from ctxgate.proxy.engine.state import SessionState
 from ctxgate.proxy.engine.turn_budget import Turn
-from pipeline_builders import Message, counter, system, tool_turn, user
+from pipeline_builders import Message, counter, filler, system, tool_turn, user
 
 OPENAI = Prices(input=2.5, cache_read=1.25, cache_write=2.5, output=10.0)
 ANTHROPIC = Prices(input=3.0, cache_read=0.3, cache_write=3.75, output=15.0)
@@ -225,3 +225,22 @@ def test_a_point_frees_at_least_clear_at_least() -> None:
     assert targets[0] >= targets[1] > targets[2], targets  # the larger the least gain, the deeper the point
     with pytest.raises(ValidationError):
         CostConfig(clear_at_least=-1)
+
+
+async def test_instructions_that_take_nearly_all_the_room_leave_no_turn_over_the_budget() -> None:
+    """A system prompt that leaves 200 tokens of the budget: the notes a compaction point adds
+    do not fit beside the newest step, and they go (the restored state first, then the notes)
+    rather than forward a request the provider refuses."""
+    budget = PipelineConfig().effective_budget(BUDGET)
+    history = [system(filler(budget - 200, 99)), user("TASK: fix the failing test in src/app.py")]
+    compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
+    over = []
+    for i in range(20):
+        history = history + tool_turn(i, size=60)
+        plan = await compactor.prepare(state, _turn(history, summaries))
+        state.has_attempted_reactive_compact = False  # the upstream answered
+        if counter().count_messages(plan.messages) > budget:
+            over.append((i, counter().count_messages(plan.messages)))
+        assert plan.messages[:2] == history[:2] and plan.messages[-1] == history[-1]
+    assert state.records, "the run reached compaction points"
+    assert over == [], f"turns forwarded over the effective budget of {budget}: {over}"

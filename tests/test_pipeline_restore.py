@@ -6,10 +6,9 @@ import json
 import pytest
 
 from ctxgate.pipeline.config import RestoreConfig
-from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block
+from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block, shed_own_messages, system_note
 from ctxgate.pipeline.protocols.base import paths_in
-from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, extract_working_state,
-                                      shed_restore_blocks)
+from ctxgate.pipeline.restore import ActiveRestore, CurrentFile, WorkingState, extract_working_state
 
 from pipeline_builders import call, calls, counter, filler, real_histories, system, tool, user
 
@@ -230,14 +229,21 @@ def test_names_beyond_the_restored_contents_are_listed() -> None:
     assert sum("Latest content seen of" in b["content"] for b in blocks) == 2
 
 
-def test_blocks_are_shed_least_important_first_until_the_request_fits() -> None:
+def test_own_messages_are_shed_restore_blocks_last_first_then_notes_oldest_first_until_the_request_fits() -> None:
     c = counter()
     history = transcript()
     blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
     messages = history[:2] + blocks + history[2:]
     full, bare = c.count_messages(messages), c.count_messages(history)
-    assert shed_restore_blocks(messages, c, full) == messages
-    assert shed_restore_blocks(messages, c, bare) == history
-    assert shed_restore_blocks(messages, c, bare - 1) is None
-    kept = shed_restore_blocks(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]))
+    assert shed_own_messages(messages, c, full) == messages
+    assert shed_own_messages(messages, c, bare) == history
+    assert shed_own_messages(messages, c, bare - 1) is None
+    kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]))
     assert kept == history[:2] + blocks[:2] + history[2:]
+    notes = [system_note("[ctxgate: context snipped] 4 earlier messages were removed."),
+             system_note("[ctxgate: context compaction point (Autocompact)]\n" + "summary " * 40)]
+    noted = history[:2] + notes + blocks + history[2:]
+    assert shed_own_messages(noted, c, bare) is None, "notes stay unless asked for"
+    assert shed_own_messages(noted, c, bare + c.count_structured(notes[1]), notes=True) == history[:2] + [notes[1]] \
+        + history[2:], "the oldest note goes first"
+    assert shed_own_messages(noted, c, bare, notes=True) == history

@@ -22,9 +22,10 @@ from ...pipeline.collapse import CollapseStore
 from ...pipeline.fingerprint import message_fingerprint
 from ...pipeline.conversation import Kind, read_conversation
 from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
+from ...pipeline.notes import shed_own_messages
 from ...pipeline.protocols import PLAIN, detect_dialect
 from ...pipeline.refs import REF_RE, CutLog
-from ...pipeline.restore import extract_working_state, shed_restore_blocks
+from ...pipeline.restore import extract_working_state
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, CompressionResult, Reason, RecentWindow
@@ -188,13 +189,12 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         # go on from what it left, with its note kept.
         narrow = RecentWindow(messages=1, steps=0)
         again = replace(request, window=narrow)
+        config = with_window(cfg, narrow)  # Snip keeps no more than the window either
         if summaries:
-            config = with_window(cfg, narrow)
-            pipeline = pipeline_of(config.model_copy(update={"levels": [lv for lv in cfg.levels
-                                                                        if lv != "autocompact"]}))
+            config = config.model_copy(update={"levels": [lv for lv in cfg.levels if lv != "autocompact"]})
             again = replace(again, messages=result.compressed_messages, anchored=True)
         first = result
-        result = await pipeline.compact(again)
+        result = await pipeline_of(config).compact(again)
         if summaries:
             result = replace(result, steps=first.steps + result.steps,
                              recovery_hints=first.recovery_hints + result.recovery_hints)
@@ -211,6 +211,9 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
             if cut is not None:
                 result = replace(cut, steps=result.steps + cut.steps,
                                  recovery_hints=result.recovery_hints + cut.recovery_hints)
+        # Still over: the notes go too (the instructions take nearly all the room), rather than
+        # forward what the provider refuses.
+        result = _shed(result, turn.counter, hard, notes=True)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
@@ -222,12 +225,13 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
                     0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
 
 
-def _shed(result: CompressionResult, counter: TokenCounter, limit: int) -> CompressionResult:
-    """`result` without the restore blocks it cannot afford under `limit` (`shed_restore_blocks`);
-    as it is if it fits, or does not fit even without them."""
+def _shed(result: CompressionResult, counter: TokenCounter, limit: int, notes: bool = False) -> CompressionResult:
+    """`result` without the restore blocks (and with `notes` the compaction notes) it cannot
+    afford under `limit` (`shed_own_messages`); as it is if it fits, or does not fit even
+    without them."""
     if result.tokens_after <= limit:
         return result
-    shed = shed_restore_blocks(result.compressed_messages, counter, limit)
+    shed = shed_own_messages(result.compressed_messages, counter, limit, notes)
     if shed is None:
         return result
     return replace(result, compressed_messages=shed, tokens_after=counter.count_messages(shed))

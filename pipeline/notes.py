@@ -7,12 +7,7 @@ are regenerated at every compaction, never stacked).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .types import Message
-
-if TYPE_CHECKING:
-    from .tokens import TokenCounter
 
 SNIP_MARKER = "[ctxgate: context snipped]"
 COLLAPSE_MARKER = "[ctxgate: collapsed context]"
@@ -43,24 +38,3 @@ def is_restore_block(message: Message) -> bool:
 def is_ctxgate_message(message: Message) -> bool:
     return _starts_with(message, _NOTE_MARKERS + (RESTORE_MARKER,))
 
-
-def shed_own_messages(messages: list[Message], counter: "TokenCounter", limit: int,
-                      notes: bool = False) -> list[Message] | None:
-    """`messages` without as many of ctxgate's own messages as it takes to fit `limit` tokens:
-    the restore blocks, the least important (the last) first, then with `notes` the compaction
-    notes, the oldest first; None if they do not fit even without all of those. A request over
-    the budget gives up what ctxgate added before anything the client sent: the newest steps
-    verbatim are worth more than a list of what came before them, and a request the provider
-    refuses is worth nothing."""
-    order = [i for i in range(len(messages) - 1, -1, -1) if is_restore_block(messages[i])]
-    if notes:
-        order += [i for i, m in enumerate(messages) if is_compaction_note(m)]
-    tokens, dropped = counter.count_messages(messages), set()
-    for i in order:
-        if tokens <= limit:
-            break
-        dropped.add(i)
-        tokens -= counter.count_structured(messages[i])
-    if tokens > limit:
-        return None
-    return [m for i, m in enumerate(messages) if i not in dropped]

@@ -6,9 +6,10 @@ import json
 import pytest
 
 from ctxgate.pipeline.config import RestoreConfig
-from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block, shed_own_messages, system_note
+from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block, system_note
 from ctxgate.pipeline.protocols.base import paths_in
-from ctxgate.pipeline.restore import ActiveRestore, CurrentFile, WorkingState, extract_working_state
+from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, extract_working_state,
+                                      shed_own_messages)
 
 from pipeline_builders import call, calls, counter, filler, real_histories, system, tool, user
 
@@ -229,21 +230,25 @@ def test_names_beyond_the_restored_contents_are_listed() -> None:
     assert sum("Latest content seen of" in b["content"] for b in blocks) == 2
 
 
-def test_own_messages_are_shed_restore_blocks_last_first_then_notes_oldest_first_until_the_request_fits() -> None:
+def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_state_then_the_notes() -> None:
     c = counter()
     history = transcript()
     blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
+    lists, files = blocks[:3], blocks[3:]  # tasks, plan, skill; the file names and contents
+    assert all(b["content"].startswith((f"{RESTORE_MARKER} Current files", f"{RESTORE_MARKER} Latest")) for b in files)
     messages = history[:2] + blocks + history[2:]
     full, bare = c.count_messages(messages), c.count_messages(history)
+    with_lists = bare + sum(c.count_structured(b) for b in lists)
     assert shed_own_messages(messages, c, full) == messages
-    assert shed_own_messages(messages, c, bare) == history
-    assert shed_own_messages(messages, c, bare - 1) is None
-    kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]))
-    assert kept == history[:2] + blocks[:2] + history[2:]
+    assert shed_own_messages(messages, c, with_lists) == history[:2] + lists + history[2:]
+    assert shed_own_messages(messages, c, with_lists - 1) is None, "the state lists go only at the last resort"
+    kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]),
+                             everything=True)
+    assert kept == history[:2] + blocks[:2] + history[2:], "the tasks and the plan go last"
     notes = [system_note("[ctxgate: context snipped] 4 earlier messages were removed."),
              system_note("[ctxgate: context compaction point (Autocompact)]\n" + "summary " * 40)]
     noted = history[:2] + notes + blocks + history[2:]
-    assert shed_own_messages(noted, c, bare) is None, "notes stay unless asked for"
-    assert shed_own_messages(noted, c, bare + c.count_structured(notes[1]), notes=True) == history[:2] + [notes[1]] \
-        + history[2:], "the oldest note goes first"
-    assert shed_own_messages(noted, c, bare, notes=True) == history
+    assert shed_own_messages(noted, c, bare + c.count_structured(notes[1]), everything=True) == (
+        history[:2] + [notes[1]] + history[2:]), "the oldest note goes first"
+    assert shed_own_messages(noted, c, bare, everything=True) == history
+    assert shed_own_messages(noted, c, bare - 1, everything=True) is None

@@ -22,10 +22,9 @@ from ...pipeline.collapse import CollapseStore
 from ...pipeline.fingerprint import message_fingerprint
 from ...pipeline.conversation import Kind, read_conversation
 from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
-from ...pipeline.notes import shed_own_messages
 from ...pipeline.protocols import PLAIN, detect_dialect
 from ...pipeline.refs import REF_RE, CutLog
-from ...pipeline.restore import extract_working_state
+from ...pipeline.restore import extract_working_state, shed_own_messages
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, CompressionResult, Reason, RecentWindow
@@ -173,7 +172,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         pipeline = pipeline_of(config)
     result = await pipeline.compact(request)
     hard = budget - turn.outside_tokens()
-    # Over the budget, what goes before the recent window does: the restored state first, then
+    # Over the budget, what goes before the recent window does: the restored files first, then
     # (when no summary was asked for yet) the earlier notes, merged by this point's one summary.
     result = _shed(result, turn.counter, hard)
     if result.tokens_after > hard and request.anchored and not summaries and "autocompact" in cfg.levels:
@@ -211,9 +210,9 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
             if cut is not None:
                 result = replace(cut, steps=result.steps + cut.steps,
                                  recovery_hints=result.recovery_hints + cut.recovery_hints)
-        # Still over: the notes go too (the instructions take nearly all the room), rather than
-        # forward what the provider refuses.
-        result = _shed(result, turn.counter, hard, notes=True)
+        # Still over: the rest of the restored state and the notes go too (the instructions take
+        # nearly all the room), rather than forward what the provider refuses.
+        result = _shed(result, turn.counter, hard, everything=True)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
@@ -225,13 +224,13 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
                     0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
 
 
-def _shed(result: CompressionResult, counter: TokenCounter, limit: int, notes: bool = False) -> CompressionResult:
-    """`result` without the restore blocks (and with `notes` the compaction notes) it cannot
-    afford under `limit` (`shed_own_messages`); as it is if it fits, or does not fit even
-    without them."""
+def _shed(result: CompressionResult, counter: TokenCounter, limit: int, everything: bool = False
+          ) -> CompressionResult:
+    """`result` without those of ctxgate's own messages it cannot afford under `limit`
+    (`shed_own_messages`); as it is if it fits, or does not fit even without them."""
     if result.tokens_after <= limit:
         return result
-    shed = shed_own_messages(result.compressed_messages, counter, limit, notes)
+    shed = shed_own_messages(result.compressed_messages, counter, limit, everything)
     if shed is None:
         return result
     return replace(result, compressed_messages=shed, tokens_after=counter.count_messages(shed))

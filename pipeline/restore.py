@@ -225,14 +225,15 @@ def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int
                       everything: bool = False) -> list[Message] | None:
     """`messages` without as many of ctxgate's own messages as it takes to fit `limit` tokens,
     the last first: the restore blocks about files; with `everything` (the last resort) then
-    the other restore blocks (the last error, plan and tasks go last) and the compaction notes,
-    the oldest first. None if they do not fit even so. A request over the budget gives up what
+    the compaction notes, the oldest first, and the other restore blocks (the last error, plan
+    and tasks go last: a few lines the summary notes mostly repeat at greater length). None if
+    they do not fit even so. A request over the budget gives up what
     ctxgate added before anything the client sent: the newest steps verbatim are worth more
     than a list of what came before them, and a request the provider refuses is worth nothing."""
     blocks = [i for i in range(len(messages) - 1, -1, -1) if is_restore_block(messages[i])]
     order = [i for i in blocks if str(messages[i].get("content")).startswith(_FILE_BLOCKS)]
     if everything:
-        order += [i for i in blocks if i not in order] + [i for i, m in enumerate(messages) if is_compaction_note(m)]
+        order += [i for i, m in enumerate(messages) if is_compaction_note(m)] + [i for i in blocks if i not in order]
     tokens, dropped = counter.count_messages(messages), set()
     for i in order:
         if tokens <= limit:

@@ -230,7 +230,7 @@ def test_names_beyond_the_restored_contents_are_listed() -> None:
     assert sum("Latest content seen of" in b["content"] for b in blocks) == 2
 
 
-def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_state_then_the_notes() -> None:
+def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then_the_state() -> None:
     c = counter()
     history = transcript()
     blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
@@ -248,7 +248,10 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_state_then
     notes = [system_note("[ctxgate: context snipped] 4 earlier messages were removed."),
              system_note("[ctxgate: context compaction point (Autocompact)]\n" + "summary " * 40)]
     noted = history[:2] + notes + blocks + history[2:]
-    assert shed_own_messages(noted, c, bare + c.count_structured(notes[1]), everything=True) == (
-        history[:2] + [notes[1]] + history[2:]), "the oldest note goes first"
-    assert shed_own_messages(noted, c, bare, everything=True) == history
+    noted_lists = history[:2] + notes + lists + history[2:]
+    assert shed_own_messages(noted, c, with_lists + c.count_structured(notes[1]), everything=True) == (
+        history[:2] + [notes[1]] + lists + history[2:]), "the files go first, then the oldest note"
+    assert shed_own_messages(noted, c, with_lists, everything=True) == history[:2] + lists + history[2:], \
+        "the notes go before the state lists"
+    assert shed_own_messages(noted_lists, c, bare, everything=True) == history
     assert shed_own_messages(noted, c, bare - 1, everything=True) is None

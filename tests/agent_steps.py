@@ -150,10 +150,6 @@ def anthropic_content(body: dict[str, Any], model: str, suffix: str) -> tuple[li
     return [{"type": "tool_use", "id": f"toolu_{suffix}", "name": name, "input": arguments}], "tool_use"
 
 
-TEXT_COMMAND_TAIL_S = 1
-"""A text-protocol command lasts a moment past its output, as a real one does: aider at a
-terminal copies a command's output only while the command is alive (pexpect's `interact`), so
-a command done in milliseconds would reach the chat cut, or not at all."""
 _ASKED = re.compile(r"^echo STEP-(\d+)-OK ", re.M)
 """The step a reply of the text protocol asked for: its ```bash block's command."""
 _REPORTED = re.compile(r"^STEP-(\d+)-OK\s*$", re.M)
@@ -190,7 +186,7 @@ def text_reply(messages: list[Any], total: int) -> str:
         return "LOST"
     if step >= total:
         return f"DONE-{total}"
-    command = f"echo STEP-{step + 1}-OK && seq 1 {BULK_LINES} && sleep {TEXT_COMMAND_TAIL_S}"
+    command = f"echo STEP-{step + 1}-OK && seq 1 {BULK_LINES}"
     return f"Running step {step + 1}.\n\n```bash\n{command}\n```\n"
 
 

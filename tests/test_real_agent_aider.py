@@ -1,13 +1,15 @@
-"""aider, unmodified, through `ctxgate run`, driven at a terminal as a user would drive it.
+"""aider, unmodified, through `ctxgate run`, its prompts answered as a user would answer them.
 
 aider offers the model no tools: it sends Chat Completions with plain text, and runs the
 ```bash blocks of a reply once the user agrees ("Run shell command?"; `--yes-always` never
 agrees to that), then offers to add their output to the chat ("Add command output to the
 chat?"), which it does as a user turn followed by its own "Ok". It does not go back to the
-model by itself: the user's next message does. So the test answers aider's prompts through a
-pseudo-terminal (pexpect): yes to both questions, then `continue`, step after step, past the
+model by itself: the user's next message does. So the test answers aider's prompts through
+pipes (pexpect's PopenSpawn): yes to both questions, then `continue`, step after step, past the
 context limit, until the scripted model's reply is an answer (`DONE-N`, or `LOST` when the
-newest step's output did not reach it: tests/agent_steps.py, `text_reply`).
+newest step's output did not reach it: tests/agent_steps.py, `text_reply`). Pipes, not a
+terminal: at a terminal aider copies a command's output only while the command runs, so how
+much of a fast command's output reached the chat depended on the machine's speed.
 
 aider summarises its history itself only once it has applied a file edit (its "done" messages
 grow only then); the scripted model never edits, so every compaction point is ctxgate's.
@@ -15,10 +17,12 @@ grow only then); the scripted model never edits, so every compaction point is ct
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
 import orjson
 import pexpect
+from pexpect.popen_spawn import PopenSpawn
 
 from agent_steps import asked_step
 from ctxgate.pipeline.turns import is_valid_sequence
@@ -44,7 +48,7 @@ EXAMPLE = "Change get_factorial() to use math.factorial"
 """The first of aider's worked examples of its edit format, sent before the task every turn."""
 
 
-def _drive(child: pexpect.spawn, task: str, steps: int) -> str:
+def _drive(child: PopenSpawn, task: str, steps: int) -> str:
     """Give aider `task`, agree to each command the model proposes and to adding its output, ask
     it to continue, until a reply proposes no command: that reply's text."""
     child.expect(READY)
@@ -71,14 +75,13 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
     upstream, config = _limited(tmp_path, LIMIT, MODEL)
     command, env = _launch(config, "aider-1", [str(aider), "--model", f"openai/{MODEL}", *AIDER_FLAGS], tmp_path,
                            SHELL="/bin/sh")  # aider runs a command with `$SHELL -i -c`: no rc files of the tester's
-    child = pexpect.spawn(command[0], command[1:], cwd=str(tmp_path), env=env, encoding="utf-8",
-                          timeout=PROMPT_TIMEOUT_S)
+    child = PopenSpawn(command, cwd=str(tmp_path), env=env, encoding="utf-8", timeout=PROMPT_TIMEOUT_S)
     try:
         last = _drive(child, TASK, STEPS)
         child.sendline("/exit")
         child.expect(pexpect.EOF)
-        child.close()
-        assert child.exitstatus == 0, (child.exitstatus, child.signalstatus, last[-2000:])
+        status = child.wait()
+        assert status == 0, (status, last[-2000:])
         assert [a.group(1) for a in ANSWER.finditer(last)] == [f"DONE-{STEPS}"], last[-2000:]
         received = _check_upstream(upstream, "chat")
         for r in received:
@@ -89,5 +92,6 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
         asked = [asked_step(_reply(r)) for r in received]
         assert [a for a in asked if a is not None] == list(range(1, STEPS + 1)), asked  # none lost, none re-run
     finally:
-        child.close(force=True)
+        if child.proc.poll() is None:
+            child.kill(signal.SIGKILL)
         upstream.stop()

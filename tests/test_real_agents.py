@@ -36,6 +36,9 @@ def _limited(tmp_path: Path, limit: int, model: str) -> tuple[ScriptedUpstream, 
     upstream = ScriptedUpstream(limit=limit).start()
     config = main_config(upstream.url, "auto")
     config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=limit))
+    # The scripted upstream counts with o200k, as a provider whose tokenizer ctxgate knows: the
+    # estimate for an unknown model (UTF-8 bytes / 3) under-counts `seq`'s digits by half.
+    config["ctxgate"]["tokenizers"] = [{"pattern": "agent-steps-*", "tokenizer": "tiktoken:o200k_base"}]
     path = tmp_path / "ctxgate.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return upstream, path

@@ -3,7 +3,7 @@
 OpenAI models use tiktoken with the BPE files the litellm wheel ships (never downloaded).
 Other models use a Hugging Face tokenizer through transformers, from a local
 `tokenizer.json` or a local HF cache, chosen by `tokenizers:` rules in the config. A model
-with no known tokenizer gets a conservative estimate, a log warning and a metrics count.
+with no known tokenizer gets an estimate, a log warning and a metrics count.
 
 Message counts follow OpenAI's published formula: 3 tokens per message, the tokens of
 every string field (role, content, name, tool_call_id), 1 more when `name` is set, and 3
@@ -138,7 +138,9 @@ class HuggingFaceEncoder:
 
 class EstimateEncoder:
     """No known tokenizer: ceil(UTF-8 bytes / 3), which over-counts every real BPE on
-    English and code; each 'token' is a 3-byte slice, so head/tail cuts still work."""
+    English and code (not on runs of digits, which it under-counts by up to half, until the
+    provider's usage calibrates the session's count); each 'token' is a 3-byte slice, so
+    head/tail cuts still work."""
 
     def encode(self, text: str) -> list[int]:
         return list(range(self.count(text)))
@@ -435,7 +437,7 @@ class TokenizerRegistry:
     def _note_estimate(self, model: str) -> None:
         if model not in self._warned:
             self._warned.add(model)
-            log.warning("no tokenizer known for model %r: counting a conservative estimate (UTF-8 bytes / 3); "
+            log.warning("no tokenizer known for model %r: counting an estimate (UTF-8 bytes / 3); "
                         "add a ctxgate.tokenizers rule for exact counts", model)
         if self._on_estimate is not None:
             self._on_estimate(model)

@@ -47,7 +47,7 @@ def reference_tokens(messages: list[dict[str, Any]]) -> int:
 
 
 def estimate_tokens(messages: list[dict[str, Any]]) -> int:
-    """The conservative estimate ctxgate documents: UTF-8 bytes / 3, in the same formula."""
+    """The estimate ctxgate documents for a model with no known tokenizer: UTF-8 bytes / 3, in the same formula."""
     return prompt_tokens(messages, lambda s: math.ceil(len(s.encode()) / 3))
 
 

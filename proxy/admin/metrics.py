@@ -66,7 +66,7 @@ class Metrics:
         self.requests = _FedCounter(Counter("ctxgate_requests", "Chat requests by outcome", ["model", "status"],
                                             registry=self.registry),
                                     lambda labels, _: self.minutes.request(failed=labels[1] != "200"))
-        self.estimated = Counter("ctxgate_token_estimates", "Requests counted with the conservative estimate (no "
+        self.estimated = Counter("ctxgate_token_estimates", "Requests counted with the bytes / 3 estimate (no "
                                  "known tokenizer)", ["model"], registry=self.registry)
         self.compactions = _FedCounter(Counter("ctxgate_compactions", "Compaction steps by level", ["level"],
                                                registry=self.registry), lambda _, n: self.minutes.compaction())

@@ -8,7 +8,8 @@ session in the base URLs. An agent that reads none of them gets what it does rea
   made the one it uses. The user's `~/.codex/config.toml` is not touched.
 - **OpenHands** (the `openhands` CLI) reads `LLM_BASE_URL` only when given
   `--override-with-envs`, else the settings it saved under `~/.openhands` (their own base
-  URL): it gets the OpenAI base URL there and the flag, which overrides for this run only.
+  URL): it gets the OpenAI base URL there (the Anthropic one when `LLM_MODEL` names an
+  `anthropic/` model) and the flag, which overrides for this run only.
 - **aider** and **mini-swe-agent** call models through litellm, which prefers
   `ANTHROPIC_API_BASE` to `ANTHROPIC_BASE_URL` and `OPENAI_BASE_URL` to `OPENAI_API_BASE`:
   every agent gets all four, so a user's own `ANTHROPIC_API_BASE` cannot send one around
@@ -59,7 +60,9 @@ def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str) -
         added = codex_overrides(f"{base}/s/{session}/v1", "OPENAI_API_KEY" if environ.get("OPENAI_API_KEY") else None)
         return Wiring([argv[0], *added, *argv[1:]], env, added, agent)
     if agent == "OpenHands":
-        env["LLM_BASE_URL"] = env["OPENAI_BASE_URL"]
+        # litellm inside it appends /v1/messages to an Anthropic model's base URL.
+        anthropic = environ.get("LLM_MODEL", "").startswith("anthropic/")
+        env["LLM_BASE_URL"] = env["ANTHROPIC_BASE_URL"] if anthropic else env["OPENAI_BASE_URL"]
         added = [] if OPENHANDS_ENV_FLAG in argv else [OPENHANDS_ENV_FLAG]
         return Wiring([argv[0], *added, *argv[1:]], env, added, agent)  # before any subcommand
     return Wiring(list(argv), env, agent=agent)

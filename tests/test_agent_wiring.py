@@ -36,6 +36,9 @@ def test_openhands_gets_its_own_variable_and_the_flag_that_makes_it_read_it() ->
     given = ["openhands", "--override-with-envs", "-t", "x"]
     assert wire(given, {}, BASE, "s-1").argv == given  # not twice
     assert "LLM_BASE_URL" not in wire(["aider"], {}, BASE, "s-1").env
+    # litellm inside OpenHands appends /v1/messages to an Anthropic model's base URL.
+    anthropic = wire(["openhands"], {"LLM_MODEL": "anthropic/claude-sonnet-4-5"}, BASE, "s-1")
+    assert anthropic.env["LLM_BASE_URL"] == OWN
 
 
 def test_codex_gets_overrides_and_an_unknown_agent_none() -> None:

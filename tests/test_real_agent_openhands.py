@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ctxgate.pipeline.turns import is_valid_sequence
 from real_agents import pypi_agent
 from servers import KEYS
@@ -32,15 +34,17 @@ def _events(home: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((conversations[0] / "events").glob("event-*.json"))]
 
 
-def test_openhands_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
-    """OpenHands speaks Chat Completions with native tool calls (`terminal`, whose `security_risk`
-    is required) and ends when the model answers in plain text."""
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_openhands_runs_past_its_limit_to_its_answer(tmp_path: Path, provider: str) -> None:
+    """OpenHands speaks Chat Completions (an `openai/` model) or Messages (an `anthropic/` one)
+    with native tool calls (`terminal`, whose `security_risk` is required) and ends when the
+    model answers in plain text."""
     bin_dir = pypi_agent("openhands")
     upstream, config = _limited(tmp_path, LIMIT, MODEL)
     try:
-        done = _run(config, "openhands-1", [str(bin_dir / "openhands"), "--headless", "-t",
+        done = _run(config, f"openhands-{provider}", [str(bin_dir / "openhands"), "--headless", "-t",
                                             "Run the steps you are given, one at a time."], tmp_path,
-                    LLM_MODEL=f"openai/{MODEL}", LLM_API_KEY=KEYS["acme"], **NO_GITHUB)
+                    LLM_MODEL=f"{provider}/{MODEL}", LLM_API_KEY=KEYS["acme"], **NO_GITHUB)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert f"DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
         events = _events(tmp_path / "home")

@@ -37,4 +37,3 @@ def is_restore_block(message: Message) -> bool:
 
 def is_ctxgate_message(message: Message) -> bool:
     return _starts_with(message, _NOTE_MARKERS + (RESTORE_MARKER,))
-

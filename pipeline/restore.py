@@ -30,6 +30,9 @@ _WINDOW_HEADER = re.compile(r"\[File: (\S+) \(\d+ lines total\)\]")
 """SWE-agent shows a file as a window under this header (its `open`, `goto`, `edit`)."""
 _OPEN_FILE = re.compile(r"\(Open file: ([^)\n]+)\)")
 """SWE-agent's status line after every observation."""
+_FILE_NAMES = "Current files: "
+_FILE_CONTENT = "Latest content seen of "
+"""How the restore blocks about files begin (after the marker): `shed_own_messages` drops them first."""
 
 
 @dataclass
@@ -192,7 +195,7 @@ class ActiveRestore:
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:
-            parts.append("Current files: " + ", ".join(f.path for f in s.current_files))
+            parts.append(_FILE_NAMES + ", ".join(f.path for f in s.current_files))
         out: list[Message] = []
         used = 0
         for text in parts:
@@ -206,7 +209,7 @@ class ActiveRestore:
         for f in s.current_files[:self.config.max_files]:
             if not f.content or f.content in shown:
                 continue  # still in the kept messages: restoring it again only costs tokens
-            header = f"{RESTORE_MARKER} Latest content seen of {f.path}:\n"
+            header = f"{RESTORE_MARKER} {_FILE_CONTENT}{f.path}:\n"
             room = limit - used - counter.count_structured(system_note(header)) - 8
             if room < 32:
                 break
@@ -217,7 +220,7 @@ class ActiveRestore:
         return out
 
 
-_FILE_BLOCKS = (f"{RESTORE_MARKER} Current files: ", f"{RESTORE_MARKER} Latest content seen of ")
+_FILE_BLOCKS = (f"{RESTORE_MARKER} {_FILE_NAMES}", f"{RESTORE_MARKER} {_FILE_CONTENT}")
 """The restore blocks about files: the agent can list and read them again."""
 
 

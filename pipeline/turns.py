@@ -40,11 +40,8 @@ def leading_instructions(messages: list[Message]) -> int:
     return n
 
 
-def first_user_index(messages: list[Message]) -> int | None:
-    for i, m in enumerate(messages):
-        if m.get("role") == "user":
-            return i
-    return None
+def first_user_index(messages: list[Message], start: int = 0) -> int | None:
+    return next((i for i in range(start, len(messages)) if messages[i].get("role") == "user"), None)
 
 
 def task_index(messages: list[Message]) -> int | None:
@@ -52,9 +49,9 @@ def task_index(messages: list[Message]) -> int | None:
     right after it when the first is a demonstration of another task (SWE-agent). A user turn
     the client answers itself (`_ACKNOWLEDGEMENT`) is context, not the task, when a user
     message follows it."""
-    first = _first_user_from(messages, leading_instructions(messages))
+    first = first_user_index(messages, leading_instructions(messages))
     while first is not None and _acknowledged(messages, first):
-        later = _first_user_from(messages, first + 2)
+        later = first_user_index(messages, first + 2)
         if later is None:
             break
         first = later
@@ -66,10 +63,6 @@ def task_index(messages: list[Message]) -> int | None:
             and messages[following].get("role") == "user"):
         return following
     return first
-
-
-def _first_user_from(messages: list[Message], start: int) -> int | None:
-    return next((i for i in range(start, len(messages)) if messages[i].get("role") == "user"), None)
 
 
 def _acknowledged(messages: list[Message], user: int) -> bool:

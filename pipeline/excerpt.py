@@ -12,7 +12,7 @@ its own reference, so the message the model wants is one more call away.
 from __future__ import annotations
 
 from .failures import is_error_line
-from .refs import CutLog, span_messages
+from .refs import CutLog, clip, span_messages
 from .tokens import TokenCounter
 
 GAP = "[... {lines} lines, {tokens} tokens: ref {ref}]\n"
@@ -68,8 +68,8 @@ def _index(messages: list[str], counter: TokenCounter, cuts: CutLog) -> str:
             continue
         lines = text.splitlines()
         failed = next((line.strip() for line in reversed(lines[1:]) if is_error_line(line)), "")
-        entries.append(f"{lines[0][:ENTRY_CHARS]} ... ({tokens} tokens: ref {cuts.keep(text)})"
-                       + (f" | {failed[:ENTRY_CHARS]}" if failed else ""))
+        entries.append(f"{clip(lines[0], ENTRY_CHARS)} ... ({tokens} tokens: ref {cuts.keep(text)})"
+                       + (f" | {clip(failed, ENTRY_CHARS)}" if failed else ""))
     return f"{len(messages)} messages, each whole under its reference:\n" + "\n".join(entries) + "\n"
 
 
@@ -104,7 +104,7 @@ def _render(lines: list[str], sizes: list[int], kept: set[int], cuts: CutLog) ->
 
 def _head_only(text: str, limit: int, counter: TokenCounter, cuts: CutLog) -> str:
     """A text with no lines to choose between (one long line): its head, the rest by reference."""
-    head = counter.head(text, max(0, limit - GAP_TOKENS))
+    head = clip(text, len(counter.head(text, max(0, limit - GAP_TOKENS))))
     rest = text[len(head):]
     tokens = counter.count(rest)
     return f"{head}\n[... {tokens} more tokens: ref {cuts.keep(rest)}]"

@@ -20,6 +20,18 @@ REF_RE = re.compile(r"ref (ctx:[0-9a-f]{%d})" % REF_HEX)
 """A reference as notes write it."""
 
 
+_CUT_SHORT = re.compile(r"\s*\bref ctx:[0-9a-f]{0,%d}$" % (REF_HEX - 1))
+
+
+def clip(text: str, chars: int) -> str:
+    """The first `chars` characters of `text`, less a reference they would cut short: a model
+    reading `ref ctx:96` asks for a reference that does not exist."""
+    shown = text[:chars]
+    if len(text) > chars and text[chars] in "0123456789abcdef":
+        shown = _CUT_SHORT.sub("", shown)
+    return shown
+
+
 def content_ref(text: str) -> str:
     """`ctx:` and the first hex digits of the content's blake2b."""
     return "ctx:" + hashlib.blake2b(text.encode(), digest_size=REF_HEX // 2).hexdigest()

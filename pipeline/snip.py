@@ -14,7 +14,7 @@ from .config import SnipConfig
 from .conversation import Kind, counted_result
 from .fingerprint import message_fingerprint
 from .notes import SNIP_MARKER, system_note
-from .refs import SIZING_REF, content_ref, render_span
+from .refs import SIZING_REF, clip, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
 from .types import CompressionRequest, CompressionResult, Level, Message
@@ -35,7 +35,7 @@ def preview(message: Message, chars: int) -> str:
         text = " ".join(content.split())
     if not text and message.get("tool_calls"):
         text = "called " + ", ".join((tc.get("function") or {}).get("name", "?") for tc in message["tool_calls"])
-    return text[:chars]
+    return clip(text, chars)
 
 
 class SnipNote:

@@ -77,3 +77,17 @@ def test_a_span_of_messages_becomes_an_index_of_them() -> None:
     small = CutLog()
     assert not excerpt(span, 300, tc, small).startswith("61 messages") and put_back(excerpt(span, 300, tc, small),
                                                                                     small) == span + "\n"
+
+
+def test_an_index_entry_never_ends_in_a_reference_cut_short() -> None:
+    """An expanded note's first line names its own reference; an index entry cut at that
+    reference would name one that does not exist (a model asks for it and is told so)."""
+    tc, cuts = counter(), CutLog()
+    note = ("[ctxgate: context snipped] 6 earlier messages were removed to fit the context budget "
+            "(the originals: ref ctx:9662046ef26b). A short preview of each:\n" + "- tool: output line\n" * 40)
+    messages = [{"role": "system", "content": note}, {"role": "tool", "content": "x\n" * 200}]
+    out = excerpt(render_span(messages), 200, tc, cuts)
+    assert out.startswith("2 messages")
+    for entry in out.splitlines()[1:]:
+        for found in re.findall(r"ref ctx:[0-9a-f]*", entry):
+            assert len(found) == len("ref ctx:") + 12, entry

@@ -189,3 +189,16 @@ async def test_the_note_counts_against_the_target(over: int) -> None:
     note = next(m for m in result.compressed_messages if is_compaction_note(m))
     n = int(note["content"].split("] ", 1)[1].split(" ", 1)[0])
     assert n == len(dropped_of(h, result.compressed_messages))
+
+
+def test_a_preview_never_ends_in_a_reference_cut_short():
+    """A model reads `ref ctx:HEX` in a note as something it may ask for: a preview that ends
+    inside one would name a reference that does not exist."""
+    ref = "ctx:9662046ef26b"
+    for cut_at in range(len("OBSERVATION: see ref "), len(f"OBSERVATION: see ref {ref}")):
+        message = {"role": "tool", "tool_call_id": "c1", "content": f"OBSERVATION: see ref {ref} for the rest"}
+        shown = preview(message, cut_at)
+        assert "ref ctx:" not in shown or ref in shown, (cut_at, shown)
+        assert shown.startswith("OBSERVATION: see")
+    whole = preview({"role": "tool", "content": f"see ref {ref}"}, 80)
+    assert whole == f"see ref {ref}"

@@ -20,7 +20,8 @@ class SnipConfig(_Strict):
     """Cut nothing smaller than this many messages (N < 5 -> no Snip)."""
     min_messages: int = 10
     """Leave conversations shorter than this alone (fewer than 10 -> no Snip)."""
-    preview_chars: int = 80
+    preview_chars: int = Field(default=80, ge=0)
+    """Each cut message's preview in the note (0: the note only counts them)."""
 
 
 class MicrocompactConfig(_Strict):

@@ -51,18 +51,18 @@ class SnipNote:
         self.shown = 0
         self.ref: str | None = None
         """The dropped messages' reference, set once they are all known."""
-        self.used = counter.count(self._header(0, SIZING_REF if with_ref else None))
+        self.used = counter.count(self._header(0, SIZING_REF if with_ref else None, preview_chars > 0))
         self.used += 4 if with_ref else 0  # a hash's digits may split into more tokens than zeros do
 
     @staticmethod
-    def _header(n: int, ref: str | None) -> str:
+    def _header(n: int, ref: str | None, previews: bool = True) -> str:
         kept = f" (the originals: ref {ref})" if ref else ""
-        return (f"{SNIP_MARKER} {n} earlier messages were removed to fit the context budget{kept}. "
-                "A short preview of each:")
+        return (f"{SNIP_MARKER} {n} earlier messages were removed to fit the context budget{kept}."
+                + (" A short preview of each:" if previews else ""))
 
     def add(self, message: Message) -> None:
         self.dropped += 1
-        if self.shown < self.dropped - 1:
+        if self.preview_chars <= 0 or self.shown < self.dropped - 1:
             return  # the previews already filled their allowance: the rest are counted
         line = f"- {message.get('role')}: {preview(message, self.preview_chars)}"
         cost = self.counter.count(line) + 1
@@ -75,11 +75,11 @@ class SnipNote:
     def tokens(self) -> int:
         """What the note will count as a message: a little over, never under (line joins
         can only merge tokens), plus the "... and N more" line and the header's number."""
-        return self.used + (8 if self.shown < self.dropped else 0) + 8
+        return self.used + (8 if self.preview_chars > 0 and self.shown < self.dropped else 0) + 8
 
     def message(self) -> Message:
-        lines = [self._header(self.dropped, self.ref)] + self.lines
-        if self.shown < self.dropped:
+        lines = [self._header(self.dropped, self.ref, self.preview_chars > 0)] + self.lines
+        if self.preview_chars > 0 and self.shown < self.dropped:
             lines.append(f"- ... and {self.dropped - self.shown} more")
         return system_note("\n".join(lines))
 

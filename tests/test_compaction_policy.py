@@ -16,7 +16,7 @@ from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
 from ctxgate.proxy.engine.depth import growth_per_turn, plan_depth, prices_of
 from ctxgate.proxy.engine.state import SessionState
 from ctxgate.proxy.engine.turn_budget import Turn
-from pipeline_builders import Message, counter, filler, system, tool_turn, user
+from pipeline_builders import Message, assistant, counter, filler, system, tool_turn, user
 
 OPENAI = Prices(input=2.5, cache_read=1.25, cache_write=2.5, output=10.0)
 ANTHROPIC = Prices(input=3.0, cache_read=0.3, cache_write=3.75, output=15.0)
@@ -244,3 +244,25 @@ async def test_instructions_that_take_nearly_all_the_room_leave_no_turn_over_the
         assert plan.messages[:2] == history[:2] and plan.messages[-1] == history[-1]
     assert state.records, "the run reached compaction points"
     assert over == [], f"turns forwarded over the effective budget of {budget}: {over}"
+
+
+async def test_short_chat_turns_under_a_large_prompt_are_dropped_rather_than_forwarded_over_the_limit() -> None:
+    """A customer-service chat: a system prompt that leaves a few turns of room, turns too
+    small and too few for Snip's minimums (blocks of 5 in 10 messages) and no output for
+    Microcompact to cut. The oldest turns after the task go, under a note that counts them,
+    rather than a request the provider refuses."""
+    history = [system(filler(BUDGET - 150, 7)), user("TASK: change my flight to Friday")]
+    compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
+    over, dropped = [], 0
+    for i in range(12):
+        history = history + [assistant(filler(30, 100 + i)), user(filler(20, 200 + i))]
+        turn = _turn(history, summaries)
+        plan = await compactor.prepare(state, turn)
+        state.has_attempted_reactive_compact = False  # the upstream answered
+        sent = counter().count_messages(plan.messages)
+        if sent > BUDGET:
+            over.append((i, sent))
+        assert plan.messages[:2] == history[:2] and plan.messages[-1] == history[-1]
+        dropped = max(dropped, len(history) - len(plan.messages))
+    assert dropped > 0, "the run never had to drop a turn"
+    assert over == [], f"turns forwarded over the context limit of {BUDGET}: {over}"

@@ -202,3 +202,17 @@ def test_a_preview_never_ends_in_a_reference_cut_short():
         assert shown.startswith("OBSERVATION: see")
     whole = preview({"role": "tool", "content": f"see ref {ref}"}, 80)
     assert whole == f"see ref {ref}"
+
+
+def test_a_note_without_previews_only_counts_what_it_cut() -> None:
+    """`preview_chars: 0` (the last resort under a prompt that fills the room): the note says
+    how many messages went and where they are kept, nothing more, and its count holds."""
+    from ctxgate.pipeline.snip import SnipNote
+    note = SnipNote(counter(), 6000, 0, with_ref=True)
+    for i in range(3):
+        note.add({"role": "user", "content": f"message {i} " * 20})
+    note.ref = "ctx:0123456789ab"
+    made = note.message()
+    assert made["content"].startswith(SNIP_MARKER) and "3 earlier messages" in made["content"]
+    assert "preview" not in made["content"] and "\n" not in made["content"]
+    assert counter().count_messages([made]) - counter().count_messages([]) <= note.tokens

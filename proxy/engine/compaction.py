@@ -25,6 +25,7 @@ from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
 from ...pipeline.protocols import PLAIN, detect_dialect
 from ...pipeline.refs import REF_RE, CutLog
 from ...pipeline.restore import extract_working_state, shed_own_messages
+from ...pipeline.snip import SnipStrategy
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
 from ...pipeline.types import CompressionRequest, CompressionResult, Reason, RecentWindow
@@ -213,6 +214,20 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         # Still over: the rest of the restored state and the notes go too (the instructions take
         # nearly all the room), rather than forward what the provider refuses.
         result = _shed(result, turn.counter, hard, everything=True)
+        if result.tokens_after > hard and "snip" in cfg.levels:
+            # Still over, in a conversation too short or with turns too small for Snip's minimums
+            # (blocks of 5 in 10 messages): the oldest turns after the task go, under a note that
+            # only counts them, down to the last message; then what ctxgate added, up to the
+            # context limit itself rather than the budget's safety margin. Forwarding what the
+            # provider refuses would cost the turn.
+            last = SnipStrategy(cfg.snip.model_copy(update={"keep_recent": 1, "min_block": 1, "min_messages": 1,
+                                                            "preview_chars": 0}), cfg.pin_first_user)
+            cut = await last.compress(replace(request, messages=result.compressed_messages, token_budget=hard,
+                                              window=RecentWindow(messages=1, steps=0), anchored=True))
+            if cut is not None and cut.tokens_after < result.tokens_after:
+                result = replace(cut, steps=result.steps + cut.steps,
+                                 recovery_hints=result.recovery_hints + cut.recovery_hints)
+            result = _shed(result, turn.counter, limit_of(state, turn) - turn.outside_tokens(), everything=True)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],

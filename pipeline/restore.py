@@ -121,7 +121,10 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
                 written = next((action.arguments[k] for k in _CONTENT_KEYS
                                 if isinstance(action.arguments.get(k), str)), None)
                 files.pop(path, None)  # re-insert: newest last
-                files[path] = written if written is not None else result
+                # A folder's listing is not a file's content: the folder stays among the paths
+                # worked on, with nothing to restore (the agent lists it again if it needs to).
+                files[path] = (written if written is not None else "" if _is_listing(path, result)
+                               else result)
             if _matches(action.tool, config.plan_tools):
                 state.active_plan = _plan_of(action.arguments)
             if _matches(action.tool, config.task_tools):
@@ -134,6 +137,13 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
     failure = conversation.latest_failure()
     state.last_error = failure[1].error_line if failure else ""
     return state
+
+
+def _is_listing(path: str, output: str) -> bool:
+    """Whether reading `path` showed a folder's entries rather than a file's content: lines
+    that name paths under it (an editor's view of a folder lists `path/child`, one a line)."""
+    under = path.rstrip("/") + "/"
+    return sum(1 for line in output.splitlines() if line.strip().startswith(under)) >= 2
 
 
 def _touch(files: dict[str, str], path: str) -> str:

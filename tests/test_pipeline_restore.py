@@ -255,3 +255,23 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
         "the notes go before the state lists"
     assert shed_own_messages(noted_lists, c, bare, everything=True) == history
     assert shed_own_messages(noted, c, bare - 1, everything=True) is None
+
+
+def test_a_folder_the_agent_viewed_is_named_but_its_listing_not_restored() -> None:
+    """An editor's view of a folder lists its entries: restoring that listing as the "latest
+    content" of a file only costs tokens. The folder stays among the paths worked on."""
+    listing = ("OBSERVATION:\nHere's the files and directories up to 2 levels deep in /w/pkg:\n/w/pkg\n"
+               "/w/pkg/__init__.py\n/w/pkg/core.py\n/w/pkg/util.py\n")
+    messages = [system(), user("task"),
+                *turn("1", "str_replace_editor", listing, command="view", path="/w/pkg"),
+                *turn("2", "str_replace_editor", "OBSERVATION: def core(): ...", command="view", path="/w/pkg/core.py"),
+                user("newest")]
+    state = extract_working_state(messages, CFG)
+    assert [(f.path, f.content) for f in state.current_files] == [("/w/pkg/core.py", "OBSERVATION: def core(): ..."),
+                                                                   ("/w/pkg", "")]
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 2000)
+    assert not any("/w/pkg/__init__.py" in str(b["content"]) for b in blocks)
+    assert any("Latest content seen of /w/pkg/core.py" in str(b["content"]) for b in blocks)
+    # A file whose content names a path under its own name is still a file (one such line).
+    one = [system(), user("task"), *turn("1", "read_file", "see /w/notes.txt/ref once", path="/w/notes.txt")]
+    assert [f.path for f in extract_working_state(one, CFG).current_files] == ["/w/notes.txt"]

@@ -15,7 +15,8 @@ from ctxgate.pipeline.refs import CutLog, content_ref, render_span
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.types import CompressionRequest
 from ctxgate.proxy.config import Config
-from ctxgate.proxy.engine.compaction import fingerprints_of, run_chain
+from ctxgate.proxy.engine.chain_run import run_chain
+from ctxgate.proxy.engine.compaction import fingerprints_of
 from ctxgate.proxy.engine.content_store import MemoryContentStore
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState

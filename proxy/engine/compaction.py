@@ -10,28 +10,19 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-import orjson
-
-from ...pipeline.autocompact import AutocompactBreaker
-from ...pipeline.chain import CompressionPipeline, build_pipeline
-from ...pipeline.config import PipelineConfig
-from ...pipeline.collapse import CollapseStore
-from ...pipeline.fingerprint import message_fingerprint
 from ...pipeline.conversation import Kind, read_conversation
-from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
+from ...pipeline.fingerprint import message_fingerprint
 from ...pipeline.protocols import PLAIN, detect_dialect
-from ...pipeline.refs import REF_RE, CutLog
-from ...pipeline.restore import extract_working_state, shed_own_messages
-from ...pipeline.snip import SnipStrategy
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
-from ...pipeline.types import CompressionRequest, CompressionResult, Reason, RecentWindow
+from ...pipeline.types import Reason
 from ..errors import context_exhausted
+from .chain_run import run_chain
 from .content_store import ContentStore, MemoryContentStore
-from .depth import Depth, anchored, chain_config, growth_per_turn, merge_due, plan_depth, with_window
+from .depth import growth_per_turn
 from .state import CompactionRecord, SessionState
 from .turn_budget import Plan, Turn, budget_of, limit_of
 
@@ -115,140 +106,6 @@ def _refuse_infeasible(state: SessionState, turn: Turn) -> None:
     if tokens > limit:
         raise context_exhausted(f"the system prompt, the task and the last message alone need {tokens} tokens, over "
                                 f"the context limit of {limit}: no compaction can make this request fit")
-
-
-@dataclass
-class ChainRun:
-    """One run of the chain over a view, with the session stores it updated."""
-    record: CompactionRecord
-    result: Any
-    collapse: dict[str, Any]
-    breaker: dict[str, Any]
-    working: dict[str, Any]
-    duration_ms: float
-    cuts: dict[str, str]
-    """The originals the record's notes name by reference (empty with expansion off)."""
-    depth: Depth | None = None
-    """What the cost model chose, when it chose the target."""
-    merged_notes: int = 0
-    """Earlier compaction notes this run merged (they were over their cap): a rare, counted event."""
-
-
-async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
-                    reason: Reason) -> ChainRun:
-    """The chain over `view`, as a record for the client's whole message list. `target`: where
-    it lands; None: where the cost model says (`depth.plan_depth`), with the recent window it
-    chooses. Reads the session's stores but changes nothing in `state` (the speculator runs it
-    in the background). At most one summary is asked for."""
-    cfg = turn.config
-    budget = budget_of(state, turn)
-    working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
-    collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
-    breaker = (AutocompactBreaker.from_dict(state.breaker) if state.breaker
-               else AutocompactBreaker(max_failures=cfg.autocompact.max_failures))
-    summaries = 0
-
-    async def summarize(prompt: list[dict[str, Any]]) -> str:
-        nonlocal summaries
-        summaries += 1
-        return await turn.summarize(prompt)
-
-    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
-        return build_pipeline(config, collapse_store=collapse, breaker=breaker, summarize=summarize,
-                              working_state=working, effective_budget=budget)
-
-    pipeline = pipeline_of(cfg)
-    started = time.perf_counter()
-    cuts = CutLog() if cfg.expand.enabled else None
-    request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
-                                 reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
-    depth = None
-    if target is None:
-        depth = plan_depth(turn, view, budget, pipeline.reserve(request))
-        request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
-    else:
-        request = replace(request, anchored=anchored(turn, request.conversation, budget))
-    config = chain_config(cfg, request.window, merge_due(turn, request))
-    if config is not cfg:
-        pipeline = pipeline_of(config)
-    result = await pipeline.compact(request)
-    hard = budget - turn.outside_tokens()
-    # Over the budget, what goes before the recent window does: the restored files first, then
-    # (when no summary was asked for yet) the earlier notes, merged by this point's one summary.
-    result = _shed(result, turn.counter, hard)
-    if result.tokens_after > hard and request.anchored and not summaries and "autocompact" in cfg.levels:
-        merging = replace(request, anchored=False)
-        merged = _shed(await pipeline_of(chain_config(cfg, request.window, True)).compact(merging), turn.counter, hard)
-        if merged.tokens_after < result.tokens_after:
-            request, result = merging, merged
-    if result.tokens_after > hard:
-        # The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
-        # it verbatim would only forward a request the provider refuses. Only the turn in
-        # progress is kept whole then; and if even that is over, its last observation is cut.
-        # A summary asked for already is not asked for again over a wider span: the cheap levels
-        # go on from what it left, with its note kept.
-        narrow = RecentWindow(messages=1, steps=0)
-        again = replace(request, window=narrow)
-        config = with_window(cfg, narrow)  # Snip keeps no more than the window either
-        if summaries:
-            config = config.model_copy(update={"levels": [lv for lv in cfg.levels if lv != "autocompact"]})
-            again = replace(again, messages=result.compressed_messages, anchored=True)
-        first = result
-        result = await pipeline_of(config).compact(again)
-        if summaries:
-            result = replace(result, steps=first.steps + result.steps,
-                             recovery_hints=first.recovery_hints + result.recovery_hints)
-        if result.tokens_after > hard and "microcompact" in cfg.levels:
-            # Cut towards the target, not only to the limit (the turn would land at it and the next
-            # turn compact again), but keeping what Microcompact keeps of any output: the newest
-            # output's head and tail are where its failure lines mostly are (measured: cut to the
-            # target alone, the last error line was in view a tenth less often).
-            others = result.tokens_after - turn.counter.count_structured(result.compressed_messages[-1])
-            keep = cfg.microcompact.head_tokens + cfg.microcompact.tail_tokens
-            cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
-                replace(request, messages=result.compressed_messages,
-                        token_budget=min(hard, max(request.token_budget, others + keep))))
-            if cut is not None:
-                result = replace(cut, steps=result.steps + cut.steps,
-                                 recovery_hints=result.recovery_hints + cut.recovery_hints)
-        # Still over: the rest of the restored state and the notes go too (the instructions take
-        # nearly all the room), rather than forward what the provider refuses.
-        result = _shed(result, turn.counter, hard, everything=True)
-        if result.tokens_after > hard and "snip" in cfg.levels:
-            # Still over, in a conversation too short or with turns too small for Snip's minimums
-            # (blocks of 5 in 10 messages): the oldest turns after the task go, under a note that
-            # only counts them, down to the last message; then what ctxgate added, up to the
-            # context limit itself rather than the budget's safety margin. Forwarding what the
-            # provider refuses would cost the turn.
-            last = SnipStrategy(cfg.snip.model_copy(update={"keep_recent": 1, "min_block": 1, "min_messages": 1,
-                                                            "preview_chars": 0}), cfg.pin_first_user)
-            cut = await last.compress(replace(request, messages=result.compressed_messages, token_budget=hard,
-                                              window=RecentWindow(messages=1, steps=0), anchored=True))
-            if cut is not None and cut.tokens_after < result.tokens_after:
-                result = replace(cut, steps=result.steps + cut.steps,
-                                 recovery_hints=result.recovery_hints + cut.recovery_hints)
-            result = _shed(result, turn.counter, limit_of(state, turn) - turn.outside_tokens(), everything=True)
-    record = CompactionRecord(
-        prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
-        messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
-        tokens_before=turn.counter.count_messages(view),
-        tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
-        counted_by=turn.counter.name)
-    return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
-                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
-                    0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
-
-
-def _shed(result: CompressionResult, counter: TokenCounter, limit: int, everything: bool = False
-          ) -> CompressionResult:
-    """`result` without those of ctxgate's own messages it cannot afford under `limit`
-    (`shed_own_messages`); as it is if it fits, or does not fit even without them."""
-    if result.tokens_after <= limit:
-        return result
-    shed = shed_own_messages(result.compressed_messages, counter, limit, everything)
-    if shed is None:
-        return result
-    return replace(result, compressed_messages=shed, tokens_after=counter.count_messages(shed))
 
 
 class Compactor:
@@ -423,29 +280,6 @@ class Compactor:
         return Plan(messages=result.compressed_messages,
                     tokens_out=run.record.tokens_after + turn.fixed_tokens(), levels=levels,
                     hints=result.recovery_hints)
-
-
-def _merged(view: list[dict[str, Any]], out: list[dict[str, Any]], pin_first_user: bool, dialect: str) -> int:
-    """How many of the notes earlier points left after the task are gone from `out`."""
-    start, end = read_conversation(view, dialect).anchor(pin_first_user)
-    kept = {orjson.dumps(m) for m in out}
-    return sum(1 for m in view[start:end] if orjson.dumps(m) not in kept)
-
-
-def _named(cuts: CutLog | None, messages: list[dict[str, Any]]) -> dict[str, str]:
-    """The originals the compacted messages still name, directly or through an original they
-    name (a snip note that Autocompact then summarised): a level tried and not applied, or a
-    first pass the chain ran again, leaves references nothing points to."""
-    if cuts is None or not cuts.originals:
-        return {}
-    kept: dict[str, str] = {}
-    named = REF_RE.findall(orjson.dumps(messages).decode())
-    while named:
-        ref = named.pop()
-        if ref not in kept and ref in cuts.originals:
-            kept[ref] = cuts.originals[ref]
-            named += REF_RE.findall(kept[ref])
-    return kept
 
 
 def record_tokens(record: CompactionRecord, counter: TokenCounter) -> int:

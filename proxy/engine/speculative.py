@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from ...pipeline.config import ExpandConfig
-from .compaction import ChainRun, run_chain
+from .chain_run import ChainRun, run_chain
 from .content_store import ContentStore
 from .turn_budget import Turn
 from .session import Sessions

@@ -1,0 +1,117 @@
+"""One run of the chain over a session's view: the depth the cost model chooses, the
+pipeline with the session's stores and at most one summary call, the fallbacks while the
+result is over the budget, and the record a compaction point keeps. It reads the session's
+state and changes nothing in it: the compactor applies the run at the trigger, the
+speculator in the background."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import orjson
+
+from ...pipeline.autocompact import AutocompactBreaker
+from ...pipeline.chain import CompressionPipeline, build_pipeline
+from ...pipeline.collapse import CollapseStore
+from ...pipeline.config import PipelineConfig
+from ...pipeline.conversation import read_conversation
+from ...pipeline.refs import REF_RE, CutLog
+from ...pipeline.restore import extract_working_state
+from ...pipeline.types import CompressionRequest, Reason
+from .depth import Depth, anchored, chain_config, merge_due, plan_depth
+from .over_budget import OverBudget
+from .state import CompactionRecord, SessionState
+from .turn_budget import Turn, budget_of, limit_of
+
+
+@dataclass
+class ChainRun:
+    """One run of the chain over a view, with the session stores it updated."""
+    record: CompactionRecord
+    result: Any
+    collapse: dict[str, Any]
+    breaker: dict[str, Any]
+    working: dict[str, Any]
+    duration_ms: float
+    cuts: dict[str, str]
+    """The originals the record's notes name by reference (empty with expansion off)."""
+    depth: Depth | None = None
+    """What the cost model chose, when it chose the target."""
+    merged_notes: int = 0
+    """Earlier compaction notes this run merged (they were over their cap): a rare, counted event."""
+
+
+async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
+                    reason: Reason) -> ChainRun:
+    """The chain over `view`, as a record for the client's whole message list. `target`: where
+    it lands; None: where the cost model says (`depth.plan_depth`), with the recent window it
+    chooses. Reads the session's stores but changes nothing in `state` (the speculator runs it
+    in the background). At most one summary is asked for."""
+    cfg = turn.config
+    budget = budget_of(state, turn)
+    working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
+    collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
+    breaker = (AutocompactBreaker.from_dict(state.breaker) if state.breaker
+               else AutocompactBreaker(max_failures=cfg.autocompact.max_failures))
+    summaries = 0
+
+    async def summarize(prompt: list[dict[str, Any]]) -> str:
+        nonlocal summaries
+        summaries += 1
+        return await turn.summarize(prompt)
+
+    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
+        return build_pipeline(config, collapse_store=collapse, breaker=breaker, summarize=summarize,
+                              working_state=working, effective_budget=budget)
+
+    pipeline = pipeline_of(cfg)
+    started = time.perf_counter()
+    cuts = CutLog() if cfg.expand.enabled else None
+    request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
+                                 reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
+    depth = None
+    if target is None:
+        depth = plan_depth(turn, view, budget, pipeline.reserve(request))
+        request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
+    else:
+        request = replace(request, anchored=anchored(turn, request.conversation, budget))
+    config = chain_config(cfg, request.window, merge_due(turn, request))
+    if config is not cfg:
+        pipeline = pipeline_of(config)
+    result = await pipeline.compact(request)
+    fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - turn.outside_tokens(),
+                           limit_of(state, turn) - turn.outside_tokens())
+    request, result = await fallbacks.fit(request, result)
+    record = CompactionRecord(
+        prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
+        messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
+        tokens_before=turn.counter.count_messages(view),
+        tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
+        counted_by=turn.counter.name)
+    return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
+                    (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
+                    0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
+
+
+def _merged(view: list[dict[str, Any]], out: list[dict[str, Any]], pin_first_user: bool, dialect: str) -> int:
+    """How many of the notes earlier points left after the task are gone from `out`."""
+    start, end = read_conversation(view, dialect).anchor(pin_first_user)
+    kept = {orjson.dumps(m) for m in out}
+    return sum(1 for m in view[start:end] if orjson.dumps(m) not in kept)
+
+
+def _named(cuts: CutLog | None, messages: list[dict[str, Any]]) -> dict[str, str]:
+    """The originals the compacted messages still name, directly or through an original they
+    name (a snip note that Autocompact then summarised): a level tried and not applied, or a
+    first pass the chain ran again, leaves references nothing points to."""
+    if cuts is None or not cuts.originals:
+        return {}
+    kept: dict[str, str] = {}
+    named = REF_RE.findall(orjson.dumps(messages).decode())
+    while named:
+        ref = named.pop()
+        if ref not in kept and ref in cuts.originals:
+            kept[ref] = cuts.originals[ref]
+            named += REF_RE.findall(kept[ref])
+    return kept

@@ -49,6 +49,12 @@ previous turn's (refusals ignored: it is what the turns would cost with no limit
 Compaction points (ctxgate): turns whose compaction records changed, per 100 turns over the
 dialect's runs; summary calls per point (speculative ones included).
 
+Long sessions: a recorded run is over after a few compaction points, and its floor (system
+prompt, task, tools schema) often takes half of a limit set at half its size. So, per source,
+its runs are also joined into one session (`long_sessions`: the first run whole, each later
+one without its system prompt, as the next task; up to `LONG_TOKENS`) and replayed the same
+way, each session on a row of its own.
+
     .venv/bin/python bench/dialects.py                        # writes its section of RESULTS.md
     .venv/bin/python bench/dialects.py --only "OpenHands text" --limit 2 --out /tmp/x.md
 """
@@ -63,13 +69,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 import common
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.turns import is_valid_sequence
+from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
 from dialect_replay import (
     ProviderCount,
     baseline_replay,
@@ -130,6 +138,37 @@ def runs(only: str | None, limit: int | None, tau_every: int) -> list[tuple[str,
             continue
         per_dialect[dialect] += 1
         out.append((name, t, dialect, msgs))
+    return out
+
+
+LONG_TOKENS = 150_000
+"""A long session stops adding runs once it is this big (o200k, messages)."""
+
+
+def long_sessions(chosen: list[tuple[str, Trajectory, str, list[Message]]], counter: Any
+                  ) -> list[tuple[str, Trajectory, str, list[Message]]]:
+    """Per source and dialect, its runs back to back as one session: the first run whole, each later run
+    without its own system prompt, so it reads as the next task of the same session (as an
+    agent given one task after another would send it), until `LONG_TOKENS`. Only runs with the
+    first run's tools schema join it. The issue's targets are about sessions that run well past
+    their limit; a single recorded run is over after a few compaction points at most."""
+    out = []
+    for source, dialect in dict.fromkeys((t.source, d) for _, t, d, _ in chosen):
+        group = [(t, d, m) for _, t, d, m in chosen if (t.source, d) == (source, dialect)]
+        first, _, messages = group[0]
+        tools = orjson.dumps(first.tools)
+        session, joined = list(messages), 1
+        for t, d, m in group[1:]:
+            if counter.count_messages(session) >= LONG_TOKENS:
+                break
+            body = m[leading_instructions(m):]
+            if orjson.dumps(t.tools) != tools or not is_valid_sequence(session + body):
+                continue
+            session += body
+            joined += 1
+        if joined > 1:
+            name = f"{source} ({dialect}): {joined} runs back to back"
+            out.append((name, replace(first, name=name, messages=session), dialect, session))
     return out
 
 
@@ -381,6 +420,35 @@ def cost_targets(results: list[RunResult]) -> str:
             + "\n")
 
 
+def long_section(results: list[RunResult]) -> str:
+    """Each long session on its own row, at both limits: the targets' figures and the probes,
+    ctxgate (stand-in) with drop-oldest's prefix stability and cost beside it."""
+    rows = []
+    for ratio in RATIOS:
+        for r in results:
+            scores = r.scores[ratio]
+            if scores is None:
+                continue
+            ours, drop = scores[STAND_IN], scores["drop-oldest"]
+            f = summary([ours])
+            least = 100 * r.least_points[ratio] / max(1, ours.turns)
+            rows.append([f"{r.name} at {ratio:.0%}", str(ours.turns), f"{least:.1f}",
+                         fmt(f["points"], 1), fmt(f["per_point"], 2), f"{pct(ours.stable)} vs {pct(drop.stable)}",
+                         f"{fmt(ours.cost['OpenAI'])} vs {fmt(drop.cost['OpenAI'])}",
+                         f"{fmt(ours.cost['Anthropic'])} vs {fmt(drop.cost['Anthropic'])}",
+                         *(fmt(ours.probes[k]) for k in ("task", "files", "error", "latest")),
+                         pct(ours.refused_ctxgate + ours.refused_upstream)])
+    return ("### Long sessions: a source's runs back to back\n\nThe targets are about sessions that run well past "
+            "their limit. Per source, its runs joined into one session (the first whole, each later run without its "
+            f"own system prompt, as the next task of the same session; up to {LONG_TOKENS:,} tokens; runs with "
+            "another tools schema left out), replayed the same way at 50% and 25% of the session's final size. "
+            "ctxgate with the stand-in summary; drop-oldest's prefix stability and cost beside it.\n\n"
+            + common.table(["session at limit", "turns", "points / 100 turns at best", "points / 100 turns",
+                            "summaries / point", "prefix-stable vs drop-oldest", "cost (OpenAI) vs drop-oldest",
+                            "cost (Anthropic) vs drop-oldest", "task", "files", "last error", "last 6", "refused"],
+                           rows) + "\n")
+
+
 def package_state() -> str:
     """Where ctxgate was imported from, and at which commit (a worktree for a 'before' run)."""
     import ctxgate.pipeline
@@ -395,7 +463,7 @@ def package_state() -> str:
         f" + uncommitted changes in {', '.join(dirty)}" if dirty else " (no uncommitted changes)")
 
 
-def report(results: list[RunResult], elapsed: float, note: str, tau_every: int) -> str:
+def report(results: list[RunResult], long: list[RunResult], elapsed: float, note: str, tau_every: int) -> str:
     header = common.section_header("Recoverability per dialect: multi-turn replay, the upstream enforcing the limit")
     # The code measured is the package imported (a worktree for a 'before' run), not this checkout.
     header = "\n".join(f"- code: ctxgate imported from {package_state()}" if line.startswith("- code:") else line
@@ -425,6 +493,8 @@ def report(results: list[RunResult], elapsed: float, note: str, tau_every: int) 
     out.append(scoreboard(results) + "\n")
     out.append(aims(results))
     out.append(cost_targets(results))
+    if long:
+        out.append(long_section(long))
     for ratio in RATIOS:
         out.append(f"### Limit {ratio:.0%} of the final size\n")
         out += [dialect_section(results, d, ratio) for d in DIALECTS if count[d]]
@@ -457,9 +527,15 @@ def main() -> None:
                  f"task {fmt(ours.probes['task'], 2)}, refused {pct(ours.refused_ctxgate + ours.refused_upstream)}")
         print(f"[{k + 1}/{len(chosen)}] {dialect}: {common.short_name(name, 70)} ({len(agent_turns(msgs))} turns, "
               f"{time.perf_counter() - t0:.1f}s; ctxgate at 50%: {brief})", file=sys.stderr, flush=True)
+    long = []
+    for name, t, dialect, msgs in long_sessions(chosen, counter):
+        t0 = time.perf_counter()
+        long.append(evaluate(name, t, dialect, msgs, counter, loop))
+        print(f"[long] {name} ({len(agent_turns(msgs))} turns, {time.perf_counter() - t0:.1f}s)", file=sys.stderr,
+              flush=True)
     note = "" if args.limit is None and args.only is None and args.tau_every == TAU_BENCH_EVERY else (
         f" (a partial run: --limit {args.limit}, --only {args.only}, --tau-every {args.tau_every})")
-    markdown = report(results, time.perf_counter() - started, note, max(1, args.tau_every))
+    markdown = report(results, long, time.perf_counter() - started, note, max(1, args.tau_every))
     print(markdown)
     if args.out:
         Path(args.out).write_text(markdown + "\n")

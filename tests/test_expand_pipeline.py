@@ -3,9 +3,12 @@ hands the original over in the request's `CutLog`; without one, notes are as bef
 the gateway's in-process content store: per tenant and session, bounded by size and age."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
+
+import pytest
 
 from ctxgate.pipeline.autocompact import AutocompactStrategy
 from ctxgate.pipeline.collapse import CollapseStore, CollapseStrategy
@@ -18,6 +21,7 @@ from ctxgate.proxy.config import Config
 from ctxgate.proxy.engine.chain_run import run_chain
 from ctxgate.proxy.engine.compaction import fingerprints_of
 from ctxgate.proxy.engine.content_store import MemoryContentStore
+from ctxgate.proxy.engine import speculative
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
 from ctxgate.proxy.engine.turn_budget import Turn
@@ -157,6 +161,29 @@ async def test_a_speculation_keeps_the_originals_its_notes_name() -> None:
     assert named
     for ref in named:
         assert await content.get("t", "s", ref, config.expand.store_ttl_s)
+
+
+async def test_a_failed_speculation_does_not_hold_up_the_turn_waiting_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn at the trigger waits in `settle` for the background compaction with the session
+    locked; one that fails is cleared in a transaction of its own: the turn must learn of the
+    failure first, or each waits for the other and the request never reaches the WAL."""
+    async def failing(*_: object, **__: object) -> None:
+        await asyncio.sleep(0.05)
+        raise RuntimeError("the chain failed")
+
+    monkeypatch.setattr(speculative, "run_chain", failing)
+    sessions = in_memory_sessions(MemorySessionStore())
+    speculator = Speculator(sessions)
+    h = agent_history(40, 200)
+    turn = Turn(messages=h, fingerprints=fingerprints_of(h), tools=None, counter=counter(), config=PipelineConfig(),
+                max_input_tokens=8000, summarize=summarise)
+    async with sessions.transaction("t", "s") as tx:
+        speculator.start(tx.state, turn, h, 2000)
+    async with sessions.transaction("t", "s") as tx:  # the next turn, over the trigger
+        await asyncio.wait_for(speculator.settle(tx.state), 5)
+        assert not tx.state.speculation and not tx.state.speculative
+    await asyncio.wait_for(speculator.close(), 5)
+    assert not speculator.running("t", "s")
 
 
 def test_expansion_is_off_for_minimal_on_for_the_others_and_per_tenant() -> None:

@@ -101,7 +101,8 @@ class Speculator:
         if running is not None:
             try:
                 run = await asyncio.shield(running.chain)
-            except Exception:
+            except Exception:  # it failed: this turn compacts itself
+                state.speculation = {}
                 return
             if run is not None:  # it ran here
                 if run.result.steps:
@@ -155,6 +156,11 @@ class Speculator:
                     tx.write_log = self._on_done
         except Exception as e:  # a background task: log, never raise into nowhere
             log.warning("speculative compaction of session %s failed: %s", session_id, e)
+            if not running.chain.done():
+                # A turn at the trigger may be waiting for it in `settle`, the session locked:
+                # told now, not after `_forget`, which needs that lock (they waited on each other).
+                running.chain.set_exception(e)
+                running.chain.exception()  # retrieved: no turn need be waiting
             await self._forget(tenant, session_id)
         finally:
             if not running.chain.done():

@@ -777,7 +777,9 @@ class WindowWatch:
     - a message cut at a compaction point stays cut, the same way, on later turns.
 
     None of it is owed where no request can hold the whole window within the effective
-    budget (its `window_floor`, with NOTE_ROOM, is over it): ctxgate then keeps only the turn
+    budget (its `window_floor`, with the earlier points' notes and NOTE_ROOM, is over it:
+    those notes are merged only by a point's one summary, and one already asked for is not
+    asked for again): ctxgate then keeps only the turn
     in progress (and cuts the last message head and tail if it is an observation and still
     does not fit). There, and on later turns for the messages that arrived up to then, only
     the limit, the instructions and the task, and the last message bind.
@@ -816,11 +818,13 @@ class WindowWatch:
             target = compaction_target(request.messages, self.tools, self.limit, reserved, offset)
         return kept + NOTE_ROOM > target
 
-    def beyond(self, request: Request, reserved: int = 0, offset: int = 0, window: Window = WINDOW) -> bool:
-        """No request holding the whole window (its observations cut as far as allowed) fits
-        the effective budget: ctxgate falls back to the turn in progress."""
+    def beyond(self, request: Request, reserved: int = 0, offset: int = 0, window: Window = WINDOW,
+               notes: int = 0) -> bool:
+        """No request holding the whole window (its observations cut as far as allowed) and the
+        earlier points' notes (`notes` tokens: kept byte-identical, or merged only by a point's
+        one summary) fits the effective budget: ctxgate falls back to the turn in progress."""
         floor = window_floor(request.messages, request.kinds, self.tools, self.cuts, window)
-        return floor + reserved + offset + NOTE_ROOM > self.budget
+        return floor + reserved + offset + notes + NOTE_ROOM > self.budget
 
     def check(self, request: Request, forwarded: list[Message], point: bool, reserved: int = 0,
               offset: int = 0, chosen: dict[str, Any] | None = None) -> list[str]:
@@ -837,7 +841,11 @@ class WindowWatch:
         if not point and self.since and not same(forwarded[-(n - self.since):], sent[self.since:]):
             problems.append(f"the {n - self.since} messages that arrived after the last compaction point (at "
                             f"{self.since} messages) do not end the forwarded list verbatim")
-        if point and self.beyond(request, reserved, offset, window):
+        # The notes earlier points left stay byte-identical (incremental compaction): kept, like
+        # the instructions and the task, so they count against the target and the budget too.
+        earlier = [m for m in forwarded if is_compaction_note(m) and any(same([m], [e]) for e in self.notes)]
+        notes = counter().count_messages(earlier) if earlier else 0
+        if point and self.beyond(request, reserved, offset, window, notes):
             self.since = self.exempt = n
             self.exempt_points += 1
             for i in range(window_start(sent, kinds, window), n):  # what it cut stays cut
@@ -845,10 +853,6 @@ class WindowWatch:
                 if got is not None and i not in self.cuts:
                     self.cuts[i] = got
             return problems
-        # The notes earlier points left stay byte-identical (incremental compaction): kept, like
-        # the instructions and the task, so they count against the target too.
-        earlier = [m for m in forwarded if is_compaction_note(m) and any(same([m], [e]) for e in self.notes)]
-        notes = counter().count_messages(earlier) if earlier else 0
         self.notes = [m for m in forwarded if is_compaction_note(m)]
         may_cut = point and self.over_target(request, reserved, offset, window, target, notes)
         found, cut = self._window(request, forwarded, point, may_cut, window)

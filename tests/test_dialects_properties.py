@@ -217,6 +217,19 @@ def test_the_recent_window_reaches_the_upstream_verbatim_or_cut_oldest_first(dia
         assert not f.window, f"{run.where(f)}: " + "; ".join(f.window[:3])
 
 
+def test_a_window_that_fits_only_without_the_earlier_notes_may_give_way_to_them() -> None:
+    """The window cut to its floor fits the budget only without the three earlier notes
+    beside it, and this point's one summary was already asked for (so they cannot be merged):
+    the notes stay (measured: shedding them instead lost the last error on SWE-agent text,
+    0.989 -> 0.904 at 50%, 0.908 -> 0.683 at 25%, bench/dialects.py), and the window gives way
+    to the turn in progress. What is still owed holds: the limit, the task and the last message."""
+    run = replayed("swe_agent_text", 200, 38, 0.2)
+    point = next(f for f in run.turns if f.request.turn == 60)
+    assert point.point and point.fallback and point.messages is not None
+    assert point.tokens <= run.limit and point.messages[-1] == point.request.messages[-1]
+    assert [f"{run.where(f)}: {f.window[0]}" for f in run.turns if f.window] == []
+
+
 def test_a_window_that_only_just_fits_keeps_its_actions_before_the_restored_state_and_the_notes() -> None:
     """A case the property above draws only in some test orders: the window cut to its floor
     fits the budget, but not with the restore blocks and three earlier notes beside it. The

@@ -90,7 +90,9 @@ class CompressionPipeline:
                 steps += result.steps
             fits = result.fits
         if not fits and self.last_resort is not None:
-            result = await self.last_resort.compress(request.with_messages(current, target))
+            # The window is cut only when it is over the target itself: not to make room for the
+            # restore lists reserved from it (they may take the point a little past its target).
+            result = await self.last_resort.compress(request.with_messages(current, request.token_budget))
             if result is not None:
                 current, steps, hints = result.compressed_messages, steps + result.steps, hints + result.recovery_hints
         if steps:

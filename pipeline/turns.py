@@ -23,6 +23,24 @@ _ACKNOWLEDGEMENT = re.compile(r"Ok\.?|Ok, (?:I will use these|I won't try and ed
 "Ok, I will use these files as references."): that user turn is not the task."""
 
 
+_TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def plain_text(message: Message) -> str | None:
+    """A message's text when it is only text: a string, or a list of text parts (how the
+    Messages and Responses APIs carry the same turn); None when it holds anything else (a
+    tool call or result, an image), which no rule here reads as talk."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        return None
+    if not all(isinstance(p, dict) and p.get("type") in _TEXT_PARTS and isinstance(p.get("text"), str)
+               for p in content):
+        return None
+    return "".join(p["text"] for p in content)
+
+
 def leading_instructions(messages: list[Message]) -> int:
     """How many messages open the request as instructions (never dropped or altered): the
     leading system/developer messages, and the worked examples a client closes itself after
@@ -32,9 +50,10 @@ def leading_instructions(messages: list[Message]) -> int:
         n += 1
     for i in range(n, min(len(messages), n + EXAMPLES_SCAN)):
         m = messages[i]
-        if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or not isinstance(m.get("content"), str):
+        text = plain_text(m)
+        if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or text is None:
             break
-        if m["role"] == "user" and m["content"].startswith(EXAMPLES_CLOSER):
+        if m["role"] == "user" and text.startswith(EXAMPLES_CLOSER):
             replied = i + 1 < len(messages) and messages[i + 1].get("role") == "assistant"
             return i + 2 if replied else i + 1
     return n
@@ -57,9 +76,9 @@ def task_index(messages: list[Message]) -> int | None:
         first = later
     if first is None:
         return None
-    content = messages[first].get("content")
+    text = plain_text(messages[first])
     following = first + 1
-    if (isinstance(content, str) and content.startswith(DEMONSTRATION_PREFIX) and following < len(messages)
+    if (text is not None and text.startswith(DEMONSTRATION_PREFIX) and following < len(messages)
             and messages[following].get("role") == "user"):
         return following
     return first
@@ -68,9 +87,9 @@ def task_index(messages: list[Message]) -> int | None:
 def _acknowledged(messages: list[Message], user: int) -> bool:
     """The turn after `messages[user]` is the client's own acknowledgement of it."""
     reply = messages[user + 1] if user + 1 < len(messages) else {}
-    content = reply.get("content")
-    return (reply.get("role") == "assistant" and not reply.get("tool_calls") and isinstance(content, str)
-            and _ACKNOWLEDGEMENT.fullmatch(content.strip()) is not None)
+    text = plain_text(reply)
+    return (reply.get("role") == "assistant" and not reply.get("tool_calls") and text is not None
+            and _ACKNOWLEDGEMENT.fullmatch(text.strip()) is not None)
 
 
 def kept_characters(messages: list[Message]) -> int:

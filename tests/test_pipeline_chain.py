@@ -11,9 +11,10 @@ from ctxgate.pipeline.restore import extract_working_state
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.strategy import Stopwatch, level_result
 from ctxgate.pipeline.types import CompressionRequest, CompressionResult, Level
+from ctxgate.pipeline.turns import leading_instructions, task_index
 
-from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, assistant, call, calls, chat_history,
-                               counter, filler, snapshot, system, tool, tool_turn, user)
+from pipeline_builders import (LAST_UNIT, Message, agent_history, assert_invariants, assistant, call, calls,
+                               chat_history, counter, filler, snapshot, system, tool, tool_turn, user)
 from test_pipeline_autocompact import Scripted
 
 
@@ -292,3 +293,22 @@ async def test_worked_examples_a_client_closes_itself_are_instructions_and_the_t
     assert out[:5] == h[:5], "the examples stay with the system prompt, as sent"
     assert task in out, "the task statement is pinned"
     assert out[-1] == h[-1]
+
+
+def test_examples_and_acknowledgements_in_text_blocks_read_as_in_strings() -> None:
+    """The Messages API (and litellm talking to it for aider) carries a turn's text as a list of
+    text blocks: the worked examples, the closing turn, the client's "Ok." and the task read the
+    same as with string contents; a turn with any other block is not talk."""
+    def blocks(message: Message) -> Message:
+        return {**message, "content": [{"type": "text", "text": message["content"]}]}
+
+    h = [system(), user("Change get_factorial() to use math.factorial"), assistant("mathweb/flask/app.py"),
+         user("I switched to a new code base. Please don't consider the above files."), assistant("Ok."),
+         user("I am not sharing any files that you can edit yet."), assistant("Ok."),
+         user("Make the config loader accept retry_after."), assistant("Running step 1.")]
+    as_blocks = [h[0], *(blocks(m) for m in h[1:])]
+    found = (leading_instructions(as_blocks), task_index(as_blocks))
+    assert found == (leading_instructions(h), task_index(h)) == (5, 7)
+    tool_use = {"type": "tool_use", "id": "t1", "name": "x", "input": {}}
+    with_tool = [*as_blocks[:2], {**as_blocks[2], "content": [*as_blocks[2]["content"], tool_use]}]
+    assert leading_instructions(with_tool + as_blocks[3:]) == 1, "a turn with a tool block ends the examples"

@@ -16,17 +16,21 @@ grow only then); the scripted model never edits, so every compaction point is ct
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 from pathlib import Path
 
 import orjson
 import pexpect
+import pytest
 from pexpect.popen_spawn import PopenSpawn
 
 from agent_steps import asked_step
+from ctxgate.pipeline.protocols.base import text_of
 from ctxgate.pipeline.turns import is_valid_sequence
 from real_agents import pypi_agent
+from servers import KEYS
 from test_real_agents import LIMIT, MODEL, STEPS, _check_upstream, _launch, _limited
 from upstream import Received
 
@@ -65,17 +69,31 @@ def _drive(child: PopenSpawn, task: str, steps: int) -> str:
 
 
 def _reply(received: Received) -> str:
-    """The text the scripted upstream streamed back for one request."""
+    """The text the scripted upstream gave back for one request, streamed or whole."""
+    if not received.body.get("stream"):
+        return "".join(c["message"].get("content") or "" for c in orjson.loads(received.response)["choices"])
     frames = [orjson.loads(line[6:]) for line in received.response.splitlines() if line.startswith(b"data: {")]
     return "".join(c["delta"].get("content") or "" for f in frames for c in f["choices"])
 
 
-def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path, provider: str) -> None:
+    """An `openai/` model comes through the Chat Completions door, an `anthropic/` one (litellm
+    inside aider reading ANTHROPIC_API_BASE and ANTHROPIC_API_KEY) through the Messages door,
+    its turns as lists of text blocks; the route behind both is the scripted upstream."""
     aider = pypi_agent("aider-chat") / "aider"
     upstream, config = _limited(tmp_path, LIMIT, MODEL)
-    command, env = _launch(config, "aider-1", [str(aider), "--model", f"openai/{MODEL}", *AIDER_FLAGS], tmp_path,
+    # Streaming, aider's litellm leaves each Messages stream unclosed; when the garbage
+    # collector finalises one inside httpcore's pool lock, that lock is taken twice and aider
+    # hangs before its next request (a stack dump shows it). Not a gateway matter: see README.
+    stream = ["--no-stream"] if provider == "anthropic" else []
+    command, env = _launch(config, f"aider-{provider}", [str(aider), "--model", f"{provider}/{MODEL}", *AIDER_FLAGS,
+                                                         *stream],
+                           tmp_path, ANTHROPIC_API_KEY=KEYS["acme"],
                            SHELL="/bin/sh")  # aider runs a command with `$SHELL -i -c`: no rc files of the tester's
-    child = PopenSpawn(command, cwd=str(tmp_path), env=env, encoding="utf-8", timeout=PROMPT_TIMEOUT_S)
+    # A session of its own, so a failed run takes the gateway and aider down with the launcher.
+    child = PopenSpawn(command, cwd=str(tmp_path), env=env, encoding="utf-8", timeout=PROMPT_TIMEOUT_S,
+                       preexec_fn=os.setsid)
     try:
         last = _drive(child, TASK, STEPS)
         child.sendline("/exit")
@@ -87,11 +105,11 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
         for r in received:
             assert is_valid_sequence(r.body["messages"]), r.body["messages"]
             assert "summarize this partial conversation" not in r.raw.decode(), "aider summarised by itself"
-            said = [m["content"] for m in r.body["messages"] if m["role"] == "user" and isinstance(m["content"], str)]
+            said = [text_of(m) for m in r.body["messages"] if m["role"] == "user"]
             assert said[0] == EXAMPLE and any(s.startswith(TASK) for s in said), said[:8]  # compaction kept both
         asked = [asked_step(_reply(r)) for r in received]
         assert [a for a in asked if a is not None] == list(range(1, STEPS + 1)), asked  # none lost, none re-run
     finally:
         if child.proc.poll() is None:
-            child.kill(signal.SIGKILL)
+            os.killpg(child.proc.pid, signal.SIGKILL)
         upstream.stop()

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note
+from pipeline_builders import filler
 from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import ScriptedUpstream
 
@@ -124,3 +125,30 @@ def test_messages_a_later_point_keeps_the_earlier_note_blocks_byte_identical(gw:
     # The breakpoint ctxgate adds moves to the last system block: compared without it.
     assert second[:end] == first[:end], "the system blocks up to the first point's last note are cached"
     assert sum(map(is_note, second)) > sum(map(is_note, first))
+
+
+def test_chat_short_turns_under_a_large_prompt_reach_the_upstream_within_the_budget(
+        gw: Gateway, upstream: ScriptedUpstream) -> None:
+    """A customer-service chat through the gateway: a system prompt that leaves about 150
+    tokens of the budget, turns too few and too small for Snip's minimums, no output to cut.
+    The oldest turns after the task give way, so every request reaches the upstream within
+    the budget, with the task and the newest message as the client sent them."""
+    cli = openai.OpenAI(base_url=gw.url, api_key=KEYS["acme"], max_retries=0, timeout=60)
+    session = f"tight-{uuid.uuid4().hex[:10]}"
+    policy = filler(int(BUDGET) - 150, 7)
+    history: list[dict[str, Any]] = [{"role": "system", "content": policy},
+                                     {"role": "user", "content": "TASK: change my flight to Friday"}]
+    sent, dropped = [], 0
+    for i in range(12):
+        history = history + [{"role": "assistant", "content": f"Let me look at booking {i}, one moment please."},
+                             {"role": "user", "content": f"Booking {i} is under my name, reference RX{i:04d}."}]
+        since = len(upstream.log)
+        cli.chat.completions.create(model="gpt-4o", messages=history,  # type: ignore[arg-type]
+                                    extra_headers={"X-Ctx-Budget": BUDGET, "X-Ctx-Session": session})
+        [forwarded] = [r for r in upstream.log[since:] if r.door == "chat" and r.body.get("model") == "gpt-4o"]
+        got = forwarded.body["messages"]
+        assert got[:2] == history[:2] and got[-1] == history[-1], "the instructions, task and newest message"
+        sent.append(forwarded.prompt_tokens)
+        dropped = max(dropped, len(history) - len(got))
+    assert dropped > 0, f"no turn ever had to give way: {sent}"
+    assert all(p is not None and p <= int(BUDGET) for p in sent), sent

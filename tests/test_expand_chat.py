@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import openai
 import pytest
 
+from ctxgate.pipeline.config import PipelineConfig
 from servers import KEYS, Gateway, _model, launch, main_config, run_ctxgate, stop_all
 from upstream import EXPAND_TOOL, REPLY, Received, ScriptedUpstream
 
@@ -136,6 +137,62 @@ def test_the_next_turn_starts_with_what_the_model_asked_for(gw: Gateway, up: Scr
     assert ids[0] and len(set(ids[1])) == len(ids[1])  # answered once, across both turns
 
 
+def _expanded_ids(entry: Received) -> list[str]:
+    return [m["tool_call_id"] for m in entry.body["messages"]
+            if m["role"] == "tool" and m["tool_call_id"].startswith("call_expand_")]
+
+
+def test_a_compaction_point_leaves_the_earlier_expansions_out(gw: Gateway, up: ScriptedUpstream) -> None:
+    """The next compaction point compacts the client's history, not the expansions of earlier
+    turns: each result is a copy of an original still stored under its reference, so no note
+    stores a copy of it again or names the calls that asked for it."""
+    hdrs = headers()
+    ask(gw, "gpt-4o-expand", False, **hdrs)
+    assert _expanded_ids(chats(up)[-1])
+    up.reset()
+    rebuilt = build_log()[3]["content"].replace("module_", "unit_")
+    messages = [*build_log(), {"role": "assistant", "content": REPLY},
+                {"role": "user", "content": "Rebuild it."},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_2", "type": "function",
+                 "function": {"name": "bash", "arguments": "{\"command\": \"make\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_2", "content": rebuilt}]
+    seen = ask(gw, "gpt-4o-expand", False, messages, **hdrs)
+    assert "autocompact" in seen["headers"]["x-ctx-levels"] or "snip" in seen["headers"]["x-ctx-levels"] \
+        or "microcompact" in seen["headers"]["x-ctx-levels"], "the second turn is a compaction point"
+    first = chats(up)[0]
+    assert _expanded_ids(first) == []
+    assert EXPAND_TOOL not in json.dumps(first.body["messages"])
+
+
+def _step(i: int, output: str) -> list[dict[str, Any]]:
+    call = {"id": f"call_s{i}", "type": "function",
+            "function": {"name": "bash", "arguments": f'{{"command": "step {i}"}}'}}
+    return [{"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"call_s{i}", "content": output}]
+
+
+def test_an_expansion_leaves_the_next_turn_room_to_grow(gw: Gateway, up: ScriptedUpstream) -> None:
+    """Results take the room up to the compaction trigger less a turn of the session's growth:
+    the next turn, one ordinary step, is forwarded on top of the expansion rather than made a
+    compaction point (a cache break) by it."""
+    hdrs = headers()
+    system, task, call, log, question = build_log()
+    earlier = [m for i in range(6) for m in _step(i, "\n".join(f"line {i}.{k} of the output" for k in range(40)))]
+    history = [system, task, *earlier, call, log, question]
+    ask(gw, "gpt-4o-expand", False, history, **hdrs)
+    turn_one = chats(up)
+    assert _expanded_ids(turn_one[-1]), "the model expanded what the point cut"
+    up.reset()
+    listing = "\n".join(f"src/unit_{i}.c" for i in range(120))
+    seen = ask(gw, "gpt-4o-expand", False, [*history, *_step(7, listing)], **hdrs)
+    assert seen["headers"]["x-ctx-levels"] == "none"
+    last, first = turn_one[-1].body["messages"], chats(up)[0]
+    assert first.body["messages"][:len(last)] == last
+    config = PipelineConfig()
+    trigger = config.trigger_ratio * config.effective_budget(int(BUDGET["X-Ctx-Budget"]))
+    assert first.prompt_tokens is not None and first.prompt_tokens < trigger
+
+
 def test_a_gateway_killed_and_restarted_puts_the_expansion_back(up: ScriptedUpstream, tmp_path: Path) -> None:
     """The exchange is in the WAL's RESPONSE: the session rebuilt from the log after kill -9
     forwards what a gateway that never stopped would."""
@@ -228,7 +285,7 @@ def test_expansions_are_counted_in_metrics(gw: Gateway, up: ScriptedUpstream) ->
 
 
 def test_a_follow_up_too_long_is_told_to_the_model_never_the_loop_guard(gw: Gateway, up: ScriptedUpstream) -> None:
-    up.limit = 3000  # the compacted request fits; with the original expanded in it, it does not
+    up.limit = 2000  # the compacted request fits; with the original expanded in it, it does not
     hdrs = headers()
     seen = ask(gw, "gpt-4o-expand", False, **hdrs)
     assert seen["text"] == REPLY and seen["calls"] == [] and seen["finish"] == "stop"

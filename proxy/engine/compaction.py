@@ -35,19 +35,36 @@ SPECULATION_TURNS = 2
 _LIMIT_IN_ERROR = re.compile(r"maximum context length is (\d+)|> (\d+) maximum")
 
 
-def _apply_records(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], CompactionRecord | None, int]:
+def _apply_records(state: SessionState, turn: Turn,
+                   exchanges: bool = True) -> tuple[list[dict[str, Any]], CompactionRecord | None, int]:
     """The client's messages with the longest matching record's replacement in front, that
     record, and the tokens the expansion exchanges put back add. What arrived since is
     forwarded as the client sent it: it is the recent window, with the expansion exchanges of
-    its answered turns back in place."""
+    its answered turns back in place (unless `exchanges` is False: `compaction_view`)."""
     hashes = turn.prefix_hashes
     for record in sorted(state.records, key=lambda r: r.prefix_len, reverse=True):
         k = record.prefix_len
         if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
-            view, added = _with_expanded(state, turn, record.messages + turn.messages[k:], k, len(record.messages))
+            view = record.messages + turn.messages[k:]
+            if not exchanges:
+                return view, record, 0
+            view, added = _with_expanded(state, turn, view, k, len(record.messages))
             return view, record, added
+    if not exchanges:
+        return list(turn.messages), None, 0
     view, added = _with_expanded(state, turn, turn.messages, 0, 0)
     return view, None, added
+
+
+def compaction_view(state: SessionState, turn: Turn) -> list[dict[str, Any]]:
+    """What a compaction point compacts: the view without the expansion exchanges of earlier
+    turns. Each result is a copy of an original still stored under the reference a note
+    names; compacting it again would store a copy of that copy under a new reference, with a
+    preview naming references the model had already expanded, and a model that expands what
+    it sees would ask for them all over again (measured on check_pipeline's run: the notes
+    of one point held the calls of the last, and the next point came a turn sooner). The
+    point breaks the cached prefix anyway, and what was expanded can be asked for again."""
+    return _apply_records(state, turn, exchanges=False)[0]
 
 
 def _with_expanded(state: SessionState, turn: Turn, view: list[dict[str, Any]], covered: int,
@@ -129,14 +146,14 @@ class Compactor:
         if state.speculation or tokens > watermark * budget:
             _read_dialect(state, turn)  # only a turn that may compact reads the conversation
         if state.speculation and self.speculator is not None:
-            self.speculator.resume(state, turn, lambda then: self._view(state, then)[0])
+            self.speculator.resume(state, turn, lambda then: compaction_view(state, then))
         retried = bool(state.records) and state.records[-1].prefix_hash == turn.prefix_hashes[-1]
         if tokens <= cfg.trigger_ratio * budget or retried:
             # Under the trigger; or exactly the request compacted last (a client's retry):
             # forwarded as compacted then, over the trigger or not, with no second compaction.
             ratio = cfg.autocompact.speculative_ratio
             if ratio is not None and tokens > ratio * budget and self.speculator is not None and not retried:
-                self._speculate(state, turn, view, tokens, budget)
+                self._speculate(state, turn, tokens, budget)
             return Plan(messages=view, tokens_out=tokens - turn.count_offset)
         _refuse_infeasible(state, turn)
         if state.has_attempted_reactive_compact:
@@ -152,10 +169,9 @@ class Compactor:
         if adopted is not None:
             return adopted
         target = turn.target(budget, cfg.target_ratio) if cfg.cost.depth == "target" else None
-        return await self._compact(state, turn, view, target, "proactive")
+        return await self._compact(state, turn, compaction_view(state, turn), target, "proactive", as_is=view)
 
-    def _speculate(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], tokens: int,
-                   budget: int) -> None:
+    def _speculate(self, state: SessionState, turn: Turn, tokens: int, budget: int) -> None:
         """Start the compaction the trigger will ask for in the background. With the cost model,
         only once the session is within `SPECULATION_TURNS` turns of its growth of the trigger:
         started earlier, it is stale by the time it is needed and its summary paid twice."""
@@ -166,9 +182,9 @@ class Compactor:
             # from the watermark to the trigger, to leave the room a compaction then would.
             ratio = cfg.watermark_ratio()
             aim = max(cfg.target_ratio / 2, cfg.target_ratio - (cfg.trigger_ratio - ratio))
-            self.speculator.start(state, turn, view, turn.target(budget, aim))
+            self.speculator.start(state, turn, compaction_view(state, turn), turn.target(budget, aim))
         elif tokens + SPECULATION_TURNS * growth_per_turn(turn) > cfg.trigger_ratio * budget:
-            self.speculator.start(state, turn, view, None)
+            self.speculator.start(state, turn, compaction_view(state, turn), None)
 
     @staticmethod
     def _view(state: SessionState, turn: Turn) -> tuple[list[dict[str, Any]], int]:
@@ -243,8 +259,11 @@ class Compactor:
         return plan
 
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
-                       reason: Reason) -> Plan:
+                       reason: Reason, as_is: list[dict[str, Any]] | None = None) -> Plan:
+        """`as_is`: what the turn forwards if the chain removes nothing (`view` with the
+        expansion exchanges `compaction_view` left out; default `view`)."""
         run = await run_chain(state, turn, view, target, reason)
+        view = view if as_is is None else as_is
         fits = turn.counter.count_messages(view) + turn.outside_tokens() <= budget_of(state, turn)
         if not run.result.steps and reason == "proactive" and fits:
             # Nothing could be removed (all of it is pinned or recent): forwarded as it is, with

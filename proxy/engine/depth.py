@@ -29,13 +29,18 @@ class Depth:
     """The earlier notes stay byte-identical (`anchored`)."""
     choice: Choice | None = None
     """The cost model's verdict (None with `cost.depth: target`, or with no room for a choice)."""
+    narrowed: bool = False
+    """No room for a choice even with the newest step alone: the window is that step, and the
+    chain tries the cheap levels first (`chain_run`)."""
 
     def log_fields(self) -> dict[str, Any]:
         """What the compaction log says of the decision."""
-        if self.choice is None:
+        if self.choice is None and not self.narrowed:
             return {}
-        return {"target": self.target, "turns_expected": round(self.choice.turns, 1),
-                "window": [self.window.messages, self.window.steps]}
+        fields: dict[str, Any] = {"target": self.target, "window": [self.window.messages, self.window.steps]}
+        if self.choice is not None:
+            fields["turns_expected"] = round(self.choice.turns, 1)
+        return fields
 
 
 def prices_of(config: PipelineConfig, route_prices: Prices | None) -> Prices:
@@ -72,16 +77,17 @@ def anchored(turn: Turn, conversation: Conversation, budget: int) -> bool:
 def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int) -> Depth:
     """The target and recent window of a proactive compaction of `view`; `restore`: what the
     restore blocks' state lists will take. The cost model chooses between the floor (what the
-    agent must keep, the earlier notes included) and the profile's target. With no room between
-    them, the profile's target and window stand, as before the model (measured: narrowing the
-    window there made the last resorts cut more, forward more requests over the limit and
-    ask for more summaries)."""
+    agent must keep, the earlier notes included) and the profile's target. When the configured
+    window leaves no room between them (a large system prompt and tools under a small limit),
+    the window narrows to the newest complete steps that do, down to the newest one, and the
+    cost model chooses with it; when even the newest step leaves none, the point is `narrowed`
+    (`chain_run`: the older window's observations are cut once, deeply, if that frees enough)."""
     cfg = turn.config
     conversation = read_conversation(view, turn.dialect)
     counts = conversation.counts(turn.counter)
     # A point frees at least `clear_at_least`: a cache break must buy room, not a few tokens.
-    default = min(turn.target(budget, cfg.target_ratio),
-                  REPLY_PRIMING + sum(counts) - cfg.cost.least_gain(budget))
+    profile = turn.target(budget, cfg.target_ratio)
+    default = min(profile, REPLY_PRIMING + sum(counts) - cfg.cost.least_gain(budget))
     keep_notes = anchored(turn, conversation, budget)
     if cfg.cost.depth == "target":
         return Depth(default, cfg.window(), keep_notes)
@@ -91,11 +97,20 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     allowance = min(cfg.autocompact.summary_max_tokens, max(100, budget // 8))
     reserve = allowance + NOTE_MARGIN + restore
     growth = growth_per_turn(turn)
-    window = _window(conversation, cfg, counts, trigger - stable - reserve, growth)
-    kept = sum(counts[max(end, conversation.recent_start(window)):])
-    floor = stable + reserve + kept
+
+    def floor_with(window: RecentWindow) -> int:
+        return stable + reserve + sum(counts[max(end, conversation.recent_start(window)):])
+
+    # The configured window, unless keeping it whole leaves room for fewer than
+    # `cost.min_turns` turns of growth: then the newest complete steps that do (at least one).
+    windows = _windows(cfg)
+    window = next((w for w in windows if trigger - floor_with(w) >= cfg.cost.min_turns * growth), windows[-1])
+    if floor_with(window) >= profile:  # the window leaves no room at the profile's target
+        narrower = windows[windows.index(window):]
+        window = next((w for w in narrower if floor_with(w) < default), windows[-1])
+    floor = floor_with(window)
     if floor >= default:
-        return Depth(default, cfg.window(), keep_notes)
+        return Depth(default, window, keep_notes, narrowed=window != cfg.window())
     outlook = Outlook(trigger=trigger, stable=stable, floor=floor, default=default, growth=growth,
                       view=REPLY_PRIMING + sum(counts), summary_tokens=allowance)
     choice = choose_target(outlook, turn.prices)
@@ -127,13 +142,7 @@ def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:
     return config.model_copy(update={"snip": config.snip.model_copy(update={"keep_recent": window.messages})})
 
 
-def _window(conversation: Conversation, cfg: PipelineConfig, counts: list[int], room: int,
-            growth: float) -> RecentWindow:
-    """The configured recent window, unless keeping it whole leaves room for fewer than
-    `cost.min_turns` turns of growth: then the newest complete steps that do (at least one)."""
-    need = cfg.cost.min_turns * growth
-    candidates = [cfg.window()] + [RecentWindow(messages=1, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]
-    for window in candidates:
-        if room - sum(counts[conversation.recent_start(window):]) >= need:
-            return window
-    return candidates[-1]
+def _windows(cfg: PipelineConfig) -> list[RecentWindow]:
+    """The recent windows a point may keep, widest first: the configured one, then the newest
+    `recent_steps` complete steps down to the newest one."""
+    return [cfg.window()] + [RecentWindow(messages=1, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]

@@ -20,6 +20,7 @@ from ...pipeline.tokens import TokenCounter
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .content_store import ContentStore
+from .depth import growth_per_turn
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of
 
@@ -41,14 +42,18 @@ def tool_definition(config: ExpandConfig) -> dict[str, Any]:
 
 def expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
     """Tokens the turn's expansions may add (the tool's own definition taken off): up to the
-    compaction trigger, not the whole budget. A follow-up is never itself a request ctxgate
-    would have compacted, and what the model asked for stays in the conversation on later
-    turns (`SessionState.expanded`), with the room to grow that the trigger leaves below the
-    budget. None: the plan is not counted yet."""
+    compaction trigger less one turn of the session's growth, and at least half the room up
+    to the trigger. A follow-up is never itself a request ctxgate would have compacted, and
+    what the model asked for stays in the conversation on later turns
+    (`SessionState.expanded`): results that filled the room up to the trigger would make the
+    next turn a compaction point, a cache break paid for one expansion (measured on
+    check_pipeline's run, where the model expands every reference it sees: a point at nearly
+    every turn). None: the plan is not counted yet."""
     if plan.tokens_out is None:
         return None
     tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
-    return int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset - tool
+    room = int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset - tool
+    return int(max(room / 2, room - growth_per_turn(turn)))
 
 
 @dataclass

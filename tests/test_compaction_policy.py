@@ -266,3 +266,30 @@ async def test_short_chat_turns_under_a_large_prompt_are_dropped_rather_than_for
         dropped = max(dropped, len(history) - len(plan.messages))
     assert dropped > 0, "the run never had to drop a turn"
     assert over == [], f"turns forwarded over the context limit of {BUDGET}: {over}"
+
+
+async def test_a_window_that_leaves_no_room_is_cut_once_deeply_not_shaved_every_turn() -> None:
+    """Instructions that take half the budget (Claude Code's 29K of system prompt and
+    tools under a 60K limit) and large outputs: the configured window of 10 messages alone
+    fills the room the profile's target leaves. A point keeps the newest step and cuts the
+    older window at once, freeing at least the least gain, so points come every few turns
+    rather than at every turn with one output shaved each time, and none asks for more than
+    one summary (measured before this change: the same 8 points, and 17 summary calls)."""
+    budget = PipelineConfig().effective_budget(BUDGET)
+    history = [system(filler(int(budget * 0.5), 7)), user("TASK: fix the failing test in src/app.py")]
+    compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
+    freed: list[int] = []
+    turns = 40
+    for i in range(turns):
+        history = history + tool_turn(i, size=400)
+        records = len(state.records)
+        before = Compactor._view(state, _turn(history, summaries))[1]
+        plan = await compactor.prepare(state, _turn(history, summaries))
+        state.has_attempted_reactive_compact = False  # the upstream answered
+        if len(state.records) != records:
+            freed.append(before - counter().count_messages(plan.messages))
+    assert freed, "the run reached compaction points"
+    assert len(freed) <= turns // 3, f"{len(freed)} points in {turns} turns"
+    least = PipelineConfig().cost.least_gain(budget)
+    assert all(f >= least for f in freed), (least, freed)
+    assert summaries.calls <= len(freed)

@@ -35,7 +35,7 @@ from ctxgate.pipeline.microcompact import MicrocompactStrategy  # noqa: E402
 from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
 from ctxgate.pipeline.snip import SnipStrategy  # noqa: E402
 from ctxgate.pipeline.tokens import TokenCounter  # noqa: E402
-from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
+from ctxgate.pipeline.request import CompressionRequest  # noqa: E402
 
 WINDOW = 200_000
 SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "

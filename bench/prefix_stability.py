@@ -32,7 +32,7 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.pipeline.turns import leading_instructions, task_index
-from ctxgate.pipeline.types import CompressionRequest
+from ctxgate.pipeline.request import CompressionRequest
 from turn_replay import Message, agent_turns, replay
 
 TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"

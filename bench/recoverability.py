@@ -83,7 +83,7 @@ from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
 from ctxgate.pipeline.restore import extract_working_state  # noqa: E402
 from ctxgate.pipeline.turns import first_user_index, is_valid_sequence  # noqa: E402
 from common import split_units  # noqa: E402  (wherever the package under test keeps it)
-from ctxgate.pipeline.types import CompressionRequest  # noqa: E402
+from ctxgate.pipeline.request import CompressionRequest  # noqa: E402
 from ctxgate.pipeline.config import ExpandConfig  # noqa: E402
 from ctxgate.pipeline.refs import CutLog  # noqa: E402
 from ctxgate.proxy.engine.expansion import tool_definition  # noqa: E402

@@ -22,7 +22,8 @@ from .refs import render_span
 from .protocols.base import readable_text
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
-from .types import CompressionRequest, CompressionResult, Level, Message, RecentWindow
+from .request import CompressionRequest
+from .types import CompressionResult, Level, Message, RecentWindow
 
 Summarize = Callable[[list[Message]], Awaitable[str]]
 

@@ -17,7 +17,8 @@ from .restore import ActiveRestore, WorkingState
 from .snip import SnipStrategy
 from .strategy import Strategy
 from .turns import leading_instructions, task_index
-from .types import CompressionRequest, CompressionResult, Message
+from .request import CompressionRequest
+from .types import CompressionResult, Message
 
 
 class PipelineParts:

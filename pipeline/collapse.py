@@ -24,7 +24,8 @@ from .notes import COLLAPSE_MARKER, system_note
 from .refs import render_span
 from .strategy import Stopwatch
 from .tokens import TokenCounter
-from .types import CompressionRequest, CompressionResult, Level, Message
+from .request import CompressionRequest
+from .types import CompressionResult, Level, Message
 
 
 def _stable_hash(item: Any) -> int:

@@ -26,7 +26,8 @@ from .refs import SIZING_REF, CutLog, content_ref
 from .strategy import Stopwatch, level_result
 from .tokens import TokenCounter
 from .turns import newest_user_index
-from .types import CompressionRequest, CompressionResult, Level, Message
+from .request import CompressionRequest
+from .types import CompressionResult, Level, Message
 
 SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
 SEPARATOR_WITH_REF = "\n... [middle {n} tokens truncated, ref {ref}] ...\n"

@@ -17,7 +17,8 @@ from .notes import SNIP_MARKER, system_note
 from .refs import SIZING_REF, clip, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
-from .types import CompressionRequest, CompressionResult, Level, Message
+from .request import CompressionRequest
+from .types import CompressionResult, Level, Message
 
 NOTE_SHARE = 0.05
 """The note's previews take at most this share of the budget; the rest are counted."""

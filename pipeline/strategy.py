@@ -4,7 +4,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from .types import CompactionStep, CompressionRequest, CompressionResult, Level, Message
+from .request import CompressionRequest
+from .types import CompactionStep, CompressionResult, Level, Message
 
 
 class Strategy(Protocol):

@@ -16,7 +16,7 @@ from ctxgate.pipeline.config import AutocompactConfig, CollapseConfig, Microcomp
 from ctxgate.pipeline.microcompact import MicrocompactStrategy, is_microcompacted
 from ctxgate.pipeline.refs import CutLog, content_ref, render_span
 from ctxgate.pipeline.snip import SnipStrategy
-from ctxgate.pipeline.types import CompressionRequest
+from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.proxy.config import Config
 from ctxgate.proxy.engine.chain_run import run_chain
 from ctxgate.proxy.engine.compaction import fingerprints_of

@@ -11,7 +11,8 @@ from ctxgate.pipeline.autocompact import (DEGRADE_KEEP, SUMMARY_PROMPT, Autocomp
 from ctxgate.pipeline.config import AutocompactConfig
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER
 from ctxgate.pipeline.conversation import shape_of, split_units
-from ctxgate.pipeline.types import CompressionRequest, Level
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import Level
 
 from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, assistant, counter, filler, real_histories,
                                snapshot, system, tool_turn, user)

@@ -10,7 +10,8 @@ from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compactio
 from ctxgate.pipeline.restore import extract_working_state
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.strategy import Stopwatch, level_result
-from ctxgate.pipeline.types import CompressionRequest, CompressionResult, Level
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import CompressionResult, Level
 from ctxgate.pipeline.turns import leading_instructions, task_index
 
 from pipeline_builders import (LAST_UNIT, Message, agent_history, assert_invariants, assistant, call, calls,

@@ -11,7 +11,8 @@ from ctxgate.pipeline.config import CollapseConfig
 from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint, span_hash
 from ctxgate.pipeline.notes import COLLAPSE_MARKER, SNIP_MARKER, system_note
-from ctxgate.pipeline.types import CompressionRequest, Level
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import Level
 
 from pipeline_builders import (LAST_UNIT, assert_invariants, assistant, call, calls, chat_history, counter, filler,
                                real_histories, snapshot, system, tool, tool_turn, user)

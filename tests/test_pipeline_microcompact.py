@@ -10,7 +10,8 @@ from ctxgate.pipeline.microcompact import SEPARATOR, MicrocompactStrategy, is_mi
 from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.turns import newest_user_index, task_index
-from ctxgate.pipeline.types import CompressionRequest, Level
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import Level
 
 from pipeline_builders import (NO_WINDOW, CountingEncoder, assert_invariants, assistant, call, calls, counter, filler,
                                real_histories, snapshot, system, tool, user)

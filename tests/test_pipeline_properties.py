@@ -14,7 +14,7 @@ from ctxgate.pipeline.microcompact import is_microcompacted
 from ctxgate.pipeline.restore import extract_working_state
 from ctxgate.pipeline.conversation import split_units
 from ctxgate.pipeline.turns import first_user_index, is_valid_sequence, leading_instructions, newest_user_index
-from ctxgate.pipeline.types import CompressionRequest
+from ctxgate.pipeline.request import CompressionRequest
 
 from pipeline_builders import counter, filler, last_unit, snapshot, tool_pairs_complete
 

@@ -14,7 +14,7 @@ from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.protocols import detect_dialect
 from ctxgate.pipeline.restore import extract_working_state
-from ctxgate.pipeline.types import CompressionRequest
+from ctxgate.pipeline.request import CompressionRequest
 
 from pipeline_builders import NO_WINDOW, assistant, call, calls, counter, filler, system, tool, user
 from trajectories import mini_swe_agent, openhands_text, swe_agent

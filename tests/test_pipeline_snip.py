@@ -8,7 +8,8 @@ from ctxgate.pipeline.notes import SNIP_MARKER, is_compaction_note
 from ctxgate.pipeline.snip import SnipStrategy, preview
 from ctxgate.pipeline.conversation import split_units
 from ctxgate.pipeline.turns import first_user_index
-from ctxgate.pipeline.types import CompressionRequest, Level
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import Level
 
 from pipeline_builders import (LAST_UNIT, agent_history, assert_invariants, counter, real_histories, snapshot, system,
                                tool_turn, user)

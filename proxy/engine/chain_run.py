@@ -18,7 +18,8 @@ from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import read_conversation
 from ...pipeline.refs import REF_RE, CutLog
 from ...pipeline.restore import extract_working_state
-from ...pipeline.types import CompressionRequest, Reason
+from ...pipeline.request import CompressionRequest
+from ...pipeline.types import Reason
 from .depth import Depth, anchored, chain_config, merge_due, plan_depth
 from .over_budget import OverBudget
 from .state import CompactionRecord, SessionState

@@ -10,7 +10,8 @@ from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import Conversation, read_conversation
 from ...pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
 from ...pipeline.tokens import REPLY_PRIMING
-from ...pipeline.types import CompressionRequest, RecentWindow
+from ...pipeline.request import CompressionRequest
+from ...pipeline.types import RecentWindow
 from .turn_budget import Turn
 
 GROWTH_TURNS = 10

@@ -12,7 +12,8 @@ from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
 from ...pipeline.restore import shed_own_messages
 from ...pipeline.snip import SnipStrategy
 from ...pipeline.tokens import TokenCounter
-from ...pipeline.types import CompressionRequest, CompressionResult, RecentWindow
+from ...pipeline.request import CompressionRequest
+from ...pipeline.types import CompressionResult, RecentWindow
 from .depth import chain_config, with_window
 
 

@@ -1,0 +1,44 @@
+"""The pipeline's interface: a CompressionRequest in, a CompressionResult (`types.py`) out.
+The pipeline never mutates the caller's messages."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from .conversation import Conversation, Shape, read_conversation
+from .refs import CutLog
+from .tokens import TokenCounter
+from .types import Message, Reason, RecentWindow
+
+
+@dataclass(frozen=True)
+class CompressionRequest:
+    messages: list[Message]
+    token_budget: int
+    """What the compressed messages may count at most (tools schema already deducted)."""
+    counter: TokenCounter
+    reason: Reason = "proactive"
+    dialect: str | None = None
+    """The protocol the session's agent speaks (`protocols.detect_dialect`); None: detect it."""
+    window: RecentWindow = RecentWindow()
+    cuts: CutLog | None = None
+    """Where the levels keep what they cut, each note naming it `ref ctx:HEX`; None: notes
+    without references (expansion off)."""
+    anchored: bool = False
+    """Earlier compactions' notes right after the instructions and the task stay byte-identical:
+    every level works after them, so the prefix up to the last note stays cached
+    (docs/compaction.md, incremental compaction). False: they are part of what may be merged."""
+
+    @cached_property
+    def conversation(self) -> Conversation:
+        """The messages as the conversation model reads them (read once per request)."""
+        return read_conversation(self.messages, self.dialect)
+
+    def shape(self, pin_first_user: bool) -> Shape:
+        """Where the levels may work on these messages (`Conversation.shape`)."""
+        return self.conversation.shape(pin_first_user, self.window, self.anchored)
+
+    def with_messages(self, messages: list[Message], token_budget: int | None = None) -> "CompressionRequest":
+        """The same request settings over other messages."""
+        return replace(self, messages=messages,
+                       token_budget=self.token_budget if token_budget is None else token_budget)

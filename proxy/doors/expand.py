@@ -18,7 +18,8 @@ from typing import AsyncIterator
 
 from ..engine.expansion import AskedCalls, Expansion, ExpandingWire, StreamExpansion, ToolCall
 from ..engine.turn import PreparedTurn, upstream_key
-from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
+from ..upstream.errors import ContextTooLong, UpstreamError
+from ..upstream.forwarders import Reply
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 TOO_LONG = ("The original is too long for the model's context window now; continue without it, or re-run "

@@ -20,7 +20,8 @@ from .errors import http_status
 from .expand import expanded
 from .sse import SseEvents
 from ..tenancy import Caller
-from ..upstream.forwarders import BAD_REPLY, Reply
+from ..upstream.errors import BAD_REPLY
+from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 
 log = logging.getLogger("ctxgate.doors")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
 from ..errors import GatewayError
-from ..upstream.forwarders import UpstreamError
+from ..upstream.errors import UpstreamError
 from .journal import APPEND_FENCE, Journal
 from .state import SessionState, SessionStore
 

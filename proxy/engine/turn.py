@@ -28,7 +28,8 @@ from ...pipeline.turns import kept_characters
 from ...redis_backend import UNAVAILABLE
 from ..errors import ErrorKind, GatewayError, context_exhausted
 from ..tenancy import Caller
-from ..upstream.forwarders import ContextTooLong, Reply, UpstreamError
+from ..upstream.errors import ContextTooLong, UpstreamError
+from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
 from .depth import prices_of

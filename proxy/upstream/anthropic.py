@@ -13,7 +13,8 @@ from typing import Any, AsyncIterator
 import orjson
 
 from ..errors import ErrorKind, GatewayError
-from .forwarders import DirectForwarder, Reply, UpstreamError, call_litellm, route_params, stream_error
+from .errors import UpstreamError
+from .forwarders import DirectForwarder, Reply, call_litellm, route_params, stream_error
 from .routing import Route
 
 DEFAULT_API_BASE = "https://api.anthropic.com"

@@ -5,7 +5,7 @@ upstream that speaks the OpenAI API, over a pooled aiohttp session, and returns 
 untouched (ids, fields, SSE framing). `LitellmForwarder` goes through
 `litellm.acompletion` for every other provider and serialises litellm's objects back to
 OpenAI's wire format. Both raise `UpstreamError` for an error reply, `ContextTooLong`
-when the provider says the prompt does not fit. Both try again as the route's `RetryPolicy`
+when the provider says the prompt does not fit (`errors.py`). Both try again as the route's `RetryPolicy`
 says (`retry.py`), and only until the reply is handed back: never once a byte may have
 reached the client.
 """
@@ -20,59 +20,10 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Protocol
 import aiohttp
 import orjson
 
-from ..errors import ErrorKind, GatewayError, upstream_error_object
+from ..errors import ErrorKind, GatewayError
+from .errors import BAD_REPLY, ContextTooLong, UpstreamError, passed_headers, raise_for_error
 from .retry import Retrier
 from .routing import Route
-
-BAD_REPLY = "upstream_bad_reply"
-"""The code of an upstream success whose body is not the API's reply (a 502)."""
-_CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "prompt is too long",
-                    "too many tokens", "reduce the length", "input is too long")
-
-
-# What a client needs of the upstream's own headers: when to retry, its rate-limit state, the
-# request id to quote to the provider. Passed on with replies and errors on every door.
-_PASSED_HEADERS = ("retry-after", "retry-after-ms", "x-request-id", "request-id")
-_PASSED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-")
-
-
-def passed_headers(headers: Any) -> dict[str, str]:
-    """The upstream headers a client needs (`headers`: any mapping, possibly None)."""
-    if not headers:
-        return {}
-    return {k: v for k, v in headers.items()
-            if isinstance(k, str) and (k.lower() in _PASSED_HEADERS or k.lower().startswith(_PASSED_PREFIXES))}
-
-
-class UpstreamError(Exception):
-    def __init__(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        super().__init__(body["error"]["message"])
-        self.status = status
-        self.body = body
-        self.headers = headers or {}
-
-    def to_api_error(self) -> GatewayError:
-        e = self.body["error"]
-        return GatewayError(ErrorKind.UPSTREAM, e["message"], code=e.get("code"), param=e.get("param"),
-                            type=e.get("type"), upstream_status=self.status, headers=dict(self.headers))
-
-
-class ContextTooLong(UpstreamError):
-    """The provider refused the prompt as too long: the loop guard decides what happens."""
-
-
-def _is_context_error(status: int, body: dict[str, Any]) -> bool:
-    if status not in (400, 413, 422):
-        return False
-    err = body.get("error") or {}
-    text = f"{err.get('code') or ''} {err.get('type') or ''} {err.get('message') or ''}".lower()
-    return any(m in text for m in _CONTEXT_MARKERS)
-
-
-def raise_for_error(status: int, payload: Any, fallback: str, headers: dict[str, str] | None = None) -> None:
-    body = upstream_error_object(status, payload, fallback)
-    raise (ContextTooLong if _is_context_error(status, body) else UpstreamError)(status, body, headers)
-
 
 @dataclass
 class Reply:

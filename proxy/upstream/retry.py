@@ -20,6 +20,7 @@ from typing import Awaitable, Callable, Mapping, TypeVar
 from prometheus_client import CollectorRegistry, Counter
 
 from ..errors import ErrorKind, GatewayError
+from .errors import BAD_REPLY, ContextTooLong, UpstreamError
 
 log = logging.getLogger("ctxgate.retry")
 T = TypeVar("T")
@@ -67,7 +68,6 @@ def asked_wait_s(headers: Mapping[str, str]) -> float | None:
 
 def retry_reason(error: Exception) -> str | None:
     """Why `error` is worth another attempt (the metric's `reason`), or None when it is not."""
-    from .forwarders import BAD_REPLY, ContextTooLong, UpstreamError  # here: forwarders imports this module
 
     if isinstance(error, ContextTooLong):
         return None

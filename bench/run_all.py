@@ -2,7 +2,7 @@
 section of bench/RESULTS.md. `make bench` calls this.
 
     .venv/bin/python bench/run_all.py [overhead levels recoverability dialects compaction_frontier
-                                       prefix_stability memory wal cluster shared_counts]
+                                       large_prompt prefix_stability memory wal cluster shared_counts]
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-SCRIPTS = ["overhead", "levels", "recoverability", "dialects", "compaction_frontier", "prefix_stability", "memory",
-           "wal", "cluster", "shared_counts"]
+SCRIPTS = ["overhead", "levels", "recoverability", "dialects", "compaction_frontier", "large_prompt",
+           "prefix_stability", "memory", "wal", "cluster", "shared_counts"]
 
 
 def main() -> int:

@@ -81,19 +81,22 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     if config is not cfg:
         pipeline = pipeline_of(config)
     if depth is not None and depth.narrowed and "autocompact" in config.levels:
-        # The older window cut once by the cheap levels, when that buys a cache break its worth;
-        # else the configured window as far as every level takes it, unless that frees less.
+        # The older window cut once by the cheap levels, when that buys a cache break its worth
+        # and fits the budget with what the point restores (over it, the fallbacks would shed
+        # the restored state: measured, touched files and the last error were lost that way);
+        # else the configured window as far as every level takes it, unless that lands higher.
         cheap = config.model_copy(update={"levels": [lv for lv in config.levels if lv != "autocompact"]})
         trial_collapse = CollapseStore.from_dict(collapse.to_dict())
         trial = await build_pipeline(cheap, collapse_store=trial_collapse, breaker=breaker, summarize=summarize,
                                      working_state=working, effective_budget=budget).compact(request)
         size = turn.counter.count_messages
-        if size(view) - size(trial.compressed_messages) >= cfg.cost.least_gain(budget):
+        kept = size(trial.compressed_messages)
+        if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - turn.outside_tokens():
             result, collapse = trial, trial_collapse
         else:
             wide = replace(request, window=cfg.window())
             result = await pipeline_of(chain_config(cfg, wide.window, merge_due(turn, wide))).compact(wide)
-            if size(result.compressed_messages) <= size(trial.compressed_messages):
+            if size(result.compressed_messages) <= kept:
                 request, depth = wide, replace(depth, window=wide.window, narrowed=False)
             else:
                 result, collapse = trial, trial_collapse

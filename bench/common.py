@@ -285,6 +285,16 @@ def write_section(key: str, markdown: str) -> None:
     RESULTS.write_text(text)
 
 
+def publish(key: str, markdown: str, out: str | None) -> None:
+    """Print a benchmark's markdown and write it to `out`, or to its section of RESULTS.md."""
+    print(markdown)
+    if out:
+        Path(out).write_text(markdown + "\n")
+    else:
+        write_section(key, markdown)
+    print(f"{key}: wrote {out or RESULTS.relative_to(ROOT)}", file=sys.stderr)
+
+
 def progress(msg: str) -> None:
     print(msg, flush=True)
 

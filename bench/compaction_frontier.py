@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import common
@@ -93,12 +92,7 @@ def main() -> None:
             out.append(f"### Limit {ratio:.0%}, {title} ({n} runs)\n")
             out.append(common.table(HEADERS, rows) + "\n")
     markdown = "\n".join(out)
-    print(markdown)
-    if args.out:
-        Path(args.out).write_text(markdown + "\n")
-    else:
-        common.write_section("compaction-frontier", markdown)
-        print(f"compaction_frontier: wrote {common.RESULTS.relative_to(common.ROOT)}", file=sys.stderr)
+    common.publish("compaction-frontier", markdown, args.out)
 
 
 if __name__ == "__main__":

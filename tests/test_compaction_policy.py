@@ -257,8 +257,7 @@ async def test_short_chat_turns_under_a_large_prompt_are_dropped_rather_than_for
     over, dropped = [], 0
     for i in range(12):
         history = history + [assistant(filler(30, 100 + i)), user(filler(20, 200 + i))]
-        turn = _turn(history, summaries)
-        plan = await compactor.prepare(state, turn)
+        plan = await compactor.prepare(state, _turn(history, summaries))
         state.has_attempted_reactive_compact = False  # the upstream answered
         sent = counter().count_messages(plan.messages)
         if sent > BUDGET:
@@ -308,3 +307,30 @@ def test_the_summary_allowance_is_what_the_session_summariser_wrote_once_one_is_
     long_note = system(f"{AUTOCOMPACT_MARKER}\n" + filler(2000, 4))
     long = read_conversation(base[:2] + [long_note] + base[2:])
     assert summary_allowance(cfg, budget, long, long.counts(counter())) == configured
+
+
+async def test_a_turn_over_the_trigger_whose_cut_frees_too_little_is_forwarded_as_it_is() -> None:
+    """Instructions at 60% of the budget and 200-token outputs: at the trigger, what lies
+    older than the newest step is often less than the least gain. Such a turn is no
+    compaction point while it fits the budget: the client's request goes out as it is, the
+    cached prefix intact, and the cut comes once it frees the least gain (before, each of
+    these turns was a point that shaved a few tokens off the window)."""
+    budget = PipelineConfig().effective_budget(BUDGET)
+    least = PipelineConfig().cost.least_gain(budget)
+    history = [system(filler(int(budget * 0.6), 7)), user("TASK: fix the failing test in src/app.py")]
+    compactor, state, summaries = Compactor(), SessionState("t", "s"), Summaries()
+    deferred, previous = 0, None
+    for i in range(40):
+        history = history + tool_turn(i, size=200)
+        points = len([e for e in state.compaction_log if e["level"] == "chain"])
+        plan = await compactor.prepare(state, _turn(history, summaries))
+        state.has_attempted_reactive_compact = False
+        if len([e for e in state.compaction_log if e["level"] == "chain"]) == points:
+            if (plan.tokens_out or 0) > PipelineConfig().trigger_ratio * budget:
+                deferred += 1
+            if previous is not None:
+                assert plan.messages[:len(previous)] == previous, f"turn {i}: no point, yet the prefix changed"
+        previous = plan.messages
+    freed = [e["tokens_before"] - e["tokens_after"] for e in state.compaction_log if e["level"] == "chain"]
+    assert deferred, "some turn over the trigger was forwarded as it was"
+    assert freed and all(f >= least for f in freed), (least, freed)

@@ -34,11 +34,17 @@ def _session() -> str:
     return "w-" + uuid.uuid4().hex[:12]
 
 
-def _events(gw: Gateway, session: str, tenant: str = "acme") -> list[dict[str, Any]]:
+def _events(gw: Gateway, session: str, tenant: str = "acme", archived: bool = False) -> list[dict[str, Any]]:
+    """The session's live log; `archived`: its archived segments first (every 10 checkpoints,
+    the live log's older events move there)."""
     assert gw.data_dir is not None
-    scan = scan_file(WalPaths(gw.data_dir).live(tenant, session))
-    assert scan.ok, (scan.damaged, scan.torn)
-    return scan.events
+    paths = WalPaths(gw.data_dir)
+    events = []
+    for path in [*(paths.archives(tenant, session) if archived else []), paths.live(tenant, session)]:
+        scan = scan_file(path)
+        assert scan.ok, (scan.damaged, scan.torn)
+        events += scan.events
+    return events
 
 
 def test_a_turn_logs_its_input_the_reply_and_its_tool_calls(walgw: Gateway, up: ScriptedUpstream) -> None:
@@ -98,7 +104,8 @@ def test_rollback_to_a_checkpoint_forwards_what_the_session_forwarded_then(
     levels = _compacting_run(walgw, session, turns, budget, trajectory.tools)
     forwarded = [c.body["messages"] for c in up.chats() if c.body.get("model") == "gpt-4o"]
     assert len(forwarded) == len(turns)
-    compactions = [e for e in _events(walgw, session) if e["type"] == "CHECKPOINT" and e["reason"] == "compaction"]
+    compactions = [e for e in _events(walgw, session, archived=True)
+                   if e["type"] == "CHECKPOINT" and e["reason"] == "compaction"]
     assert len(compactions) >= 2, levels
     first = compactions[0]
     at = first["state"]["turns"] - 1  # the turn (0-based) whose compaction it recorded

@@ -19,7 +19,7 @@ from ...pipeline.conversation import read_conversation
 from ...pipeline.refs import REF_RE, CutLog
 from ...pipeline.restore import extract_working_state
 from ...pipeline.request import CompressionRequest
-from ...pipeline.types import Reason
+from ...pipeline.types import CompressionResult, Reason
 from .depth import Depth, anchored, chain_config, merge_due, plan_depth
 from .over_budget import OverBudget
 from .state import CompactionRecord, SessionState
@@ -41,14 +41,17 @@ class ChainRun:
     """What the cost model chose, when it chose the target."""
     merged_notes: int = 0
     """Earlier compaction notes this run merged (they were over their cap): a rare, counted event."""
+    deferred: bool = False
+    """Nothing was compacted: no cut frees the least gain yet and the view fits (`may_defer`)."""
 
 
 async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
-                    reason: Reason) -> ChainRun:
+                    reason: Reason, may_defer: bool = True) -> ChainRun:
     """The chain over `view`, as a record for the client's whole message list. `target`: where
     it lands; None: where the cost model says (`depth.plan_depth`), with the recent window it
     chooses. Reads the session's stores but changes nothing in `state` (the speculator runs it
-    in the background). At most one summary is asked for."""
+    in the background). At most one summary is asked for. `may_defer`: a narrowed point that
+    cannot free the least gain while `view` still fits the budget compacts nothing (`deferred`)."""
     cfg = turn.config
     budget = budget_of(state, turn)
     working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
@@ -93,6 +96,11 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         kept = size(trial.compressed_messages)
         if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - turn.outside_tokens():
             result, collapse = trial, trial_collapse
+        elif may_defer and reason == "proactive" and size(view) <= budget - turn.outside_tokens():
+            # Nothing older than the newest step is worth a cache break yet, and the request
+            # still fits the budget: forwarded as it is, so the prefix stays cached, until
+            # enough has grown behind the newest step for one cut to free the least gain.
+            return _deferred(state, turn, view, working, started, depth)
         else:
             wide = replace(request, window=cfg.window())
             result = await pipeline_of(chain_config(cfg, wide.window, merge_due(turn, wide))).compact(wide)
@@ -114,6 +122,19 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                     (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
                     0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
+
+
+def _deferred(state: SessionState, turn: Turn, view: list[dict[str, Any]], working: Any, started: float,
+              depth: Depth) -> ChainRun:
+    """A run that compacts nothing: the compactor forwards the view as it is."""
+    tokens = turn.counter.count_messages(view)
+    result = CompressionResult(compressed_messages=view, tokens_freed=0, level_used=None, tokens_after=tokens,
+                               fits=False, recovery_hints=["deferred: no cut frees the least gain yet"])
+    record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1], messages=view,
+                              levels=[], tokens_before=tokens, tokens_after=tokens, created_at=time.time(),
+                              counted_by=turn.counter.name)
+    return ChainRun(record, result, state.collapse, state.breaker, working.to_dict(),
+                    (time.perf_counter() - started) * 1000, {}, depth, deferred=True)
 
 
 def _merged(view: list[dict[str, Any]], out: list[dict[str, Any]], pin_first_user: bool, dialect: str) -> int:

@@ -263,8 +263,11 @@ class Compactor:
         """`as_is`: what the turn forwards if the chain removes nothing (`view` with the
         expansion exchanges `compaction_view` left out; default `view`)."""
         run = await run_chain(state, turn, view, target, reason)
-        view = view if as_is is None else as_is
-        fits = turn.counter.count_messages(view) + turn.outside_tokens() <= budget_of(state, turn)
+        forwarded = view if as_is is None else as_is
+        fits = turn.counter.count_messages(forwarded) + turn.outside_tokens() <= budget_of(state, turn)
+        if run.deferred and not fits:  # the earlier expansions put the request over: compact now
+            run = await run_chain(state, turn, view, target, reason, may_defer=False)
+        view = forwarded
         if not run.result.steps and reason == "proactive" and fits:
             # Nothing could be removed (all of it is pinned or recent): forwarded as it is, with
             # no record and the loop guard untouched, so the upstream's verdict can still be acted on.

@@ -153,7 +153,8 @@ class PipelineConfig(_Strict):
     notes_cap_ratio: float = Field(default=0.2, gt=0, le=1)
     """Past this share of the room between what no level removes (instructions, task, tools)
     and the trigger, the earlier notes are merged by the next compaction point (one summary
-    of them and the new span): a rare, counted event."""
+    of them and the new span; notes with no summary among them are folded into one note, no
+    summary asked for): a rare, counted event."""
     pin_first_user: bool = True
     """Keep the task statement (the first user message, or the one after a SWE-agent
     demonstration) through every level."""

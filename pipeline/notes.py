@@ -37,3 +37,10 @@ def is_restore_block(message: Message) -> bool:
 
 def is_ctxgate_message(message: Message) -> bool:
     return _starts_with(message, _NOTE_MARKERS + (RESTORE_MARKER,))
+
+
+def merged_note(count: int, ref: str | None) -> Message:
+    """One note in the place of `count` earlier compaction notes, merged without a summary
+    call: their text is kept under `ref` (when expansion is on), so the model can ask for it."""
+    kept = f" (the originals: ref {ref})" if ref else ""
+    return system_note(f"{SNIP_MARKER} {count} earlier compaction notes were merged to fit the context budget{kept}.")

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import read_conversation
-from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, is_compaction_note, is_restore_block
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note, is_restore_block
+from ctxgate.pipeline.refs import REF_RE
 from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Outlook, Prices, choose_target, cost_per_turn
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
 from ctxgate.proxy.engine.depth import NOTE_MARGIN, growth_per_turn, plan_depth, prices_of, summary_allowance
@@ -334,3 +335,26 @@ async def test_a_turn_over_the_trigger_whose_cut_frees_too_little_is_forwarded_a
     freed = [e["tokens_before"] - e["tokens_after"] for e in state.compaction_log if e["level"] == "chain"]
     assert deferred, "some turn over the trigger was forwarded as it was"
     assert freed and all(f >= least for f in freed), (least, freed)
+
+
+async def test_notes_without_a_summary_among_them_are_merged_into_one_note_with_no_summary_call() -> None:
+    """Snip's notes over their cap (1% of the room) and no summary among them: the next point
+    folds them into one note that names their text, which the content store gives back, and
+    asks for no summary to do it; the merge is counted like any other."""
+    config = PipelineConfig(notes_cap_ratio=0.01, levels=["snip", "microcompact"])
+    merges: list[int] = []
+    compactor, state = Compactor(on_merge=lambda: merges.append(1)), SessionState("t", "s")
+    summaries = Summaries()
+    history = [system(), user("TASK: fix the failing test in src/app.py")]
+    folded: list[Message] = []
+    for i in range(60):
+        history = history + tool_turn(i, size=120)
+        plan = await compactor.prepare(state, _turn(history, summaries, config))
+        state.has_attempted_reactive_compact = False
+        folded += [m for m in plan.messages if "earlier compaction notes were merged" in str(m.get("content"))]
+    assert folded and merges, "the notes went over their cap and were merged"
+    assert summaries.calls == 0
+    ref = REF_RE.search(folded[0]["content"])
+    assert ref is not None
+    original = await compactor.content.get("t", "s", ref.group(1), 3600)
+    assert original is not None and SNIP_MARKER in original, "the folded notes can be expanded"

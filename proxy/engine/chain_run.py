@@ -16,7 +16,8 @@ from ...pipeline.chain import CompressionPipeline, build_pipeline
 from ...pipeline.collapse import CollapseStore
 from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import read_conversation
-from ...pipeline.refs import REF_RE, CutLog
+from ...pipeline.notes import AUTOCOMPACT_MARKER, merged_note
+from ...pipeline.refs import REF_RE, CutLog, render_span
 from ...pipeline.restore import extract_working_state
 from ...pipeline.request import CompressionRequest
 from ...pipeline.types import CompressionResult, Reason
@@ -81,6 +82,9 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
     else:
         request = replace(request, anchored=anchored(turn, request.conversation, budget))
+    folded = 0
+    if merge_due(turn, request):
+        request, folded = _fold_notes(request, cfg.pin_first_user)
     config = chain_config(cfg, request.window, merge_due(turn, request))
     if config is not cfg:
         pipeline = pipeline_of(config)
@@ -121,7 +125,23 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         counted_by=turn.counter.name)
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                     (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
-                    0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user, turn.dialect))
+                    folded or (0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user,
+                                                                  turn.dialect)))
+
+
+def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[CompressionRequest, int]:
+    """Earlier notes due to be merged, when none of them is a summary: folded into one note that
+    names their text (kept for expansion), with no summary call, and the point anchored on it.
+    Snip's and Collapse's notes are previews and references: a summary of them would pay the
+    output price for what the references already give back. Notes with a summary among them
+    are left to Autocompact, which merges them with the new span (the request unchanged)."""
+    start, end = request.conversation.anchor(pin_first_user)
+    notes = request.messages[start:end]
+    if any(str(m.get("content")).startswith(AUTOCOMPACT_MARKER) for m in notes):
+        return request, 0
+    ref = request.cuts.keep(render_span(notes)) if request.cuts is not None else None
+    folded = request.messages[:start] + [merged_note(len(notes), ref)] + request.messages[end:]
+    return replace(request.with_messages(folded), anchored=True), len(notes)
 
 
 def _deferred(state: SessionState, turn: Turn, view: list[dict[str, Any]], working: Any, started: float,

@@ -39,8 +39,8 @@ def is_ctxgate_message(message: Message) -> bool:
     return _starts_with(message, _NOTE_MARKERS + (RESTORE_MARKER,))
 
 
-def merged_note(count: int, ref: str | None) -> Message:
+def merged_note(count: int, ref: str) -> Message:
     """One note in the place of `count` earlier compaction notes, merged without a summary
-    call: their text is kept under `ref` (when expansion is on), so the model can ask for it."""
-    kept = f" (the originals: ref {ref})" if ref else ""
-    return system_note(f"{SNIP_MARKER} {count} earlier compaction notes were merged to fit the context budget{kept}.")
+    call: their text is kept under `ref`, so the model can ask for it."""
+    notes = "1 earlier compaction note was" if count == 1 else f"{count} earlier compaction notes were"
+    return system_note(f"{SNIP_MARKER} {notes} merged to fit the context budget (the originals: ref {ref}).")

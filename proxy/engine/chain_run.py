@@ -27,6 +27,10 @@ from .state import CompactionRecord, SessionState
 from .turn_budget import Turn, budget_of, limit_of
 
 
+DEFERRED_HINT = "deferred: no cut frees the least gain yet; forwarded as it is"
+"""The hint a deferred run leaves on the turn's plan."""
+
+
 @dataclass
 class ChainRun:
     """One run of the chain over a view, with the session stores it updated."""
@@ -133,14 +137,17 @@ def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[Comp
     """Earlier notes due to be merged, when none of them is a summary: folded into one note that
     names their text (kept for expansion), with no summary call, and the point anchored on it.
     Snip's and Collapse's notes are previews and references: a summary of them would pay the
-    output price for what the references already give back. Notes with a summary among them
-    are left to Autocompact, which merges them with the new span (the request unchanged)."""
+    output price for what the references already give back (a lone note is folded too: the
+    fold drops its previews). Left to Autocompact, which merges them with the new span (the
+    request unchanged): notes with a summary among them, and any notes when expansion is off
+    (the fold's reference is what keeps their content). A fold folded again later names the
+    earlier fold's text, which names its own reference: one expansion per level."""
     start, end = request.conversation.anchor(pin_first_user)
     notes = request.messages[start:end]
-    if any(str(m.get("content")).startswith(AUTOCOMPACT_MARKER) for m in notes):
+    if request.cuts is None or any(str(m.get("content")).startswith(AUTOCOMPACT_MARKER) for m in notes):
         return request, 0
-    ref = request.cuts.keep(render_span(notes)) if request.cuts is not None else None
-    folded = request.messages[:start] + [merged_note(len(notes), ref)] + request.messages[end:]
+    folded = request.messages[:start] + [merged_note(len(notes), request.cuts.keep(render_span(notes)))] \
+        + request.messages[end:]
     return replace(request.with_messages(folded), anchored=True), len(notes)
 
 
@@ -149,7 +156,7 @@ def _deferred(state: SessionState, turn: Turn, view: list[dict[str, Any]], worki
     """A run that compacts nothing: the compactor forwards the view as it is."""
     tokens = turn.counter.count_messages(view)
     result = CompressionResult(compressed_messages=view, tokens_freed=0, level_used=None, tokens_after=tokens,
-                               fits=False, recovery_hints=["deferred: no cut frees the least gain yet"])
+                               recovery_hints=[DEFERRED_HINT])
     record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1], messages=view,
                               levels=[], tokens_before=tokens, tokens_after=tokens, created_at=time.time(),
                               counted_by=turn.counter.name)

@@ -269,8 +269,9 @@ class Compactor:
             run = await run_chain(state, turn, view, target, reason, may_defer=False)
         view = forwarded
         if not run.result.steps and reason == "proactive" and fits:
-            # Nothing could be removed (all of it is pinned or recent): forwarded as it is, with
-            # no record and the loop guard untouched, so the upstream's verdict can still be acted on.
+            # Nothing could be removed (all of it is pinned or recent), or nothing worth a cache
+            # break yet (a deferred run): forwarded as it is, with no record and the loop guard
+            # untouched, so the upstream's verdict can still be acted on.
             # A fold that was not applied is forgotten (no checkpoint follows to keep it); a failed
             # summary still counts towards the breaker.
             state.breaker = run.breaker

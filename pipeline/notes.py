@@ -31,6 +31,11 @@ def is_compaction_note(message: Message) -> bool:
     return _starts_with(message, _NOTE_MARKERS)
 
 
+def is_summary_note(message: Message) -> bool:
+    """Autocompact's recovery message: a summary of what it replaced."""
+    return _starts_with(message, (AUTOCOMPACT_MARKER,))
+
+
 def is_restore_block(message: Message) -> bool:
     return _starts_with(message, (RESTORE_MARKER,))
 

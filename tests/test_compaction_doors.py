@@ -14,6 +14,7 @@ import anthropic
 import openai
 import pytest
 
+from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note
 from pipeline_builders import filler
 from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
@@ -152,3 +153,38 @@ def test_chat_short_turns_under_a_large_prompt_reach_the_upstream_within_the_bud
         dropped = max(dropped, len(history) - len(got))
     assert dropped > 0, f"no turn ever had to give way: {sent}"
     assert all(p is not None and p <= int(BUDGET) for p in sent), sent
+
+
+def test_chat_a_turn_whose_cut_frees_too_little_waits_forwarded_as_sent(gw: Gateway,
+                                                                         upstream: ScriptedUpstream) -> None:
+    """Instructions at 60% of the budget and 200-token outputs: over the trigger, what lies
+    older than the newest step is often less than the least gain a cache break must buy.
+    Such a turn is no compaction point while the request fits the budget: it reaches the
+    upstream starting with the request before it, byte for byte (the cached prefix intact),
+    and the cut comes once it frees enough; no request goes over the limit."""
+    cli = openai.OpenAI(base_url=gw.url, api_key=KEYS["acme"], max_retries=0, timeout=60)
+    session = f"wait-{uuid.uuid4().hex[:10]}"
+    trigger = PipelineConfig().trigger_ratio * PipelineConfig().effective_budget(int(BUDGET))
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": filler(int(PipelineConfig().effective_budget(int(BUDGET)) * 0.6), 7)},
+        {"role": "user", "content": "TASK: fix the failing test in src/app.py"}]
+    levels, sent = [], []
+    for i in range(30):
+        history = history + [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
+                "name": "bash", "arguments": json.dumps({"command": f"check {i}"})}}]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": filler(200, 100 + i)}]
+        since = len(upstream.log)
+        raw = cli.chat.completions.with_raw_response.create(
+            model="gpt-4o", messages=history, extra_headers={"X-Ctx-Budget": BUDGET, "X-Ctx-Session": session})
+        raw.parse()
+        levels.append(raw.headers.get("x-ctx-levels", ""))
+        [forwarded] = [r for r in upstream.log[since:] if r.door == "chat" and r.body.get("model") == "gpt-4o"]
+        sent.append(forwarded)
+    assert all((r.prompt_tokens or 0) <= int(BUDGET) for r in sent), [r.prompt_tokens for r in sent]
+    waited = [k for k in range(1, len(sent)) if levels[k] == "none" and (sent[k].prompt_tokens or 0) > trigger]
+    assert waited, (levels, [r.prompt_tokens for r in sent])
+    for k in waited:
+        before, after = sent[k - 1].body["messages"], sent[k].body["messages"]
+        assert after[:len(before)] == before, f"turn {k} waited but changed the prefix"
+    assert points_of(levels), "the cut came once it freed enough"

@@ -16,7 +16,7 @@ from ...pipeline.chain import CompressionPipeline, build_pipeline
 from ...pipeline.collapse import CollapseStore
 from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import read_conversation
-from ...pipeline.notes import AUTOCOMPACT_MARKER, merged_note
+from ...pipeline.notes import is_summary_note, merged_note
 from ...pipeline.refs import REF_RE, CutLog, render_span
 from ...pipeline.restore import extract_working_state
 from ...pipeline.request import CompressionRequest
@@ -46,17 +46,16 @@ class ChainRun:
     """What the cost model chose, when it chose the target."""
     merged_notes: int = 0
     """Earlier compaction notes this run merged (they were over their cap): a rare, counted event."""
-    deferred: bool = False
-    """Nothing was compacted: no cut frees the least gain yet and the view fits (`may_defer`)."""
 
 
 async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
-                    reason: Reason, may_defer: bool = True) -> ChainRun:
+                    reason: Reason, may_defer: bool = False) -> ChainRun:
     """The chain over `view`, as a record for the client's whole message list. `target`: where
     it lands; None: where the cost model says (`depth.plan_depth`), with the recent window it
     chooses. Reads the session's stores but changes nothing in `state` (the speculator runs it
-    in the background). At most one summary is asked for. `may_defer`: a narrowed point that
-    cannot free the least gain while `view` still fits the budget compacts nothing (`deferred`)."""
+    in the background). At most one summary is asked for. `may_defer` (the caller knows the
+    request as it would be forwarded fits the budget): a narrowed point that cannot free the
+    least gain compacts nothing (`deferred`)."""
     cfg = turn.config
     budget = budget_of(state, turn)
     working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
@@ -104,7 +103,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         kept = size(trial.compressed_messages)
         if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - turn.outside_tokens():
             result, collapse = trial, trial_collapse
-        elif may_defer and reason == "proactive" and size(view) <= budget - turn.outside_tokens():
+        elif may_defer:
             # Nothing older than the newest step is worth a cache break yet, and the request
             # still fits the budget: forwarded as it is, so the prefix stays cached, until
             # enough has grown behind the newest step for one cut to free the least gain.
@@ -144,7 +143,7 @@ def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[Comp
     earlier fold's text, which names its own reference: one expansion per level."""
     start, end = request.conversation.anchor(pin_first_user)
     notes = request.messages[start:end]
-    if request.cuts is None or any(str(m.get("content")).startswith(AUTOCOMPACT_MARKER) for m in notes):
+    if request.cuts is None or any(is_summary_note(m) for m in notes):
         return request, 0
     folded = request.messages[:start] + [merged_note(len(notes), request.cuts.keep(render_span(notes)))] \
         + request.messages[end:]
@@ -153,7 +152,8 @@ def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[Comp
 
 def _deferred(state: SessionState, turn: Turn, view: list[dict[str, Any]], working: Any, started: float,
               depth: Depth) -> ChainRun:
-    """A run that compacts nothing: the compactor forwards the view as it is."""
+    """A run that compacts nothing (no steps, `DEFERRED_HINT`): the compactor forwards the
+    request as it is."""
     tokens = turn.counter.count_messages(view)
     result = CompressionResult(compressed_messages=view, tokens_freed=0, level_used=None, tokens_after=tokens,
                                recovery_hints=[DEFERRED_HINT])
@@ -161,7 +161,7 @@ def _deferred(state: SessionState, turn: Turn, view: list[dict[str, Any]], worki
                               levels=[], tokens_before=tokens, tokens_after=tokens, created_at=time.time(),
                               counted_by=turn.counter.name)
     return ChainRun(record, result, state.collapse, state.breaker, working.to_dict(),
-                    (time.perf_counter() - started) * 1000, {}, depth, deferred=True)
+                    (time.perf_counter() - started) * 1000, {}, depth)
 
 
 def _merged(view: list[dict[str, Any]], out: list[dict[str, Any]], pin_first_user: bool, dialect: str) -> int:

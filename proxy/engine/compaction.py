@@ -262,12 +262,10 @@ class Compactor:
                        reason: Reason, as_is: list[dict[str, Any]] | None = None) -> Plan:
         """`as_is`: what the turn forwards if the chain removes nothing (`view` with the
         expansion exchanges `compaction_view` left out; default `view`)."""
-        run = await run_chain(state, turn, view, target, reason)
-        forwarded = view if as_is is None else as_is
-        fits = turn.counter.count_messages(forwarded) + turn.outside_tokens() <= budget_of(state, turn)
-        if run.deferred and not fits:  # the earlier expansions put the request over: compact now
-            run = await run_chain(state, turn, view, target, reason, may_defer=False)
-        view = forwarded
+        view_as_is = view if as_is is None else as_is
+        fits = turn.counter.count_messages(view_as_is) + turn.outside_tokens() <= budget_of(state, turn)
+        run = await run_chain(state, turn, view, target, reason, may_defer=fits and reason == "proactive")
+        view = view_as_is
         if not run.result.steps and reason == "proactive" and fits:
             # Nothing could be removed (all of it is pinned or recent), or nothing worth a cache
             # break yet (a deferred run): forwarded as it is, with no record and the loop guard

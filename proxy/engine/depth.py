@@ -8,7 +8,7 @@ from typing import Any
 
 from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import Conversation, read_conversation
-from ...pipeline.notes import AUTOCOMPACT_MARKER
+from ...pipeline.notes import is_summary_note
 from ...pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
 from ...pipeline.tokens import REPLY_PRIMING
 from ...pipeline.request import CompressionRequest
@@ -126,8 +126,7 @@ def summary_allowance(cfg: PipelineConfig, budget: int, conversation: Conversati
     it has, and then the recent window narrows for nothing."""
     allowance = min(cfg.autocompact.summary_max_tokens, max(100, budget // 8))
     start, end = conversation.anchor(cfg.pin_first_user)
-    seen = [counts[i] - NOTE_MARGIN for i in range(start, end)
-            if str(conversation.messages[i].get("content")).startswith(AUTOCOMPACT_MARKER)]
+    seen = [counts[i] - NOTE_MARGIN for i in range(start, end) if is_summary_note(conversation.messages[i])]
     return allowance if not seen else min(allowance, max(100, int(seen[-1] * 1.25)))
 
 

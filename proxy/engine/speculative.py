@@ -142,7 +142,9 @@ class Speculator:
                                                      running.records_at_start):
                     running.chain.set_result(None)
                     return
-                run = await run_chain(snapshot, turn, view, target, "proactive")
+                # Started under the trigger: the request fits, and a point that would free
+                # too little defers here as it would at the trigger.
+                run = await run_chain(snapshot, turn, view, target, "proactive", may_defer=True)
                 if run.result.steps:
                     await self._hand_over(tenant, session_id, run, running, turn.prefix_hashes[-1])
                 running.chain.set_result(run)

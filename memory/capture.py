@@ -1,17 +1,22 @@
 """Capture: rules that turn the traffic into short-term memory candidates.
 
-- user messages: stated preferences (User) and corrections of what the agent did
-  (Feedback, with its `data` fields and the three turns before it);
-- tool results (and SWE-agent style observations in user messages): manifests such as
-  `pyproject.toml`, `package.json`, `go.mod`, `Cargo.toml`, and directory listings (Project);
+Each message arrives split into spans by what produced them (the person, the agent's
+scaffolding, a tool: `pipeline/provenance.py`, passed in by the proxy):
+
+- the person's own words: stated preferences (User) and corrections of what the agent did
+  (Feedback, with its `data` fields and the three turns before it); nothing else becomes one;
+- any span: manifests such as `pyproject.toml`, `package.json`, `go.mod`, `Cargo.toml`, and
+  directory listings (Project);
 - results of fetch/browse tools: documents (Reference, summarised to at most 500 tokens).
+
+Every candidate keeps its source and the verbatim span it came from (its provenance).
 """
 from __future__ import annotations
 
 import os
 import re
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import orjson
 
@@ -51,6 +56,16 @@ _LISTING_LINE = re.compile(r"^(?=.*[A-Za-z])/?[\w.@+-][\w./@+-]*/?$")
 `seq`'s or a count's, is not a listing)."""
 
 
+class SourcedText(Protocol):
+    """A span of a message and what produced it (`pipeline.provenance.Span` is one)."""
+    source: str
+    text: str
+
+
+Spans = dict[int, list[SourcedText]]
+SPAN_CHARS = 2000
+
+
 def text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -59,36 +74,42 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def capture(messages: list[dict[str, Any]], indices: set[int], truncate: Truncate,
+def capture(messages: list[dict[str, Any]], spans: Spans, truncate: Truncate,
             now: float | None = None) -> list[tuple[int, Candidate]]:
-    """Candidates found in `messages[i]` for each i in `indices` (the messages not seen before)."""
+    """Candidates found in `messages[i]` for each i in `spans` (the messages not seen before,
+    split by source). Preferences and corrections come only from the person's own words
+    (`human` spans); any span may show project facts; a fetch tool's result is a document."""
     at = time.time() if now is None else now
     found: list[tuple[int, Candidate]] = []
-    for i in sorted(indices):
-        m = messages[i]
-        role, text = m.get("role"), text_of(m.get("content"))
-        if not text:
-            continue
-        if role == "user":
-            found += [(i, c) for c in _from_user(messages, i, text, at)]
-            found += [(i, c) for c in project_facts(text, at)]
-        elif role == "tool":
-            tool, args = _call_of(messages, i)
-            if _FETCH_TOOL.search(tool or ""):
+    for i in sorted(spans):
+        tool, args = _call_of(messages, i) if messages[i].get("role") == "tool" else (None, {})
+        for span in spans[i]:
+            text = span.text
+            if not text.strip():
+                continue
+            if span.source == "human":
+                found += [(i, c) for c in _from_user(messages, i, text, at)]
+            if tool is not None and _FETCH_TOOL.search(tool):
                 found.append((i, _reference(text, args, truncate, at)))
             else:
-                found += [(i, c) for c in project_facts(text, at)]
+                found += [(i, _sourced(c, span.source, text)) for c in project_facts(text, at)]
     return found
 
 
+def _sourced(candidate: Candidate, source: str, span: str) -> Candidate:
+    candidate.source, candidate.span = source, span[:SPAN_CHARS]
+    return candidate
+
+
 def _from_user(messages: list[dict[str, Any]], i: int, text: str, at: float) -> list[Candidate]:
+    """What the person said: stated preferences and corrections, each with its sentence as the span."""
     out = []
     head = text[:4000]
     for match in _PREFERENCE.finditer(head):
         sentence = match.group(0).strip()
         out.append(Candidate(Category.USER, sentence,
                              {"preferences": {"statement": sentence}, "source": "user message"},
-                             at))
+                             at, "human", sentence))
     correction = _CORRECTION.search(head)
     if correction and i > 0:
         previous = _previous_action(messages, i)
@@ -100,7 +121,7 @@ def _from_user(messages: list[dict[str, Any]], i: int, text: str, at: float) -> 
                    for m in messages[max(0, i - 6):i + 1]]
         out.append(Candidate(Category.FEEDBACK, f"Correction ({kind}): {said}", {
             "correction_type": kind, "original_action": previous, "corrected_action": said,
-            "context_snippet": snippet}, at))
+            "context_snippet": snippet}, at, "human", said))
     return out
 
 
@@ -144,7 +165,8 @@ def _reference(text: str, args: dict[str, Any], truncate: Truncate, at: float) -
     topic = next((ln.strip("# ").strip() for ln in text.splitlines() if ln.strip()), "")[:120]
     summary = truncate(text, REFERENCE_SUMMARY_TOKENS)
     return Candidate(Category.REFERENCE, f"{topic}: {summary}", {
-        "source": source, "topic": topic, "summary": summary, "original_length": len(text)}, at)
+        "source": source, "topic": topic, "summary": summary, "original_length": len(text)}, at, "document",
+        text[:SPAN_CHARS])
 
 
 def project_facts(text: str, at: float) -> list[Candidate]:

@@ -8,6 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 Trigger = Literal["A", "B", "C"]
 # By profile: professional consolidates at session end only, enterprise on all three.
 PROFILE_TRIGGERS: dict[str, list[Trigger]] = {"minimal": [], "professional": ["B"], "enterprise": ["A", "B", "C"]}
+Shareable = Literal["user", "feedback", "project", "reference"]
+# By profile: which captured categories a tenant's users share. A captured entry otherwise
+# reaches only the user whose traffic it came from; enterprise shares the project facts
+# (languages, manifests, layout) of a team's repositories.
+PROFILE_SHARED: dict[str, list[Shareable]] = {"minimal": [], "professional": [], "enterprise": ["project"]}
 
 
 class MemoryConfig(BaseModel):
@@ -49,11 +54,17 @@ class MemoryConfig(BaseModel):
     max_entry_bytes: int = Field(default=16 * 1024, gt=0)
     """One entry written through the API: its content and data at most this many bytes."""
 
+    share_captured: list[Shareable] | None = None
+    """Captured categories every user of the tenant sees; None: by profile (`PROFILE_SHARED`)."""
+
     def enabled_for(self, profile: str) -> bool:
         return self.enabled if self.enabled is not None else profile != "minimal"
 
     def triggers_for(self, profile: str) -> list[Trigger]:
         return self.triggers if self.triggers is not None else PROFILE_TRIGGERS.get(profile, ["B"])
+
+    def shared_for(self, profile: str) -> list[Shareable]:
+        return self.share_captured if self.share_captured is not None else PROFILE_SHARED.get(profile, [])
 
     def feedback_ttl_s(self) -> dict[str, float]:
         return {k: v * 86400.0 for k, v in self.feedback_ttl_days.items()}

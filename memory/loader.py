@@ -1,6 +1,7 @@
 """MemoryContextLoader (docs/memory.md, injection): the memory blocks relevant to this turn, in priority
-order (User, Feedback, Project, Reference), within the memory share of the budget, as
-the text of one system message the proxy injects after the client's system prompt."""
+order (User, Feedback, Project, Reference), within the memory share of the budget, each
+entry with its source. Only what the turn's user may see and nothing quarantined; the proxy
+delivers the block as quoted context, never as instructions."""
 from __future__ import annotations
 
 from typing import Callable
@@ -17,6 +18,20 @@ _CANDIDATES = 200
 _NEEDS_MATCH = frozenset({Category.REFERENCE})
 
 
+_SOURCES = {"human": "the user's words", "scaffolding": "agent context", "tool_output": "tool output",
+            "document": "a fetched document", "api": "written through the memory API"}
+
+
+def source_label(entry: MemoryEntry) -> str:
+    """Where an entry came from, as the block names it (a document with its address)."""
+    if not entry.provenance:
+        return _SOURCES["api"]
+    first = entry.provenance[0]
+    label = _SOURCES[first.source]
+    url = entry.data.get("source") if first.source == "document" else None
+    return f"{label} {url[:200]}" if isinstance(url, str) and url.startswith(("http://", "https://")) else label
+
+
 class MemoryContextLoader:
     def __init__(self, store: LongTermStore) -> None:
         self.store = store
@@ -27,6 +42,8 @@ class MemoryContextLoader:
         hits = await self.store.search(tenant, query, PRIORITY, user, project, _CANDIDATES, now)
         by_category: dict[Category, list[MemoryEntry]] = {}
         for entry, score in hits:
+            if not entry.injectable_to(user, project, now):
+                continue
             if score > 0 or entry.category not in _NEEDS_MATCH:
                 by_category.setdefault(entry.category, []).append(entry)
         lines = [HEADER]
@@ -35,7 +52,7 @@ class MemoryContextLoader:
             title = f"## {_TITLES[category]}"
             section: list[str] = []
             for entry in by_category.get(category, []):
-                line = "- " + " ".join(entry.content.split())
+                line = f"- [{source_label(entry)}] " + " ".join(entry.content.split())
                 cost = count(line) + (0 if section else count(title))
                 if used + cost > budget_tokens:
                     continue  # a shorter entry further down may still fit

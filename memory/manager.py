@@ -15,25 +15,31 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from .capture import Truncate, capture, project_id
+from .capture import Spans, Truncate, capture, project_id
 from .config import MemoryConfig
-from .dream import Complete, auto_dream
-from .entries import Category, MemoryEntry
+from .dream import Complete, Consolidator, Count, Dream, auto_dream
+from .entries import Category, MemoryEntry, Provenance
 from .limits import BoundedStore
 from .loader import MemoryContextLoader
 from .project_scan import describe, scan_project
+from .quarantine import retry_quarantined
 from .short_term import BufferScope, LocalShortTermStore, SessionBuffer, SessionKey, ShortTermStore
 from .store import LongTermStore
 
 log = logging.getLogger("ctxgate.memory")
 CompleteWith = Callable[[str, list[dict[str, Any]]], Awaitable[str]]
 OnDream = Callable[[SessionKey, dict[str, Any]], Awaitable[None]]
+Measure = Callable[[str], tuple[Count, int]]
+"""A model's counter and input limit: what one consolidation call may hold."""
+ReadSpans = Callable[[set[int]], Spans]
+"""The given messages of a turn, split by source (`pipeline.provenance.message_spans`)."""
 _TRIGGER_C_MIN = 5
 
 
 class MemoryManager:
     def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
-                 clock: Callable[[], float] = time.time, short_term: ShortTermStore | None = None) -> None:
+                 clock: Callable[[], float] = time.time, short_term: ShortTermStore | None = None,
+                 measure: Measure | None = None) -> None:
         self.store = BoundedStore(store, config, clock=clock)
         """What the API writes through: a write past the tenant's caps is refused."""
         self._captured = self.store.capturing()
@@ -42,6 +48,7 @@ class MemoryManager:
         self.loader = MemoryContextLoader(store)
         self.short_term: ShortTermStore = short_term or LocalShortTermStore()
         self._complete = complete
+        self._measure = measure
         self._on_dream = on_dream
         self._clock = clock
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -56,21 +63,24 @@ class MemoryManager:
         return await self.loader.block(tenant, user, project, query, budget_tokens, count, self._clock())
 
     def observe(self, key: SessionKey, scope: BufferScope, messages: list[dict[str, Any]], fingerprints: list[str],
-                truncate: Truncate) -> None:
+                truncate: Truncate, spans: ReadSpans) -> None:
         """Capture in the background; the turn goes on at once."""
         if not self.short_term.unseen(key, fingerprints):
             return
         previous = self._observing.get(key)
-        task = self._spawn(self._observe(key, scope, messages, fingerprints, truncate, previous))
+        task = self._spawn(self._observe(key, scope, messages, fingerprints, truncate, spans, previous))
         self._observing[key] = task
         task.add_done_callback(lambda t: self._observing.pop(key, None) if self._observing.get(key) is t else None)
 
     async def _observe(self, key: SessionKey, scope: BufferScope, messages: list[dict[str, Any]],
-                       fingerprints: list[str], truncate: Truncate, previous: asyncio.Task[Any] | None) -> None:
+                       fingerprints: list[str], truncate: Truncate, spans: ReadSpans,
+                       previous: asyncio.Task[Any] | None) -> None:
         if previous is not None:  # a session's turns are captured in order
             await asyncio.gather(previous, return_exceptions=True)
         now = self._clock()
-        found = capture(messages, self.short_term.unseen(key, fingerprints), truncate, now)
+        found = capture(messages, spans(self.short_term.unseen(key, fingerprints)), truncate, now)
+        for _, candidate in found:
+            candidate.turn, candidate.door = scope.turn, scope.door
         added = await self.short_term.add(key, scope, fingerprints, found, now)
         buf, size = added.buffer, added.size
         if added.first and self.config.workspace_root:
@@ -94,7 +104,9 @@ class MemoryManager:
         if existing is not None and not data["changed_files"] and not data["removed_files"]:
             return
         entry = MemoryEntry(category=Category.PROJECT, tenant=buf.tenant, project=project, content=describe(data),
-                            data=data)
+                            data=data, shared=True, provenance=[Provenance(
+                                tenant=buf.tenant, user=buf.user, project=project, source="scaffolding",
+                                span=f"scan of {root}")])
         if existing is not None:
             entry.id, entry.created_at = existing.id, existing.created_at
         await self._captured.put(entry)
@@ -133,20 +145,38 @@ class MemoryManager:
         buf, entries = await self.short_term.drain(key, now)
         if buf is None or not entries:
             return None
-        model = self.config.dream_model or buf.model
-        complete: Complete | None = (lambda msgs: self._complete(model, msgs)) if model else None
+        model = self._consolidator(self.config.dream_model or buf.model)
         classify: Complete | None = None
         if self.config.classifier_model:
             classifier = self.config.classifier_model
             classify = lambda msgs: self._complete(classifier, msgs)  # noqa: E731
-        event = await auto_dream(buf, entries, self._captured, complete, self.config.feedback_ttl_s(), timeout,
-                                 classify, now)
+        ttl_s = self.config.feedback_ttl_s()
+        shared = frozenset(Category(c) for c in self.config.shared_for(buf.profile))
+        event = await auto_dream(Dream(buf, key[1], model, ttl_s, shared), entries, self._captured, timeout, classify,
+                                 now)
+        if model.complete is not None:
+            retried = await retry_quarantined(buf.tenant, self._captured, model, ttl_s, shared, now, timeout)
+            if any(retried.values()):
+                event["quarantine"] = retried
         event["trigger"] = trigger
         try:
             await self._on_dream(key, event)
         except Exception as e:  # the memory is written; only the log line is missing
             log.warning("AUTO_DREAM of session %s not logged: %s", key[1], e)
         return event
+
+    def _consolidator(self, model: str | None) -> Consolidator:
+        """The consolidating model, and how much one call to it may hold."""
+        if not model:
+            return Consolidator(None)
+        count: Count | None = None
+        limit: int | None = None
+        if self._measure is not None:
+            try:
+                count, limit = self._measure(model)
+            except Exception as e:  # an unknown route fails at the call, with its own error
+                log.warning("memory: no limit known for %s (%s): consolidation calls are not batched", model, e)
+        return Consolidator(lambda msgs: self._complete(model, msgs), count, limit)
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(work)

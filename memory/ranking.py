@@ -5,6 +5,9 @@ from .entries import Category, MemoryEntry
 from .relevance import LexicalIndex
 
 
+_ANYONE = object()
+
+
 class TenantView:
     """A tenant's entries at one version, with their lexical index."""
 
@@ -12,24 +15,28 @@ class TenantView:
         self.version = version
         self.entries = {e.id: e for e in entries}
         # Plain tuples per category: the scope and expiry filter runs over every entry of a query.
-        self._rows: dict[Category, list[tuple[MemoryEntry, str | None, str | None, float | None]]] = {}
+        # Quarantined entries are never found; a private captured entry only by its owner.
+        self._rows: dict[Category, list[tuple[MemoryEntry, str | None, str | None, float | None, object]]] = {}
         for e in entries:
-            self._rows.setdefault(e.category, []).append((e, e.user, e.project, e.expires_at))
+            if not e.quarantined:
+                private = e.owner if e.origin == "capture" and not e.shared else _ANYONE
+                self._rows.setdefault(e.category, []).append((e, e.user, e.project, e.expires_at, private))
         self.index = LexicalIndex()
         for e in entries:
             self.index.add(e.id, e.content)
 
     def search(self, query: str, categories: tuple[Category, ...], user: str | None, project: str | None,
                limit: int, now: float) -> list[tuple[MemoryEntry, float]]:
-        """Visible, unexpired entries of `categories`, best score first; entries that share no
-        word with the query follow, newest first (user preferences apply whatever is asked)."""
+        """Visible (`MemoryEntry.visible_to`), unexpired, unquarantined entries of `categories`,
+        best score first; entries that share no word with the query follow, newest first (user
+        preferences apply whatever is asked)."""
         scores = self.index.scores(query)
         found: list[tuple[MemoryEntry, float]] = []
         for category in categories:
             by_user = category == Category.USER
             scoped = category in (Category.PROJECT, Category.FEEDBACK)
-            for e, owner, where, expires in self._rows.get(category, ()):
-                if expires is not None and expires <= now:
+            for e, owner, where, expires, private in self._rows.get(category, ()):
+                if (expires is not None and expires <= now) or (private is not _ANYONE and private != user):
                     continue
                 if ((by_user and owner is not None and owner != user)
                         or (scoped and where is not None and where != project)):

@@ -180,10 +180,15 @@ def _buffer(key: SessionKey, fields: list[bytes | None]) -> SessionBuffer:
 
 def _dumps(candidate: Candidate) -> bytes:
     return orjson.dumps({"category": candidate.category.value if candidate.category else None,
-                         "content": candidate.content, "data": candidate.data, "captured_at": candidate.captured_at})
+                         "content": candidate.content, "data": candidate.data, "captured_at": candidate.captured_at,
+                         "source": candidate.source, "span": candidate.span, "turn": candidate.turn,
+                         "door": candidate.door})
 
 
 def _loads(raw: bytes) -> Candidate:
     item = orjson.loads(raw)
     category = Category(item["category"]) if item["category"] else None
-    return Candidate(category, item["content"], item["data"], item["captured_at"])
+    # Candidates buffered before provenance existed come back as scaffolding: never a
+    # preference or a correction, only facts.
+    return Candidate(category, item["content"], item["data"], item["captured_at"], item.get("source", "scaffolding"),
+                     item.get("span", ""), item.get("turn"), item.get("door"))

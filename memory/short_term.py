@@ -29,6 +29,12 @@ class Candidate:
     content: str
     data: dict[str, Any] = field(default_factory=dict)
     captured_at: float = field(default_factory=time.time)
+    source: str = "human"
+    """What produced the text (`entries.SourceKind`)."""
+    span: str = ""
+    """The verbatim text it came from (capped)."""
+    turn: int | None = None
+    door: str | None = None
 
 
 @dataclass
@@ -38,6 +44,10 @@ class BufferScope:
     project: str | None
     profile: str
     model: str | None
+    door: str | None = None
+    """Where the turn came in (chat, messages, responses): kept with what it taught."""
+    turn: int | None = None
+    """The session's turn number."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -80,7 +80,7 @@ class Gateway:
                                                     s.wal.idempotency_max_per_tenant))
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
                                                     else None), s.memory, gw.summarize, gw._log_dream,
-                                  short_term=open_short_term(s.state))
+                                  short_term=open_short_term(s.state), measure=gw.model_room)
         content = open_content_store(s.state, root)
         gw.shared_counts = open_shared_counts(s.state)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
@@ -166,6 +166,11 @@ class Gateway:
 
     def __hash__(self) -> int:  # lru_cache on a method needs a hashable self
         return id(self)
+
+    def model_room(self, model_name: str) -> tuple[Callable[[str], int], int]:
+        """A model's counter and input limit: what one call to it may hold."""
+        route = self.router.resolve(model_name)
+        return self.tokenizers.for_model(route.model_name, route.upstream_model).count, route.max_input_tokens
 
     async def summarize(self, model_name: str, messages: list[dict[str, Any]]) -> str:
         """Autocompact's LLM call, through the same routing and forwarders as any request."""

@@ -24,6 +24,7 @@ from ctxgate.memory.limits import BoundedStore, MemoryFull
 from ctxgate.memory.manager import MemoryManager
 from ctxgate.memory.short_term import BufferScope
 from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.pipeline.provenance import message_spans
 from ctxgate.proxy.ids import derived_id, is_valid_id
 from ctxgate.wal.paths import safe_name
 from clients import assert_error_shape
@@ -289,7 +290,8 @@ def test_a_session_end_past_the_cap_evicts_the_oldest_captured_entry(tmp_path: P
                     {"role": "assistant", "content": "I used unittest for the new test."},
                     {"role": "user", "content": "No, use pytest instead of unittest, that is our code style."}]
         manager.observe(("t", "s1"), BufferScope(None, "p1", "professional", None), messages,
-                        [message_fingerprint(m) for m in messages], lambda text, tokens: text)
+                        [message_fingerprint(m) for m in messages], lambda text, tokens: text,
+                        lambda unseen: message_spans(messages, unseen))
         await manager.idle_tasks()
         await manager.end_session(("t", "s1"))
         return await manager.store.list("t")

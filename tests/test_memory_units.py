@@ -13,7 +13,7 @@ import pytest
 
 from ctxgate.memory.capture import capture, workspace_root
 from ctxgate.memory.config import MemoryConfig
-from ctxgate.memory.dream import auto_dream
+from ctxgate.memory.dream import Consolidator, Dream, auto_dream
 from ctxgate.memory.entries import Category, MemoryEntry
 from ctxgate.memory.file_store import FileMemoryStore
 from ctxgate.memory.loader import HEADER, MemoryContextLoader
@@ -21,6 +21,7 @@ from ctxgate.memory.manager import MemoryManager
 from ctxgate.memory.project_scan import scan_project
 from ctxgate.memory.short_term import BufferScope, Candidate, SessionBuffer
 from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.pipeline.provenance import message_spans
 from trajectories import openhands, swe_agent
 
 DAY = 86400.0
@@ -64,7 +65,7 @@ CONVERSATION: list[dict[str, Any]] = [
 
 
 def test_capture_finds_preferences_corrections_project_facts_and_references() -> None:
-    found = capture(CONVERSATION, set(range(len(CONVERSATION))), _cut, now=1000.0)
+    found = capture(CONVERSATION, message_spans(CONVERSATION, set(range(len(CONVERSATION)))), _cut, now=1000.0)
     by = {c: [cand for _, cand in found if cand.category == c] for c in Category}
     assert [c.content for c in by[Category.USER]] == ["I prefer answers in Esperanto.", "Please always use type hints."]
     feedback = by[Category.FEEDBACK][0]
@@ -89,18 +90,19 @@ def test_a_column_of_numbers_is_not_a_listing_of_files() -> None:
     messages = [{"role": "user", "content": "Run the steps."}, {"role": "assistant", "content": None,
                                                                  "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c1", "content": output}]
-    found = capture(messages, set(range(len(messages))), _cut, now=1000.0)
+    found = capture(messages, message_spans(messages, set(range(len(messages)))), _cut, now=1000.0)
     assert not [c for _, c in found if "file_index" in c.data], found
 
 
 def test_capture_only_looks_at_the_messages_it_is_given() -> None:
-    assert capture(CONVERSATION, {0, 2, 4}, _cut) == []
+    assert capture(CONVERSATION, message_spans(CONVERSATION, {0, 2, 4}), _cut) == []
 
 
 def test_capture_on_recorded_agent_runs_finds_the_project() -> None:
     """OpenHands returns listings and manifests as tool messages; SWE-agent as user observations."""
     for runs in (openhands(), swe_agent()):
-        found = [cand for t in runs for _, cand in capture(t.messages, set(range(len(t.messages))), _cut)]
+        found = [cand for t in runs
+                 for _, cand in capture(t.messages, message_spans(t.messages, set(range(len(t.messages)))), _cut)]
         assert any(c.category == Category.PROJECT for c in found), runs[0].source
     roots = {workspace_root(t.messages) for t in openhands()}
     assert any(r and r.startswith("/workspace") for r in roots), roots
@@ -134,7 +136,8 @@ def test_the_loader_fills_its_budget_in_priority_order_and_by_relevance(tmp_path
     assert lines[0] == HEADER
     assert lines.index("## User preferences") < lines.index("## Corrections to keep in mind") < \
         lines.index("## Project") < lines.index("## Reference notes")
-    assert "- Answers in Esperanto" in lines and "Someone else's preference" not in wide
+    assert "- [written through the memory API] Answers in Esperanto" in lines
+    assert "Someone else's preference" not in wide
     assert "Another project entirely" not in wide
     assert "Checkout API" in wide and "webhooks" not in wide  # a reference only when the turn is about it
     assert _words(narrow) <= 25 and "Esperanto" in narrow and "Checkout API" not in narrow
@@ -154,6 +157,10 @@ def _llm(answer: str = "The user prefers Esperanto.", delay: float = 0.0, fail: 
     return complete
 
 
+def _dream(buf: SessionBuffer, llm: Any) -> Dream:
+    return Dream(buf, "s1", Consolidator(llm), MemoryConfig().feedback_ttl_s())
+
+
 def _buffered() -> tuple[SessionBuffer, list[Candidate]]:
     buf = SessionBuffer("t1", "u1", "p1")
     entries = [Candidate(Category.USER, "I prefer answers in Esperanto."),
@@ -167,7 +174,7 @@ def _buffered() -> tuple[SessionBuffer, list[Candidate]]:
 def test_auto_dream_consolidates_by_category_and_keeps_feedback_verbatim(tmp_path: Path) -> None:
     store, llm = FileMemoryStore(tmp_path), _llm()
     buf, entries = _buffered()
-    event = asyncio.run(auto_dream(buf, entries, store, llm, MemoryConfig().feedback_ttl_s(), 5.0, now=1000.0))
+    event = asyncio.run(auto_dream(_dream(buf, llm), entries, store, 5.0, now=1000.0))
     assert event == {"entries_count": 4, "categories": ["feedback", "project", "reference", "user"], "written": 4,
                      "consolidated": True}
     assert len(llm.calls) == 3  # reference, project, user; never feedback
@@ -185,11 +192,13 @@ def test_auto_dream_consolidates_by_category_and_keeps_feedback_verbatim(tmp_pat
 def test_auto_dream_writes_the_raw_entries_when_the_llm_is_slow_or_fails(tmp_path: Path, llm: Any) -> None:
     store = FileMemoryStore(tmp_path)
     buf, entries = _buffered()
-    event = asyncio.run(auto_dream(buf, entries, store, llm, MemoryConfig().feedback_ttl_s(), 0.3, now=1000.0))
+    event = asyncio.run(auto_dream(_dream(buf, llm), entries, store, 0.3, now=1000.0))
     assert event["consolidated"] is False and event["written"] == 4
     saved = {e.content: e for e in asyncio.run(store.list("t1"))}
     assert set(saved) == {c.content for c in entries}  # nothing lost
-    assert saved["I prefer answers in Esperanto."].data["unconsolidated"] is True
+    raw = saved["I prefer answers in Esperanto."]
+    assert raw.quarantined and raw.quarantine is not None and raw.quarantine.attempts == 1
+    assert saved["Correction (tool_choice): use rg, not grep"].quarantine is None  # verbatim, written first
 
 
 def test_feedback_expires_by_its_correction_type_on_a_controllable_clock(tmp_path: Path) -> None:
@@ -197,7 +206,7 @@ def test_feedback_expires_by_its_correction_type_on_a_controllable_clock(tmp_pat
     buf = SessionBuffer("t1", None, "p1")
     entries = [Candidate(Category.FEEDBACK, "style", {"correction_type": "code_style"}),
                Candidate(Category.FEEDBACK, "tool", {"correction_type": "tool_choice"})]
-    asyncio.run(auto_dream(buf, entries, store, None, MemoryConfig().feedback_ttl_s(), None, now=0.0))
+    asyncio.run(auto_dream(_dream(buf, None), entries, store, None, now=0.0))
 
     def alive(now: float) -> set[str]:
         return {e.content for e in asyncio.run(store.list("t1", now=now))}
@@ -252,7 +261,8 @@ def test_many_concurrent_captures_feed_one_buffer_without_loss_or_duplicates(tmp
             turns.append(list(history))
         scope = BufferScope("u1", "p1", "professional", None)
         for messages in turns + turns:  # every request twice: resent history is captured once
-            manager.observe(("t1", "s1"), scope, messages, [message_fingerprint(m) for m in messages], _cut)
+            manager.observe(("t1", "s1"), scope, messages, [message_fingerprint(m) for m in messages], _cut,
+                        lambda unseen: message_spans(messages, unseen))
         await manager.idle_tasks()
         _, buffered = await manager.short_term.peek(("t1", "s1"))
         assert sorted(c.content for c in buffered) == sorted(f"Please always use tabs number {i}." for i in range(40))
@@ -286,7 +296,8 @@ def _turns_saying(n: int) -> list[list[dict[str, Any]]]:
 def _feed(manager: MemoryManager, turns: list[list[dict[str, Any]]], profile: str) -> None:
     for messages in turns:
         manager.observe(("t1", "s1"), BufferScope("u1", "p1", profile, None), messages,
-                        [message_fingerprint(m) for m in messages], _cut)
+                        [message_fingerprint(m) for m in messages], _cut,
+                        lambda unseen: message_spans(messages, unseen))
 
 
 def test_trigger_a_consolidates_past_the_threshold_for_enterprise_only(tmp_path: Path) -> None:
@@ -346,8 +357,8 @@ def test_the_optional_classifier_places_what_the_rules_could_not(tmp_path: Path)
     buf = SessionBuffer("t1", "u1", "p1")
     entries = [Candidate(None, "The deploy script lives in ops/deploy.sh"), Candidate(None, "lunch was nice")]
     classifier = _llm('["project", "drop"]')
-    event = asyncio.run(auto_dream(buf, entries, store, _llm("Deploy script: ops/deploy.sh"),
-                                   MemoryConfig().feedback_ttl_s(), 5.0, classify=classifier, now=1.0))
+    event = asyncio.run(auto_dream(_dream(buf, _llm("Deploy script: ops/deploy.sh")), entries, store, 5.0,
+                                   classify=classifier, now=1.0))
     assert event["categories"] == ["project"] and event["entries_count"] == 2
     assert [e.content for e in asyncio.run(store.list("t1"))] == ["Deploy script: ops/deploy.sh"]
     assert "lunch was nice" in classifier.calls[0][1]["content"]
@@ -376,8 +387,8 @@ def test_a_classifier_answering_other_json_loses_nothing_the_rules_placed(tmp_pa
     store = FileMemoryStore(tmp_path)
     buf = SessionBuffer("t1", "u1", "p1")
     entries = [Candidate(Category.PROJECT, "The deploy script lives in ops/deploy.sh"), Candidate(None, "lunch")]
-    event = asyncio.run(auto_dream(buf, entries, store, _llm("Deploy script: ops/deploy.sh"),
-                                   MemoryConfig().feedback_ttl_s(), 5.0, classify=_llm('{"1": "project"}'), now=1.0))
+    event = asyncio.run(auto_dream(_dream(buf, _llm("Deploy script: ops/deploy.sh")), entries, store, 5.0,
+                                   classify=_llm('{"1": "project"}'), now=1.0))
     assert event["categories"] == ["project"]
     assert [e.content for e in asyncio.run(store.list("t1"))] == ["Deploy script: ops/deploy.sh"]
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...memory.short_term import BufferScope
 from ...pipeline.history_index import HistoryIndex
+from ...pipeline.provenance import message_spans
 from ...pipeline.turns import kept_characters
 from ...redis_backend import UNAVAILABLE
 from ..errors import ErrorKind, GatewayError, context_exhausted
@@ -202,9 +203,11 @@ class TurnEngine:
                 counting.cancel()
             raise
         if memory is not None and scope is not None:
-            memory.observe((caller.tenant, session_id), BufferScope(scope.user, scope.project, caller.profile,
-                                                                    summarizer), messages, turn.fingerprints,
-                           counter.head)
+            fingerprints, dialect = turn.fingerprints, state.dialect or None  # None: detected from the messages
+            memory.observe((caller.tenant, session_id),
+                           BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns),
+                           messages, fingerprints, counter.head,
+                           lambda unseen: message_spans(messages, unseen, dialect, fingerprints))
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels))
         if config.expand.enabled and compacted and isinstance(wire, ExpandingWire):

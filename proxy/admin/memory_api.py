@@ -1,7 +1,9 @@
-"""`/v1/ctx/memory`: list (a page at a time), add, update and delete memory entries, for
-the caller's tenant only. An entry of another tenant is answered exactly like one that does
-not exist (404). Scope ids follow the one id rule (proxy/ids.py); a write past the tenant's
-caps (memory/limits.py) is refused and changes nothing."""
+"""`/v1/ctx/memory`: list (a page at a time, filtered by category, scope, origin, source,
+status or session), add, update (share, release from quarantine) and delete memory entries,
+one or every entry a filter matches, for the caller's tenant only. An entry of another tenant
+is answered exactly like one that does not exist (404). Scope ids follow the one id rule
+(proxy/ids.py); a write past the tenant's caps (memory/limits.py) is refused and changes
+nothing. Every entry is shown with its provenance: where each sighting of its fact came from."""
 from __future__ import annotations
 
 import base64
@@ -9,13 +11,13 @@ import binascii
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, get_args
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from ...memory.entries import Category, MemoryEntry, feedback_expiry
+from ...memory.entries import Category, MemoryEntry, Provenance, SourceKind, feedback_expiry
 from ...memory.limits import MemoryFull, entry_bytes
 from ...memory.store import LongTermStore
 from ..errors import ErrorKind, GatewayError
@@ -59,6 +61,10 @@ class EntryChange(BaseModel):
     scope: _Scope | None = None
     data: dict[str, Any] | None = None
     ttl_s: float | None = Field(default=None, gt=0)
+    shared: StrictBool | None = None
+    """A captured entry reaches its owner only, unless shared with the tenant's other users."""
+    status: Literal["active"] | None = None
+    """`active` releases a quarantined entry: an operator vetted it (to purge one, delete it)."""
 
 
 async def _body(request: web.Request, model: type[BaseModel]) -> Any:
@@ -90,10 +96,17 @@ def _store_reachable() -> Iterator[None]:
                        code="memory_unavailable") from None
 
 
+def _status(entry: MemoryEntry) -> str:
+    return "quarantined" if entry.quarantined else "active"
+
+
 def _public(entry: MemoryEntry) -> dict[str, Any]:
     data = entry.model_dump(mode="json")
     data["scope"] = {"user": data.pop("user"), "project": data.pop("project")}
     data.pop("tenant")
+    for source in data["provenance"]:
+        source.pop("tenant")  # always the caller's
+    data["status"] = _status(entry)
     return data
 
 
@@ -118,6 +131,36 @@ def _limit(raw: str | None) -> int:
     return int(raw)
 
 
+FILTERS = ("category", "user", "project", "origin", "source", "status", "session")
+"""What a list, or a bulk delete, selects entries by (every one given must match)."""
+_CHOICES = {"origin": ("api", "capture"), "source": get_args(SourceKind), "status": ("active", "quarantined")}
+
+
+class _Filter:
+    """The query's filters, checked: a bad value is a 400 naming its parameter."""
+
+    def __init__(self, query: Any) -> None:
+        self.category = _category(query.get("category"))
+        ids = {what: None if (v := query.get(what)) is None else require_id(v, what, what)
+               for what in ("user", "project", "session")}
+        self.user, self.project, self.session = ids["user"], ids["project"], ids["session"]
+        for what, allowed in _CHOICES.items():
+            if (value := query.get(what)) is not None and value not in allowed:
+                raise GatewayError(ErrorKind.INVALID_REQUEST, f"{what} must be one of {', '.join(allowed)}",
+                                   param=what, code="invalid_request")
+        self.origin, self.source, self.status = query.get("origin"), query.get("source"), query.get("status")
+        self.given = [what for what in FILTERS if query.get(what) is not None]
+
+    def matches(self, e: MemoryEntry) -> bool:
+        """`user`: its user scope, or a sighting in that user's traffic (the owner's included)."""
+        return ((self.user is None or e.names(user=self.user))
+                and (self.project is None or e.project == self.project)
+                and (self.session is None or e.names(session=self.session))
+                and (self.origin is None or e.origin == self.origin)
+                and (self.source is None or any(p.source == self.source for p in e.provenance))
+                and (self.status is None or _status(e) == self.status))
+
+
 def _cursor(entry: MemoryEntry) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([entry.created_at, entry.id])).decode().rstrip("=")
 
@@ -134,6 +177,11 @@ def _position(cursor: str | None) -> tuple[float, str] | None:
         pass
     raise GatewayError(ErrorKind.INVALID_REQUEST, "cursor is not a next_cursor this endpoint returned",
                        param="cursor", code="invalid_cursor")
+
+
+def _written(tenant: str, scope: _Scope, now: float) -> Provenance:
+    """An entry a client wrote (or an operator vetted) through this API."""
+    return Provenance(tenant=tenant, user=scope.user, project=scope.project, door="api", source="api", at=now)
 
 
 def _place(entry: MemoryEntry, scope: _Scope) -> None:
@@ -166,15 +214,12 @@ class MemoryApi:
         whether there is another page. Entries added or removed meanwhile neither shift nor
         repeat the rest: a cursor names a position, not an offset."""
         store, tenant = self._store_and_tenant(request)
-        category = _category(request.query.get("category"))
-        user, project = (None if (v := request.query.get(what)) is None else require_id(v, what, what)
-                         for what in ("user", "project"))
+        wanted = _Filter(request.query)
         limit = _limit(request.query.get("limit"))
         after = _position(request.query.get("cursor"))
         with _store_reachable():
-            entries = await store.list(tenant, category, now=time.time())
-        page = [e for e in entries if (user is None or e.user == user) and (project is None or e.project == project)
-                and (after is None or (e.created_at, e.id) > after)][:limit + 1]
+            entries = await store.list(tenant, wanted.category, now=time.time())
+        page = [e for e in entries if wanted.matches(e) and (after is None or (e.created_at, e.id) > after)][:limit + 1]
         more = len(page) > limit
         page = page[:limit]
         return _json({"object": "list", "data": [_public(e) for e in page], "has_more": more,
@@ -199,9 +244,11 @@ class MemoryApi:
         store, tenant = self._store_and_tenant(request)
         new: NewEntry = await _body(request, NewEntry)
         now = time.time()
+        scope = new.scope.checked()
         entry = MemoryEntry(category=new.category, tenant=tenant, content=new.content, data=new.data, created_at=now,
-                            updated_at=now, expires_at=self._expiry(new.category, new.data, new.ttl_s, now))
-        _place(entry, new.scope.checked())
+                            updated_at=now, expires_at=self._expiry(new.category, new.data, new.ttl_s, now),
+                            provenance=[_written(tenant, scope, now)])
+        _place(entry, scope)
         await self._put(store, entry)
         return _json(_public(entry), 201)
 
@@ -229,6 +276,12 @@ class MemoryApi:
             _place(entry, change.scope)
         if change.ttl_s is not None:
             entry.expires_at = now + change.ttl_s
+        if change.shared is not None:
+            entry.shared = change.shared
+        if change.status == "active" and entry.quarantined:
+            entry.quarantine = None
+            if not entry.provenance:  # captured before provenance existed: the operator vouches for it
+                entry.provenance = [_written(tenant, _Scope(user=entry.user, project=entry.project), now)]
         entry.updated_at = now
         await self._put(store, entry)
         return _json(_public(entry))
@@ -240,8 +293,28 @@ class MemoryApi:
             await store.delete(tenant, entry.id)
         return _json({"id": entry.id, "object": "memory.entry.deleted", "deleted": True})
 
+    async def delete_matching(self, request: web.Request) -> web.Response:
+        """Every entry of the tenant the filters match (at least one filter; an unknown
+        parameter is refused rather than ignored, so a typo never widens what goes)."""
+        store, tenant = self._store_and_tenant(request)
+        if unknown := sorted(set(request.query) - set(FILTERS)):
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"unknown filter {unknown[0]!r}: filters are "
+                               f"{', '.join(FILTERS)}", param=unknown[0], code="invalid_request")
+        wanted = _Filter(request.query)
+        if not wanted.given:
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"name at least one filter ({', '.join(FILTERS)}); "
+                               "deleting every entry takes an explicit one", code="filter_required")
+        with _store_reachable():
+            gone = [e for e in await store.list(tenant, wanted.category) if wanted.matches(e)]
+            for entry in gone:
+                await store.delete(tenant, entry.id)
+        log.info("memory of tenant %s: %d entries deleted by %s", tenant, len(gone),
+                 {what: request.query[what] for what in wanted.given})
+        return _json({"object": "memory.entry.deleted_list", "deleted": len(gone), "ids": [e.id for e in gone]})
+
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/ctx/memory", self.list)
+        app.router.add_delete("/v1/ctx/memory", self.delete_matching)
         app.router.add_post("/v1/ctx/memory", self.add)
         app.router.add_patch("/v1/ctx/memory/{entry_id}", self.update)
         app.router.add_delete("/v1/ctx/memory/{entry_id}", self.delete)

@@ -18,8 +18,8 @@ _CANDIDATES = 200
 _NEEDS_MATCH = frozenset({Category.REFERENCE})
 
 
-_SOURCES = {"human": "the user's words", "scaffolding": "agent context", "tool_output": "tool output",
-            "document": "a fetched document", "api": "written through the memory API"}
+_SOURCES = {"human": "user said", "scaffolding": "agent context", "tool_output": "tool output",
+            "document": "document", "api": "memory API"}
 
 
 def source_label(entry: MemoryEntry) -> str:

@@ -17,6 +17,7 @@ from .doors import responses as responses_door
 from .errors import ErrorKind, GatewayError
 from .gateway import Gateway
 from .ids import InvalidId, validate_id
+from .admin.erase import Eraser
 from .admin.memory_api import MemoryApi
 from .admin.metrics import authorize_metrics
 from .admin.rollback import requested_seq, roll_back
@@ -174,7 +175,7 @@ def create_app(gw: Gateway) -> web.Application:
     MemoryApi(gw).add_routes(app)
     Dashboard(gw).add_routes(app)
     messages_door.add_routes(app, gw)
-    responses_door.add_routes(app, gw)
+    Eraser(gw, responses_door.add_routes(app, gw)).add_routes(app)
 
     async def _start(app: web.Application) -> None:
         app[HOUSEKEEPING] = asyncio.create_task(gw.housekeeping())

@@ -155,7 +155,9 @@ def test_ending_a_session_that_does_not_exist_is_404(memgw: Gateway, up: Scripte
     assert ended.status_code == 404 and ended.json()["error"]["code"] == "session_not_found"
 
 
-def test_a_slow_dream_model_at_session_end_writes_the_raw_entries(upstream: ScriptedUpstream, tmp_path: Path) -> None:
+def test_a_slow_dream_model_at_session_end_quarantines_the_raw_entries(upstream: ScriptedUpstream,
+                                                                       tmp_path: Path) -> None:
+    """Pitfall 4: nothing is lost and nothing blocks; but what no model vetted is never injected."""
     config = main_config(upstream.url, "auto", memory={"dream_model": "slow", "end_timeout_s": 0.5})
     gw = start_gateways({"slowdream": (tmp_path, config)})["slowdream"]
     try:
@@ -164,7 +166,11 @@ def test_a_slow_dream_model_at_session_end_writes_the_raw_entries(upstream: Scri
         assert event["consolidated"] is False and event["written"] == 1
         saved = _api(gw, "GET", "?category=user").json()["data"]
         assert [e["content"] for e in saved] == ["From now on reply in French."]
-        assert saved[0]["data"]["unconsolidated"] is True
+        assert saved[0]["quarantine"]["attempts"] == 1 and "timed out" in saved[0]["quarantine"]["reason"]
+        assert saved[0]["provenance"][0]["source"] == "human" and saved[0]["provenance"][0]["session"] == "s1"
+        _chat(gw, "What language?", "s2")
+        forwarded = [c for c in upstream.chats() if c.body.get("model") == "gpt-4o"][-1].body["messages"]
+        assert "French" not in str(forwarded)
     finally:
         gw.stop()
 

@@ -136,7 +136,7 @@ def test_the_loader_fills_its_budget_in_priority_order_and_by_relevance(tmp_path
     assert lines[0] == HEADER
     assert lines.index("## User preferences") < lines.index("## Corrections to keep in mind") < \
         lines.index("## Project") < lines.index("## Reference notes")
-    assert "- [written through the memory API] Answers in Esperanto" in lines
+    assert "- [memory API] Answers in Esperanto" in lines
     assert "Someone else's preference" not in wide
     assert "Another project entirely" not in wide
     assert "Checkout API" in wide and "webhooks" not in wide  # a reference only when the turn is about it

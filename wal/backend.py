@@ -55,6 +55,13 @@ class LogRead:
 
 
 @dataclass
+class Erased:
+    """What erasing a session's log removed: its live log (0 or 1) and its archive segments."""
+    live: int = 0
+    archives: int = 0
+
+
+@dataclass
 class LogInfo:
     tenant: str
     session: str
@@ -109,6 +116,10 @@ class WalLog(Protocol):
 
     def prune(self, retention_s: float, now: float) -> list[str]:
         """Remove archives older than `retention_s`; what was removed."""
+
+    def erase(self, tenant: str, session: str) -> Erased:
+        """Remove the session's live log and every archive of it (deleting a session's data)."""
+        ...
 
     def close(self) -> None:
         ...

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .archive import archive_segment, prune_archives
-from .backend import Appended, Fence, LogInfo, LogRead
+from .backend import Appended, Erased, Fence, LogInfo, LogRead
 from .events import EventType
 from .paths import WalPaths
 from .reader import WalScan, scan_file
@@ -70,6 +70,14 @@ class FileLog:
     def prune(self, retention_s: float, now: float) -> list[str]:
         return [str(p) for p in prune_archives(self.paths.archive_root, retention_s, now)]
 
+    def erase(self, tenant: str, session: str) -> Erased:
+        live = self.paths.live(tenant, session)
+        self.writer.forget(tenant, session)
+        erased = Erased(live=int(_unlink(live)))
+        _unlink(live.with_name(live.name + ".torn"))  # a torn fragment holds the session's text too
+        erased.archives = sum(_unlink(p) for p in self.paths.archives(tenant, session))
+        return erased
+
     def ping(self) -> bool:
         return True
 
@@ -89,6 +97,14 @@ def _latest_checkpoint_offset(scan: WalScan) -> int:
         if event["type"] == EventType.CHECKPOINT.value and isinstance(event.get("state"), dict):
             return offset
     return 0
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
 
 
 def _mtime(path: Path) -> float:

@@ -13,6 +13,7 @@ import logging
 import queue
 import sqlite3
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_by_day ON events (type, tenant, day);
 """
 _INSERT = "INSERT OR IGNORE INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_DELETE = "DELETE FROM events WHERE tenant = ? AND session = ?"
 _STOP = None
 
 
@@ -54,10 +56,22 @@ def _row(tenant: str, session: str, event: dict[str, Any]) -> tuple[Any, ...]:
             event.get("output_tokens") if compression else None, orjson.dumps(data).decode())
 
 
+@dataclass
+class _Erase:
+    """A session's rows to delete, in order with the inserts queued before it."""
+    tenant: str
+    session: str
+    done: threading.Event = field(default_factory=threading.Event)
+    removed: int = 0
+
+
+_Item = tuple[str, str, list[dict[str, Any]]] | _Erase | None
+
+
 class SqliteMirror:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._queue: queue.SimpleQueue[tuple[str, str, list[dict[str, Any]]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
@@ -65,6 +79,23 @@ class SqliteMirror:
         if self._thread is None:
             self._start()
         self._queue.put((tenant, session, events))
+
+    def erase(self, tenant: str, session: str) -> int:
+        """Delete the session's rows (blocking until done); how many. Through the writer thread
+        when it runs, so rows still queued for the session are written first, then deleted."""
+        if self._thread is None:
+            if not self.path.exists():
+                return 0
+            db = connect(self.path)
+            try:
+                with db:
+                    return db.execute(_DELETE, (tenant, session)).rowcount
+            finally:
+                db.close()
+        request = _Erase(tenant, session)
+        self._queue.put(request)
+        request.done.wait()
+        return request.removed
 
     def _start(self) -> None:
         with self._start_lock:
@@ -81,16 +112,21 @@ class SqliteMirror:
                 batch = [item]
                 while not self._queue.empty() and len(batch) < 1000:
                     batch.append(self._queue.get())
-                rows = []
+                rows: list[tuple[Any, ...]] = []
                 for entry in batch:
-                    if entry is not None:
+                    if isinstance(entry, _Erase):
+                        _write(db, rows)
+                        rows = []
+                        try:
+                            with db:
+                                entry.removed = db.execute(_DELETE, (entry.tenant, entry.session)).rowcount
+                        except sqlite3.Error as e:
+                            log.warning("SQLite mirror: rows of %s/%s not deleted: %s", entry.tenant, entry.session, e)
+                        entry.done.set()
+                    elif entry is not None:
                         tenant, session, events = entry
                         rows += [_row(tenant, session, e) for e in events]
-                try:
-                    with db:
-                        db.executemany(_INSERT, rows)
-                except sqlite3.Error as e:  # the log has them; `ctxgate stats --import` catches up
-                    log.warning("SQLite mirror: %d events not written: %s", len(rows), e)
+                _write(db, rows)
                 if _STOP in batch:
                     return
         finally:
@@ -101,6 +137,16 @@ class SqliteMirror:
             self._queue.put(_STOP)
             self._thread.join(timeout=30)
             self._thread = None
+
+
+def _write(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    if not rows:
+        return
+    try:
+        with db:
+            db.executemany(_INSERT, rows)
+    except sqlite3.Error as e:  # the log has them; `ctxgate stats --import` catches up
+        log.warning("SQLite mirror: %d events not written: %s", len(rows), e)
 
 
 def import_logs(db_path: Path, log: WalLog) -> int:

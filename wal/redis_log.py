@@ -30,7 +30,7 @@ import orjson
 from redis.exceptions import RedisError, WatchError
 
 from ..redis_backend import UNAVAILABLE, RedisTarget
-from .backend import Appended, Fence, LogInfo, LogRead, WalFenced, WalUnavailable
+from .backend import Appended, Erased, Fence, LogInfo, LogRead, WalFenced, WalUnavailable
 from .events import EventType, decode_line, encode_line, timestamp
 from .paths import safe_name
 from .reader import Damage, WalScan, scan_bytes, scan_entries
@@ -260,6 +260,18 @@ class RedisLog:
         """Redis expires archives itself (their TTL is the retention); an index entry that
         outlived its key is dropped when the history is next read."""
         return []
+
+    def erase(self, tenant: str, session: str) -> Erased:
+        """The stream, its indexes and records, every archive key, and its place in the list of logs."""
+        keys = _Keys(tenant, session, self._target)
+        with reachable():
+            archives = self._redis.zrange(keys.archives, 0, -1)
+            live = self._redis.exists(keys.base)
+            gone = self._redis.delete(*archives) if archives else 0
+            self._redis.delete(keys.base, keys.checkpoints, keys.records, keys.archives)
+            self._redis.hdel(keys.logs, keys.field)
+        self._last.pop(keys.base, None)
+        return Erased(live=int(live), archives=int(gone))
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -174,6 +174,14 @@ class WalWriter:
         if self._on_torn is not None:
             self._on_torn(path, scan.torn)
 
+    def forget(self, tenant: str, session: str) -> None:
+        """Close the session's file (its log is being erased): a later append opens it anew."""
+        with self._lock:
+            lf = self._files.pop((tenant, session), None)
+        if lf is not None:
+            with lf.guard:
+                lf.fh.close()
+
     def _close_one(self, tenant: str, session: str) -> None:
         lf = self._files.pop((tenant, session), None)
         if lf is not None:

@@ -39,6 +39,7 @@ MAX_CHAIN = 10_000
 """A longer chain is refused rather than walked (a cycle, or a runaway client)."""
 _CACHE_SIZE = 2048
 _PRUNE_EVERY = 64
+_ERASE_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class _Backend(Protocol):
     async def put(self, tenant: str, stored: StoredResponse) -> None: ...
     async def delete(self, tenant: str, response_id: str) -> bool: ...
     async def touch(self, tenant: str, response_ids: list[str]) -> None: ...
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int: ...
     async def close(self) -> None: ...
 
 
@@ -93,6 +95,12 @@ class ResponseStore:
     async def delete(self, tenant: str, response_id: str) -> bool:
         self._cache.pop((tenant, response_id), None)
         return await self._backend.delete(tenant, response_id)
+
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
+        """Drop the tenant's stored responses made in these sessions (deleting their data); how many."""
+        for key in [k for k, stored in self._cache.items() if k[0] == tenant and stored.session_id in sessions]:
+            del self._cache[key]
+        return await self._backend.erase_sessions(tenant, sessions)
 
     async def conversation(self, tenant: str, response_id: str) -> tuple[list[dict[str, Any]], str | None]:
         """Every item of the chain ending at `response_id`, oldest first (each turn's input
@@ -174,8 +182,24 @@ class _Files:
         with _readable():
             await asyncio.to_thread(_touch, [self._path(tenant, r) for r in response_ids])
 
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
+        with _readable():
+            return await asyncio.to_thread(_erase_files, self.root / safe_name(tenant), sessions)
+
     async def close(self) -> None:
         return None
+
+
+def _erase_files(folder: Path, sessions: set[str]) -> int:
+    removed = 0
+    for path in folder.glob("*.json") if folder.is_dir() else []:
+        try:
+            stored = StoredResponse.from_bytes(path.read_bytes())
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            continue
+        if stored.session_id in sessions:
+            removed += _unlink(path)
+    return removed
 
 
 @contextmanager
@@ -256,6 +280,21 @@ class _Redis:
                 for name in names:
                     pipe.expire(name, TTL_S)
                 await pipe.execute()
+
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
+        index = self._index(tenant)
+        with reachable():
+            names = await self._redis.zrange(index, 0, -1)
+            gone = []
+            for at in range(0, len(names), _ERASE_BATCH):
+                batch = names[at:at + _ERASE_BATCH]
+                for name, raw in zip(batch, await self._redis.mget(batch)):
+                    if raw is not None and StoredResponse.from_bytes(raw).session_id in sessions:
+                        gone.append(name)
+            if gone:
+                await self._redis.delete(*gone)
+                await self._redis.zrem(index, *gone)
+        return len(gone)
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -240,7 +240,8 @@ def _unknown(response_id: str) -> GatewayError:
                         f"No response found with id '{response_id}'.", param="response_id", code="not_found")
 
 
-def add_routes(app: web.Application, gw: Gateway) -> None:
+def add_routes(app: web.Application, gw: Gateway) -> ResponseStore:
+    """The door's routes; returns its store (deleting a session's data reaches it)."""
     store = open_response_store(gw.config.ctxgate.state, gw.data_dir)
     door = ResponsesDoor(gw, store)
     for prefix in ("/v1", ""):
@@ -253,3 +254,4 @@ def add_routes(app: web.Application, gw: Gateway) -> None:
         await store.close()
 
     app.on_cleanup.append(_close)
+    return store

@@ -72,5 +72,19 @@ class FileContentStore:
                     pass  # written to meanwhile: kept
         return removed
 
+    async def erase(self, tenant: str, session_id: str) -> int:
+        return await asyncio.to_thread(_remove_folder, self._dir(tenant, session_id))
+
     async def close(self) -> None:
         return None
+
+
+def _remove_folder(folder: Path) -> int:
+    if not folder.is_dir():
+        return 0
+    removed = 0
+    for path in folder.iterdir():
+        path.unlink(missing_ok=True)
+        removed += 1
+    folder.rmdir()
+    return removed

@@ -32,6 +32,10 @@ class ContentStore(Protocol):
         how many originals went."""
         ...
 
+    async def erase(self, tenant: str, session_id: str) -> int:
+        """Drop every original of the session (deleting its data); how many."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -76,6 +80,9 @@ class MemoryContentStore:
             if not kept:
                 del self._sessions[key]
         return removed
+
+    async def erase(self, tenant: str, session_id: str) -> int:
+        return len(self._sessions.pop((tenant, session_id), {}))
 
     async def close(self) -> None:
         self._sessions.clear()
@@ -124,6 +131,13 @@ class RedisContentStore:
 
     async def prune(self, ttl_s: float) -> int:
         return 0  # every key carries its age as a TTL: Redis drops them itself
+
+    async def erase(self, tenant: str, session_id: str) -> int:
+        base = self._key(tenant, session_id)
+        refs = [_text(r) for r in await self._redis.lrange(f"{base}:order", 0, -1)]
+        removed = int(await self._redis.delete(*(f"{base}:{ref}" for ref in refs))) if refs else 0
+        await self._redis.delete(f"{base}:order")
+        return removed
 
     async def close(self) -> None:
         await self._redis.aclose()

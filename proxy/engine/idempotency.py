@@ -31,6 +31,7 @@ from .state import reachable
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
+_ERASE_BATCH = 500
 
 
 @dataclass
@@ -50,6 +51,10 @@ class StoredReply:
         data = orjson.loads(raw)
         data["body"] = base64.b64decode(data["body"])
         return cls(**data)
+
+    @property
+    def session(self) -> str | None:
+        return self.headers.get("X-Ctx-Session")
 
 
 def key_of(headers: Any) -> str | None:
@@ -77,6 +82,9 @@ class IdempotencyStore(Protocol):
         """Held by a request from its stored-reply lookup to its reply's storing."""
     async def get(self, tenant: str, key: str) -> StoredReply | None: ...
     async def put(self, tenant: str, key: str, reply: StoredReply) -> None: ...
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
+        """Drop the tenant's stored replies of these sessions (their `X-Ctx-Session`); how many."""
+        ...
 
 
 class _InFlight:
@@ -144,6 +152,22 @@ class FileIdempotencyStore:
         await asyncio.to_thread(write_atomically, path, reply.to_bytes())
         await asyncio.to_thread(prune_folder, path.parent, self._ttl, self._max)
 
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
+        return await asyncio.to_thread(self._erase, self.root / safe_name(tenant), sessions)
+
+    @staticmethod
+    def _erase(folder: Path, sessions: set[str]) -> int:
+        removed = 0
+        for path in folder.glob("*.json") if folder.is_dir() else []:
+            try:
+                reply = StoredReply.from_bytes(path.read_bytes())
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                continue
+            if reply.session in sessions:
+                path.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
 
 class RedisIdempotencyStore:
     def __init__(self, url: str, ttl_s: float, max_per_tenant: int) -> None:
@@ -178,6 +202,21 @@ class RedisIdempotencyStore:
                 if oldest:
                     await self._redis.delete(*oldest)
                     await self._redis.zrem(index, *oldest)
+
+    async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
+        index = self._index(tenant)
+        with reachable():
+            names = await self._redis.zrange(index, 0, -1)
+            gone = []
+            for at in range(0, len(names), _ERASE_BATCH):
+                batch = names[at:at + _ERASE_BATCH]
+                for name, raw in zip(batch, await self._redis.mget(batch)):
+                    if raw is not None and StoredReply.from_bytes(raw).session in sessions:
+                        gone.append(name)
+            if gone:
+                await self._redis.delete(*gone)
+                await self._redis.zrem(index, *gone)
+        return len(gone)
 
     async def close(self) -> None:
         await self._redis.aclose()

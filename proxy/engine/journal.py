@@ -218,6 +218,8 @@ class Journal:
                 content = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
             if role == "user" and (content or not results):  # the user's own words, also beside tool results
                 event = {"type": EventType.USER_INPUT.value, **base, "content_hash": content_hash(content or "")}
+                if state.users:  # whose words: what deleting a user's data finds the session by
+                    event["user"] = state.users[-1]
                 if self.config.store_content:
                     event["content"] = content
                 events.append(event)
@@ -279,6 +281,23 @@ class Journal:
         state.wal_seq, state.wal_full_records = appended.last_seq, full
         return state
 
+    def users(self, tenant: str, session: str) -> set[str]:
+        """The users the session's live log names (its turns' and its checkpoints'), read
+        without changing anything."""
+        found: set[str] = set()
+        for event in self.writer.live(tenant, session).events:
+            if isinstance(user := event.get("user"), str):
+                found.add(user)
+            if isinstance(state := event.get("state"), dict):
+                found.update(u for u in state.get("users") or [] if isinstance(u, str))
+        return found
+
+    async def erase(self, tenant: str, session: str) -> dict[str, int]:
+        """The session's log gone: live log, archives, and its rows in this gateway's SQLite mirror."""
+        erased = await asyncio.to_thread(self.writer.erase, tenant, session)
+        rows = await asyncio.to_thread(self.mirror.erase, tenant, session)
+        return {"wal_logs": erased.live, "wal_archives": erased.archives, "wal_mirror_rows": rows}
+
     def prune_archives(self) -> list[str]:
         return self.writer.prune(self.config.archive_retention_days * 86400.0, time.time())
 
@@ -299,6 +318,7 @@ def _rebuild(tenant: str, session: str, found: Recovery) -> SessionState:
         kind = event["type"]
         if kind in (EventType.USER_INPUT.value, EventType.TOOL_RESULT.value) and "index" in event:
             state.wal_logged, state.wal_logged_hash = event["index"] + 1, event.get("prefix_hash", "")
+            state.note_user(event.get("user"))
         elif kind == EventType.SPECULATION.value:
             state.speculation = {k: event[k] for k in ("prefix_len", "prefix_hash", "target", "records")}
             state.speculation["logged"] = True

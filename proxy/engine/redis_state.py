@@ -233,6 +233,22 @@ class RedisSessionStore:
     async def forget(self, tenant: str, session_id: str) -> None:
         """Each `load` is a fresh copy: what a failed change touched was never saved."""
 
+    async def erase(self, tenant: str, session_id: str) -> bool:
+        """The main value, every part it names, a published background compaction, and its
+        places in the listings."""
+        base = self._key(tenant, session_id)
+        tag = self._target.tag(tenant, session_id)
+        with reachable():
+            raw = await self._redis.get(base)
+            parts = _part_keys(orjson.loads(raw).get(PARTS) or {"records": []}) if raw else set()
+            member = orjson.dumps([tenant, session_id])
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.delete(base, base + ":speculation:result", *parts)
+                pipe.zrem(_listing(tag), member)
+                pipe.zrem(_listing(tag, tenant), member)
+                await pipe.execute()
+        return raw is not None
+
     async def ping(self) -> bool:
         try:
             return bool(await self._redis.ping())

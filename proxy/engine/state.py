@@ -20,6 +20,7 @@ from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
 MAX_COMPACTION_LOG = 200
+MAX_USERS = 16
 MAX_EXPANDED = 32
 """Expansion exchanges kept for later turns (each is also bounded by the budget it was made in)."""
 
@@ -97,6 +98,9 @@ class SessionState:
     tenant's memory (`memory_version`) or the session's scope (`memory_scope`) changes."""
     memory_version: int | None = None
     memory_scope: str = ""
+    users: list[str] = field(default_factory=list)
+    """The users its turns named (their memory scope's), the latest last: how deleting a
+    user's data finds their sessions."""
     wal_pending: list[dict[str, Any]] = field(default_factory=list)
     """Compaction steps not yet written to the WAL; drained in the same locked section."""
 
@@ -113,6 +117,10 @@ class SessionState:
         entry = {"prefix_len": prefix_len, "prefix_hash": prefix_hash, "messages": messages}
         self.expanded = [*(e for e in self.expanded if e["prefix_len"] < prefix_len), entry][-MAX_EXPANDED:]
         return entry
+
+    def note_user(self, user: str | None) -> None:
+        if user is not None and (not self.users or self.users[-1] != user):
+            self.users = [*(u for u in self.users if u != user), user][-MAX_USERS:]
 
     def log_compaction(self, entry: dict[str, Any]) -> None:
         self.compaction_log = (self.compaction_log + [entry])[-MAX_COMPACTION_LOG:]
@@ -143,6 +151,9 @@ class SessionStore(Protocol):
     async def forget(self, tenant: str, session_id: str) -> None:
         """Drop an in-process copy a failed change may have touched (a no-op where `load`
         returns a fresh copy each time)."""
+    async def erase(self, tenant: str, session_id: str) -> bool:
+        """Delete the session's state wherever it is kept (deleting a session's data; call with
+        the session locked); whether there was any."""
     def fence(self, state: SessionState) -> Fence | None:
         """The session's lock as this process holds it, for a write to check (the state's save
         and a log append in the same Redis check it in their own scripts); None: one process,
@@ -217,6 +228,9 @@ class MemorySessionStore:
         # `load` hands out the stored object itself: after a failed change, only the WAL
         # still has the state as it was before.
         self._states.pop((tenant, session_id), None)
+
+    async def erase(self, tenant: str, session_id: str) -> bool:
+        return self._states.pop((tenant, session_id), None) is not None
 
     async def list(self, tenant: str | None = None, limit: int | None = None) -> list[SessionState]:
         found = [state for (t, _), state in reversed(self._states.items()) if tenant is None or t == tenant]

@@ -182,6 +182,7 @@ class TurnEngine:
                 if state.count_offset_key == offset_key:
                     turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
                 if scope is not None:
+                    state.note_user(scope.user)
                     block = await self._memory_block(state, scope, turn)
                     turn.reserved_tokens = block_tokens(block, counter)
                 if counting is not None and not (_fresh(state) and bound is not None

@@ -5,8 +5,9 @@ provenance). A user-role message is not always that: agents wrap their own conte
 turns (Claude Code's `<system-reminder>` blocks with CLAUDE.md and skill descriptions,
 Codex's `<environment_context>` and AGENTS.md text, aider's worked examples, repo map and
 files handed over), and text protocols send every observation as a user turn (SWE-agent,
-mini-swe-agent, OpenHands). This module splits each message into spans by source, read
-through the conversation model, so the rule holds in every door and dialect.
+mini-swe-agent, OpenHands). This module splits each message into spans by source, by the
+dialect the conversation speaks (`protocols.detect_dialect`) and where its task is, so the
+rule holds in every door and dialect.
 """
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .conversation import Kind, read_conversation
-from .protocols import STRUCTURAL_DIALECTS
+from .protocols import PLAIN, STRUCTURAL_DIALECTS, detect_dialect
 from .protocols.base import text_of
-from .turns import INSTRUCTION_ROLES, leading_instructions
+from .turns import INSTRUCTION_ROLES, leading_instructions, task_index
 from .types import Message
 
 Source = Literal["human", "scaffolding", "tool_output"]
@@ -50,29 +50,34 @@ class Span:
     text: str
 
 
-def message_spans(messages: list[Message], indices: set[int] | None = None, dialect: str | None = None,
-                  fingerprints: list[str] | None = None) -> dict[int, list[Span]]:
+def message_spans(messages: list[Message], indices: set[int] | None = None, dialect: str | None = None) -> dict[
+        int, list[Span]]:
     """The spans of `messages[i]` for each i in `indices` (all when None), by source.
-    Assistant messages and ctxgate's own notes have none: they are nobody's memory."""
+    Assistant messages have none: they are nobody's memory. Reads only the messages asked
+    for and their neighbours (a steady turn asks for one or two), never the whole history."""
     wanted = set(range(len(messages))) if indices is None else indices
     if not wanted:
         return {}
-    conversation = read_conversation(messages, dialect, fingerprints=fingerprints)
-    text_protocol = conversation.dialect not in STRUCTURAL_DIALECTS
+    task = task_index(messages)
+    dialect = dialect or detect_dialect(messages, task)
+    text_protocol = dialect not in STRUCTURAL_DIALECTS and dialect != PLAIN
     examples_end = leading_instructions(messages)
     out: dict[int, list[Span]] = {}
     for i in sorted(wanted):
         m = messages[i]
-        role, info = m.get("role"), conversation.infos[i]
-        if info.kind is Kind.NOTE or role == "assistant":
+        role = m.get("role")
+        if role == "assistant":
             continue
         if role in INSTRUCTION_ROLES or i < examples_end:
             out[i] = _whole(m, "scaffolding")
         elif role == "tool":
             out[i] = _whole(m, "tool_output")
+        elif role == "user" and text_protocol and task is not None and i != task:
+            # No person speaks in a text protocol but its task: a turn before the task is a
+            # worked example, one after it an observation (or the agent's format feedback).
+            out[i] = _whole(m, "scaffolding" if i < task else "tool_output")
         elif role == "user":
-            out[i] = _user_spans(messages, i, info.kind, info.answers, conversation.infos, text_protocol,
-                                 conversation.dialect)
+            out[i] = _user_spans(m)
     return out
 
 
@@ -81,20 +86,15 @@ def _whole(message: Message, source: Source) -> list[Span]:
     return [Span(source, text)] if text else []
 
 
-def _user_spans(messages: list[Message], i: int, kind: Kind, answers: int | None, infos: list, text_protocol: bool,
-                dialect: str) -> list[Span]:
-    m = messages[i]
-    if kind is Kind.OBSERVATION and text_protocol and _observed(dialect, answers, infos):
-        return _whole(m, "tool_output")
+def _user_spans(m: Message) -> list[Span]:
     spans: list[Span] = []
     content = m.get("content")
-    parts = content if isinstance(content, list) else [content]
-    for part in parts:
+    for part in content if isinstance(content, list) else [content]:
         if isinstance(part, str):
             text = part
         elif isinstance(part, dict) and part.get("type") in ("tool_result", "function_call_output"):
             inner = part.get("content") if part.get("type") == "tool_result" else part.get("output")
-            spans += [Span("tool_output", t) for t in [text_of({"content": inner})] if t]
+            spans += [Span("tool_output", t) for t in [inner if isinstance(inner, str) else text_of(part)] if t]
             continue
         elif isinstance(part, dict) and isinstance(part.get("text"), str):
             text = part["text"]
@@ -107,15 +107,6 @@ def _user_spans(messages: list[Message], i: int, kind: Kind, answers: int | None
         else:
             spans += _split_tagged(text)
     return [s for s in spans if s.text.strip()]
-
-
-def _observed(dialect: str, answers: int | None, infos: list) -> bool:
-    """A text protocol's observation. In `plain` (no protocol seen) only a turn answering an
-    assistant turn that took an action is one: otherwise a plain chat's follow-ups, the
-    person's own words, would all count as tool output."""
-    if dialect != "plain":
-        return True
-    return answers is not None and bool(infos[answers].actions)
 
 
 def _split_tagged(text: str) -> list[Span]:

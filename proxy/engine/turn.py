@@ -204,11 +204,11 @@ class TurnEngine:
                 counting.cancel()
             raise
         if memory is not None and scope is not None:
-            fingerprints, dialect = turn.fingerprints, state.dialect or None  # None: detected from the messages
+            dialect = state.dialect or None  # None: detected from the messages
             memory.observe((caller.tenant, session_id),
                            BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns),
-                           messages, fingerprints, counter.head,
-                           lambda unseen: message_spans(messages, unseen, dialect, fingerprints))
+                           messages, turn.fingerprints, counter.head,
+                           lambda unseen: message_spans(messages, unseen, dialect))
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels))
         if config.expand.enabled and compacted and isinstance(wire, ExpandingWire):

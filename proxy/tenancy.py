@@ -10,6 +10,7 @@ import xxhash
 from .config import Config, TenantConfig
 from .errors import ErrorKind, GatewayError
 from .ids import derived_id, require_id
+from .numbers import whole_number
 
 DEFAULT_TENANT = "default"
 MAX_BUDGET = 100_000_000
@@ -69,12 +70,8 @@ def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
         _allowed(tcfg, "profile", tenant, keys_configured)
         profile = raw
     if (raw := headers.get("X-Ctx-Budget")) is not None:
-        if not raw.strip().isdigit() or not 0 < int(raw) <= MAX_BUDGET:
-            raise GatewayError(ErrorKind.INVALID_REQUEST,
-                               f"X-Ctx-Budget must be a whole number of tokens between 1 and {MAX_BUDGET}",
-                           param="X-Ctx-Budget", code="invalid_header")
+        budget = whole_number(raw, "X-Ctx-Budget", 1, MAX_BUDGET, code="invalid_header")
         _allowed(tcfg, "budget", tenant, keys_configured)
-        budget = int(raw)
     expand = None
     if (raw := headers.get("X-Ctx-Expand")) is not None:
         if raw.strip().lower() not in ("on", "off"):

@@ -28,8 +28,10 @@ KEYS = {"acme": "sk-acme", "relay": "sk-relay", "locked": "sk-locked"}
 upstream (both may send X-Ctx-Profile and X-Ctx-Budget), locked may override nothing and
 its bodies are at most LOCKED_BODY_BYTES."""
 LOCKED_BODY_BYTES = 4096
-METRICS_HEADERS = {"Authorization": f"Bearer {KEYS['acme']}"}
-"""/metrics needs a tenant key where the config has tenant keys (ctxgate.metrics_auth: auto)."""
+ADMIN_KEY = "sk-admin-servers-0123456789"
+"""`main_config`'s ctxgate.admin_key."""
+METRICS_HEADERS = {"Authorization": f"Bearer {ADMIN_KEY}"}
+"""/metrics needs the admin key where the config has keys (ctxgate.metrics_auth: auto); a tenant key is refused."""
 LIVE: list["Gateway"] = []
 """Gateways running now: conftest shows their output when a test fails."""
 
@@ -82,6 +84,7 @@ def main_config(upstream_url: str, forwarding: str, **ctxgate: Any) -> dict[str,
     return {"model_list": model_list(upstream_url), "ctxgate": {
         "forwarding": forwarding,
         "max_body_bytes": 1_000_000,
+        "admin_key": ADMIN_KEY,
         "pipeline": {"autocompact": {"model": "summarizer"}},
         "tenants": {"acme": {"api_keys": [KEYS["acme"]], "allow_overrides": ["profile", "budget"]},
                     "relay": {"api_keys": [KEYS["relay"]], "pass_through_key": True,

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from ctxgate.pipeline.config import PipelineConfig
-from servers import KEYS, Gateway, _model, launch, main_config, run_ctxgate, stop_all
+from servers import KEYS, METRICS_HEADERS, Gateway, _model, launch, main_config, run_ctxgate, stop_all
 from upstream import EXPAND_TOOL, REPLY, Received, ScriptedUpstream
 
 MARKER = "MIDDLE-MARKER-4242"
@@ -277,7 +277,7 @@ def test_the_expand_header_is_the_tenants_to_allow(gw: Gateway, up: ScriptedUpst
 
 def test_expansions_are_counted_in_metrics(gw: Gateway, up: ScriptedUpstream) -> None:
     ask(gw, "gpt-4o-expand", False)
-    status, text = gw.get("/metrics", {"Authorization": f"Bearer {KEYS['acme']}"})
+    status, text = gw.get("/metrics", METRICS_HEADERS)
     assert status == 200
     served = re.search(r'ctxgate_expansions_total\{outcome="served"\} (\d+)', str(text))
     tokens = re.search(r"^ctxgate_expansion_tokens_total (\S+)$", str(text), re.M)

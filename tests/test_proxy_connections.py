@@ -252,20 +252,21 @@ def test_the_rejection_log_counts_what_it_left_out(caplog: pytest.LogCaptureFixt
 
 # -- /metrics ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("headers,status", [
-    ({}, 401),
-    ({"Authorization": "Bearer sk-not-a-key"}, 401),
-    ({"Authorization": f"Bearer {KEYS['acme']}"}, 200),
-    ({"x-api-key": KEYS["locked"], "X-Ctx-Budget": "100"}, 200),
-    ({"Authorization": f"Bearer {ADMIN_KEY}"}, 200),
+@pytest.mark.parametrize("headers,status,code", [
+    ({}, 401, "invalid_api_key"),
+    ({"Authorization": "Bearer sk-not-a-key"}, 401, "invalid_api_key"),
+    ({"Authorization": f"Bearer {KEYS['acme']}"}, 403, "admin_only"),  # gateway-wide series: the admin's
+    ({"x-api-key": KEYS["locked"], "X-Ctx-Budget": "100"}, 403, "admin_only"),
+    ({"Authorization": f"Bearer {ADMIN_KEY}"}, 200, None),
 ])
-def test_metrics_need_a_key_when_tenants_have_keys(tight: Gateway, headers: dict[str, str], status: int) -> None:
+def test_metrics_need_the_admin_key_when_the_config_has_keys(tight: Gateway, headers: dict[str, str], status: int,
+                                                             code: str | None) -> None:
     got, body = tight.get("/metrics", headers)
     assert got == status
     if status == 200:
         assert "ctxgate_connections_open" in body and "ctxgate_http_rejections" in body
     else:
-        assert body["error"]["code"] == "invalid_api_key"
+        assert body["error"]["code"] == code
 
 
 def test_metrics_are_open_without_tenant_keys(capped: Gateway) -> None:

@@ -19,7 +19,7 @@ import pytest
 from clients import KEYS, MESSAGES, assert_error_shape, client, post
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
-from servers import UPSTREAM_KEY, Gateway, launch, main_config, run_ctxgate, stop_all
+from servers import METRICS_HEADERS, UPSTREAM_KEY, Gateway, launch, main_config, run_ctxgate, stop_all
 from upstream import ScriptedUpstream
 
 
@@ -70,7 +70,7 @@ def responses(gw: Gateway, sid: str) -> list[dict[str, Any]]:
 
 
 def fallbacks_counted(gw: Gateway, model: str, fallback: str, reason: str) -> float:
-    text = httpx.get(gw.base + "/metrics", headers={"Authorization": f"Bearer {KEYS['acme']}"}, timeout=10).text
+    text = httpx.get(gw.base + "/metrics", headers=METRICS_HEADERS, timeout=10).text
     wanted = f'ctxgate_upstream_fallbacks_total{{fallback="{fallback}",model="{model}",reason="{reason}"}} '
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
 

@@ -23,7 +23,7 @@ from ctxgate.proxy.upstream.retry import MAX_WAIT_S, RetryPolicy, asked_wait_s
 from ctxgate.proxy.upstream.routing import retry_policy
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
-from servers import UPSTREAM_KEY, Gateway, main_config, run_ctxgate, start_gateways, stop_all
+from servers import METRICS_HEADERS, UPSTREAM_KEY, Gateway, main_config, run_ctxgate, start_gateways, stop_all
 from upstream import BROKEN_EVENT, ScriptedUpstream
 
 CLAUDE = {"claude-fault-notjson": "fault-notjson", "claude-fault-shape": "fault-shape",
@@ -110,7 +110,7 @@ def sse_data(raw: bytes) -> list[Any]:
 
 
 def retries(gw: Gateway, model: str, reason: str) -> float:
-    text = httpx.get(gw.base + "/metrics", headers={"Authorization": f"Bearer {KEYS['acme']}"}, timeout=10).text
+    text = httpx.get(gw.base + "/metrics", headers=METRICS_HEADERS, timeout=10).text
     wanted = f'ctxgate_upstream_retries_total{{model="{model}",reason="{reason}"}} '
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
 

@@ -24,6 +24,7 @@ from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..engine.state import reachable
 from ..ids import require_id
+from ..numbers import whole_number
 from ..tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate.memory")
@@ -125,10 +126,7 @@ def _category(wanted: str | None) -> Category | None:
 def _limit(raw: str | None) -> int:
     if raw is None:
         return DEFAULT_PAGE
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
-        raise GatewayError(ErrorKind.INVALID_REQUEST, f"limit must be a whole number from 1 to {MAX_PAGE}",
-                           param="limit", code="invalid_request")
-    return int(raw)
+    return whole_number(raw, "limit", 1, MAX_PAGE)
 
 
 FILTERS = ("category", "user", "project", "origin", "source", "status", "session")

@@ -164,8 +164,11 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 
 def authorize_metrics(config: Config, headers: Mapping[str, str]) -> None:
-    """/metrics names models and traffic: with `metrics_auth: auto` it needs a tenant key or the
-    admin key whenever the config has one; `key` always; `open` never. A 401 otherwise."""
+    """/metrics holds the whole gateway's series (every tenant's traffic, the models, the
+    connections) and none per tenant, so it follows the dashboard's rule for such figures: the
+    admin key reads it and a tenant key gets a 403 (docs/dashboard.md, Metrics). It asks for a
+    key with `metrics_auth: auto` whenever the config has one, with `key` always, with `open`
+    never. A missing or unknown key is a 401."""
     settings = config.ctxgate
     tenant_keys = any(t.api_keys for t in settings.tenants.values())
     if settings.metrics_auth == "open" or (settings.metrics_auth == "auto" and not tenant_keys
@@ -177,7 +180,12 @@ def authorize_metrics(config: Config, headers: Mapping[str, str]) -> None:
         return
     if tenant_keys and key is not None:
         # Only the key: a per-request override header has no meaning here and must not be refused.
-        resolve_caller(config, CIMultiDict((k, v) for k, v in headers.items()
-                                           if k.lower() in ("authorization", "x-api-key")))
-        return
-    raise GatewayError(ErrorKind.AUTHENTICATION, "/metrics needs a tenant key or the admin key", code="invalid_api_key")
+        tenant = resolve_caller(config, CIMultiDict((k, v) for k, v in headers.items()
+                                                    if k.lower() in ("authorization", "x-api-key"))).tenant
+        unset = "" if settings.admin_key is not None else (" (this gateway has none: set ctxgate.admin_key, or "
+                                                           "ctxgate.metrics_auth: open to show them to anyone)")
+        raise GatewayError(ErrorKind.PERMISSION, f"/metrics shows the whole gateway's series, which need the admin "
+                           f"key{unset}; tenant {tenant!r} sees its own sessions on the dashboard",
+                           code="admin_only")
+    raise GatewayError(ErrorKind.AUTHENTICATION, "/metrics needs the admin key (ctxgate.admin_key)",
+                       code="invalid_api_key")

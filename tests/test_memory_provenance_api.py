@@ -206,3 +206,17 @@ def test_releasing_a_quarantined_entry_lets_it_be_injected(gw: Gateway, up: Scri
 
     vouched = api(gw, "PATCH", f"/{legacy.id}", {"status": "active"}).json()
     assert vouched["status"] == "active" and [p["source"] for p in vouched["provenance"]] == ["api"]
+
+
+def test_the_dashboard_shows_where_each_entry_came_from(gw: Gateway) -> None:
+    session, user = uid("dash"), uid("ud")
+    raw = captured("Raw from a tool.", user=user, session=session, source="tool_output",
+                   quarantine=Quarantine(reason="consolidation failed"))
+    seed(gw, raw)
+    reply = httpx.get(gw.base + "/v1/ctx/dashboard/memory", headers={"Authorization": f"Bearer {KEYS['acme']}"},
+                      timeout=30)
+    assert reply.status_code == 200, reply.text
+    [row] = [e for e in reply.json()["data"] if e["id"] == raw.id]
+    assert (row["source"], row["session"], row["status"], row["owner"]) == ("tool_output", session, "quarantined", user)
+    assert row["quarantine"]["reason"] == "consolidation failed" and row["provenance"][0]["span"] == raw.content
+    assert "tenant" not in row["provenance"][0]

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ...memory.entries import MemoryEntry
 from .rollback import requested_seq, roll_back
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..ids import InvalidId, validate_id
-from ..numbers import whole_number
 from .ui_auth import Viewer, loopback_only, viewer_of
 from .ui_sessions import MAX_LISTED, PAGE, SessionFigures, compaction_rows, record_rows
 
@@ -50,7 +50,10 @@ def _bounded(request: web.Request, name: str, default: int, low: int, high: int)
     raw = request.query.get(name)
     if raw is None:
         return default
-    return whole_number(raw, name, low, high)
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"{name} must be an integer from {low} to {high}, not {raw!r}",
+                           param=name, code=f"invalid_{name}")
+    return int(raw)
 
 
 class Dashboard:
@@ -140,10 +143,8 @@ class Dashboard:
             log.exception("dashboard: the memory store failed")
             raise GatewayError(ErrorKind.UNAVAILABLE, f"the memory store is unavailable ({type(e).__name__})",
                                code="memory_unavailable") from None
-        data = [{"id": e.id, "category": e.category.value, "content": e.content,
-                 "scope": {"user": e.user, "project": e.project}, "origin": e.origin, "created_at": e.created_at,
-                 "expires_at": e.expires_at} for e in entries[:MEMORY_SHOWN]]
-        return _json({"object": "list", "data": data, "enabled": True, "total": len(entries)})
+        return _json({"object": "list", "data": [_memory_row(e) for e in entries[:MEMORY_SHOWN]], "enabled": True,
+                      "total": len(entries)})
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The last hour per minute. Its counts are the whole gateway's, so a tenant key may not read them."""
@@ -164,6 +165,19 @@ class Dashboard:
         app.router.add_post(f"{base}/tenants/{{tenant}}/sessions/{{session_id}}/rollback", self.rollback)
         app.router.add_get(f"{base}/memory", self.memory)
         app.router.add_get(f"{base}/metrics", self.metrics)
+
+
+def _memory_row(e: MemoryEntry) -> dict[str, Any]:
+    """An entry as the page shows it: where it came from (the first sighting's source and
+    session, every sighting in `provenance`) and whether it may be injected."""
+    first = e.provenance[0] if e.provenance else None
+    return {"id": e.id, "category": e.category.value, "content": e.content,
+            "scope": {"user": e.user, "project": e.project}, "origin": e.origin, "created_at": e.created_at,
+            "expires_at": e.expires_at, "status": "quarantined" if e.quarantined else "active",
+            "source": first.source if first else None, "session": first.session if first else None,
+            "owner": e.owner, "shared": e.shared, "confirmations": e.confirmations,
+            "quarantine": e.quarantine.model_dump() if e.quarantine else None,
+            "provenance": [p.model_dump(exclude={"tenant"}) for p in e.provenance]}
 
 
 def _no_session(session: str) -> GatewayError:

@@ -268,7 +268,11 @@ function drawMemory(tenant, reply) {
     cell(row, e.content);
     cell(row, [e.scope.user && "user " + e.scope.user, e.scope.project && "project " + e.scope.project]
       .filter(Boolean).join(", ") || "tenant");
-    cell(row, e.origin);
+    cell(row, e.origin + (e.shared ? ", shared" : ""));
+    cell(row, e.source || "");
+    cell(row, e.session || "");
+    cell(row, e.status + (e.quarantine ? " (" + e.quarantine.reason + ")" : ""));
+    if (e.provenance.length) row.title = e.provenance.map((p) => p.source + ": " + p.span).join("\n");
     return row;
   });
   $("memory").tBodies[0].replaceChildren(...rows);

@@ -274,7 +274,10 @@ def test_metrics_are_open_without_tenant_keys(capped: Gateway) -> None:
     assert status == 200 and "ctxgate_connections_max 20.0" in body
 
 
-def test_metrics_auth_key_without_any_key_is_refused_at_start(tmp_path: Path) -> None:
-    (tmp_path / "c.yaml").write_text("ctxgate:\n  metrics_auth: key\n")
+@pytest.mark.parametrize("tenants", ["", "  tenants:\n    acme:\n      api_keys: [sk-acme]\n"],
+                         ids=["no-key", "tenant-keys-only"])
+def test_metrics_auth_key_without_the_admin_key_is_refused_at_start(tmp_path: Path, tenants: str) -> None:
+    """Only the admin key reads /metrics: with tenant keys alone nobody could."""
+    (tmp_path / "c.yaml").write_text("ctxgate:\n  metrics_auth: key\n" + tenants)
     done = run_ctxgate(["serve", "--config", str(tmp_path / "c.yaml"), "--port", "0"], tmp_path)
-    assert done.returncode == 2 and "metrics_auth" in done.stderr
+    assert done.returncode == 2 and "admin_key" in done.stderr

@@ -171,7 +171,7 @@ async def consolidate_group(dream: Dream, category: Category, contents: list[str
     if dream.model.complete is None:
         raise RuntimeError("no model to consolidate with")
     written: list[MemoryEntry] = []
-    existing = await _existing_project(store, dream.buffer) if category == Category.PROJECT else None
+    existing = await _existing_project(store, dream) if category == Category.PROJECT else None
     for batch in dream.model.batches(PROMPTS[category], existing.content if existing else None, contents):
         body = orjson.dumps({"existing": existing.content if existing else None, "entries": batch}).decode()
         text = (await dream.model.complete([{"role": "system", "content": PROMPTS[category]},
@@ -197,9 +197,13 @@ async def consolidate_group(dream: Dream, category: Category, contents: list[str
     return written
 
 
-async def _existing_project(store: LongTermStore, buffer: SessionBuffer) -> MemoryEntry | None:
+async def _existing_project(store: LongTermStore, dream: Dream) -> MemoryEntry | None:
+    """The project entry this dream merges into: its owner's, or the tenant's shared one
+    when project facts are shared."""
+    buffer = dream.buffer
     for entry in await store.list(buffer.tenant, Category.PROJECT):
-        if entry.project == buffer.project and not entry.quarantined and entry.owner == buffer.user:
+        if entry.project == buffer.project and not entry.quarantined and (
+                entry.owner == buffer.user or (entry.shared and Category.PROJECT in dream.shared)):
             return entry
     return None
 

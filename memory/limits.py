@@ -3,7 +3,8 @@
 Every write goes through a `BoundedStore`. An entry's size is its content and data as
 UTF-8 JSON. A write from the API that would pass a cap raises `MemoryFull` and changes
 nothing. A write from capture (auto-dream, the project scan) first evicts the tenant's
-captured entries least recently updated — never an entry a client wrote through the API —
+captured entries, quarantined ones first, then the least recently updated — never an entry
+a client wrote through the API —
 and is skipped (logged) when even that cannot make room. Expired entries are purged before
 a cap is judged. Within one process the check and the write are one step per tenant;
 replicas sharing a store may together pass a cap by the writes they make at the same time.
@@ -84,7 +85,9 @@ class BoundedStore:
                              f"over its cap (ctxgate.memory.max_bytes {limit_b}); delete some first",
                              "memory_full")
         evict: list[MemoryEntry] = []
-        for old in sorted((e for e in others if e.origin == "capture"), key=lambda e: (e.updated_at, e.id)):
+        # Quarantined entries (never injected) make room first, then the least recently updated.
+        for old in sorted((e for e in others if e.origin == "capture"),
+                          key=lambda e: (not e.quarantined, e.updated_at, e.id)):
             if count <= limit_n and used <= limit_b:
                 break
             evict.append(old)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -111,11 +112,23 @@ class MemoryManager:
             entry.id, entry.created_at = existing.id, existing.created_at
         await self._captured.put(entry)
 
-    async def end_session(self, key: SessionKey) -> dict[str, Any] | None:
-        """Trigger B: the session ended; consolidate within `end_timeout_s`, then forget the buffer."""
-        for running in (self._observing.get(key), self._dreaming.get(key)):
+    async def settled(self, key: SessionKey, *, dreams: bool = True) -> None:
+        """Wait for the session's capture (and, with `dreams`, its consolidation) in flight."""
+        for running in (self._observing.get(key), self._dreaming.get(key) if dreams else None):
             if running is not None:
                 await asyncio.gather(running, return_exceptions=True)
+
+    async def discard_session(self, key: SessionKey) -> int:
+        """Drop a session's buffer unconsolidated (its data is being deleted); how many
+        candidates it held."""
+        await self.settled(key, dreams=False)
+        buf, candidates = await self.short_term.peek(key)
+        await self.short_term.forget(key, sys.float_info.max)  # however recently fed (a Redis script reads no inf)
+        return len(candidates) if buf is not None else 0
+
+    async def end_session(self, key: SessionKey) -> dict[str, Any] | None:
+        """Trigger B: the session ended; consolidate within `end_timeout_s`, then forget the buffer."""
+        await self.settled(key)
         buf, entries = await self.short_term.peek(key)
         if buf is None:
             await self.short_term.forget(key, 0.0)  # a listing left by a buffer that expired goes

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections import Counter
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -31,8 +29,6 @@ from ..ids import require_id
 from ..tenancy import resolve_caller
 
 log = logging.getLogger("ctxgate.erase")
-FOREVER = sys.float_info.max
-"""A short-term buffer fed at any time before this goes (`ShortTermStore.forget`)."""
 
 
 def _json(data: object, status: int = 200) -> web.Response:
@@ -49,18 +45,15 @@ class Eraser:
         gw, key = self.gw, (tenant, session_id)
         removed: Counter[str] = Counter()
         if gw.memory is not None:  # a consolidation logs to the session, locked: it ends first
-            await _settled(gw.memory._dreaming.get(key), gw.memory._observing.get(key))
+            await gw.memory.settled(key)
         with reachable():
             async with gw.sessions.store.lock(tenant, session_id):
                 removed["sessions"] += await gw.sessions.store.erase(tenant, session_id)
                 removed.update(await gw.journal.erase(tenant, session_id))
                 removed["expansion_originals"] += await gw.compactor.content.erase(tenant, session_id)
                 gw.histories.forget(tenant, session_id)
-                if gw.memory is not None:  # a capture started by the turn before this lock
-                    await _settled(gw.memory._observing.get(key))
-                    buffer, candidates = await gw.memory.short_term.peek(key)
-                    await gw.memory.short_term.forget(key, FOREVER)
-                    removed["short_term_candidates"] += len(candidates) if buffer is not None else 0
+                if gw.memory is not None:  # a capture started by the turn before this lock ends first
+                    removed["short_term_candidates"] += await gw.memory.discard_session(key)
         return removed
 
     async def entries(self, tenant: str, *, user: str | None = None, session: str | None = None) -> int:
@@ -130,14 +123,6 @@ class Eraser:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_delete("/v1/ctx/sessions/{session_id}", self.delete_session)
         app.router.add_delete("/v1/ctx/users/{user}", self.delete_user)
-
-
-async def _settled(*tasks: asyncio.Task[Any] | None) -> None:
-    """Wait for the memory manager's background work on the session (memory/manager.py keeps
-    its tasks by session): what runs on after the erase would write the session again."""
-    running = [task for task in tasks if task is not None]
-    if running:
-        await asyncio.gather(*running, return_exceptions=True)
 
 
 KINDS = ("sessions", "wal_logs", "wal_archives", "wal_mirror_rows", "expansion_originals", "short_term_candidates",

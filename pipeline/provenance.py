@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from .protocols import PLAIN, STRUCTURAL_DIALECTS, detect_dialect
+from .protocols import PLAIN, TextReader, detect_dialect, text_reader
 from .protocols.base import text_of
 from .turns import INSTRUCTION_ROLES, leading_instructions, task_index
 from .types import Message
@@ -39,7 +39,7 @@ repo map and summary of the earlier chat; Claude Code's caveat before local comm
 _OUTPUT_OPENERS = re.compile(
     r"\A\s*(?:I ran this command:|EXECUTION RESULT of \[|OBSERVATION:|Observation:|<returncode>|"
     r"# \d+ SEARCH/REPLACE blocks? failed to match|The LLM did not conform to the edit format|"
-    r"Fix any errors below, if possible\.)")
+    r"Fix any errors below, if possible\.|Output from [^\n]+\n)")
 """Texts that report what a command or tool did, sent as a user turn (aider's run and lint
 output, OpenHands' and mini-swe-agent's observations, aider's edit-format feedback)."""
 
@@ -60,7 +60,7 @@ def message_spans(messages: list[Message], indices: set[int] | None = None, dial
         return {}
     task = task_index(messages)
     dialect = dialect or detect_dialect(messages, task)
-    text_protocol = dialect not in STRUCTURAL_DIALECTS and dialect != PLAIN
+    reader = text_reader(dialect) if dialect != PLAIN else None
     examples_end = leading_instructions(messages)
     out: dict[int, list[Span]] = {}
     for i in sorted(wanted):
@@ -72,13 +72,22 @@ def message_spans(messages: list[Message], indices: set[int] | None = None, dial
             out[i] = _whole(m, "scaffolding")
         elif role == "tool":
             out[i] = _whole(m, "tool_output")
-        elif role == "user" and text_protocol and task is not None and i != task:
-            # No person speaks in a text protocol but its task: a turn before the task is a
-            # worked example, one after it an observation (or the agent's format feedback).
-            out[i] = _whole(m, "scaffolding" if i < task else "tool_output")
+        elif role == "user" and reader is not None and task is not None and i < task:
+            out[i] = _whole(m, "scaffolding")  # a worked example before a text protocol's task
+        elif role == "user" and reader is not None and i != task and _observed(messages, i, reader):
+            out[i] = _whole(m, "tool_output")
         elif role == "user":
             out[i] = _user_spans(m)
     return out
+
+
+def _observed(messages: list[Message], i: int, reader: TextReader) -> bool:
+    """A text protocol's observation: the turn after an action its reader sees, or one in the
+    protocol's own form. Any other user turn may be the person's (a misread dialect must not
+    silence them: aider's prompts read as SWE-agent's are still the person's)."""
+    previous = messages[i - 1] if i > 0 and messages[i - 1].get("role") == "assistant" else None
+    return bool(previous is not None and reader.actions(text_of(previous))) or reader.signals(text_of(messages[i]),
+                                                                                              "user")
 
 
 def _whole(message: Message, source: Source) -> list[Span]:

@@ -26,6 +26,7 @@ import orjson
 import xxhash
 
 from ...redis_backend import RedisTarget
+from ...redis_backend.indexed import erase_matching
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..engine.state import reachable
@@ -39,7 +40,6 @@ MAX_CHAIN = 10_000
 """A longer chain is refused rather than walked (a cycle, or a runaway client)."""
 _CACHE_SIZE = 2048
 _PRUNE_EVERY = 64
-_ERASE_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -282,19 +282,9 @@ class _Redis:
                 await pipe.execute()
 
     async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
-        index = self._index(tenant)
         with reachable():
-            names = await self._redis.zrange(index, 0, -1)
-            gone = []
-            for at in range(0, len(names), _ERASE_BATCH):
-                batch = names[at:at + _ERASE_BATCH]
-                for name, raw in zip(batch, await self._redis.mget(batch)):
-                    if raw is not None and StoredResponse.from_bytes(raw).session_id in sessions:
-                        gone.append(name)
-            if gone:
-                await self._redis.delete(*gone)
-                await self._redis.zrem(index, *gone)
-        return len(gone)
+            return await erase_matching(self._redis, self._index(tenant),
+                                        lambda raw: StoredResponse.from_bytes(raw).session_id in sessions)
 
     async def close(self) -> None:
         await self._redis.aclose()

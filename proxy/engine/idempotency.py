@@ -23,6 +23,7 @@ import xxhash
 
 from ...pipeline.fingerprint import message_fingerprint
 from ...redis_backend import RedisTarget
+from ...redis_backend.indexed import erase_matching
 from ...wal.archive import prune_folder, write_atomically
 from ...wal.paths import safe_name
 from ..errors import ErrorKind, GatewayError
@@ -31,7 +32,6 @@ from .state import reachable
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
-_ERASE_BATCH = 500
 
 
 @dataclass
@@ -204,19 +204,9 @@ class RedisIdempotencyStore:
                     await self._redis.zrem(index, *oldest)
 
     async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
-        index = self._index(tenant)
         with reachable():
-            names = await self._redis.zrange(index, 0, -1)
-            gone = []
-            for at in range(0, len(names), _ERASE_BATCH):
-                batch = names[at:at + _ERASE_BATCH]
-                for name, raw in zip(batch, await self._redis.mget(batch)):
-                    if raw is not None and StoredReply.from_bytes(raw).session in sessions:
-                        gone.append(name)
-            if gone:
-                await self._redis.delete(*gone)
-                await self._redis.zrem(index, *gone)
-        return len(gone)
+            return await erase_matching(self._redis, self._index(tenant),
+                                        lambda raw: StoredReply.from_bytes(raw).session in sessions)
 
     async def close(self) -> None:
         await self._redis.aclose()

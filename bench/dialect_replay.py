@@ -36,6 +36,7 @@ from typing import Any
 
 import common  # noqa: F401  (sets up the tokenizer files and the import path)
 from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.notes import with_notice
 from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
 from ctxgate.proxy.engine.turn_budget import Turn, measured_calibration
@@ -130,14 +131,17 @@ async def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | 
                     plan, sent.refused, sent.note = None, CTXGATE, e.message[:160]
                 await sessions.save(state)
             if plan is not None:
-                sent.messages, sent.tokens, sent.levels = plan.messages, provider(plan.messages), list(plan.levels)
+                # As the gateway forwards it: with ctxgate's notice when quoted notes are in it.
+                sent.messages = with_notice(plan.messages)
+                sent.tokens, sent.levels = provider(sent.messages), list(plan.levels)
                 if sent.tokens > limit:  # the upstream refuses: one reactive compaction, one retry
                     async with sessions.lock(TENANT, SESSION):
                         state = await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)
                         try:
                             plan, _ = await compactor.reactive(state, turn, plan, too_long_message(limit, sent.tokens),
                                                                False)
-                            sent.messages, sent.tokens = plan.messages, provider(plan.messages)
+                            sent.messages = with_notice(plan.messages)
+                            sent.tokens = provider(sent.messages)
                             sent.levels += [lv for lv in plan.levels if lv not in sent.levels]
                             if sent.tokens > limit:
                                 sent.refused, sent.note = UPSTREAM, "over the limit after the reactive compaction"

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from .config import AutocompactConfig
 from .fingerprint import message_fingerprint, span_hash
-from .notes import AUTOCOMPACT_MARKER, system_note
+from .notes import AUTOCOMPACT_MARKER, SUMMARY, context_note, is_ctxgate_message
 from .refs import render_span
 from .protocols.base import readable_text
 from .strategy import Stopwatch, level_result
@@ -38,9 +38,12 @@ SUMMARY_PROMPT = """Summarise the conversation history below as a structured sum
 Format: concise bullet points under those six headings. Leave out small talk."""
 
 RECOVERY = ("{marker}\nThe history before this point was compressed into a summary{kept}; key state is kept:\n\n"
-            "{summary}\n\n-- Recovery instructions --\n1. Continue the unfinished task.\n"
-            "2. Re-read the current working files when you need them.\n"
-            "3. The tool context in use is restored in the messages above.")
+            "{summary}")
+"""The quoted part of the recovery message: the summary is written from tool output and turns."""
+RECOVERY_INSTRUCTIONS = ("-- Recovery instructions --\n1. Continue the unfinished task.\n"
+                         "2. Re-read the current working files when you need them.\n"
+                         "3. The tool context in use is restored in the messages above.")
+"""ctxgate's own fixed wording, after the quoted summary."""
 DEGRADE_KEEP = 3
 """The degraded mode (docs/compaction.md): only the last 3 messages and the system prompt."""
 MIN_SUMMARY_TOKENS = 64
@@ -95,7 +98,7 @@ def serialise(messages: list[Message], counter: TokenCounter) -> str:
         text = readable_text(m)
         if counter.count(text) > MESSAGE_TOKENS_FOR_SUMMARY:
             text = counter.head(text, MESSAGE_TOKENS_FOR_SUMMARY) + " [...]"
-        lines.append(f"[{m.get('role')}] {text}")
+        lines.append(f"[{'ctxgate' if is_ctxgate_message(m) else m.get('role')}] {text}")
     return "\n\n".join(lines)
 
 
@@ -228,7 +231,10 @@ class AutocompactStrategy:
             kept = f" (the originals: ref {request.cuts.keep(render_span(list(plan.history)))})"
 
         def compacted(text: str) -> list[Message]:
-            recovery = system_note(RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text, kept=kept))
+            # The summary is written from tool output and the agent's turns: quoted data.
+            recovery = context_note(SUMMARY, f"compaction summary of {end - plan.start} messages",
+                                    RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text, kept=kept),
+                                    then=RECOVERY_INSTRUCTIONS)
             return request.messages[:plan.start] + lead + [recovery] + pinned + request.messages[end:]
 
         if summary is None:

@@ -20,7 +20,7 @@ from rbloom import Bloom
 from .config import CollapseConfig
 from .conversation import Conversation, Kind, counted_result, read_conversation
 from .fingerprint import message_fingerprint, span_hash
-from .notes import COLLAPSE_MARKER, system_note
+from .notes import COLLAPSE, COLLAPSE_MARKER, context_note
 from .refs import render_span
 from .strategy import Stopwatch
 from .tokens import TokenCounter
@@ -99,7 +99,7 @@ class CollapseStore:
         while i < len(messages):
             entry = self.entries.get(fps[i])
             if entry is not None and span_hash(fps[i:i + entry.length]) == entry.span_hash:
-                note = system_note(note_text(entry))
+                note = collapse_note(entry)
                 out.append(note)
                 out_fps.append(message_fingerprint(note))
                 i += entry.length
@@ -121,6 +121,11 @@ def context_keys(fingerprints: list[str]) -> list[str]:
 def note_text(entry: CollapseEntry) -> str:
     kept = f", the originals: ref {entry.ref}" if entry.ref else ""
     return f"{COLLAPSE_MARKER} ({entry.length} messages{kept})\n{entry.summary}"
+
+
+def collapse_note(entry: CollapseEntry) -> Message:
+    """The fold's note: its template lines quote the folded messages, so it is quoted data."""
+    return context_note(COLLAPSE, f"compaction: collapse of {entry.length} messages", note_text(entry))
 
 
 CRITICAL_KINDS = frozenset({Kind.ACTION, Kind.PLAN, Kind.NOTE})
@@ -211,7 +216,7 @@ class CollapseStrategy:
                                   original_total_tokens=sum(counter.count_structured(m, fp)
                                                             for m, fp in zip(folded, span)),
                                   ref=request.cuts.keep(render_span(folded)) if request.cuts is not None else "")
-            entry.collapsed_tokens = counter.count_structured(system_note(note_text(entry)))
+            entry.collapsed_tokens = counter.count_structured(collapse_note(entry))
             self.store.add(entry, keys[a:b])
         out, out_fps = self.store.project_with_fingerprints(messages, fps)
         if len(out) == len(request.messages):

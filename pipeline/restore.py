@@ -6,8 +6,9 @@ path an action named, and SWE-agent's file windows and open-file line; with the 
 content seen for files a read or write tool or command showed), the active skill, the
 active plan and the pending tasks (from plan and todo tools such as `update_plan`,
 `TodoWrite`, `task_tracker`), and the key line of the last error an observation reported
-when the compaction took it out of view. They come back as system blocks, within a
-restore budget.
+when the compaction took it out of view. They come back as quoted data (user-role blocks
+that name their source: a file's text, an error line, a plan are what a tool or the agent
+wrote, never instructions), within a restore budget.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import orjson
 from .config import RestoreConfig
 from .conversation import read_conversation
 from .protocols.base import readable_text
-from .notes import RESTORE_MARKER, is_compaction_note, is_restore_block, system_note
+from .notes import (RESTORE, RESTORE_FILE, RESTORE_MARKER, context_note, is_compaction_note, is_ctxgate_message,
+                    is_restore_block, kind_of)
 from .tokens import TokenCounter
 from .types import Message
 
@@ -32,13 +34,14 @@ _OPEN_FILE = re.compile(r"\(Open file: ([^)\n]+)\)")
 """SWE-agent's status line after every observation."""
 _FILE_NAMES = "Current files: "
 _FILE_CONTENT = "Latest content seen of "
-"""How the restore blocks about files begin (after the marker): `shed_own_messages` drops them first."""
 
 
 @dataclass
 class CurrentFile:
     path: str
     content: str = ""
+    tool: str = ""
+    """The tool (or command) whose output showed the content: the block's source."""
 
 
 @dataclass
@@ -106,10 +109,11 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
     conversation = read_conversation(messages, dialect, [*config.plan_tools, *config.task_tools])
     answers = {(i, id(action)): answer for i, action, answer in conversation.steps()}
     files: dict[str, str] = {}
+    tools: dict[str, str] = {}
     state = WorkingState()
     for i, message in enumerate(messages):
-        if message.get("role") in ("user", "tool"):
-            _observed_files(readable_text(message), files)
+        if message.get("role") in ("user", "tool") and not is_ctxgate_message(message):
+            _observed_files(readable_text(message), files, tools)
         for action in conversation.infos[i].actions:
             answer = answers.get((i, id(action)))
             result = answer.output if answer is not None else ""
@@ -125,6 +129,7 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
                 # worked on, with nothing to restore (the agent lists it again if it needs to).
                 files[path] = (written if written is not None else "" if _is_listing(path, result)
                                else result)
+                tools[path] = action.tool or action.program
             if _matches(action.tool, config.plan_tools):
                 state.active_plan = _plan_of(action.arguments)
             if _matches(action.tool, config.task_tools):
@@ -133,7 +138,8 @@ def extract_working_state(messages: list[Message], config: RestoreConfig, dialec
                     state.pending_tasks = tasks
             if _matches(action.tool, config.skill_tools):
                 state.active_skill = result or orjson.dumps(action.arguments).decode()
-    state.current_files = [CurrentFile(p, c) for p, c in reversed(list(files.items()))][:config.max_file_names]
+    state.current_files = [CurrentFile(p, c, tools.get(p, "")) for p, c in reversed(list(files.items()))
+                           ][:config.max_file_names]
     failure = conversation.latest_failure()
     state.last_error = failure[1].error_line if failure else ""
     return state
@@ -157,12 +163,13 @@ def _touch(files: dict[str, str], path: str) -> str:
     return name
 
 
-def _observed_files(text: str, files: dict[str, str]) -> None:
+def _observed_files(text: str, files: dict[str, str], tools: dict[str, str]) -> None:
     """Files an observation shows (SWE-agent: a window under `[File: path (N lines total)]`)
     or names as the open one (its status line), newest last."""
     window = _WINDOW_HEADER.search(text)
     if window:
-        files[_touch(files, window.group(1))] = text[window.start():]
+        path = _touch(files, window.group(1))
+        files[path], tools[path] = text[window.start():], "observation"
     opened = _OPEN_FILE.search(text)
     path = opened.group(1).strip() if opened else ""
     if path and path != "n/a":
@@ -170,7 +177,7 @@ def _observed_files(text: str, files: dict[str, str]) -> None:
 
 
 class ActiveRestore:
-    """Turns a WorkingState into system blocks that fit a token budget."""
+    """Turns a WorkingState into quoted blocks that fit a token budget."""
 
     def __init__(self, config: RestoreConfig, state: WorkingState) -> None:
         self.config = config
@@ -189,27 +196,33 @@ class ActiveRestore:
         separator names the reference there, and the block points to it."""
         s = self.state
         shown = "\n".join(readable_text(m) for m in visible or [])
-        parts: list[str] = []
+        parts: list[tuple[str, str, str]] = []
+        """(kind, source, text) of each block about the state."""
         if s.pending_tasks:
-            parts.append("Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks))
+            parts.append((RESTORE, "restore: pending tasks from the agent's todo calls",
+                          "Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks)))
         if s.active_plan:
-            parts.append("Active plan:\n" + s.active_plan)
+            parts.append((RESTORE, "restore: active plan from the agent's plan calls",
+                          "Active plan:\n" + s.active_plan))
         if s.last_error and s.last_error not in shown:
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
+            source = "restore: the last error line a tool reported"
             if ref is not None and ref in shown:
-                parts.append(f"The last error a tool reported (it may since be fixed) is in the cut middle of an "
-                             f"output still in view: ref {ref}.")
+                parts.append((RESTORE, source, f"The last error a tool reported (it may since be fixed) is in the cut "
+                                               f"middle of an output still in view: ref {ref}."))
             else:
-                parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error
-                             + (f"\n(the output it is from: ref {ref})" if ref is not None else ""))
+                parts.append((RESTORE, source, "Last error a tool reported (it may since be fixed):\n" + s.last_error
+                              + (f"\n(the output it is from: ref {ref})" if ref is not None else "")))
         if s.active_skill:
-            parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
+            parts.append((RESTORE, "restore: the active skill (tool output)",
+                          "Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens)))
         if s.current_files:
-            parts.append(_FILE_NAMES + ", ".join(f.path for f in s.current_files))
+            parts.append((RESTORE_FILE, "restore: paths the agent's actions named",
+                          _FILE_NAMES + ", ".join(f.path for f in s.current_files)))
         out: list[Message] = []
         used = 0
-        for text in parts:
-            block = system_note(f"{RESTORE_MARKER} {text}")
+        for kind, source, text in parts:
+            block = context_note(kind, source, f"{RESTORE_MARKER} {text}")
             cost = counter.count_structured(block)
             if used + cost > budget:
                 break
@@ -220,18 +233,15 @@ class ActiveRestore:
             if not f.content or f.content in shown:
                 continue  # still in the kept messages: restoring it again only costs tokens
             header = f"{RESTORE_MARKER} {_FILE_CONTENT}{f.path}:\n"
-            room = limit - used - counter.count_structured(system_note(header)) - 8
+            source = f"tool:{f.tool} path={f.path}" if f.tool else f"file path={f.path}"
+            room = limit - used - counter.count_structured(context_note(RESTORE_FILE, source, header)) - 8
             if room < 32:
                 break
             body = f.content if counter.count(f.content) <= room else counter.head(f.content, room) + "\n[...]"
-            block = system_note(header + body)
+            block = context_note(RESTORE_FILE, source, header + body)
             out.append(block)
             used += counter.count_structured(block)
         return out
-
-
-_FILE_BLOCKS = (f"{RESTORE_MARKER} {_FILE_NAMES}", f"{RESTORE_MARKER} {_FILE_CONTENT}")
-"""The restore blocks about files: the agent can list and read them again."""
 
 
 def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int,
@@ -244,7 +254,7 @@ def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int
     ctxgate added before anything the client sent: the newest steps verbatim are worth more
     than a list of what came before them, and a request the provider refuses is worth nothing."""
     blocks = [i for i in range(len(messages) - 1, -1, -1) if is_restore_block(messages[i])]
-    order = [i for i in blocks if str(messages[i].get("content")).startswith(_FILE_BLOCKS)]
+    order = [i for i in blocks if kind_of(messages[i]) == RESTORE_FILE]
     if everything:
         order += [i for i, m in enumerate(messages) if is_compaction_note(m)] + [i for i in blocks if i not in order]
     tokens, dropped = counter.count_messages(messages), set()

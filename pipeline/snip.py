@@ -1,8 +1,9 @@
 """Level 1, Snip: drop the oldest contiguous block of history and say so.
 
 Take the oldest N messages whose tokens cover what must be freed, and
-put a system note in their place with an 80-character preview of each, so the model
-knows the context was cut. No Snip when N < 5 or the conversation has fewer than 10
+put a note in their place with an 80-character preview of each, so the model
+knows the context was cut (quoted data: the previews are of tool output and other turns).
+No Snip when N < 5 or the conversation has fewer than 10
 messages. A proxy adds: cuts fall on unit boundaries (a tool call and its results go
 together; in a text protocol, an action and the user turn that answers it), the leading
 instructions, the pinned task statement and the recent window stay, and the newest
@@ -13,7 +14,7 @@ from __future__ import annotations
 from .config import SnipConfig
 from .conversation import Kind, counted_result
 from .fingerprint import message_fingerprint
-from .notes import SNIP_MARKER, system_note
+from .notes import SNIP, SNIP_MARKER, context_note
 from .refs import SIZING_REF, clip, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
@@ -22,6 +23,7 @@ from .types import CompressionResult, Level, Message
 
 NOTE_SHARE = 0.05
 """The note's previews take at most this share of the budget; the rest are counted."""
+SOURCE = "compaction: snip (previews of the messages cut)"
 
 
 def preview(message: Message, chars: int) -> str:
@@ -54,6 +56,7 @@ class SnipNote:
         """The dropped messages' reference, set once they are all known."""
         self.used = counter.count(self._header(0, SIZING_REF if with_ref else None, preview_chars > 0))
         self.used += 4 if with_ref else 0  # a hash's digits may split into more tokens than zeros do
+        self.used += counter.count(str(context_note(SNIP, SOURCE, "")["content"]))  # the quote's delimiters
 
     @staticmethod
     def _header(n: int, ref: str | None, previews: bool = True) -> str:
@@ -82,7 +85,7 @@ class SnipNote:
         lines = [self._header(self.dropped, self.ref, self.preview_chars > 0)] + self.lines
         if self.preview_chars > 0 and self.shown < self.dropped:
             lines.append(f"- ... and {self.dropped - self.shown} more")
-        return system_note("\n".join(lines))
+        return context_note(SNIP, SOURCE, "\n".join(lines))
 
 
 class SnipStrategy:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .notes import TAG
 from .types import Message
 
 INSTRUCTION_ROLES = ("system", "developer")
@@ -46,12 +47,12 @@ def leading_instructions(messages: list[Message]) -> int:
     leading system/developer messages, and the worked examples a client closes itself after
     them (`EXAMPLES_CLOSER`), through the reply to the closing turn."""
     n = 0
-    while n < len(messages) and messages[n].get("role") in INSTRUCTION_ROLES:
+    while n < len(messages) and messages[n].get("role") in INSTRUCTION_ROLES and TAG not in messages[n]:
         n += 1
     for i in range(n, min(len(messages), n + EXAMPLES_SCAN)):
         m = messages[i]
         text = plain_text(m)
-        if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or text is None:
+        if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or text is None or TAG in m:
             break
         if m["role"] == "user" and text.startswith(EXAMPLES_CLOSER):
             replied = i + 1 < len(messages) and messages[i + 1].get("role") == "assistant"
@@ -60,7 +61,9 @@ def leading_instructions(messages: list[Message]) -> int:
 
 
 def first_user_index(messages: list[Message], start: int = 0) -> int | None:
-    return next((i for i in range(start, len(messages)) if messages[i].get("role") == "user"), None)
+    """The first user message from `start` on that the client sent (not one of ctxgate's notes)."""
+    return next((i for i in range(start, len(messages)) if messages[i].get("role") == "user"
+                 and TAG not in messages[i]), None)
 
 
 def task_index(messages: list[Message]) -> int | None:
@@ -113,7 +116,7 @@ def _text_characters(content: Any) -> int:
 
 def newest_user_index(messages: list[Message]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "user":
+        if messages[i].get("role") == "user" and TAG not in messages[i]:
             return i
     return None
 

@@ -2,7 +2,8 @@
 earlier compaction point produced reaches the upstream byte-identical at the next one (the
 prefix up to the last note stays cached), each point asks for at most one summary, and a
 turn below the trigger is forwarded as the client sent it. On the Chat Completions door
-(notes as system messages) and the Anthropic Messages door (notes as `system` blocks)."""
+(notes as quoted user-role messages) and the Anthropic Messages door (notes as quoted text
+blocks of user turns)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, OPEN, SNIP_MARKER, quoted_text
 from pipeline_builders import filler
 from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import ScriptedUpstream
@@ -23,6 +24,17 @@ from upstream import ScriptedUpstream
 BUDGET = "6000"
 CLAUDE_KEY = "sk-claude-compaction"
 NOTE_MARKERS = (AUTOCOMPACT_MARKER, SNIP_MARKER, "[ctxgate: collapsed context]")
+
+
+def is_compaction_note(m: dict[str, Any]) -> bool:
+    """A compaction note as the upstream gets it: a quoted block in a user turn."""
+    return m.get("role") == "user" and str(m.get("content")).startswith(OPEN) and \
+        quoted_text(m).startswith(NOTE_MARKERS)
+
+
+def without_notice(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The forwarded messages without ctxgate's fixed notice (a system message after the client's)."""
+    return [m for m in messages if not (m.get("role") == "system" and str(m.get("content")).startswith("[ctxgate]"))]
 
 
 @pytest.fixture(scope="module")
@@ -113,18 +125,25 @@ def test_messages_a_later_point_keeps_the_earlier_note_blocks_byte_identical(gw:
         # in one turn (seen under `-n 2`, not reproduced alone); the one answered is the last.
         forwarded = [r for r in upstream.log[since:] if r.door == "messages" and r.body.get("tools")][-1]
         system = forwarded.body.get("system")
-        systems.append([system] if isinstance(system, str) else
-                       [{k: v for k, v in b.items() if k != "cache_control"} for b in system or []])
+        blocks = [("system", b) for b in ([{"type": "text", "text": system}] if isinstance(system, str) else system)]
+        for m in forwarded.body["messages"]:
+            content = m["content"]
+            blocks += [(m["role"], b) for b in ([{"type": "text", "text": content}] if isinstance(content, str)
+                                               else content)]
+        assert not any(role == "system" and NOTE_MARKERS[0] in str(b) for role, b in blocks)
+        systems.append([(role, {k: v for k, v in b.items() if k != "cache_control"}) for role, b in blocks])
     points = points_of(levels)
     assert len(points) >= 2, levels
     first, second = systems[points[0]], systems[points[1]]
 
     def is_note(block: Any) -> bool:
-        return isinstance(block, dict) and str(block.get("text", "")).startswith(NOTE_MARKERS)
+        role, b = block
+        text = str(b.get("text", ""))
+        return role == "user" and text.startswith(OPEN) and quoted_text({"content": text}).startswith(NOTE_MARKERS)
 
     end = max(i for i, b in enumerate(first) if is_note(b)) + 1
-    # The breakpoint ctxgate adds moves to the last system block: compared without it.
-    assert second[:end] == first[:end], "the system blocks up to the first point's last note are cached"
+    # The breakpoint ctxgate adds moves to the last quoted block: compared without it.
+    assert second[:end] == first[:end], "the blocks up to the first point's last note are cached"
     assert sum(map(is_note, second)) > sum(map(is_note, first))
 
 
@@ -147,7 +166,7 @@ def test_chat_short_turns_under_a_large_prompt_reach_the_upstream_within_the_bud
         cli.chat.completions.create(model="gpt-4o", messages=history,  # type: ignore[arg-type]
                                     extra_headers={"X-Ctx-Budget": BUDGET, "X-Ctx-Session": session})
         [forwarded] = [r for r in upstream.log[since:] if r.door == "chat" and r.body.get("model") == "gpt-4o"]
-        got = forwarded.body["messages"]
+        got = without_notice(forwarded.body["messages"])
         assert got[:2] == history[:2] and got[-1] == history[-1], "the instructions, task and newest message"
         sent.append(forwarded.prompt_tokens)
         dropped = max(dropped, len(history) - len(got))

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import read_conversation
-from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note, is_restore_block
+from ctxgate.pipeline.notes import (AUTOCOMPACT_MARKER, SNIP_MARKER, SUMMARY, context_note, is_compaction_note,
+                                   is_restore_block)
 from ctxgate.pipeline.refs import REF_RE
 from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Outlook, Prices, choose_target, cost_per_turn
 from ctxgate.proxy.engine.chain_run import DEFERRED_HINT
@@ -302,11 +303,11 @@ def test_the_summary_allowance_is_what_the_session_summariser_wrote_once_one_is_
     base = [system(), user("TASK: fix the failing test in src/app.py")] + tool_turn(1, size=200)
     fresh = read_conversation(base)
     assert summary_allowance(cfg, budget, fresh, fresh.counts(counter())) == configured
-    note = system(f"{AUTOCOMPACT_MARKER}\n" + filler(300, 3))
+    note = context_note(SUMMARY, "compaction summary", f"{AUTOCOMPACT_MARKER}\n" + filler(300, 3))
     seen = read_conversation(base[:2] + [note] + base[2:])
     counts = seen.counts(counter())
     assert summary_allowance(cfg, budget, seen, counts) == int((counts[2] - NOTE_MARGIN) * 1.25) < configured
-    long_note = system(f"{AUTOCOMPACT_MARKER}\n" + filler(2000, 4))
+    long_note = context_note(SUMMARY, "compaction summary", f"{AUTOCOMPACT_MARKER}\n" + filler(2000, 4))
     long = read_conversation(base[:2] + [long_note] + base[2:])
     assert summary_allowance(cfg, budget, long, long.counts(counter())) == configured
 

@@ -39,7 +39,7 @@ import pytest
 
 from ctxgate.memory.loader import HEADER as MEMORY_HEADER
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.notes import is_ctxgate_message
+from ctxgate.pipeline.notes import NOTICE, OPEN, is_ctxgate_message
 
 from clients import assert_error_shape, client
 from dialect_builders import (
@@ -91,15 +91,21 @@ def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> 
     stop_all(gateways.values())
 
 
+MEMORY_OPEN = f'<ctxgate-context source="memory">\n{MEMORY_HEADER}'
+
+
 def _is_note(m: Message) -> bool:
-    """A message ctxgate adds: a compaction note, a restore block, or the memory block."""
+    """A message ctxgate adds, as the upstream gets it: a quoted note (a compaction note, a
+    restore block, the memory block) in a user turn, or ctxgate's fixed notice."""
     content = m.get("content")
-    return is_ctxgate_message(m) or (m.get("role") == "system" and isinstance(content, str)
-                                     and content.startswith(MEMORY_HEADER))
+    return is_ctxgate_message(m) or isinstance(content, str) and (
+        (m.get("role") == "user" and content.startswith(OPEN)) or (m.get("role") == "system" and content == NOTICE))
 
 
 def _without_memory(messages: list[Message]) -> list[Message]:
-    return [m for m in messages if not (m.get("role") == "system" and str(m.get("content")).startswith(MEMORY_HEADER))]
+    """Without the memory block and the notice it brings."""
+    return [m for m in messages if not ((m.get("role") == "user" and str(m.get("content")).startswith(MEMORY_OPEN))
+                                        or (m.get("role") == "system" and m.get("content") == NOTICE))]
 
 
 @dataclass

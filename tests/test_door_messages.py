@@ -16,7 +16,9 @@ import httpx
 import httpx2
 import pytest
 
-from ctxgate.proxy.doors.messages_model import COMPACTED_OPENING, conversation_of, render
+from ctxgate.pipeline.notes import NOTICE, SNIP, TAG, context_note, notice_message, tag_legacy
+from ctxgate.proxy.doors.messages_model import COMPACTED_OPENING, CONTEXT_ACK, conversation_of, render
+from ctxgate.proxy.engine.memory_turn import block_message
 from ctxgate.proxy.doors.messages_replies import MessagesStream, reply_facts
 from servers import UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import REPLY, ScriptedUpstream
@@ -436,13 +438,52 @@ def test_render_unchanged_keeps_the_clients_system_and_messages() -> None:
     assert system is body["system"] and turns == body["messages"]
 
 
-def test_render_moves_notes_to_system_and_repairs_the_turns() -> None:
+def test_render_puts_quoted_notes_in_user_turns_and_keeps_the_newest_turn_verbatim() -> None:
+    """A compaction dropped the first call: its notes join the task's turn (not the newest),
+    ctxgate's notice joins `system`, and the newest turn reaches the upstream as sent."""
+    body = {"system": "S", "messages": [
+        {"role": "user", "content": "task"}, {"role": "assistant", "content": [_use(1)]},
+        {"role": "user", "content": [_result(1)]}, {"role": "assistant", "content": [_use(2)]},
+        {"role": "user", "content": [_result(2)]}]}
+    snip = context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 2 messages")
+    restore = context_note("restore", "restore: pending tasks", "[ctxgate: restored state] Pending tasks: x")
+    conversation = conversation_of(body)
+    system, turns = render(conversation, [conversation.neutral[0], notice_message(), conversation.neutral[1], snip,
+                                          restore, *conversation.neutral[4:]])
+    assert system == [{"type": "text", "text": "S"}, {"type": "text", "text": NOTICE}]
+    assert turns[0] == {"role": "user", "content": [
+        {"type": "text", "text": "task"}, {"type": "text", "text": snip["content"]},
+        {"type": "text", "text": restore["content"], "cache_control": {"type": "ephemeral"}}]}
+    assert turns[1:] == body["messages"][3:] and turns[-1] is body["messages"][-1]
+    assert not any(TAG in m for m in turns)
+
+
+def test_render_never_merges_a_note_into_the_newest_user_turn() -> None:
+    """The memory block before a conversation's only turn, and a note right before the newest
+    turn: a user turn of their own, then ctxgate's fixed assistant turn, then the client's."""
+    body = {"system": "S", "messages": [{"role": "user", "content": "hi"}]}
+    conversation = conversation_of(body)
+    memory = block_message("Long-term memory: x")
+    _, turns = render(conversation, [conversation.neutral[0], notice_message(), memory, conversation.neutral[1]])
+    assert turns == [{"role": "user", "content": [{"type": "text", "text": memory["content"],
+                                                   "cache_control": {"type": "ephemeral"}}]},
+                     {"role": "assistant", "content": CONTEXT_ACK}, body["messages"][0]]
+    body = {"messages": [{"role": "user", "content": "task"}, {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": "newest"}]}
+    conversation = conversation_of(body)
+    note = context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 2 messages")
+    _, turns = render(conversation, [*conversation.neutral[:2], note, conversation.neutral[2]])
+    assert [m["role"] for m in turns] == ["user", "assistant", "user", "assistant", "user"]
+    assert turns[3] == {"role": "assistant", "content": CONTEXT_ACK} and turns[4] is body["messages"][2]
+
+
+def test_render_moves_notes_of_a_record_made_before_quoting_to_system_and_repairs_the_turns() -> None:
     signed = {"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "S1"}, _use(2)]}
     body = {"system": "S", "messages": [
         {"role": "user", "content": "task"}, {"role": "assistant", "content": [_use(1)]},
         {"role": "user", "content": [_result(1)]}, signed, {"role": "user", "content": [_result(2)]},
         {"role": "assistant", "content": "done"}]}
-    note = {"role": "system", "content": "[ctxgate: context snipped] 3 messages"}
+    note = tag_legacy({"role": "system", "content": "[ctxgate: context snipped] 3 messages"})
     # Snip dropped the task and the first call; its result is left behind.
     system, turns = render(conversation_of(body), [{"role": "system", "content": "S"}, note, *body["messages"][2:]])
     assert system == [{"type": "text", "text": "S"},
@@ -470,7 +511,7 @@ def test_render_never_adds_a_fifth_breakpoint() -> None:
     body = {"system": [marked, marked], "tools": [{**TOOLS[0], "cache_control": {"type": "ephemeral"}}],
             "messages": [{"role": "user", "content": [marked]}, {"role": "assistant", "content": "a"},
                          {"role": "user", "content": "b"}]}
-    note = {"role": "system", "content": "[ctxgate: context snipped]"}
+    note = tag_legacy({"role": "system", "content": "[ctxgate: context snipped]"})
     conversation = conversation_of(body)
     system, turns = render(conversation, [conversation.neutral[0], note, *conversation.neutral[1:]])
     assert sum("cache_control" in b for b in system) == 2  # four already: none added

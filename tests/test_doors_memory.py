@@ -3,10 +3,10 @@ test_memory_proxy.py): a real `ctxgate serve` with memory on, in front of the sc
 upstream, driven by the official SDKs over real sockets.
 
 - /v1/messages (anthropic SDK, an `anthropic/...` route): a stored entry reaches the upstream
-  inside `system`, after the client's own system text; `metadata.user_id` picks user memory.
-- /v1/responses (openai SDK, an `openai/...` route): the entry reaches the upstream as an
-  input item of its own (developer/system), ahead of the client's input; `instructions` stay
-  the client's.
+  as quoted data in a user turn of its own ahead of the client's (never in `system`, which
+  gets only ctxgate's fixed notice after the client's text); `metadata.user_id` picks user memory.
+- /v1/responses (openai SDK, an `openai/...` route): the entry reaches the upstream as a user
+  input item of its own, quoted, ahead of the client's input; `instructions` stay the client's.
 - on both doors the session's WAL (`GET /v1/ctx/sessions/{id}`: turns, wal_seq) advances
   with every turn.
 
@@ -23,6 +23,8 @@ import openai
 import pytest
 
 from ctxgate.memory.loader import HEADER
+from ctxgate.pipeline.notes import NOTICE
+from ctxgate.proxy.doors.messages_model import CONTEXT_ACK
 from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import REPLY, ScriptedUpstream
 
@@ -30,6 +32,7 @@ KEY = KEYS["acme"]
 CLAUDE = "claude-mem"
 SYSTEM = "You are a careful coding agent."
 INSTRUCTIONS = "Answer in one line."
+MEMORY_OPEN = '<ctxgate-context source="memory">\n'
 
 
 @pytest.fixture(scope="module")
@@ -91,21 +94,35 @@ def system_texts(body: dict[str, Any]) -> list[str]:
     return [b["text"] for b in system if b.get("type") == "text"]
 
 
-def memory_blocks(texts: list[str]) -> list[str]:
-    return [t for t in texts if t.startswith(HEADER)]
+def memory_blocks(body: dict[str, Any]) -> list[str]:
+    """The quoted memory blocks of the user turns."""
+    return [b["text"] for m in body["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "text" and b["text"].startswith(MEMORY_OPEN + HEADER)]
 
 
-def test_messages_door_carries_the_memory_block_in_system_after_the_clients_text(
+def client_turns(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The turns without the memory block's user turn and the assistant turn ctxgate puts after it."""
+    turns = body["messages"]
+    if turns and isinstance(turns[0]["content"], list) and memory_blocks({"messages": turns[:1]}):
+        assert turns[1] == {"role": "assistant", "content": CONTEXT_ACK}
+        return turns[2:]  # type: ignore[no-any-return]
+    return turns  # type: ignore[no-any-return]
+
+
+def test_messages_door_carries_the_memory_block_as_quoted_data_in_a_user_turn_of_its_own(
         gw: Gateway, up: ScriptedUpstream) -> None:
     fact = f"The build runs with `make ci-{uuid.uuid4().hex[:6]}`."
     remember(gw, fact)
     assert ask_claude(gw, new_session(), [{"role": "user", "content": "How do I build this?"}]) == REPLY
     body = received(up, "messages")
     texts = system_texts(body)
-    assert texts[0] == SYSTEM  # the client's own system text stays first
-    [block] = memory_blocks(texts)
-    assert fact in block and texts.index(block) > 0
-    assert body["messages"] == [{"role": "user", "content": "How do I build this?"}]  # memory is not a turn
+    assert texts == [SYSTEM, NOTICE]  # the client's own system text, then ctxgate's fixed notice: no entry
+    [block] = memory_blocks(body)
+    assert fact in block
+    memory, ack, question = body["messages"]
+    assert memory["role"] == "user" and memory["content"][0]["text"] == block
+    assert ack == {"role": "assistant", "content": CONTEXT_ACK}  # the roles alternate, nothing merged into the turn
+    assert question == {"role": "user", "content": "How do I build this?"}  # the newest turn as sent
 
 
 def test_messages_door_metadata_user_id_selects_user_memory(gw: Gateway, up: ScriptedUpstream) -> None:
@@ -114,10 +131,10 @@ def test_messages_door_metadata_user_id_selects_user_memory(gw: Gateway, up: Scr
     remember(gw, preference, category="user", user=user)
 
     ask_claude(gw, new_session(), [{"role": "user", "content": "Explain the build."}], user=user)
-    assert any(preference in b for b in memory_blocks(system_texts(received(up, "messages"))))
+    assert any(preference in b for b in memory_blocks(received(up, "messages")))
 
     ask_claude(gw, new_session(), [{"role": "user", "content": "Explain the build."}], user=other)
-    assert not any(preference in t for t in system_texts(received(up, "messages")))  # another user's: not his
+    assert preference not in str(received(up, "messages"))  # another user's: not his
 
 
 # -- OpenAI Responses -----------------------------------------------------------------------
@@ -140,7 +157,7 @@ def memory_items(body: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(content, str):
             return content
         return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
-    return [i for i in body["input"] if isinstance(i, dict) and text(i).startswith(HEADER)]
+    return [i for i in body["input"] if isinstance(i, dict) and text(i).startswith(MEMORY_OPEN + HEADER)]
 
 
 def test_responses_door_carries_the_memory_block_as_an_input_item(gw: Gateway, up: ScriptedUpstream) -> None:
@@ -151,9 +168,9 @@ def test_responses_door_carries_the_memory_block_as_an_input_item(gw: Gateway, u
     body = received(up, "responses")
     assert body["instructions"] == INSTRUCTIONS  # still the client's, memory is not folded into them
     [item] = memory_items(body)
-    assert item["role"] in ("developer", "system") and fact in item["content"]
-    assert body["input"].index(item) < body["input"].index(question)  # ahead of the client's input, which is kept
-    assert [i for i in body["input"] if i is not item] == [question]
+    assert item["role"] == "user" and fact in item["content"]  # quoted data, never a developer message
+    # ctxgate's fixed notice, the memory, then the client's input, which is kept.
+    assert body["input"] == [{"role": "developer", "content": NOTICE}, item, question]
 
 
 def test_responses_door_user_selects_user_memory(gw: Gateway, up: ScriptedUpstream) -> None:
@@ -186,7 +203,7 @@ def test_messages_door_wal_advances_per_turn(gw: Gateway, up: ScriptedUpstream) 
     def turn(n: int) -> None:
         history.append({"role": "user", "content": f"step {n}"})
         history.append({"role": "assistant", "content": ask_claude(gw, session, list(history))})
-        assert received(up, "messages")["messages"] == history[:-1]
+        assert client_turns(received(up, "messages")) == history[:-1]
 
     _wal_advances(gw, session, turn)
 
@@ -198,7 +215,9 @@ def test_responses_door_wal_advances_per_turn(gw: Gateway, up: ScriptedUpstream)
     def turn(n: int) -> None:
         items.append({"role": "user", "content": f"step {n}"})
         items.append({"role": "assistant", "content": ask_gpt(gw, session, list(items))})
-        sent = [i for i in received(up, "responses")["input"] if i not in memory_items(received(up, "responses"))]
+        body = received(up, "responses")
+        notice = {"role": "developer", "content": NOTICE}
+        sent = [i for i in body["input"] if i not in memory_items(body) and i != notice]
         assert sent == items[:-1]
 
     _wal_advances(gw, session, turn)

@@ -16,6 +16,7 @@ import pytest
 from ctxgate.memory.redis_short_term import RedisShortTermStore
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
+from ctxgate.pipeline.notes import NOTICE
 from clients import assert_error_shape, client, post
 from servers import KEYS, Gateway, launch, main_config, start_gateways, wait_until
 from upstream import ScriptedUpstream, encode
@@ -36,12 +37,17 @@ def _api(gw: Gateway, method: str, path: str, body: Any = None, key: str = KEYS[
                          headers={"Authorization": f"Bearer {key}"})
 
 
+MEMORY_OPEN = '<ctxgate-context source="memory">\n'
+
+
 def _memory_message(up: ScriptedUpstream) -> dict[str, Any] | None:
     messages = [c for c in up.chats() if c.body.get("model") == "gpt-4o"][-1].body["messages"]
-    found = [m for m in messages if m["role"] == "system" and m["content"].startswith("Long-term memory")]
+    # Quoted data in a user-role message, never a system one (entries are not instructions).
+    assert not any(m["role"] == "system" and "Long-term memory" in str(m["content"]) for m in messages)
+    found = [m for m in messages if m["role"] == "user" and m["content"].startswith(MEMORY_OPEN + "Long-term memory")]
     assert len(found) <= 1
-    if found:
-        assert messages.index(found[0]) == 1  # right after the client's own system prompt
+    if found:  # right after the client's own system prompt and ctxgate's notice saying what it is
+        assert messages.index(found[0]) == 2 and messages[1] == {"role": "system", "content": NOTICE}
     return found[0] if found else None
 
 

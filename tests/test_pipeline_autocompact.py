@@ -9,7 +9,7 @@ import pytest
 from ctxgate.pipeline.autocompact import (DEGRADE_KEEP, SUMMARY_PROMPT, AutocompactBreaker, AutocompactStrategy,
                                           serialise, shorten)
 from ctxgate.pipeline.config import AutocompactConfig
-from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, quoted_text
 from ctxgate.pipeline.conversation import shape_of, split_units
 from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.pipeline.types import Level
@@ -69,7 +69,7 @@ async def test_summary_replaces_the_old_history() -> None:
     out = result.compressed_messages
     assert out[:2] == h[:2]
     recovery = out[2]
-    assert recovery["role"] == "system" and recovery["content"].startswith(AUTOCOMPACT_MARKER)
+    assert recovery["role"] == "user" and quoted_text(recovery).startswith(AUTOCOMPACT_MARKER)
     assert fake.reply in recovery["content"]
     assert "Recovery instructions" in recovery["content"] and "Continue the unfinished task" in recovery["content"]
     assert out[3:] == h[plan.end:]
@@ -122,9 +122,9 @@ async def test_long_summary_is_cut_to_its_allowance() -> None:
     h = agent_history(40, 200)
     long = filler(3000, 77)
     s = make(Scripted(reply=long))
-    result = await run(s, h, 4000)
-    allowance = s.summary_tokens(4000)
-    assert allowance == 500
+    result = await run(s, h, 4100)  # room beside the kept messages and the note's quote for the whole allowance
+    allowance = s.summary_tokens(4100)
+    assert allowance == 512
     assert counter().head(long, allowance) in result.compressed_messages[2]["content"]
     assert long not in result.compressed_messages[2]["content"]
     assert result.fits
@@ -215,13 +215,13 @@ async def test_degrade_keeps_only_the_last_three() -> None:
     result = await run(make(fake), h, 100_000, reason="degrade")
     out = result.compressed_messages
     assert len(fake.calls) == 1
-    assert out[:2] == h[:2] and out[2]["content"].startswith(AUTOCOMPACT_MARKER)
+    assert out[:2] == h[:2] and quoted_text(out[2]).startswith(AUTOCOMPACT_MARKER)
     assert out[3:] == h[-DEGRADE_KEEP:] and len(out) == 2 + 1 + DEGRADE_KEEP
     # the newest user message is older than the last three: it stays, pinned, after the recovery message
     h2 = [system(), user("task"), user("NEWEST")] + [m for i in range(10) for m in tool_turn(i)] \
         + [assistant("a"), assistant("b"), assistant("c")]
     out2 = (await run(make(Scripted()), h2, 100_000, reason="degrade")).compressed_messages
-    assert out2[:2] == h2[:2] and out2[2]["content"].startswith(AUTOCOMPACT_MARKER)
+    assert out2[:2] == h2[:2] and quoted_text(out2[2]).startswith(AUTOCOMPACT_MARKER)
     assert out2[3] == user("NEWEST") and out2[4:] == h2[-3:]
     assert_invariants(h2, out2)
 
@@ -229,7 +229,7 @@ async def test_degrade_keeps_only_the_last_three() -> None:
 async def test_degrade_never_splits_a_unit() -> None:
     h = agent_history(10, 50) + [user("more"), assistant("a")] + tool_turn(99)
     out = (await run(make(Scripted()), h, 100_000, reason="degrade")).compressed_messages
-    kept = out[out.index(next(m for m in out if m["content"].startswith(AUTOCOMPACT_MARKER))) + 1:]
+    kept = out[out.index(next(m for m in out if quoted_text(m).startswith(AUTOCOMPACT_MARKER))) + 1:]
     assert len([m for m in kept if m != user("more")]) <= DEGRADE_KEEP
     assert_invariants(h, out)
 
@@ -261,7 +261,7 @@ async def test_real_histories(share: int) -> None:
             continue
         compacted += 1
         assert len(fake.calls) == 1 and fake.calls[0][0]["content"] == SUMMARY_PROMPT
-        notes = [m for m in out if m["role"] == "system" and m["content"].startswith(AUTOCOMPACT_MARKER)]
+        notes = [m for m in out if m["role"] == "user" and quoted_text(m).startswith(AUTOCOMPACT_MARKER)]
         assert len(notes) == 1 and f"summary of {name}" in notes[0]["content"]
         assert out[-1] == h[-1]
         assert result.tokens_after == c.count_messages(out) and result.fits == (result.tokens_after <= budget)

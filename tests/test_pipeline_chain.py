@@ -6,7 +6,7 @@ from ctxgate.pipeline.chain import CompressionPipeline, build_pipeline, restore_
 from ctxgate.pipeline.collapse import CollapseStore, CollapseStrategy
 from ctxgate.pipeline.config import PROFILE_DEFAULTS, PipelineConfig
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
-from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note, is_restore_block
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER, is_compaction_note, is_restore_block, quoted_text
 from ctxgate.pipeline.restore import extract_working_state
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.strategy import Stopwatch, level_result
@@ -89,7 +89,7 @@ async def test_real_chain_snip_is_enough() -> None:
     p = build_pipeline(config(snip={"keep_recent": 10}), summarize=Scripted(), effective_budget=total)
     result = await compact(p, h, total - 2500)
     assert result.level_used is Level.SNIP and len(result.steps) == 1 and result.fits
-    assert result.compressed_messages[2]["content"].startswith(SNIP_MARKER)
+    assert quoted_text(result.compressed_messages[2]).startswith(SNIP_MARKER)
     assert_invariants(h, result.compressed_messages)
 
 
@@ -107,7 +107,7 @@ async def test_real_chain_falls_through_to_microcompact_and_autocompact() -> Non
     r2 = await compact(p2, h2, 3000)
     assert r2.level_used is Level.AUTOCOMPACT and len(fake.calls) == 1 and r2.fits
     assert [s.level for s in r2.steps] == [Level.SNIP, Level.AUTOCOMPACT]
-    assert any(m["content"].startswith(AUTOCOMPACT_MARKER) for m in r2.compressed_messages if m["role"] == "system")
+    assert any(quoted_text(m).startswith(AUTOCOMPACT_MARKER) for m in r2.compressed_messages if m["role"] == "user")
     assert_invariants(h2, r2.compressed_messages)
 
 
@@ -162,7 +162,7 @@ async def test_restore_blocks_are_regenerated_not_stacked() -> None:
     out = second.compressed_messages
     assert second.steps
     assert sum(map(is_restore_block, out)) <= n_blocks
-    kinds = [b["content"].split(":", 2)[1] for b in out if is_restore_block(b)]
+    kinds = [quoted_text(b).split(":", 2)[1] for b in out if is_restore_block(b)]
     assert len(kinds) == len(set(kinds)), "one block of each kind"
     assert all(out.count(b) == 1 for b in out if is_restore_block(b))
     assert not is_restore_block(out[-1])

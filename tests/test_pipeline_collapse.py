@@ -10,7 +10,7 @@ from ctxgate.pipeline.collapse import (CollapseStore, CollapseStrategy, collapse
 from ctxgate.pipeline.config import CollapseConfig
 from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint, span_hash
-from ctxgate.pipeline.notes import COLLAPSE_MARKER, SNIP_MARKER, system_note
+from ctxgate.pipeline.notes import COLLAPSE_MARKER, SNIP, SNIP_MARKER, context_note, is_compaction_note, quoted_text
 from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.pipeline.types import Level
 
@@ -44,8 +44,8 @@ async def test_long_run_is_folded_into_one_note() -> None:
     assert out[:2] == h[:2] and out[-2:] == h[-2:]
     assert len(out) == 5
     note = out[2]
-    assert note["role"] == "system" and note["content"].startswith(f"{COLLAPSE_MARKER} (29 messages)\n")
-    lines = note["content"].split("\n")[1:]
+    assert note["role"] == "user" and quoted_text(note).startswith(f"{COLLAPSE_MARKER} (29 messages)\n")
+    lines = quoted_text(note).split("\n")[1:]
     assert len(lines) == 29
     for line, m in zip(lines, h[2:31]):
         if m["role"] == "user":
@@ -67,7 +67,7 @@ async def test_only_runs_of_at_least_window_are_folded() -> None:
     result = await fold(make(), h)
     out = result.compressed_messages
     assert out[:2 + 14 + 2] == h[:2 + 14 + 2], "the run of 14 is kept"
-    assert out[18]["content"].startswith(f"{COLLAPSE_MARKER} (15 messages)")
+    assert quoted_text(out[18]).startswith(f"{COLLAPSE_MARKER} (15 messages)")
     assert out[19:] == h[33:]
     assert await fold(make(window=16), h) is None
     h_short = [system(), user("task"), *short, *tool_turn(1), user("newest"), assistant("ok")]
@@ -84,7 +84,9 @@ async def test_decision_critical_messages_break_runs() -> None:
     assert critical(calls(call("x", "bash")))
     assert critical(calls(call("p", "update_plan")))
     assert critical(calls(call("t", "TodoWrite")))
-    assert critical(system_note(SNIP_MARKER + " cut"))
+    assert critical(context_note(SNIP, "compaction: snip", SNIP_MARKER + " cut"))
+    # A client's turn that looks exactly like a note is the client's (ctxgate knows its own by its tag).
+    assert not critical(dict(user(context_note(SNIP, "compaction: snip", SNIP_MARKER + " cut")["content"])))
     assert not critical(tool("x", "out"), before=[calls(call("x", "bash"))]), "it goes with its call, in one unit"
     assert critical(tool("x", "Traceback (most recent call last):\nValueError: no"), before=[calls(call("x", "bash"))])
     assert not critical(assistant("sure, I will do that"))
@@ -102,7 +104,7 @@ async def test_decision_critical_messages_break_runs() -> None:
     plan = calls(call("p1", "update_plan"))
     h = [system(), user("task"), *chat(15, 0), plan, tool("p1", "ok"), *chat(14, 50), user("newest"), assistant("ok")]
     out = (await fold(make(), h)).compressed_messages
-    assert out[2]["content"].startswith(f"{COLLAPSE_MARKER} (15 messages)")
+    assert quoted_text(out[2]).startswith(f"{COLLAPSE_MARKER} (15 messages)")
     assert out[3] == plan and out[4:] == h[18:]
 
 
@@ -115,7 +117,7 @@ async def test_pinned_messages_stay_out_of_the_fold() -> None:
     assert out[:2] == h[:2]
     assert user("NEWEST") in out
     assert out.index(user("NEWEST")) == 3
-    assert [m["content"].split("\n")[0] for m in out if m["role"] == "system"][1:] == [
+    assert [quoted_text(m).split("\n")[0] for m in out if is_compaction_note(m)] == [
         f"{COLLAPSE_MARKER} (10 messages)", f"{COLLAPSE_MARKER} (20 messages)"]
 
 
@@ -186,7 +188,7 @@ async def test_round_trip_then_new_runs_still_fold() -> None:
     restored = CollapseStore.from_dict(s.store.to_dict())
     longer = h + [*tool_turn(5), *chat(16, 500), user("newest"), assistant("fin")]
     out = (await fold(make(store=restored), longer)).compressed_messages
-    notes = [m for m in out if m["role"] == "system" and m["content"].startswith(COLLAPSE_MARKER)]
+    notes = [m for m in out if m["role"] == "user" and quoted_text(m).startswith(COLLAPSE_MARKER)]
     assert len(notes) == 2 and len(restored.entries) == 2
     assert_invariants(longer, out)
 
@@ -247,5 +249,5 @@ async def test_errors_stay_visible() -> None:
     out = (await fold(make(), h, dialect="swe_agent_text")).compressed_messages
     assert new_error in out and old_error in out
     assert out.index(old_error) == out.index(run) + 1
-    assert sum(m["content"].startswith(COLLAPSE_MARKER) for m in out if m["role"] == "system") == 3
+    assert sum(quoted_text(m).startswith(COLLAPSE_MARKER) for m in out if is_compaction_note(m)) == 3
     assert_invariants(h, out)

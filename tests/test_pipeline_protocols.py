@@ -11,6 +11,7 @@ import pytest
 
 from ctxgate.pipeline.config import MicrocompactConfig, RestoreConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
+from ctxgate.pipeline.notes import SNIP, context_note
 from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.protocols import detect_dialect
 from ctxgate.pipeline.restore import extract_working_state
@@ -144,10 +145,15 @@ def test_unknown_text_pairs_an_assistant_turn_with_the_user_turn_after_it() -> N
     assert c.latest_failure() is not None and c.latest_failure()[0] == 3
 
 
-def test_ctxgate_notes_are_notes() -> None:
-    h = [system(), user("task"), system("[ctxgate: context snipped] 5 earlier messages were removed"),
-         assistant("```bash\nls\n```")]
+def test_ctxgate_notes_are_notes_and_look_alikes_are_the_clients() -> None:
+    note = context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 5 earlier messages were removed")
+    h = [system(), user("task"), note, assistant("```bash\nls\n```")]
     assert read_conversation(h).kind(2) is Kind.NOTE
+    # The same text sent by the client (an observation in a user turn, a system turn) is the client's.
+    look_alike = [system(), user("task"), assistant("```bash\nls\n```"), user(note["content"]),
+                  system("[ctxgate: context snipped] 5 earlier messages were removed"), assistant("```bash\nls\n```")]
+    kinds = [read_conversation(look_alike).kind(i) for i in (3, 4)]
+    assert Kind.NOTE not in kinds
 
 
 @pytest.mark.parametrize("text", [

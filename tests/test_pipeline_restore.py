@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ctxgate.pipeline.config import RestoreConfig
-from ctxgate.pipeline.notes import RESTORE_MARKER, is_restore_block, system_note
+from ctxgate.pipeline.notes import RESTORE_MARKER, SNIP, SUMMARY, context_note, is_restore_block, quoted_text
 from ctxgate.pipeline.protocols.base import paths_in
 from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, extract_working_state,
                                       shed_own_messages)
@@ -86,7 +86,8 @@ def test_max_file_names_keeps_the_newest() -> None:
     h = [m for i in range(8) for m in turn(str(i), "read_file", f"content {i}", path=f"/f{i}.py")]
     state = extract_working_state(h, RestoreConfig(max_file_names=5))
     assert [f.path for f in state.current_files] == [f"/f{i}.py" for i in (7, 6, 5, 4, 3)]
-    assert extract_working_state(h, RestoreConfig(max_files=2)).current_files[1] == CurrentFile("/f6.py", "content 6")
+    assert extract_working_state(h, RestoreConfig(max_files=2)).current_files[1] == CurrentFile("/f6.py", "content 6",
+                                                                                                 "read_file")
 
 
 def test_nothing_to_restore() -> None:
@@ -104,9 +105,11 @@ def test_state_round_trip() -> None:
 def test_blocks_order_and_marker() -> None:
     state = extract_working_state(transcript(), CFG)
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000)
-    assert all(b["role"] == "system" and b["content"].startswith(RESTORE_MARKER) and is_restore_block(b)
-               for b in blocks)
-    texts = [b["content"][len(RESTORE_MARKER) + 1:] for b in blocks]
+    # Quoted data in a user-role block that names its source, never a system message.
+    assert all(b["role"] == "user" and b["content"].startswith('<ctxgate-context source="')
+               and quoted_text(b).startswith(RESTORE_MARKER) and is_restore_block(b) for b in blocks)
+    assert blocks[4]["content"].startswith('<ctxgate-context source="tool:write_file path=/w/util.py">')
+    texts = [quoted_text(b)[len(RESTORE_MARKER) + 1:] for b in blocks]
     assert texts[0] == "Pending tasks:\n- fix bug [in_progress]\n- update docs [pending]"
     assert texts[1].startswith("Active plan:\nTwo steps left")
     assert texts[2] == "Active skill:\nSKILL: always run the linter before committing"
@@ -124,13 +127,13 @@ def test_blocks_fit_the_restore_budget(budget: int) -> None:
                          active_skill=filler(4000, 3), active_plan="- [ ] step", pending_tasks=["a", "b"])
     blocks = ActiveRestore(CFG, state).blocks(c, budget)
     assert sum(c.count_structured(b) for b in blocks) <= budget
-    assert all(b["content"].startswith(RESTORE_MARKER) for b in blocks)
+    assert all(quoted_text(b).startswith(RESTORE_MARKER) for b in blocks)
     skill = [b for b in blocks if "Active skill:" in b["content"]]
     if skill:
-        assert c.count(skill[0]["content"].split("Active skill:\n", 1)[1]) <= CFG.skill_tokens
+        assert c.count(quoted_text(skill[0]).split("Active skill:\n", 1)[1]) <= CFG.skill_tokens
     for b in blocks:
         if "Latest content seen of /big.py" in b["content"]:
-            assert b["content"].endswith("\n[...]")
+            assert quoted_text(b).endswith("\n[...]")
 
 
 def test_content_still_visible_is_not_restored_twice() -> None:
@@ -140,7 +143,7 @@ def test_content_still_visible_is_not_restored_twice() -> None:
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible)
     assert not any("Latest content seen of /w/app.py" in b["content"] for b in blocks)
     assert any("Latest content seen of /w/util.py" in b["content"] for b in blocks)
-    assert any(b["content"].endswith("Current files: /w/util.py, /w/app.py, /w/new.py") for b in blocks)
+    assert any(quoted_text(b).endswith("Current files: /w/util.py, /w/app.py, /w/new.py") for b in blocks)
 
 
 def test_real_histories() -> None:
@@ -151,7 +154,7 @@ def test_real_histories() -> None:
         for budget in (200, 2000):
             blocks = ActiveRestore(CFG, state).blocks(c, budget)
             assert sum(c.count_structured(b) for b in blocks) <= budget, name
-            assert all(b["content"].startswith(RESTORE_MARKER) for b in blocks)
+            assert all(quoted_text(b).startswith(RESTORE_MARKER) for b in blocks)
         if name.startswith("openhands/"):
             assert state.current_files, name
             with_files += 1
@@ -174,9 +177,9 @@ def test_file_contents_take_only_the_room_left() -> None:
     assert [b for b in roomy if "Latest content seen" not in b["content"]] == tight
     assert any("Current files:" in b["content"] for b in tight)
     lists = sum(c.count_structured(b) for b in tight)
-    some = ActiveRestore(CFG, state).blocks(c, 10_000, room=lists + 80)
+    some = ActiveRestore(CFG, state).blocks(c, 10_000, room=lists + 120)  # the quote and its source take ~30
     contents = [b for b in some if "Latest content seen" in b["content"]]
-    assert contents and sum(c.count_structured(b) for b in contents) <= 80
+    assert contents and sum(c.count_structured(b) for b in contents) <= 120
 
 
 def test_the_last_error_is_restored_when_out_of_view() -> None:
@@ -216,7 +219,7 @@ def test_swe_agent_windows_and_the_open_file_are_current_files() -> None:
     assert [f.path for f in state.current_files] == ["/repo/src/fields.py", "/repo/reproduce.py"]
     assert state.current_files[0].content.startswith("[File: /repo/src/fields.py (1000 lines total)]")
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000)
-    assert any(b["content"].endswith("Current files: /repo/src/fields.py, /repo/reproduce.py") for b in blocks)
+    assert any(quoted_text(b).endswith("Current files: /repo/src/fields.py, /repo/reproduce.py") for b in blocks)
 
 
 def test_names_beyond_the_restored_contents_are_listed() -> None:
@@ -235,7 +238,8 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
     history = transcript()
     blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
     lists, files = blocks[:3], blocks[3:]  # tasks, plan, skill; the file names and contents
-    assert all(b["content"].startswith((f"{RESTORE_MARKER} Current files", f"{RESTORE_MARKER} Latest")) for b in files)
+    assert all(quoted_text(b).startswith((f"{RESTORE_MARKER} Current files", f"{RESTORE_MARKER} Latest"))
+               for b in files)
     messages = history[:2] + blocks + history[2:]
     full, bare = c.count_messages(messages), c.count_messages(history)
     with_lists = bare + sum(c.count_structured(b) for b in lists)
@@ -245,8 +249,9 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
     kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]),
                              everything=True)
     assert kept == history[:2] + blocks[:2] + history[2:], "the tasks and the plan go last"
-    notes = [system_note("[ctxgate: context snipped] 4 earlier messages were removed."),
-             system_note("[ctxgate: context compaction point (Autocompact)]\n" + "summary " * 40)]
+    notes = [context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 4 earlier messages were removed."),
+             context_note(SUMMARY, "compaction summary", "[ctxgate: context compaction point (Autocompact)]\n"
+                          + "summary " * 40)]
     noted = history[:2] + notes + blocks + history[2:]
     noted_lists = history[:2] + notes + lists + history[2:]
     assert shed_own_messages(noted, c, with_lists + c.count_structured(notes[1]), everything=True) == (

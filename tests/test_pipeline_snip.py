@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from ctxgate.pipeline.config import SnipConfig
-from ctxgate.pipeline.notes import SNIP_MARKER, is_compaction_note
+from ctxgate.pipeline.notes import SNIP_MARKER, is_compaction_note, quoted_text
 from ctxgate.pipeline.snip import SnipStrategy, preview
 from ctxgate.pipeline.conversation import split_units
 from ctxgate.pipeline.turns import first_user_index
@@ -63,11 +63,11 @@ async def test_note_previews_and_what_stays() -> None:
     out = result.compressed_messages
     assert out[:2] == h[:2], "system prompt and pinned task statement stay first"
     note = out[2]
-    assert note["role"] == "system" and note["content"].startswith(SNIP_MARKER)
+    assert note["role"] == "user" and quoted_text(note).startswith(SNIP_MARKER)
     assert is_compaction_note(note)
     dropped = dropped_of(h, out)
     assert f"{len(dropped)} earlier messages were removed" in note["content"]
-    lines = note["content"].split("\n")[1:]
+    lines = quoted_text(note).split("\n")[1:]
     listed = [line for line in lines if not line.startswith("- ... and ")]
     for line, m in zip(listed, dropped):
         assert line == f"- {m['role']}: {preview(m, 80)}"
@@ -118,7 +118,7 @@ async def test_newest_user_is_pinned_even_inside_the_cut() -> None:
     assert result is not None
     out = result.compressed_messages
     assert out[:3] == h[:3]
-    assert out[3]["content"].startswith(SNIP_MARKER)
+    assert quoted_text(out[3]).startswith(SNIP_MARKER)
     assert out[4] == newest, "the pinned newest user message follows the note"
     assert out.count(newest) == 1
     assert out[-10:] == h[-10:]
@@ -131,7 +131,7 @@ async def test_first_user_can_go_when_not_pinned() -> None:
     free = await snip(h, 6000, pin_first_user=False, keep_recent=10)
     assert h[1] in pinned.compressed_messages
     assert h[1] not in free.compressed_messages
-    assert free.compressed_messages[1]["content"].startswith(SNIP_MARKER)
+    assert quoted_text(free.compressed_messages[1]).startswith(SNIP_MARKER)
 
 
 async def test_keep_recent_bounds_the_cut() -> None:
@@ -168,7 +168,7 @@ async def test_real_histories(name, h) -> None:
     out = result.compressed_messages
     assert_invariants(h, out)
     at = next(i for i, m in enumerate(out) if is_compaction_note(m))
-    assert out[at]["content"].startswith(SNIP_MARKER)
+    assert quoted_text(out[at]).startswith(SNIP_MARKER)
     assert out[:at] == h[:at]
     fu = first_user_index(h)
     if fu == at - 1:
@@ -214,6 +214,6 @@ def test_a_note_without_previews_only_counts_what_it_cut() -> None:
         note.add({"role": "user", "content": f"message {i} " * 20})
     note.ref = "ctx:0123456789ab"
     made = note.message()
-    assert made["content"].startswith(SNIP_MARKER) and "3 earlier messages" in made["content"]
-    assert "preview" not in made["content"] and "\n" not in made["content"]
+    assert quoted_text(made).startswith(SNIP_MARKER) and "3 earlier messages" in made["content"]
+    assert "preview" not in quoted_text(made) and "\n" not in quoted_text(made)
     assert counter().count_messages([made]) - counter().count_messages([]) <= note.tokens

@@ -34,7 +34,7 @@ def detect_dialect(messages: list[dict[str, Any]], task: int | None = None) -> s
     for i in range(start, len(messages)):
         m = messages[i]
         role = m.get("role")
-        if i == task or role not in ("assistant", "user"):
+        if i == task or role not in ("assistant", "user") or "ctxgate" in m:  # ctxgate's notes speak no protocol
             continue
         if m.get("tool_calls"):
             votes["tool_calls"] += 1

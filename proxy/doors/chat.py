@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ...pipeline.notes import strip_tag
 from ...pipeline.tokens import json_bound
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
@@ -38,7 +39,9 @@ class ChatWire(ChatExpansion):
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
         if messages is self._body["messages"] and not route.call_params and route.upstream_model == self._body["model"]:
             return self._body  # nothing changed: `send` forwards the client's own bytes
-        return {**route.call_params, **self._body, "model": route.upstream_model, "messages": messages}
+        # ctxgate's own notes carry a field the upstream is not sent.
+        return {**route.call_params, **self._body, "model": route.upstream_model,
+                "messages": [strip_tag(m) for m in messages]}
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
         if route.direct and not route.demo:

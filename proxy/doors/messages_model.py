@@ -3,11 +3,16 @@
 In the neutral model (what the pipeline reads) the request is the `system` as one leading
 system message followed by the client's messages, the same dict objects (a system turn the
 client sends among its messages, as Claude Code does, is a system message in its place).
-Compaction may drop or edit messages and add system notes anywhere; the memory block is a
-system message after the leading ones. Rendering puts the leading system messages and
-ctxgate's notes back into `system`, leaves the client's own system turns where they are, and repairs
-what the Messages API refuses: turns that do not alternate or start with an assistant,
-`tool_use` / `tool_result` blocks without their partner, more than 4 cache breakpoints.
+Compaction may drop or edit messages and add ctxgate's notes (quoted data, user-role, tagged:
+`pipeline/notes.py`); the memory block is such a note after the leading system messages, and
+ctxgate's fixed notice a system message among them. Rendering puts the leading system
+messages back into `system`, leaves the client's own system turns where they are, delivers
+each note as text blocks of a user turn (`_placed`: appended to the user turn before it, or a
+turn of its own, never merged into the newest user turn, an assistant turn of ctxgate's fixed
+wording keeping the roles alternating where needed), and repairs what the Messages API
+refuses: turns that do not alternate or start with an assistant, `tool_use` / `tool_result`
+blocks without their partner, more than 4 cache breakpoints. A record made before notes were
+quoted still has system-role notes: they go into `system`, as they did.
 An assistant turn with `thinking` blocks is never edited (their signatures cover it): it is
 kept byte for byte or dropped whole.
 """
@@ -19,13 +24,16 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ...pipeline.notes import is_ctxgate_message
-from .validation import check_nesting, require_objects, validation_error
+from ...pipeline.notes import TAG, is_ctxgate_message
+from .validation import check_nesting, refuse_reserved, require_objects, validation_error
 
 Message = dict[str, Any]
 Block = dict[str, Any]
 MAX_BREAKPOINTS = 4
 COMPACTED_OPENING = "[ctxgate: the earlier conversation was compacted; what it established is in the system prompt.]"
+CONTEXT_ACK = "[ctxgate: the quoted context above is noted as data.]"
+"""The assistant turn between a user turn of ctxgate's quoted context and a user turn of the
+client's, so the roles alternate without merging the two."""
 _THINKING = ("thinking", "redacted_thinking")
 
 
@@ -69,6 +77,7 @@ def validate_messages_request(body: dict[str, Any], *, counting: bool = False) -
 def validate_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
     """The messages from `start` on: those before it were checked when they arrived (see `HistoryCache`)."""
     check_nesting(messages[start:], 2)
+    refuse_reserved(messages, start)
     try:
         _MESSAGES.validate_python(messages[start:])
     except ValidationError as e:
@@ -118,18 +127,51 @@ def render(conversation: Conversation, neutral: list[Message]) -> tuple[Any, lis
     # The client's breakpoints go back on the messages that reach the upstream as it sent them.
     turns = [conversation.marked.get(id(m), m) for m in neutral if not _to_system(m, leading)]
     compacted = any(is_ctxgate_message(m) for m in systems) or turns != body["messages"]
-    turns = _valid_turns(turns, _signed_turns(body["messages"]))
+    turns = _valid_turns(_placed(turns), _signed_turns(body["messages"]))
     client_system = body.get("system")
     if [m.get("content") for m in systems] == ([client_system] if client_system else []):
         system: Any = client_system
     else:
         system = [b for m in systems for b in _as_blocks(m.get("content"))]
-    if compacted and isinstance(system, list) and system and \
-            _breakpoints(system, turns, body.get("tools")) < MAX_BREAKPOINTS and "cache_control" not in system[-1]:
-        # The compacted prefix (summary, notes) is the same from turn to turn until the next
-        # compaction: one breakpoint at its end lets the provider cache it.
-        system = [*system[:-1], {**system[-1], "cache_control": {"type": "ephemeral"}}]
-    return system, turns
+    quoted = [i for i, m in enumerate(turns) if TAG in m]
+    if compacted and _breakpoints(system if isinstance(system, list) else [], turns, body.get("tools")) \
+            < MAX_BREAKPOINTS:
+        # The compacted prefix (summary, notes, restored state) is the same from turn to turn
+        # until the next compaction: one breakpoint at its end lets the provider cache it.
+        if quoted:
+            at = quoted[-1]
+            blocks = turns[at]["content"]
+            turns[at] = {**turns[at], "content": [*blocks[:-1], {**blocks[-1], "cache_control": {"type": "ephemeral"}}]}
+        elif isinstance(system, list) and system and "cache_control" not in system[-1]:
+            system = [*system[:-1], {**system[-1], "cache_control": {"type": "ephemeral"}}]
+    return system, [{k: v for k, v in m.items() if k != TAG} if TAG in m else m for m in turns]
+
+
+def _placed(turns: list[Message]) -> list[Message]:
+    """ctxgate's notes (user-role, tagged) as text blocks of user turns: appended to the user
+    turn right before them unless that is the client's newest user turn (kept verbatim), else
+    a user turn of their own; an assistant turn of fixed wording (`CONTEXT_ACK`) stands between
+    such a turn and a user turn of the client's, so nothing is merged into the client's turn."""
+    if not any(TAG in m and m.get("role") == "user" for m in turns):
+        return turns
+    newest = next((id(m) for m in reversed(turns) if m.get("role") == "user" and TAG not in m), None)
+    out: list[Message] = []
+    for m in turns:
+        note = TAG in m and m.get("role") == "user"
+        prev = out[-1] if out else None
+        if not note:
+            if prev is not None and TAG in prev and m.get("role") == "user":
+                out.append({"role": "assistant", "content": CONTEXT_ACK})
+            out.append(m)
+            continue
+        block = {"type": "text", "text": str(m.get("content"))}
+        if prev is not None and prev.get("role") == "user" and (TAG in prev or id(prev) != newest):
+            out[-1] = {**prev, "content": [*_as_blocks(prev.get("content")), block], TAG: m[TAG]}
+            continue
+        if prev is not None and prev.get("role") == "user":
+            out.append({"role": "assistant", "content": CONTEXT_ACK})
+        out.append({"role": "user", "content": [block], TAG: m[TAG]})
+    return out
 
 
 def _leading(neutral: list[Message]) -> set[int]:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ...pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..large_json import BodyNotJson, JsonParser
 
@@ -122,11 +123,21 @@ def require_objects(items: list[Any], where: str) -> None:
                                param=f"{where}.{i}", code="invalid_request")
 
 
+def refuse_reserved(messages: list[dict[str, Any]], start: int = 0, where: str = "messages") -> None:
+    """ctxgate knows its own notes by a field only it sets (`pipeline/notes.py`): a client
+    message carrying it is refused, so nothing a client sends passes for ctxgate's."""
+    for i in range(start, len(messages)):
+        if TAG in messages[i]:
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"{where}.{i}.{TAG}: a field ctxgate reserves for its own "
+                               "notes", param=f"{where}.{i}.{TAG}", code="invalid_request")
+
+
 def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
     """The messages from `start` on: those before it were checked when they arrived (a steady
     turn pays only for what is new in it, see `HistoryCache`)."""
     new = messages[start:]
     check_nesting(new, 2)
+    refuse_reserved(messages, start)
     try:
         _MESSAGES.validate_python(new)
     except ValidationError as e:

@@ -16,7 +16,7 @@ from ...pipeline.chain import CompressionPipeline, build_pipeline
 from ...pipeline.collapse import CollapseStore
 from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import read_conversation
-from ...pipeline.notes import is_summary_note, merged_note
+from ...pipeline.notes import is_summary_note, merged_note, notice_message, requoted, with_notice
 from ...pipeline.refs import REF_RE, CutLog, render_span
 from ...pipeline.restore import extract_working_state
 from ...pipeline.request import CompressionRequest
@@ -58,6 +58,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     least gain compacts nothing (`deferred`)."""
     cfg = turn.config
     budget = budget_of(state, turn)
+    view = requoted(view)  # a record made before notes were quoted: its prompt changes here, once
     working = extract_working_state(turn.messages, cfg.restore, turn.dialect)
     collapse = CollapseStore.from_dict(state.collapse) if state.collapse else CollapseStore(cfg.collapse)
     breaker = (AutocompactBreaker.from_dict(state.breaker) if state.breaker
@@ -77,12 +78,17 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     pipeline = pipeline_of(cfg)
     started = time.perf_counter()
     cuts = CutLog() if cfg.expand.enabled else None
-    request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
+    # The notice the point's quoted notes bring is forwarded beside them (`with_notice`):
+    # reserved like the tools schema, so the request that reaches the provider fits.
+    notice = turn.counter.count_structured(notice_message())
+    outside = turn.outside_tokens() + notice
+    request = CompressionRequest(messages=view, token_budget=max(1, (target or 1) - notice), counter=turn.counter,
                                  reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
     depth = None
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
-        request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
+        request = replace(request, token_budget=max(1, depth.target - notice), window=depth.window,
+                          anchored=depth.anchored)
     else:
         request = replace(request, anchored=anchored(turn, request.conversation, budget))
     folded = 0
@@ -101,7 +107,7 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         trial = await pipeline_of(cheap, trial_collapse).compact(request)
         size = turn.counter.count_messages
         kept = size(trial.compressed_messages)
-        if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - turn.outside_tokens():
+        if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - outside:
             result, collapse = trial, trial_collapse
         elif may_defer:
             # Nothing older than the newest step is worth a cache break yet, and the request
@@ -117,14 +123,15 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
                 result, collapse = trial, trial_collapse
     else:
         result = await pipeline.compact(request)
-    fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - turn.outside_tokens(),
-                           limit_of(state, turn) - turn.outside_tokens())
+    fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - outside,
+                           limit_of(state, turn) - outside)
     request, result = await fallbacks.fit(request, result)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
         tokens_before=turn.counter.count_messages(view),
-        tokens_after=turn.counter.count_messages(result.compressed_messages), created_at=time.time(),
+        # With the notice its quoted notes bring (added when forwarded): what the provider counts.
+        tokens_after=turn.counter.count_messages(with_notice(result.compressed_messages)), created_at=time.time(),
         counted_by=turn.counter.name)
     return ChainRun(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                     (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...pipeline.conversation import Kind, read_conversation
 from ...pipeline.fingerprint import message_fingerprint
+from ...pipeline.notes import with_notice
 from ...pipeline.protocols import PLAIN, detect_dialect
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from ...pipeline.turns import leading_instructions, task_index
@@ -204,7 +205,7 @@ class Compactor:
         pending = state.speculative.get("record")
         if not pending:
             return None
-        record = CompactionRecord(**pending)
+        record = CompactionRecord.from_dict(pending)
         hashes = turn.prefix_hashes
         k = record.prefix_len
         if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
@@ -273,7 +274,7 @@ class Compactor:
             # A fold that was not applied is forgotten (no checkpoint follows to keep it); a failed
             # summary still counts towards the breaker.
             state.breaker = run.breaker
-            return Plan(messages=view, tokens_out=turn.counter.count_messages(view) + turn.fixed_tokens(),
+            return Plan(messages=view, tokens_out=turn.counter.count_messages(with_notice(view)) + turn.fixed_tokens(),
                         hints=run.result.recovery_hints)
         _set_guard(state, turn)
         state.collapse, state.breaker, state.working = run.collapse, run.breaker, run.working

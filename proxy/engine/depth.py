@@ -17,8 +17,8 @@ from .turn_budget import Turn
 
 GROWTH_TURNS = 10
 """The session's growth per turn is measured over its newest this-many agent turns."""
-NOTE_MARGIN = 80
-"""Autocompact's recovery message around the summary (as its plan reserves)."""
+NOTE_MARGIN = 100
+"""Autocompact's recovery message around the summary (its quote, source and fixed wording)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """Memory in the request path: who the memory is for, the block a
-session injects (byte-identical until memory changes), and where it goes."""
+session injects (byte-identical until memory changes), and where it goes: quoted data in a
+user-role block (`source="memory"`), never a system message, with ctxgate's fixed notice at
+system level saying what such blocks are."""
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +15,7 @@ from ...memory.config import MemoryConfig
 from ...memory.file_store import FileMemoryStore
 from ...memory.short_term import LocalShortTermStore, ShortTermStore
 from ...memory.store import LongTermStore
+from ...pipeline.notes import MEMORY, context_note, with_notice
 from ...pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
 from ..ids import derived_id, require_id
@@ -100,21 +103,32 @@ class BlockRefresher:
 
 
 def block_message(block: str) -> dict[str, Any]:
-    return {"role": "system", "content": block}
+    """The memory block as quoted data: entries other sessions captured are information, not instructions."""
+    return context_note(MEMORY, "memory", block)
 
 
 def block_tokens(block: str, counter: TokenCounter) -> int:
-    return counter.count_structured(block_message(block)) if block else 0
+    """The memory block with the notice it brings (a session with a memory block always has one)."""
+    if not block:
+        return 0
+    return counter.count_structured(block_message(block)) + counter.count_structured(with_notice(
+        [block_message(block)])[0])
 
 
 def inject(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
-    """One system message after the client's own system prompt."""
+    """The memory block right after the client's own system prompt."""
     if not block:
         return messages
     at = 0
     while at < len(messages) and messages[at].get("role") in ("system", "developer"):
         at += 1
     return [*messages[:at], block_message(block), *messages[at:]]
+
+
+def forwarded(messages: list[dict[str, Any]], block: str, join_notice: bool) -> list[dict[str, Any]]:
+    """What a turn sends: the planned messages with the memory block in, and ctxgate's notice
+    when any quoted block is among them (`join_notice`: in the client's leading system message)."""
+    return with_notice(inject(messages, block), join_notice)
 
 
 def open_short_term(state_url: str) -> ShortTermStore:

@@ -15,10 +15,13 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 
 import orjson
 
+from ...pipeline.notes import tag_legacy
 from ...wal.backend import Fence
 from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
+NOTES_VERSION = 2
+"""Records from this version on carry ctxgate's notes tagged and quoted (`pipeline/notes.py`)."""
 MAX_COMPACTION_LOG = 200
 MAX_USERS = 16
 MAX_EXPANDED = 32
@@ -37,6 +40,19 @@ class CompactionRecord:
     created_at: float
     counted_by: str = ""
     """The tokenizer `tokens_after` is in (its counter's name); empty in records made before it was kept."""
+    notes_version: int = NOTES_VERSION
+    """1: made before ctxgate tagged its notes (`from_dict`)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompactionRecord":
+        """A stored record. One made before notes were tagged has its system-role notes tagged
+        (recognised as ctxgate's because this record, ctxgate's own store, holds them); their
+        text, and so the prompt, is unchanged until the session's next compaction point."""
+        record = cls(**{"notes_version": 1, **data})
+        if record.notes_version < NOTES_VERSION:
+            record.messages = [tag_legacy(m) for m in record.messages]
+            record.notes_version = NOTES_VERSION
+        return record
 
 
 @dataclass
@@ -132,7 +148,7 @@ class SessionState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SessionState":
         data = dict(data)
-        data["records"] = [CompactionRecord(**r) for r in data.get("records", [])]
+        data["records"] = [CompactionRecord.from_dict(r) for r in data.get("records", [])]
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
 

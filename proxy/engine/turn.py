@@ -38,7 +38,7 @@ from .expansion import Expansion, ExpandingWire, expansion_room, tool_definition
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
 from .session import Transaction
-from .memory_turn import MemoryScope, block_tokens, inject, query_of
+from .memory_turn import MemoryScope, block_tokens, forwarded, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
 
@@ -101,8 +101,8 @@ class PreparedTurn:
     """The body last sent upstream: what an expansion's follow-up appends to."""
 
     def forwarded(self) -> list[dict[str, Any]]:
-        """The conversation to forward: the plan's messages with the memory block in."""
-        return inject(self.plan.messages, self.memory_block)
+        """The conversation to forward: the plan's messages with the memory block and ctxgate's notice in."""
+        return forwarded(self.plan.messages, self.memory_block, self.route.single_system)
 
     def overhead_ms(self) -> float:
         return max(0.0, (time.perf_counter() - self.started) * 1000 - self.upstream_ms)
@@ -298,7 +298,8 @@ class TurnEngine:
         plan = await Compactor().prepare(state, turn)
         headers["X-Ctx-Levels"] = ",".join(plan.levels) or "none"
         try:
-            exact = await wire.upstream_count(route, inject(plan.messages, block), upstream_key(caller, route))
+            exact = await wire.upstream_count(route, forwarded(plan.messages, block, route.single_system),
+                                              upstream_key(caller, route))
         except GatewayError as e:
             log.warning("session %s: the provider's count failed (%s); the estimate answers", session_id, e.message)
             exact = None

@@ -10,13 +10,13 @@ import orjson
 
 from ...pipeline.config import PipelineConfig
 from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_MARKER, SNIP_MARKER,
-                               is_ctxgate_message)
+                               is_ctxgate_message, quoted_text)
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from .costs import CACHE_MIN_TOKENS, Prices
 from .driver import Message, Replay
 from .formats import Recording
 
-_SUMMARY_START, _SUMMARY_END = "key state is kept:\n\n", "\n\n-- Recovery instructions --"
+_SUMMARY_START = "key state is kept:\n\n"
 _RESTORED_FILE = RESTORE_MARKER + " Latest content seen of "
 
 
@@ -195,8 +195,7 @@ def turn_rows(recording: Recording, run: Replay, counter: TokenCounter) -> list[
 
 def _summary_of(note: str) -> str:
     start = note.find(_SUMMARY_START)
-    end = note.find(_SUMMARY_END)
-    return note[start + len(_SUMMARY_START):end if end > 0 else None] if start >= 0 else note
+    return note[start + len(_SUMMARY_START):] if start >= 0 else note
 
 
 def _head(text: str, lines: int = 6) -> str:
@@ -210,7 +209,7 @@ def compaction_points(run: Replay, rows: list[TurnRow]) -> list[CompactionPoint]
     for f, row in zip(run.turns, rows):
         if f.record is None or not row.compacted:
             continue
-        notes = [str(m["content"]) for m in f.record.messages if is_ctxgate_message(m)]
+        notes = [quoted_text(m) for m in f.record.messages if is_ctxgate_message(m)]
         new = [n for n in notes if n not in seen]
         seen.update(notes)
         # A summary is shown at every Autocompact (it may repeat an earlier one word for word);

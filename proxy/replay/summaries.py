@@ -17,14 +17,15 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.notes import AUTOCOMPACT_MARKER, SNIP_MARKER
+from ...pipeline.notes import AUTOCOMPACT_MARKER, OPEN, SNIP_MARKER
 from ...pipeline.tokens import TokenCounter
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
 
 Message = dict[str, Any]
-_PARAGRAPH = re.compile(r"^\[(system|developer|user|assistant|tool)\] ", re.M)
+_PARAGRAPH = re.compile(r"^\[(system|developer|user|assistant|tool|ctxgate)\] ", re.M)
+"""`[ctxgate]`: one of ctxgate's notes (`pipeline.autocompact.serialise`)."""
 _PATH = re.compile(r"(?<![\w/.])((?:/|\./)?(?:[\w.-]+/)+[\w.-]+\.\w{1,6}|[\w-]+\.(?:py|js|ts|go|rs|java|c|h|cpp|"
                    r"md|json|yaml|yml|toml|txt|cfg|ini|sh|html|css))\b")
 _ERROR = re.compile(r"(Traceback|Error|error:|FAILED|Exception|not found|No such file)", re.I)
@@ -63,6 +64,11 @@ def _step(text: str) -> str:
     return step if len(step) <= STEP_CHARS else step[:STEP_CHARS - 1] + "…"
 
 
+def _unquoted(note: str) -> str:
+    """A note's text without the line opening its quote block."""
+    return note.split("\n", 1)[1] if note.startswith(OPEN) and "\n" in note else note
+
+
 def _carried(notes: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(steps, tools, files) an earlier compaction left in ctxgate's notes: a summary's step
     list and fields 3 and 5, a Snip note's previews of the agent's messages. Summarising a
@@ -86,10 +92,11 @@ def offline_summary(prompt: list[Message]) -> str:
     users = [t for r, t in paragraphs if r == "user" and t]
     agent = [t for r, t in paragraphs if r == "assistant" and t]
     observations = [t for r, t in paragraphs if r in ("tool", "user")]
-    earlier_steps, earlier_tools, earlier_files = _carried([t for r, t in paragraphs if r == "system"])
+    earlier_steps, earlier_tools, earlier_files = _carried([_unquoted(t) for r, t in paragraphs
+                                                            if r in ("system", "ctxgate")])
     tools = list(dict.fromkeys(earlier_tools + [m.group(1) for t in agent for m in _ACTION.finditer(t)]))
     files = list(dict.fromkeys(earlier_files + [m.group(1) for r, t in paragraphs if r != "system"
-                                                for m in _PATH.finditer(t)]))[-MAX_FILES:]
+                                                for m in _PATH.finditer(t) if r != "ctxgate"]))[-MAX_FILES:]
     errors = [_line(line) for t in observations[-5:] for line in t.splitlines() if _ERROR.search(line)][-3:]
     every_step = earlier_steps + [_step(t) for t in agent]
     steps = every_step[-MAX_STEPS:]

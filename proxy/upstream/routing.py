@@ -52,6 +52,9 @@ class Route:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     prices: Prices | None = None
     """Its list prices from litellm's cost map; None when the map has none (`upstream/prices.py`)."""
+    single_system: bool = False
+    """`model_info.single_system_message`: the route's chat template takes one leading system
+    message (many local OpenAI-compatible servers), so ctxgate's own notice joins it."""
 
     @property
     def demo(self) -> bool:
@@ -80,6 +83,15 @@ def _max_input_tokens(entry: ModelEntry, upstream_model: str, provider: str, def
         if got:
             return int(got), "litellm"
     return default, "default"
+
+
+def _flag(entry: ModelEntry, key: str) -> bool:
+    """A yes/no setting of a route's `model_info` (default off); anything but a boolean is refused at start."""
+    value = entry.model_info.get(key, False)
+    if not isinstance(value, bool):
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"model_list entry {entry.model_name!r}: model_info.{key} "
+                                                      f"must be true or false, not {value!r}")
+    return value
 
 
 def _settings(config: Config, section: str) -> dict[str, Any]:
@@ -168,7 +180,8 @@ def _route(entry: ModelEntry, config: Config, forwarding: str) -> Route:
                  api_base=api_base.rstrip("/") if api_base else None, api_key=api_key, max_input_tokens=limit,
                  limit_source=source, direct=direct,
                  call_params={k: v for k, v in lp.items() if k not in _ROUTING_KEYS},
-                 retry=retry_policy(config, entry.model_name, lp), prices=prices)
+                 retry=retry_policy(config, entry.model_name, lp), prices=prices,
+                 single_system=_flag(entry, "single_system_message"))
 
 
 def _shown(model: str, limit: int = 200) -> str:

@@ -62,9 +62,9 @@ def _python(package: str) -> str:
     pytest.skip(f"{package}=={PYPI_AGENTS[package]}: needs Python {version}, which is not installed")
 
 
-def npm_agent(package: str, command: str) -> Path:
-    """The path of `command` from `package` at its pinned version, installed with npm."""
-    version = NPM_AGENTS[package]
+def npm_agent(package: str, command: str, version: str | None = None) -> Path:
+    """The path of `command` from `package` at its pinned version (or `version`), installed with npm."""
+    version = version or NPM_AGENTS[package]
     if shutil.which("npm") is None:
         pytest.skip(f"{package}@{version}: npm is not installed")
     prefix = AGENTS_DIR / f"npm-{package.replace('/', '-').lstrip('@')}-{version}"

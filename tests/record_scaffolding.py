@@ -14,9 +14,12 @@ byte. `tests/fixtures/scaffolding/<agent>.json` gets the agent's first requests 
 prefix `ctxgate run` adds), the body verbatim but for keys (none is expected in a body: any
 of the test keys found is replaced), and the human's own words.
 
+Claude Code is recorded a second time at CLAUDE_CODE_OLD, the version issue 34 was found with
+(`claude-code-2.1.197`), beside the suite's pin.
+
 Re-record (the agents install on first use, into CTXGATE_AGENTS_DIR):
 
-    .venv/bin/python tests/record_scaffolding.py              # all four
+    .venv/bin/python tests/record_scaffolding.py              # all of them
     .venv/bin/python tests/record_scaffolding.py claude-code  # or some of them
 
 Re-record when an agent's pin in tests/real_agents.py moves, then run
@@ -31,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,6 +63,8 @@ FIRST = f"{PREFERENCE} {TASK}"
 ONE_SHOT = f"{PREFERENCE} {TASK} {CORRECTION}"
 KEEP = 2
 """The agent's first requests kept, beside the first that carries the correction."""
+CLAUDE_CODE_OLD = "2.1.197"
+"""The Claude Code whose `<system-reminder>` blocks issue 34 found captured as corrections."""
 DOORS = {"/v1/messages": "messages", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 PROJECT = {
@@ -107,8 +113,8 @@ def checked(done: subprocess.CompletedProcess[str]) -> None:
         raise RuntimeError(f"the agent exited with {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
-def claude_code(url: str, work: Path) -> list[str]:
-    claude = str(npm_agent("@anthropic-ai/claude-code", "claude"))
+def claude_code(url: str, work: Path, version: str | None = None) -> list[str]:
+    claude = str(npm_agent("@anthropic-ai/claude-code", "claude", version))
     flags = ["--dangerously-skip-permissions", "--model", MODEL]
     checked(_run(None, "rec-claude", [claude, "-p", FIRST, *flags], work, url=url, **CLAUDE_ENV))
     checked(_run(None, "rec-claude", [claude, "--continue", "-p", CORRECTION, *flags], work, url=url, **CLAUDE_ENV))
@@ -158,6 +164,8 @@ def openhands(url: str, work: Path) -> list[str]:
 
 AGENTS: dict[str, tuple[str, str, Callable[[str, Path], list[str]]]] = {
     "claude-code": ("anthropic", f"@anthropic-ai/claude-code {NPM_AGENTS['@anthropic-ai/claude-code']}", claude_code),
+    f"claude-code-{CLAUDE_CODE_OLD}": ("anthropic", f"@anthropic-ai/claude-code {CLAUDE_CODE_OLD}",
+                                       partial(claude_code, version=CLAUDE_CODE_OLD)),
     "codex": ("openai", f"@openai/codex {NPM_AGENTS['@openai/codex']}", codex),
     "aider": ("openai", f"aider-chat {PYPI_AGENTS['aider-chat']}", aider),
     "openhands": ("openai", f"openhands {PYPI_AGENTS['openhands']}", openhands),

@@ -29,7 +29,8 @@ from servers import KEYS, UPSTREAM_KEY, Gateway, main_config, start_gateways
 from upstream import ScriptedUpstream
 
 FIXTURES = Path(__file__).parent / "fixtures" / "scaffolding"
-AGENTS = ("claude-code", "codex", "aider", "openhands")
+AGENTS = ("claude-code", "claude-code-2.1.197", "codex", "aider", "openhands")
+"""claude-code-2.1.197: the Claude Code issue 34 was found with, beside the suite's pin."""
 CLAUDE = "claude-redteam"
 """A Messages route (anthropic/) to the scripted upstream: the recorded Messages bodies go there."""
 ROUTE = {"messages": CLAUDE, "chat": "gpt-4o", "responses": "gpt-4o"}
@@ -38,9 +39,11 @@ PROJECT = "shop"
 WINDOW = 40
 """Characters of an entry's text that, found in the scaffolding and not in the human's words,
 show scaffolding was taken for the human's."""
+CLAUDE_CODE = ["<system-reminder>", "Always use `uv run` for Python commands",
+               "Do NOT use it for code review; use the reviewer agent instead of this skill"]
 SCAFFOLDING = {
-    "claude-code": ["<system-reminder>", "Always use `uv run` for Python commands",
-                    "Do NOT use it for code review; use the reviewer agent instead of this skill"],
+    "claude-code": CLAUDE_CODE,
+    "claude-code-2.1.197": [*CLAUDE_CODE, "You should not respond to this context unless it is highly relevant"],
     "codex": ["<environment_context>", "# AGENTS.md instructions for",
               "Always write docstrings for every public function you add"],
     "aider": ["Change get_factorial() to use math.factorial", "Always use f-strings rather than percent formatting",

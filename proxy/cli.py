@@ -127,7 +127,7 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
         if gw.router.demo_only:
             print(f"ctxgate listening on {where} with no upstream configured: answering from the offline demo "
                   f"model `ctxgate-demo`. To use a real model: ctxgate serve --config ctxgate.yaml (a litellm "
-                  f"model_list; see README.md, 'Configuration').", flush=True)
+                  f"model_list; see docs/configuration.md).", flush=True)
         else:
             print(f"ctxgate listening on {where} (models: {', '.join(gw.router.model_names())}; state: "
                   f"{config.ctxgate.state}; data: {gw.data_dir})", flush=True)

@@ -85,7 +85,7 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path, provider: str) 
     upstream, config = _limited(tmp_path, LIMIT, MODEL)
     # Streaming, aider's litellm leaves each Messages stream unclosed; when the garbage
     # collector finalises one inside httpcore's pool lock, that lock is taken twice and aider
-    # hangs before its next request (a stack dump shows it). Not a gateway matter: see README.
+    # hangs before its next request (a stack dump shows it). Not a gateway matter: see docs/agents.md (aider).
     stream = ["--no-stream"] if provider == "anthropic" else []
     command, env = _launch(config, f"aider-{provider}", [str(aider), "--model", f"{provider}/{MODEL}", *AIDER_FLAGS,
                                                          *stream],

@@ -114,8 +114,8 @@ class CtxgateSettings(_Strict):
     """An operator's key (or the CTXGATE_ADMIN_KEY environment variable): reads /metrics and
     every tenant's sessions on /ui (as a bearer token or x-api-key), serves no chat."""
     metrics_auth: Literal["auto", "key", "open"] = "auto"
-    """auto: /metrics needs a tenant key or the admin key when any is configured; key: always;
-    open: never."""
+    """Who reads /metrics (the whole gateway's series): auto: the admin key once any key is
+    configured (a tenant key is refused), else anyone; key: always the admin key; open: anyone."""
 
     @model_validator(mode="after")
     def _metrics_readable(self) -> "CtxgateSettings":

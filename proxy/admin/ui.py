@@ -17,6 +17,7 @@ from .rollback import requested_seq, roll_back
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..ids import InvalidId, validate_id
+from ..numbers import whole_number
 from .ui_auth import Viewer, loopback_only, viewer_of
 from .ui_sessions import MAX_LISTED, PAGE, SessionFigures, compaction_rows, record_rows
 
@@ -50,10 +51,7 @@ def _bounded(request: web.Request, name: str, default: int, low: int, high: int)
     raw = request.query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise GatewayError(ErrorKind.INVALID_REQUEST, f"{name} must be an integer from {low} to {high}, not {raw!r}",
-                           param=name, code=f"invalid_{name}")
-    return int(raw)
+    return whole_number(raw, name, low, high)
 
 
 class Dashboard:

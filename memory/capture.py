@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
 
@@ -62,7 +62,7 @@ class SourcedText(Protocol):
     text: str
 
 
-Spans = dict[int, list[SourcedText]]
+Spans = Mapping[int, Sequence[SourcedText]]
 SPAN_CHARS = 2000
 
 

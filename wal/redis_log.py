@@ -37,6 +37,8 @@ from .reader import Damage, WalScan, scan_bytes, scan_entries
 from .records import REF, is_ref, record_key
 
 log = logging.getLogger("ctxgate.wal")
+_FAILURES: tuple[type[BaseException], ...] = (RedisError, *UNAVAILABLE)
+"""What says Redis did not take a call: the log refuses the append, never a 500."""
 LOGS = "ctxgate:wal:logs"
 _RETRIES = 5
 _APPEND = """
@@ -121,7 +123,7 @@ def _logs_key(tag: str) -> str:
 def reachable() -> Iterator[None]:
     try:
         yield
-    except (RedisError, *UNAVAILABLE) as e:
+    except _FAILURES as e:
         raise WalUnavailable(f"Redis: {e}") from None
 
 
@@ -369,14 +371,14 @@ class RedisLog:
             return False
         try:
             top = self._redis.xrevrange(keys.base, count=1)
-        except (RedisError, *UNAVAILABLE):  # noticed on a later turn; this one's append refuses it meanwhile
+        except _FAILURES:  # noticed on a later turn; this one's append refuses it meanwhile
             return False
         return (_seq_of(top[0][0]) if top else 0) != self._last[keys.base]
 
     def ping(self) -> bool:
         try:
             return bool(self._redis.ping())
-        except (RedisError, *UNAVAILABLE):
+        except _FAILURES:
             return False
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from .ui_sessions import MAX_LISTED, PAGE, SessionFigures, compaction_rows, reco
 
 log = logging.getLogger("ctxgate.dashboard")
 
-ASSETS = Path(str(files(__package__) / "ui"))
+ASSETS = Path(str(files(__package__) / "ui_assets"))
 ASSET_TYPES = {"index.html": "text/html", "dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 MEMORY_SHOWN = 200
 """A tenant's memory entries shown beside a session, the oldest first."""

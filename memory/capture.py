@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
 
-from ..wal.paths import safe_name
+from ctxgate.wal.paths import safe_name
 from .entries import REFERENCE_SUMMARY_TOKENS, Category
 from .short_term import Candidate
 

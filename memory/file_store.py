@@ -27,8 +27,8 @@ import xxhash
 from filelock import FileLock
 from pydantic import TypeAdapter
 
-from ..wal.archive import write_atomically
-from ..wal.paths import safe_name
+from ctxgate.wal.archive import write_atomically
+from ctxgate.wal.paths import safe_name
 from .entries import Category, MemoryEntry
 from .ranking import TenantView
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ..redis_backend import RedisTarget
+from ctxgate.redis_backend import RedisTarget
 from .entries import Category
 from .short_term import SEEN_LIMIT, Added, BufferScope, Candidate, SessionBuffer, SessionKey
 

@@ -26,8 +26,8 @@ import builtins
 import orjson
 import redis.asyncio as redis
 
-from ..redis_backend import RedisTarget
-from ..wal.paths import safe_name
+from ctxgate.redis_backend import RedisTarget
+from ctxgate.wal.paths import safe_name
 from .entries import Category, MemoryEntry
 from .ranking import TenantView
 

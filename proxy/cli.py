@@ -9,7 +9,7 @@ import signal
 import sys
 
 from . import launcher, wal_cli, workers
-from ..redis_backend import RedisTarget, RedisUrlError, is_redis_url
+from ctxgate.redis_backend import RedisTarget, RedisUrlError, is_redis_url
 from .config import Config, ConfigError, load_config
 from .replay import command as replay_command
 

@@ -13,10 +13,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
-from ..memory.config import MemoryConfig
-from ..wal.config import WalConfig
-from ..redis_backend import RedisTarget, is_redis_url
+from ctxgate.pipeline.config import PROFILE_DEFAULTS, PipelineConfig
+from ctxgate.memory.config import MemoryConfig
+from ctxgate.wal.config import WalConfig
+from ctxgate.redis_backend import RedisTarget, is_redis_url
 from .ids import validate_id
 
 ProfileName = Literal["minimal", "professional", "enterprise"]

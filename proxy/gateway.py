@@ -10,8 +10,8 @@ from typing import Any, Callable
 
 import orjson
 
-from ..pipeline.config import PROFILE_DEFAULTS, PipelineConfig
-from ..pipeline.tokens import TokenizerRegistry, TokenizerRule
+from ctxgate.pipeline.config import PROFILE_DEFAULTS, PipelineConfig
+from ctxgate.pipeline.tokens import TokenizerRegistry, TokenizerRule
 from .engine.compaction import Compactor
 from .engine.content_store import open_content_store
 from .config import Config
@@ -22,7 +22,7 @@ from .engine.history import HistoryCache
 from .engine.shared_counts import SharedCounts, open_shared_counts
 from .engine.journal import Journal
 from .engine.memory_turn import BlockRefresher, open_memory_store, open_short_term
-from ..memory.manager import MemoryManager
+from ctxgate.memory.manager import MemoryManager
 from .admin.metrics import Metrics
 from .upstream.routing import Route, Router
 from .engine.speculative import Speculator

@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
-from ..wal.backend import WalLog, WalUnavailable
-from ..wal.mirror import DB_NAME, compression_stats, import_logs
-from ..wal.paths import safe_name
-from ..wal.reader import WalScan
+from ctxgate.wal.backend import WalLog, WalUnavailable
+from ctxgate.wal.mirror import DB_NAME, compression_stats, import_logs
+from ctxgate.wal.paths import safe_name
+from ctxgate.wal.reader import WalScan
 from .config import Config
 from .engine.journal import Journal, RollbackError
 

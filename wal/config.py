@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..redis_backend import RedisTarget, is_redis_url
+from ctxgate.redis_backend import RedisTarget, is_redis_url
 
 
 class WalConfig(BaseModel):

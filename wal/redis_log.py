@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import orjson
 from redis.exceptions import RedisError, WatchError
 
-from ..redis_backend import UNAVAILABLE, RedisTarget
+from ctxgate.redis_backend import UNAVAILABLE, RedisTarget
 from .backend import Appended, Erased, Fence, LogInfo, LogRead, WalFenced, WalUnavailable
 from .events import EventType, decode_line, encode_line, timestamp
 from .paths import safe_name

@@ -17,9 +17,9 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from ...memory.entries import Category, MemoryEntry, Provenance, SourceKind, feedback_expiry
-from ...memory.limits import MemoryFull, entry_bytes
-from ...memory.store import LongTermStore
+from ctxgate.memory.entries import Category, MemoryEntry, Provenance, SourceKind, feedback_expiry
+from ctxgate.memory.limits import MemoryFull, entry_bytes
+from ctxgate.memory.store import LongTermStore
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..engine.state import reachable

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ...memory.entries import MemoryEntry
+from ctxgate.memory.entries import MemoryEntry
 from .rollback import requested_seq, roll_back
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway

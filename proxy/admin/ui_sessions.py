@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ...pipeline.policy import Prices
+from ctxgate.pipeline.policy import Prices
 from ..engine.state import SessionState
 from ..errors import GatewayError
 from ..gateway import Gateway

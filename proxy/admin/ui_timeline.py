@@ -12,9 +12,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...pipeline.policy import CACHE_MIN_TOKENS
-from ...wal.backend import WalLog
-from ...wal.events import EventType
+from ctxgate.pipeline.policy import CACHE_MIN_TOKENS
+from ctxgate.wal.backend import WalLog
+from ctxgate.wal.events import EventType
 
 SUMMARY_LEVELS = ("autocompact", "speculative")
 """The levels that call the summary model: Autocompact, and the speculative Autocompact."""

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ...pipeline.notes import strip_tag
-from ...pipeline.tokens import json_bound
+from ctxgate.pipeline.notes import strip_tag
+from ctxgate.pipeline.tokens import json_bound
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts

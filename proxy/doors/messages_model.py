@@ -24,7 +24,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ...pipeline.notes import TAG, is_ctxgate_message
+from ctxgate.pipeline.notes import TAG, is_ctxgate_message
 from .validation import check_nesting, refuse_reserved, require_objects, validation_error
 
 Message = dict[str, Any]

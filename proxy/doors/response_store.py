@@ -25,10 +25,10 @@ from typing import Any, Iterator, Protocol
 import orjson
 import xxhash
 
-from ...redis_backend import RedisTarget
-from ...redis_backend.indexed import erase_matching
-from ...wal.archive import prune_folder, write_atomically
-from ...wal.paths import safe_name
+from ctxgate.redis_backend import RedisTarget
+from ctxgate.redis_backend.indexed import erase_matching
+from ctxgate.wal.archive import prune_folder, write_atomically
+from ctxgate.wal.paths import safe_name
 from ..engine.state import reachable
 from ..errors import ErrorKind, GatewayError
 

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ...pipeline.notes import TAG
+from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..large_json import BodyNotJson, JsonParser
 

@@ -13,8 +13,8 @@ import os
 import time
 from pathlib import Path
 
-from ...wal.archive import write_atomically
-from ...wal.paths import safe_name
+from ctxgate.wal.archive import write_atomically
+from ctxgate.wal.paths import safe_name
 
 
 class FileContentStore:

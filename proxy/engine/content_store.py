@@ -15,7 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol
 
-from ...redis_backend import RedisTarget
+from ctxgate.redis_backend import RedisTarget
 
 MAX_SESSIONS = 10_000
 """Sessions with originals held in one process; the least recently written go first."""

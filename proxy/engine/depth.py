@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...pipeline.config import PipelineConfig
-from ...pipeline.conversation import Conversation, read_conversation
-from ...pipeline.notes import is_summary_note
-from ...pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
-from ...pipeline.tokens import REPLY_PRIMING
-from ...pipeline.request import CompressionRequest
-from ...pipeline.types import RecentWindow
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.conversation import Conversation, read_conversation
+from ctxgate.pipeline.notes import is_summary_note
+from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
+from ctxgate.pipeline.tokens import REPLY_PRIMING
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import RecentWindow
 from .turn_budget import Turn
 
 GROWTH_TURNS = 10

@@ -13,10 +13,10 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import orjson
 
-from ...pipeline.config import ExpandConfig
-from ...pipeline.excerpt import excerpt
-from ...pipeline.refs import REF_HEX, CutLog
-from ...pipeline.tokens import TokenCounter
+from ctxgate.pipeline.config import ExpandConfig
+from ctxgate.pipeline.excerpt import excerpt
+from ctxgate.pipeline.refs import REF_HEX, CutLog
+from ctxgate.pipeline.tokens import TokenCounter
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .content_store import ContentStore

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from ...pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.history_index import HistoryIndex
 
 Message = dict[str, Any]
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024

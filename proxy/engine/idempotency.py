@@ -21,11 +21,11 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Protocol
 import orjson
 import xxhash
 
-from ...pipeline.fingerprint import message_fingerprint
-from ...redis_backend import RedisTarget
-from ...redis_backend.indexed import erase_matching
-from ...wal.archive import prune_folder, write_atomically
-from ...wal.paths import safe_name
+from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.redis_backend import RedisTarget
+from ctxgate.redis_backend.indexed import erase_matching
+from ctxgate.wal.archive import prune_folder, write_atomically
+from ctxgate.wal.paths import safe_name
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import leased
 from .state import reachable

@@ -19,14 +19,14 @@ from typing import Any, Callable
 
 import orjson
 
-from ...wal.backend import Fence, WalFenced
-from ...wal.open_log import open_log
-from ...wal.config import WalConfig
-from ...wal.events import EventType, content_hash
-from ...wal.mirror import DB_NAME, SqliteMirror
-from ...wal.paths import WalPaths
-from ...wal.reader import Recovery, find_checkpoint, recover
-from ...wal.records import REF, record_key, resolved
+from ctxgate.wal.backend import Fence, WalFenced
+from ctxgate.wal.open_log import open_log
+from ctxgate.wal.config import WalConfig
+from ctxgate.wal.events import EventType, content_hash
+from ctxgate.wal.mirror import DB_NAME, SqliteMirror
+from ctxgate.wal.paths import WalPaths
+from ctxgate.wal.reader import Recovery, find_checkpoint, recover
+from ctxgate.wal.records import REF, record_key, resolved
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import lease_lost

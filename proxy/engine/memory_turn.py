@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping
 
-from ...memory.capture import project_id, text_of, workspace_root
-from ...memory.config import MemoryConfig
-from ...memory.file_store import FileMemoryStore
-from ...memory.short_term import LocalShortTermStore, ShortTermStore
-from ...memory.store import LongTermStore
-from ...pipeline.notes import MEMORY, context_note, with_notice
-from ...pipeline.tokens import TokenCounter
+from ctxgate.memory.capture import project_id, text_of, workspace_root
+from ctxgate.memory.config import MemoryConfig
+from ctxgate.memory.file_store import FileMemoryStore
+from ctxgate.memory.short_term import LocalShortTermStore, ShortTermStore
+from ctxgate.memory.store import LongTermStore
+from ctxgate.pipeline.notes import MEMORY, context_note, with_notice
+from ctxgate.pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
 from ..ids import derived_id, require_id
 from .state import SessionState
@@ -136,7 +136,7 @@ def open_short_term(state_url: str) -> ShortTermStore:
     them (and a replica killed with -9 loses none), in memory they are this process's."""
     if state_url == "memory":
         return LocalShortTermStore()
-    from ...memory.redis_short_term import RedisShortTermStore
+    from ctxgate.memory.redis_short_term import RedisShortTermStore
 
     return RedisShortTermStore(state_url)
 
@@ -150,7 +150,7 @@ def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embe
                     "other replicas sharing the Redis state do not see it (use redis, or vector with "
                     "memory.qdrant_url)", kind, data_dir)
     if kind == "redis":
-        from ...memory.redis_store import RedisMemoryStore
+        from ctxgate.memory.redis_store import RedisMemoryStore
 
         if state_url == "memory":
             raise ValueError("ctxgate.memory.store: redis keeps memory next to the session state: set ctxgate.state "
@@ -160,7 +160,7 @@ def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embe
         if embed is None:
             raise ValueError("ctxgate.memory.store: vector needs ctxgate.memory.embedding_model (a model_name of "
                              "model_list that serves /v1/embeddings)")
-        from ...memory.vector_store import QdrantMemoryStore
+        from ctxgate.memory.vector_store import QdrantMemoryStore
 
         if config.qdrant_url:
             return QdrantMemoryStore(embed, url=config.qdrant_url)

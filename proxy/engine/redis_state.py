@@ -31,8 +31,8 @@ from typing import Any, AsyncIterator
 
 import orjson
 
-from ...redis_backend import RedisTarget
-from ...wal.backend import Fence
+from ctxgate.redis_backend import RedisTarget
+from ctxgate.wal.backend import Fence
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import LEASE_S, lease_lost, leased, leased_if_free
 from .state import CompactionRecord, SessionState, reachable

@@ -22,8 +22,8 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from ...pipeline.history_index import HistoryIndex
-from ...redis_backend import RedisTarget
+from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.redis_backend import RedisTarget
 
 log = logging.getLogger("ctxgate.history")
 _TTL_S = 7 * 24 * 3600

@@ -14,7 +14,7 @@ import logging
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Awaitable, Callable
 
-from ...pipeline.config import ExpandConfig
+from ctxgate.pipeline.config import ExpandConfig
 from .chain_run import ChainRun, run_chain
 from .content_store import ContentStore
 from .turn_budget import Turn

@@ -15,8 +15,8 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 
 import orjson
 
-from ...pipeline.notes import tag_legacy
-from ...wal.backend import Fence
+from ctxgate.pipeline.notes import tag_legacy
+from ctxgate.wal.backend import Fence
 from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
@@ -286,7 +286,7 @@ def reachable() -> Iterator[None]:
     address: a 503 the client may retry, not an internal error."""
     from redis.exceptions import InvalidResponse
 
-    from ...redis_backend import UNAVAILABLE
+    from ctxgate.redis_backend import UNAVAILABLE
 
     try:
         yield

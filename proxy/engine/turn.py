@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...memory.short_term import BufferScope
-from ...pipeline.history_index import HistoryIndex
-from ...pipeline.provenance import message_spans
-from ...pipeline.turns import kept_characters
-from ...redis_backend import UNAVAILABLE
+from ctxgate.memory.short_term import BufferScope
+from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.provenance import message_spans
+from ctxgate.pipeline.turns import kept_characters
+from ctxgate.redis_backend import UNAVAILABLE
 from ..errors import ErrorKind, GatewayError, context_exhausted
 from ..tenancy import Caller
 from ..upstream.errors import ContextTooLong, UpstreamError

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Awaitable, Callable
 
-from ...pipeline.config import PipelineConfig
-from ...pipeline.fingerprint import prefix_hashes, tools_fingerprint
-from ...pipeline.history_index import HistoryIndex
-from ...pipeline.policy import CONSERVATIVE_PRICES, Prices
-from ...pipeline.protocols import PLAIN
-from ...pipeline.tokens import TokenCounter
-from ...pipeline.turns import leading_instructions, task_index
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.fingerprint import prefix_hashes, tools_fingerprint
+from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Prices
+from ctxgate.pipeline.protocols import PLAIN
+from ctxgate.pipeline.tokens import TokenCounter
+from ctxgate.pipeline.turns import leading_instructions, task_index
 from .state import SessionState
 
 Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]

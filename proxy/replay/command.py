@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ...pipeline.tokens import TokenCounter
+from ctxgate.pipeline.tokens import TokenCounter
 from ..config import Config, ConfigError, load_config
 from ..errors import GatewayError
 from .driver import Replay, agent_turns, replay

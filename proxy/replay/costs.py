@@ -11,7 +11,7 @@ litellm's cost map by `upstream/prices.py`.
 """
 from __future__ import annotations
 
-from ...pipeline.policy import CACHE_MIN_TOKENS, Prices
+from ctxgate.pipeline.policy import CACHE_MIN_TOKENS, Prices
 from ..upstream.prices import prices_for
 
 __all__ = ["CACHE_MIN_TOKENS", "Prices", "prices_for"]

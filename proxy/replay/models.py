@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...pipeline.tokens import TokenCounter, TokenizerRegistry, TokenizerRule
+from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry, TokenizerRule
 from ..config import Config
 from ..errors import GatewayError
 from ..upstream.routing import Route, Router

@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...pipeline.notes import AUTOCOMPACT_MARKER, OPEN, SNIP_MARKER
-from ...pipeline.tokens import TokenCounter
+from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, OPEN, SNIP_MARKER
+from ctxgate.pipeline.tokens import TokenCounter
 
 if TYPE_CHECKING:
     from ..gateway import Gateway

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...pipeline.policy import Prices
+from ctxgate.pipeline.policy import Prices
 
 
 def _candidates(model: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from ..config import Config, ModelEntry
 from ..errors import ErrorKind, GatewayError
-from ...pipeline.policy import Prices
+from ctxgate.pipeline.policy import Prices
 from .fallbacks import Fallbacks, read_fallbacks
 from .prices import prices_for
 from .retry import RetryPolicy

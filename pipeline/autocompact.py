@@ -232,7 +232,7 @@ class AutocompactStrategy:
 
         def compacted(text: str) -> list[Message]:
             # The summary is written from tool output and the agent's turns: quoted data.
-            recovery = context_note(SUMMARY, f"compaction summary of {end - plan.start} messages",
+            recovery = context_note(SUMMARY, "compaction summary",
                                     RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text, kept=kept),
                                     then=RECOVERY_INSTRUCTIONS)
             return request.messages[:plan.start] + lead + [recovery] + pinned + request.messages[end:]

@@ -12,7 +12,7 @@ from .autocompact import AutocompactBreaker, AutocompactStrategy, Summarize
 from .collapse import CollapseStore, CollapseStrategy
 from .config import PipelineConfig
 from .microcompact import MicrocompactStrategy, RecentWindowCut
-from .notes import is_compaction_note, is_restore_block
+from .notes import is_compaction_note, is_restore_block, notice_message, notice_tokens
 from .restore import ActiveRestore, WorkingState
 from .snip import SnipStrategy
 from .strategy import Strategy
@@ -74,7 +74,9 @@ class CompressionPipeline:
         # only take what the compacted request leaves (below), never room from kept messages.
         messages = [m for m in request.messages if not is_restore_block(m)]
         request = request.with_messages(messages) if len(messages) != len(request.messages) else request
-        target = max(1, request.token_budget - self.reserve(request))
+        # The notice that comes with quoted notes is reserved too (the result is counted with it).
+        notice = counter.count_structured(notice_message())
+        target = max(1, request.token_budget - self.reserve(request) - notice)
         steps, hints = [], []
         current = messages
         fits = counter.count_messages(current) <= target
@@ -99,12 +101,12 @@ class CompressionPipeline:
         if steps:
             # Recompute against what is kept, so a file still on show is not restored twice,
             # and give file contents only the room the compacted request and the lists leave.
-            room = max(0, request.token_budget - counter.count_messages(current))
+            room = max(0, request.token_budget - counter.count_messages(current) - notice)
             blocks = self._restore_blocks(current, request, visible=current, room=room,
                                           cuts=request.cuts.originals if request.cuts is not None else None)
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
-        after = counter.count_messages(current)
+        after = counter.count_messages(current) + notice_tokens(counter, current)  # as forwarded
         before = counter.count_messages(request.messages)
         level = steps[-1].level if steps else None
         return CompressionResult(compressed_messages=current, tokens_freed=max(0, before - after), level_used=level,

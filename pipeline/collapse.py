@@ -125,7 +125,7 @@ def note_text(entry: CollapseEntry) -> str:
 
 def collapse_note(entry: CollapseEntry) -> Message:
     """The fold's note: its template lines quote the folded messages, so it is quoted data."""
-    return context_note(COLLAPSE, f"compaction: collapse of {entry.length} messages", note_text(entry))
+    return context_note(COLLAPSE, "compaction: collapse", note_text(entry))
 
 
 CRITICAL_KINDS = frozenset({Kind.ACTION, Kind.PLAN, Kind.NOTE})

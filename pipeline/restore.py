@@ -21,8 +21,8 @@ import orjson
 from .config import RestoreConfig
 from .conversation import read_conversation
 from .protocols.base import readable_text
-from .notes import (RESTORE, RESTORE_FILE, RESTORE_MARKER, context_note, is_compaction_note, is_ctxgate_message,
-                    is_restore_block, kind_of)
+from .notes import (RESTORE, RESTORE_FILE, context_note, is_compaction_note, is_ctxgate_message,
+                    is_quoted, is_restore_block, kind_of, notice_message)
 from .tokens import TokenCounter
 from .types import Message
 
@@ -199,14 +199,14 @@ class ActiveRestore:
         parts: list[tuple[str, str, str]] = []
         """(kind, source, text) of each block about the state."""
         if s.pending_tasks:
-            parts.append((RESTORE, "restore: pending tasks from the agent's todo calls",
+            parts.append((RESTORE, "restored: pending tasks",
                           "Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks)))
         if s.active_plan:
-            parts.append((RESTORE, "restore: active plan from the agent's plan calls",
+            parts.append((RESTORE, "restored: plan",
                           "Active plan:\n" + s.active_plan))
         if s.last_error and s.last_error not in shown:
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
-            source = "restore: the last error line a tool reported"
+            source = "restored: last error (tool output)"
             if ref is not None and ref in shown:
                 parts.append((RESTORE, source, f"The last error a tool reported (it may since be fixed) is in the cut "
                                                f"middle of an output still in view: ref {ref}."))
@@ -214,15 +214,15 @@ class ActiveRestore:
                 parts.append((RESTORE, source, "Last error a tool reported (it may since be fixed):\n" + s.last_error
                               + (f"\n(the output it is from: ref {ref})" if ref is not None else "")))
         if s.active_skill:
-            parts.append((RESTORE, "restore: the active skill (tool output)",
+            parts.append((RESTORE, "restored: skill (tool output)",
                           "Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens)))
         if s.current_files:
-            parts.append((RESTORE_FILE, "restore: paths the agent's actions named",
+            parts.append((RESTORE_FILE, "restored: file paths",
                           _FILE_NAMES + ", ".join(f.path for f in s.current_files)))
         out: list[Message] = []
         used = 0
         for kind, source, text in parts:
-            block = context_note(kind, source, f"{RESTORE_MARKER} {text}")
+            block = context_note(kind, source, text)  # the source says it is restored state
             cost = counter.count_structured(block)
             if used + cost > budget:
                 break
@@ -232,7 +232,7 @@ class ActiveRestore:
         for f in s.current_files[:self.config.max_files]:
             if not f.content or f.content in shown:
                 continue  # still in the kept messages: restoring it again only costs tokens
-            header = f"{RESTORE_MARKER} {_FILE_CONTENT}{f.path}:\n"
+            header = f"{_FILE_CONTENT}{f.path}:\n"
             source = f"tool:{f.tool} path={f.path}" if f.tool else f"file path={f.path}"
             room = limit - used - counter.count_structured(context_note(RESTORE_FILE, source, header)) - 8
             if room < 32:
@@ -249,20 +249,35 @@ def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int
     """`messages` without as many of ctxgate's own messages as it takes to fit `limit` tokens,
     the last first: the restore blocks about files; with `everything` (the last resort) then
     the compaction notes, the oldest first, and the other restore blocks (the last error, plan
-    and tasks go last: a few lines the summary notes mostly repeat at greater length). None if
-    they do not fit even so. A request over the budget gives up what
-    ctxgate added before anything the client sent: the newest steps verbatim are worth more
-    than a list of what came before them, and a request the provider refuses is worth nothing."""
+    and tasks go last: a few lines the summary notes mostly repeat at greater length); then
+    those dropped before the one that made room come back if they fit beside it (a file list
+    is not lost to a note that had to go anyway). None if they do not fit even so. A request
+    over the budget gives up what ctxgate added before anything the client sent: the newest
+    steps verbatim are worth more than a list of what came before them, and a request the
+    provider refuses is worth nothing."""
     blocks = [i for i in range(len(messages) - 1, -1, -1) if is_restore_block(messages[i])]
     order = [i for i in blocks if kind_of(messages[i]) == RESTORE_FILE]
     if everything:
         order += [i for i, m in enumerate(messages) if is_compaction_note(m)] + [i for i in blocks if i not in order]
-    tokens, dropped = counter.count_messages(messages), set()
+    # Counted as forwarded: ctxgate's notice comes with its quoted notes, and goes with the last of them.
+    notice = counter.count_structured(notice_message())
+    quoted = {i for i, m in enumerate(messages) if is_quoted(m)}
+
+    def total(without: list[int]) -> int:
+        gone = set(without)
+        kept = sum(counter.count_structured(messages[i]) for i in order if i not in gone)
+        return base + kept + (notice if quoted - gone else 0)
+
+    base = counter.count_messages([m for i, m in enumerate(messages) if i not in set(order)])
+    dropped: list[int] = []
     for i in order:
-        if tokens <= limit:
+        if total(dropped) <= limit:
             break
-        dropped.add(i)
-        tokens -= counter.count_structured(messages[i])
-    if tokens > limit:
+        dropped.append(i)
+    if total(dropped) > limit:
         return None
-    return [m for i, m in enumerate(messages) if i not in dropped]
+    # The last one dropped is what made room: those dropped before it may fit again beside it.
+    for i in reversed(dropped[:-1]):
+        if total([j for j in dropped if j != i]) <= limit:
+            dropped.remove(i)
+    return [m for i, m in enumerate(messages) if i not in set(dropped)]

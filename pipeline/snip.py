@@ -14,7 +14,7 @@ from __future__ import annotations
 from .config import SnipConfig
 from .conversation import Kind, counted_result
 from .fingerprint import message_fingerprint
-from .notes import SNIP, SNIP_MARKER, context_note
+from .notes import SNIP, SNIP_MARKER, context_note, plain_note
 from .refs import SIZING_REF, clip, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
@@ -23,7 +23,7 @@ from .types import CompressionResult, Level, Message
 
 NOTE_SHARE = 0.05
 """The note's previews take at most this share of the budget; the rest are counted."""
-SOURCE = "compaction: snip (previews of the messages cut)"
+SOURCE = "compaction: snip previews"
 
 
 def preview(message: Message, chars: int) -> str:
@@ -56,7 +56,8 @@ class SnipNote:
         """The dropped messages' reference, set once they are all known."""
         self.used = counter.count(self._header(0, SIZING_REF if with_ref else None, preview_chars > 0))
         self.used += 4 if with_ref else 0  # a hash's digits may split into more tokens than zeros do
-        self.used += counter.count(str(context_note(SNIP, SOURCE, "")["content"]))  # the quote's delimiters
+        if preview_chars > 0:  # the previews are quoted: the quote's delimiters
+            self.used += counter.count(str(context_note(SNIP, SOURCE, "")["content"]))
 
     @staticmethod
     def _header(n: int, ref: str | None, previews: bool = True) -> str:
@@ -85,6 +86,8 @@ class SnipNote:
         lines = [self._header(self.dropped, self.ref, self.preview_chars > 0)] + self.lines
         if self.preview_chars > 0 and self.shown < self.dropped:
             lines.append(f"- ... and {self.dropped - self.shown} more")
+        if self.preview_chars <= 0:
+            return plain_note(SNIP, lines[0])  # a count and a reference: ctxgate's own wording only
         return context_note(SNIP, SOURCE, "\n".join(lines))
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ctxgate.pipeline.chain import build_pipeline
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.microcompact import is_microcompacted
+from ctxgate.pipeline.notes import with_notice
 from ctxgate.pipeline.restore import extract_working_state
 from ctxgate.pipeline.conversation import split_units
 from ctxgate.pipeline.turns import first_user_index, is_valid_sequence, leading_instructions, newest_user_index
@@ -172,10 +173,10 @@ def test_compact_keeps_every_invariant(history: list[dict], setup: dict) -> None
             assert m["role"] == "tool", m
             twin = next(x for x in out if x.get("tool_call_id") == m["tool_call_id"])
             assert is_microcompacted(twin["content"])
-    assert result.tokens_after == c.count_messages(out)
+    assert result.tokens_after == c.count_messages(with_notice(out)), "counted as forwarded, with the notice"
     assert result.fits == (result.tokens_after <= budget)
     if result.fits:
-        assert c.count_messages(out) <= budget
+        assert c.count_messages(with_notice(out)) <= budget
     if not result.steps:
         assert out == history, "no step ran, yet the messages changed"
     for step in result.steps:

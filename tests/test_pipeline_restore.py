@@ -6,7 +6,8 @@ import json
 import pytest
 
 from ctxgate.pipeline.config import RestoreConfig
-from ctxgate.pipeline.notes import RESTORE_MARKER, SNIP, SUMMARY, context_note, is_restore_block, quoted_text
+from ctxgate.pipeline.notes import (RESTORE_FILE, SNIP, SUMMARY, context_note, is_restore_block, kind_of,
+                                   notice_message, quoted_text)
 from ctxgate.pipeline.protocols.base import paths_in
 from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, extract_working_state,
                                       shed_own_messages)
@@ -107,9 +108,10 @@ def test_blocks_order_and_marker() -> None:
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000)
     # Quoted data in a user-role block that names its source, never a system message.
     assert all(b["role"] == "user" and b["content"].startswith('<ctxgate-context source="')
-               and quoted_text(b).startswith(RESTORE_MARKER) and is_restore_block(b) for b in blocks)
+               and is_restore_block(b) and b["content"].count("</ctxgate-context>") == 1 for b in blocks)
     assert blocks[4]["content"].startswith('<ctxgate-context source="tool:write_file path=/w/util.py">')
-    texts = [quoted_text(b)[len(RESTORE_MARKER) + 1:] for b in blocks]
+    assert blocks[0]["content"].startswith('<ctxgate-context source="restored: pending tasks">')
+    texts = [quoted_text(b) for b in blocks]
     assert texts[0] == "Pending tasks:\n- fix bug [in_progress]\n- update docs [pending]"
     assert texts[1].startswith("Active plan:\nTwo steps left")
     assert texts[2] == "Active skill:\nSKILL: always run the linter before committing"
@@ -127,7 +129,7 @@ def test_blocks_fit_the_restore_budget(budget: int) -> None:
                          active_skill=filler(4000, 3), active_plan="- [ ] step", pending_tasks=["a", "b"])
     blocks = ActiveRestore(CFG, state).blocks(c, budget)
     assert sum(c.count_structured(b) for b in blocks) <= budget
-    assert all(quoted_text(b).startswith(RESTORE_MARKER) for b in blocks)
+    assert all(is_restore_block(b) for b in blocks)
     skill = [b for b in blocks if "Active skill:" in b["content"]]
     if skill:
         assert c.count(quoted_text(skill[0]).split("Active skill:\n", 1)[1]) <= CFG.skill_tokens
@@ -154,7 +156,7 @@ def test_real_histories() -> None:
         for budget in (200, 2000):
             blocks = ActiveRestore(CFG, state).blocks(c, budget)
             assert sum(c.count_structured(b) for b in blocks) <= budget, name
-            assert all(quoted_text(b).startswith(RESTORE_MARKER) for b in blocks)
+            assert all(is_restore_block(b) for b in blocks)
         if name.startswith("openhands/"):
             assert state.current_files, name
             with_files += 1
@@ -238,16 +240,16 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
     history = transcript()
     blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
     lists, files = blocks[:3], blocks[3:]  # tasks, plan, skill; the file names and contents
-    assert all(quoted_text(b).startswith((f"{RESTORE_MARKER} Current files", f"{RESTORE_MARKER} Latest"))
-               for b in files)
+    assert all(quoted_text(b).startswith(("Current files", "Latest")) and kind_of(b) == RESTORE_FILE for b in files)
     messages = history[:2] + blocks + history[2:]
-    full, bare = c.count_messages(messages), c.count_messages(history)
-    with_lists = bare + sum(c.count_structured(b) for b in lists)
+    notice = c.count_structured(notice_message())  # forwarded with ctxgate's quoted blocks, gone with the last
+    full, bare = c.count_messages(messages) + notice, c.count_messages(history)
+    with_lists = bare + sum(c.count_structured(b) for b in lists) + notice
     assert shed_own_messages(messages, c, full) == messages
     assert shed_own_messages(messages, c, with_lists) == history[:2] + lists + history[2:]
     assert shed_own_messages(messages, c, with_lists - 1) is None, "the state lists go only at the last resort"
-    kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1]),
-                             everything=True)
+    kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1])
+                             + notice, everything=True)
     assert kept == history[:2] + blocks[:2] + history[2:], "the tasks and the plan go last"
     notes = [context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 4 earlier messages were removed."),
              context_note(SUMMARY, "compaction summary", "[ctxgate: context compaction point (Autocompact)]\n"
@@ -258,7 +260,7 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
         history[:2] + [notes[1]] + lists + history[2:]), "the files go first, then the oldest note"
     assert shed_own_messages(noted, c, with_lists, everything=True) == history[:2] + lists + history[2:], \
         "the notes go before the state lists"
-    assert shed_own_messages(noted_lists, c, bare, everything=True) == history
+    assert shed_own_messages(noted_lists, c, bare, everything=True) == history, "the notice goes with the last"
     assert shed_own_messages(noted, c, bare - 1, everything=True) is None
 
 

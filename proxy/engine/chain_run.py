@@ -16,7 +16,7 @@ from ...pipeline.chain import CompressionPipeline, build_pipeline
 from ...pipeline.collapse import CollapseStore
 from ...pipeline.config import PipelineConfig
 from ...pipeline.conversation import read_conversation
-from ...pipeline.notes import is_summary_note, merged_note, notice_message, requoted, with_notice
+from ...pipeline.notes import is_summary_note, merged_note, requoted, with_notice
 from ...pipeline.refs import REF_RE, CutLog, render_span
 from ...pipeline.restore import extract_working_state
 from ...pipeline.request import CompressionRequest
@@ -78,17 +78,12 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
     pipeline = pipeline_of(cfg)
     started = time.perf_counter()
     cuts = CutLog() if cfg.expand.enabled else None
-    # The notice the point's quoted notes bring is forwarded beside them (`with_notice`):
-    # reserved like the tools schema, so the request that reaches the provider fits.
-    notice = turn.counter.count_structured(notice_message())
-    outside = turn.outside_tokens() + notice
-    request = CompressionRequest(messages=view, token_budget=max(1, (target or 1) - notice), counter=turn.counter,
+    request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
                                  reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
     depth = None
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
-        request = replace(request, token_budget=max(1, depth.target - notice), window=depth.window,
-                          anchored=depth.anchored)
+        request = replace(request, token_budget=max(1, depth.target), window=depth.window, anchored=depth.anchored)
     else:
         request = replace(request, anchored=anchored(turn, request.conversation, budget))
     folded = 0
@@ -105,9 +100,11 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
         cheap = config.model_copy(update={"levels": [lv for lv in config.levels if lv != "autocompact"]})
         trial_collapse = CollapseStore.from_dict(collapse.to_dict())
         trial = await pipeline_of(cheap, trial_collapse).compact(request)
-        size = turn.counter.count_messages
+        def size(messages: list[dict[str, Any]]) -> int:  # as forwarded: the notice its quoted notes bring in
+            return turn.counter.count_messages(with_notice(messages))
+
         kept = size(trial.compressed_messages)
-        if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - outside:
+        if size(view) - kept >= cfg.cost.least_gain(budget) and kept <= budget - turn.outside_tokens():
             result, collapse = trial, trial_collapse
         elif may_defer:
             # Nothing older than the newest step is worth a cache break yet, and the request
@@ -123,13 +120,13 @@ async def run_chain(state: SessionState, turn: Turn, view: list[dict[str, Any]],
                 result, collapse = trial, trial_collapse
     else:
         result = await pipeline.compact(request)
-    fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - outside,
-                           limit_of(state, turn) - outside)
+    fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - turn.outside_tokens(),
+                           limit_of(state, turn) - turn.outside_tokens())
     request, result = await fallbacks.fit(request, result)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
-        tokens_before=turn.counter.count_messages(view),
+        tokens_before=turn.counter.count_messages(with_notice(view)),
         # With the notice its quoted notes bring (added when forwarded): what the provider counts.
         tokens_after=turn.counter.count_messages(with_notice(result.compressed_messages)), created_at=time.time(),
         counted_by=turn.counter.name)
@@ -161,7 +158,7 @@ def _deferred(state: SessionState, turn: Turn, view: list[dict[str, Any]], worki
               depth: Depth) -> ChainRun:
     """A run that compacts nothing (no steps, `DEFERRED_HINT`): the compactor forwards the
     request as it is."""
-    tokens = turn.counter.count_messages(view)
+    tokens = turn.counter.count_messages(with_notice(view))
     result = CompressionResult(compressed_messages=view, tokens_freed=0, level_used=None, tokens_after=tokens,
                                recovery_hints=[DEFERRED_HINT])
     record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1], messages=view,

@@ -212,7 +212,7 @@ class Compactor:
             state.speculative = {}
             return None
         view, _ = _with_expanded(state, turn, record.messages + turn.messages[k:], k, len(record.messages))
-        tokens = turn.counter.count_messages(view) + turn.outside_tokens()
+        tokens = turn.counter.count_messages(with_notice(view)) + turn.outside_tokens()
         cfg = turn.config
         if tokens > cfg.watermark_ratio() * budget:
             state.speculative = {}
@@ -264,7 +264,7 @@ class Compactor:
         """`as_is`: what the turn forwards if the chain removes nothing (`view` with the
         expansion exchanges `compaction_view` left out; default `view`)."""
         view_as_is = view if as_is is None else as_is
-        fits = turn.counter.count_messages(view_as_is) + turn.outside_tokens() <= budget_of(state, turn)
+        fits = turn.counter.count_messages(with_notice(view_as_is)) + turn.outside_tokens() <= budget_of(state, turn)
         run = await run_chain(state, turn, view, target, reason, may_defer=fits and reason == "proactive")
         view = view_as_is
         if not run.result.steps and reason == "proactive" and fits:
@@ -309,7 +309,7 @@ def record_tokens(record: CompactionRecord, counter: TokenCounter) -> int:
     that counter (every turn after a compaction re-applies the record: no recount)."""
     if record.counted_by == counter.name:
         return record.tokens_after
-    return counter.count_messages(record.messages)
+    return counter.count_messages(with_notice(record.messages))
 
 
 def fingerprints_of(messages: list[dict[str, Any]]) -> list[str]:

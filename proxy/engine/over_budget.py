@@ -9,6 +9,7 @@ from typing import Callable
 from ...pipeline.chain import CompressionPipeline
 from ...pipeline.config import PipelineConfig
 from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
+from ...pipeline.notes import notice_tokens
 from ...pipeline.restore import shed_own_messages
 from ...pipeline.snip import SnipStrategy
 from ...pipeline.tokens import TokenCounter
@@ -84,7 +85,7 @@ class OverBudget:
         cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
             replace(request, messages=result.compressed_messages,
                     token_budget=min(hard, max(request.token_budget, others + keep))))
-        return result if cut is None else joined(result, cut)
+        return result if cut is None else joined(result, self._as_forwarded(cut))
 
     async def _oldest_turns(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
         """Still over, in a conversation too short or with turns too small for Snip's minimums
@@ -99,9 +100,17 @@ class OverBudget:
                                                         "preview_chars": 0}), cfg.pin_first_user)
         cut = await last.compress(replace(request, messages=result.compressed_messages, token_budget=self.hard,
                                           window=RecentWindow(messages=1, steps=0), anchored=True))
-        if cut is not None and cut.tokens_after < result.tokens_after:
-            result = joined(result, cut)
+        if cut is not None:
+            cut = self._as_forwarded(cut)
+            if cut.tokens_after < result.tokens_after:
+                result = joined(result, cut)
         return shed(result, self.counter, self.limit, everything=True)
+
+
+    def _as_forwarded(self, result: CompressionResult) -> CompressionResult:
+        """A level's result counted as the chain counts its own: with the notice its quoted notes bring."""
+        return replace(result, tokens_after=result.tokens_after + notice_tokens(self.counter,
+                                                                                result.compressed_messages))
 
 
 def joined(first: CompressionResult, then: CompressionResult) -> CompressionResult:
@@ -117,4 +126,5 @@ def shed(result: CompressionResult, counter: TokenCounter, limit: int, everythin
     shed_messages = shed_own_messages(result.compressed_messages, counter, limit, everything)
     if shed_messages is None:
         return result
-    return replace(result, compressed_messages=shed_messages, tokens_after=counter.count_messages(shed_messages))
+    return replace(result, compressed_messages=shed_messages,
+                   tokens_after=counter.count_messages(shed_messages) + notice_tokens(counter, shed_messages))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...pipeline.config import PipelineConfig
+from ...pipeline.notes import with_notice
 from ...pipeline.policy import Prices
 from ...pipeline.tokens import TokenCounter
 from ...wal.config import WalConfig
@@ -141,12 +142,13 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
                 else:
                     new = [r for r in state.records if (r.prefix_len, r.prefix_hash) not in records_before]
                     state.has_attempted_reactive_compact = False  # the upstream answered
-                    sent = provider_count(plan.messages) if provider_count else plan.counted_tokens()
+                    sent_messages = with_notice(plan.messages)  # as the gateway forwards them
+                    sent = provider_count(sent_messages) if provider_count else plan.counted_tokens()
                     calibration = measured_calibration(turn, plan.counted_tokens(), sent)
                     if calibration is not None:
                         state.count_offset, state.count_scale = calibration
                     await sessions.save(state)
-                    done = Forwarded(i, plan.messages, plan.levels, bool(new), sent,
+                    done = Forwarded(i, sent_messages, plan.levels, bool(new), sent,
                                      (time.perf_counter() - started) * 1000,
                                      any(h.startswith("speculative") for h in plan.hints), tokens_in=turn.tokens_in(),
                                      record=new[-1] if new else None, steps=list(steps), hints=list(plan.hints))

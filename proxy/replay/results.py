@@ -9,15 +9,15 @@ from typing import Any
 import orjson
 
 from ...pipeline.config import PipelineConfig
-from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_MARKER, SNIP_MARKER,
-                               is_ctxgate_message, quoted_text)
+from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_FILE, RESTORE_KINDS, SNIP_MARKER,
+                               is_ctxgate_message, kind_of, quoted_text)
 from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
 from .costs import CACHE_MIN_TOKENS, Prices
 from .driver import Message, Replay
 from .formats import Recording
 
 _SUMMARY_START = "key state is kept:\n\n"
-_RESTORED_FILE = RESTORE_MARKER + " Latest content seen of "
+_RESTORED_FILE = "Latest content seen of "
 
 
 @dataclass
@@ -210,13 +210,14 @@ def compaction_points(run: Replay, rows: list[TurnRow]) -> list[CompactionPoint]
         if f.record is None or not row.compacted:
             continue
         notes = [quoted_text(m) for m in f.record.messages if is_ctxgate_message(m)]
+        restored = [quoted_text(m) for m in f.record.messages if kind_of(m) in RESTORE_KINDS]
+        files = [quoted_text(m) for m in f.record.messages if kind_of(m) == RESTORE_FILE]
         new = [n for n in notes if n not in seen]
         seen.update(notes)
         # A summary is shown at every Autocompact (it may repeat an earlier one word for word);
         # Snip and Collapse notes only where they first appear (they persist in later records).
         summaries = [_summary_of(n) for n in notes if n.startswith(AUTOCOMPACT_MARKER)] \
             if "autocompact" in row.levels else []
-        restored = [n for n in notes if n.startswith(RESTORE_MARKER)]
         points.append(CompactionPoint(
             turn=row.turn, levels=row.levels, speculative=f.speculative, tokens_before=f.record.tokens_before,
             tokens_after=f.record.tokens_after, messages_replaced=f.record.prefix_len,
@@ -224,7 +225,7 @@ def compaction_points(run: Replay, rows: list[TurnRow]) -> list[CompactionPoint]
             snip_notes=[_head(n) for n in new if n.startswith(SNIP_MARKER)],
             collapse_notes=[_head(n) for n in new if n.startswith(COLLAPSE_MARKER)],
             restored=[_head(n, 3) for n in restored],
-            restored_files=[n[len(_RESTORED_FILE):].split(":\n", 1)[0] for n in restored
+            restored_files=[n[len(_RESTORED_FILE):].split(":\n", 1)[0] for n in files
                             if n.startswith(_RESTORED_FILE)],
             steps=f.steps))
     return points

@@ -30,7 +30,7 @@ from .validation import check_nesting, refuse_reserved, require_objects, validat
 Message = dict[str, Any]
 Block = dict[str, Any]
 MAX_BREAKPOINTS = 4
-COMPACTED_OPENING = "[ctxgate: the earlier conversation was compacted; what it established is in the system prompt.]"
+COMPACTED_OPENING = "[ctxgate: the earlier conversation was compacted.]"
 CONTEXT_ACK = "[ctxgate: the quoted context above is noted as data.]"
 """The assistant turn between a user turn of ctxgate's quoted context and a user turn of the
 client's, so the roles alternate without merging the two."""

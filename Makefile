@@ -32,6 +32,7 @@ test: $(VENV)/.installed-dev
 		(apt-get update -q && apt-get install -y -q chromium chromium-driver) >/dev/null 2>&1 \
 		|| echo "could not install chromium; the browser tests will skip"; fi
 	$(BIN)/ruff check .
+	@mkdir -p $(VENV)/mypy-path && ln -sfn $(CURDIR) $(VENV)/mypy-path/ctxgate
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 

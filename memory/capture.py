@@ -58,8 +58,12 @@ _LISTING_LINE = re.compile(r"^(?=.*[A-Za-z])/?[\w.@+-][\w./@+-]*/?$")
 
 class SourcedText(Protocol):
     """A span of a message and what produced it (`pipeline.provenance.Span` is one)."""
-    source: str
-    text: str
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
 
 
 Spans = Mapping[int, Sequence[SourcedText]]

@@ -11,16 +11,16 @@ from typing import Any
 
 import orjson
 
-from ...pipeline.autocompact import AutocompactBreaker
-from ...pipeline.chain import CompressionPipeline, build_pipeline
-from ...pipeline.collapse import CollapseStore
-from ...pipeline.config import PipelineConfig
-from ...pipeline.conversation import read_conversation
-from ...pipeline.notes import is_summary_note, merged_note, requoted, with_notice
-from ...pipeline.refs import REF_RE, CutLog, render_span
-from ...pipeline.restore import extract_working_state
-from ...pipeline.request import CompressionRequest
-from ...pipeline.types import CompressionResult, Reason
+from ctxgate.pipeline.autocompact import AutocompactBreaker
+from ctxgate.pipeline.chain import CompressionPipeline, build_pipeline
+from ctxgate.pipeline.collapse import CollapseStore
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.conversation import read_conversation
+from ctxgate.pipeline.notes import is_summary_note, merged_note, requoted, with_notice
+from ctxgate.pipeline.refs import REF_RE, CutLog, render_span
+from ctxgate.pipeline.restore import extract_working_state
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import CompressionResult, Reason
 from .depth import Depth, anchored, chain_config, merge_due, plan_depth
 from .over_budget import OverBudget
 from .state import CompactionRecord, SessionState

@@ -13,13 +13,13 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...pipeline.conversation import Kind, read_conversation
-from ...pipeline.fingerprint import message_fingerprint
-from ...pipeline.notes import with_notice
-from ...pipeline.protocols import PLAIN, detect_dialect
-from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
-from ...pipeline.turns import leading_instructions, task_index
-from ...pipeline.types import Reason
+from ctxgate.pipeline.conversation import Kind, read_conversation
+from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.pipeline.notes import with_notice
+from ctxgate.pipeline.protocols import PLAIN, detect_dialect
+from ctxgate.pipeline.tokens import REPLY_PRIMING, TokenCounter
+from ctxgate.pipeline.turns import leading_instructions, task_index
+from ctxgate.pipeline.types import Reason
 from ..errors import context_exhausted
 from .chain_run import run_chain
 from .content_store import ContentStore, MemoryContentStore

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ...pipeline.chain import CompressionPipeline
-from ...pipeline.config import PipelineConfig
-from ...pipeline.microcompact import LastObservationCut, MicrocompactStrategy
-from ...pipeline.notes import notice_tokens
-from ...pipeline.restore import shed_own_messages
-from ...pipeline.snip import SnipStrategy
-from ...pipeline.tokens import TokenCounter
-from ...pipeline.request import CompressionRequest
-from ...pipeline.types import CompressionResult, RecentWindow
+from ctxgate.pipeline.chain import CompressionPipeline
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.microcompact import LastObservationCut, MicrocompactStrategy
+from ctxgate.pipeline.notes import notice_tokens
+from ctxgate.pipeline.restore import shed_own_messages
+from ctxgate.pipeline.snip import SnipStrategy
+from ctxgate.pipeline.tokens import TokenCounter
+from ctxgate.pipeline.request import CompressionRequest
+from ctxgate.pipeline.types import CompressionResult, RecentWindow
 from .depth import chain_config, with_window
 
 

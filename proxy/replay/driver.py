@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...pipeline.config import PipelineConfig
-from ...pipeline.notes import with_notice
-from ...pipeline.policy import Prices
-from ...pipeline.tokens import TokenCounter
-from ...wal.config import WalConfig
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.notes import with_notice
+from ctxgate.pipeline.policy import Prices
+from ctxgate.pipeline.tokens import TokenCounter
+from ctxgate.wal.config import WalConfig
 from ..engine.compaction import Compactor, fingerprints_of
 from ..engine.content_store import MemoryContentStore
 from ..engine.depth import prices_of

@@ -8,10 +8,10 @@ from typing import Any
 
 import orjson
 
-from ...pipeline.config import PipelineConfig
-from ...pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_FILE, RESTORE_KINDS, SNIP_MARKER,
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE_FILE, RESTORE_KINDS, SNIP_MARKER,
                                is_ctxgate_message, kind_of, quoted_text)
-from ...pipeline.tokens import REPLY_PRIMING, TokenCounter
+from ctxgate.pipeline.tokens import REPLY_PRIMING, TokenCounter
 from .costs import CACHE_MIN_TOKENS, Prices
 from .driver import Message, Replay
 from .formats import Recording

@@ -329,3 +329,29 @@ def test_a_wrong_format_and_a_missing_file_exit_2_without_a_traceback(tmp_path: 
                           timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("ctxgate replay: ") and "cannot read" in done.stderr
+
+
+def test_an_upstream_that_enforces_the_limit_is_answered_by_reactive_compactions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An upstream that counts twice what ctxgate counts refuses requests ctxgate thought fit:
+    without --enforce-limit they go out over the limit; with it each refusal is followed by a
+    reactive compaction and the request sent again fits."""
+    session = write_openai_jsonl(tmp_path / "session.jsonl")
+    reports = {}
+    for flags in ([], ["--enforce-limit"]):
+        out = tmp_path / f"report{len(flags)}"
+        code, stdout, err = run_replay(capsys, str(session), "--budget", str(BUDGET), "--upstream-scale", "2",
+                                       "--out", str(out), *flags)
+        assert code == 0, err
+        (r,) = json.loads((out / "report.json").read_text())
+        check_row(table_row(stdout, "session"), r)
+        assert table_row(stdout, "session")["reactive"] == str(r["reactive"])
+        reports[bool(flags)] = r
+    unenforced, enforced = reports[False], reports[True]
+    assert unenforced["over_limit_turns"] and unenforced["reactive"] == 0
+    refused = [t for t in enforced["turns"] if t["reactive"]]
+    assert refused and enforced["reactive"] == sum(t["reactive"] for t in refused)
+    reactive_points = {p["turn"] for p in enforced["compactions"] if any(s["reason"] == "reactive" for s in p["steps"])}
+    assert reactive_points and reactive_points <= {t["turn"] for t in refused}
+    assert enforced["over_limit_turns"] == []
+    assert all(t["forwarded"] <= BUDGET for t in enforced["turns"] if t["forwarded"] is not None)

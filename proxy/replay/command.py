@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -15,13 +16,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ctxgate.pipeline.tokens import TokenCounter
 from ..config import Config, ConfigError, load_config
 from ..errors import GatewayError
-from .driver import Replay, agent_turns, replay
+from .driver import Message, Replay, agent_turns, replay
 from .formats import FORMATS, FormatError, Recording, read_recordings
 from .models import Models
 from .report import write_report
 from .results import SessionResult, Setting, session_result
 from .summaries import Summarizer
 from .table import results_table
+from .upstream import ProviderCount
 
 PROFILES = ("minimal", "professional", "enterprise")
 
@@ -40,6 +42,12 @@ def add_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> N
                    help="YAML config: model_list and ctxgate: settings (env CTXGATE_CONFIG)")
     p.add_argument("--out", default="ctxgate-replay", metavar="DIR", help="where the report goes (./ctxgate-replay)")
     p.add_argument("--format", choices=sorted(FORMATS), default=None, help="the files' format (default: detected)")
+    p.add_argument("--enforce-limit", action="store_true",
+                   help="the upstream refuses a request over the limit; ctxgate compacts reactively and sends again, "
+                        "as the gateway does")
+    p.add_argument("--upstream-scale", type=float, default=1.0, metavar="F",
+                   help="the upstream counts F times ctxgate's count (1: the same), as a provider whose tokenizer "
+                        "ctxgate only estimates")
     p.add_argument("--model", default=None, metavar="M",
                    help="the model (limit, tokenizer, prices, summaries); default: the config's first, else "
                         "the one the recording names, else gpt-4o")
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail("--budget must be a positive number of tokens")
     if args.ratio is not None and not 0 < args.ratio <= 10:
         return _fail("--ratio must be above 0 (and at most 10)")
+    if not 0 < args.upstream_scale <= 10:
+        return _fail("--upstream-scale must be above 0 (and at most 10)")
     try:
         config = load_config(args.config)
     except ConfigError as e:
@@ -133,7 +143,8 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
                 try:
                     run: Replay = await replay(r.messages, r.tools, limit, counter=target.counter,
                                                summarize=summarizer, config=pipeline_config, wait_background=True,
-                                               prices=target.prices,
+                                               prices=target.prices, enforce_limit=args.enforce_limit,
+                                               provider_count=_upstream_count(target.counter, r, args.upstream_scale),
                                                on_turn=lambda _: progress.advance(task))
                 except Exception as e:  # content the readers let through but the pipeline cannot take
                     raise SessionFailed(f"{job.path}: session {r.name} could not be replayed: "
@@ -149,6 +160,14 @@ async def _replay_all(found: list[tuple[str, str, Recording]], config: Config, m
             if summarizer.gateway is not None:
                 await summarizer.gateway.close()
     return results
+
+
+def _upstream_count(counter: TokenCounter, recording: Recording, scale: float) -> Callable[[list[Message]], int] | None:
+    """The upstream's count of a forwarded request; None: ctxgate's own."""
+    if scale == 1.0:
+        return None
+    count = ProviderCount(counter, recording.tools)
+    return lambda messages: round(count(messages) * scale)
 
 
 def _peak(recording: Recording, counter: TokenCounter) -> int:

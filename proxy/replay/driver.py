@@ -4,10 +4,18 @@ it, with no servers and no network.
 Each agent turn i (messages[i] is an assistant message, i >= 2) is the request
 messages[:i], as the agent sent it. For each: the session locked, `Compactor.prepare`
 (stored records, the chain over the trigger, the loop guard, speculative Autocompact),
-the state saved. Then the upstream "answers" with the recorded reply: the loop guard is
-reset and the count offset measured against the provider's count of what was forwarded.
-A `context_exhausted` refusal is kept as a refused turn; the agent's next turn goes on, as
-a real agent would after the error.
+the state saved. A `context_exhausted` refusal is kept as a turn refused by ctxgate; the
+agent's next turn goes on, as a real agent would after the error.
+
+With `enforce_limit`, the upstream counts the forwarded request as the provider does and
+refuses one over the limit with OpenAI's context-length message; the session is locked
+again and `Compactor.reactive` compacts once more, as the gateway's `forward` does, until
+the request fits or ctxgate gives up (the loop guard, set by the first reactive compaction,
+makes the next one raise `context_exhausted`): then the turn is refused by the upstream.
+
+An answered turn gets the recorded reply: the loop guard is reset and the count offset
+measured against the provider's count of what was forwarded. A refused turn leaves the
+guard set, as the gateway does (only a complete reply resets it).
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from ctxgate.pipeline.notes import with_notice
 from ctxgate.pipeline.policy import Prices
 from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.wal.config import WalConfig
-from ..engine.compaction import Compactor, fingerprints_of
+from ..engine.compaction import Compactor, Plan, fingerprints_of
 from ..engine.content_store import MemoryContentStore
 from ..engine.depth import prices_of
 from ..engine.journal import Journal
@@ -31,6 +39,7 @@ from ..engine.speculative import Speculator
 from ..engine.state import CompactionRecord, MemorySessionStore, SessionState
 from ..engine.turn_budget import Summarize, Turn, measured_calibration
 from ..errors import GatewayError
+from .upstream import CTXGATE, UPSTREAM, too_long_message
 
 Message = dict[str, Any]
 TENANT, SESSION = "replay", "replay"
@@ -54,7 +63,11 @@ class Forwarded:
     tokens_in: int = 0
     """ctxgate's count of what the agent sent: its whole history and the tools schema."""
     refused: str = ""
-    """The CONTEXT_EXHAUSTED message of a refused turn."""
+    """Why the turn was refused: ctxgate's CONTEXT_EXHAUSTED message, or the upstream's."""
+    refused_by: str = ""
+    """`CTXGATE` (before the upstream) or `UPSTREAM` (over the limit: `messages` is what it refused)."""
+    reactive: int = 0
+    """Reactive compactions after the upstream's refusals this turn."""
     record: CompactionRecord | None = None
     """The record this turn's compaction made (`compacted` turns)."""
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -66,6 +79,8 @@ class Forwarded:
 class Replay:
     turns: list[Forwarded] = field(default_factory=list)
     summaries: int = 0
+    summary_tokens: list[tuple[int, int]] = field(default_factory=list)
+    """Each summary call's prompt and reply, in the replay's count."""
 
     @property
     def forwarded(self) -> list[Forwarded]:
@@ -98,15 +113,17 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
                  counter: TokenCounter, summarize: Summarize, config: PipelineConfig | None = None,
                  provider_count: Callable[[list[Message]], int] | None = None, speculate: bool = True,
                  upstream_s: float = 0.0, wait_background: bool = False, prices: Prices | None = None,
-                 on_turn: Callable[[Forwarded], None] | None = None) -> Replay:
+                 enforce_limit: bool = False, on_turn: Callable[[Forwarded], None] | None = None) -> Replay:
     """`budget`: the model's context limit (`max_input_tokens`). `provider_count`: what the
     provider reports as `usage.prompt_tokens` (default: ctxgate's own count, tools included:
-    an OpenAI-like provider). `upstream_s`: the upstream's reply time, slept only while a
-    background compaction runs (nothing else happens in it), so the replay stays fast.
-    `wait_background`: a background compaction ends before the next turn, as it would while
-    the recorded agent ran its tools and waited for its reply; the replay is then the same
-    on every run, however busy the machine (without it, how far a speculation got in
-    `upstream_s` decides whether the next turn finds it ready)."""
+    an OpenAI-like provider). `enforce_limit`: the upstream refuses a request over `budget`
+    (in `provider_count`), and ctxgate compacts reactively and sends again (see the module
+    doc). `upstream_s`: the upstream's reply time, slept only while a background compaction
+    runs (nothing else happens in it), so the replay stays fast. `wait_background`: a
+    background compaction ends before the next turn, as it would while the recorded agent
+    ran its tools and waited for its reply; the replay is then the same on every run, however
+    busy the machine (without it, how far a speculation got in `upstream_s` decides whether
+    the next turn finds it ready)."""
     sessions = MemorySessionStore()
     content = MemoryContentStore()
     speculator = Speculator(in_memory_sessions(sessions), content=content) if speculate else None
@@ -117,7 +134,28 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
 
     async def counted_summary(prompt: list[Message]) -> str:
         out.summaries += 1
-        return await summarize(prompt)
+        text = await summarize(prompt)
+        out.summary_tokens.append((counter.count_messages(prompt), counter.count(text)))
+        return text
+
+    async def load() -> SessionState:
+        return await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)
+
+    def forward(done: Forwarded, plan: Plan) -> None:
+        done.messages = with_notice(plan.messages)  # as the gateway forwards them
+        done.tokens = provider_count(done.messages) if provider_count else plan.counted_tokens()
+
+    def compacted(done: Forwarded, state: SessionState, before: list[tuple[int, str]]) -> None:
+        """A compaction point: the session's records changed this turn."""
+        new = [r for r in state.records if (r.prefix_len, r.prefix_hash) not in before]
+        done.compacted, done.record = bool(new), new[-1] if new else None
+
+    def answered(state: SessionState, turn: Turn, plan: Plan, sent: int) -> None:
+        """The recorded reply: the loop guard reset, the count offset measured."""
+        state.has_attempted_reactive_compact = False
+        calibration = measured_calibration(turn, plan.counted_tokens(), sent)
+        if calibration is not None:
+            state.count_offset, state.count_scale = calibration
 
     try:
         for i in agent_turns(messages):
@@ -127,31 +165,48 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
                         prices=prices_of(pipeline_config, prices))
             steps.clear()
             started = time.perf_counter()
+            done = Forwarded(i, [], [], False, 0, 0.0, False)
             async with sessions.lock(TENANT, SESSION):
-                state = await sessions.load(TENANT, SESSION) or SessionState(TENANT, SESSION)
+                state = await load()
                 turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
                 records_before = [(r.prefix_len, r.prefix_hash) for r in state.records]
+                plan: Plan | None = None
                 try:
                     plan = await compactor.prepare(state, turn)
                 except GatewayError as e:
                     if e.code != "context_exhausted":
                         raise
+                    done.refused, done.refused_by = e.message, CTXGATE
+                if plan is not None:
+                    done.speculative = any(h.startswith("speculative") for h in plan.hints)
+                    done.levels, done.hints = list(plan.levels), list(plan.hints)
+                    forward(done, plan)
+                    if not enforce_limit or done.tokens <= budget:
+                        answered(state, turn, plan, done.tokens)
+                    compacted(done, state, records_before)
+                await sessions.save(state)
+            while plan is not None and enforce_limit and done.tokens > budget:
+                async with sessions.lock(TENANT, SESSION):  # the upstream refused: compact once more
+                    state = await load()
+                    try:
+                        plan, _ = await compactor.reactive(state, turn, plan, too_long_message(budget, done.tokens),
+                                                           False)
+                    except GatewayError as e:
+                        if e.code != "context_exhausted":
+                            raise
+                        done.refused, done.refused_by = e.message, UPSTREAM
+                    else:
+                        done.reactive += 1
+                        done.levels += [lv for lv in plan.levels if lv not in done.levels]
+                        forward(done, plan)
+                        if done.tokens <= budget:
+                            answered(state, turn, plan, done.tokens)
+                    compacted(done, state, records_before)
                     await sessions.save(state)
-                    done = Forwarded(i, [], [], False, 0, (time.perf_counter() - started) * 1000, False,
-                                     tokens_in=turn.tokens_in(), refused=e.message, steps=list(steps))
-                else:
-                    new = [r for r in state.records if (r.prefix_len, r.prefix_hash) not in records_before]
-                    state.has_attempted_reactive_compact = False  # the upstream answered
-                    sent_messages = with_notice(plan.messages)  # as the gateway forwards them
-                    sent = provider_count(sent_messages) if provider_count else plan.counted_tokens()
-                    calibration = measured_calibration(turn, plan.counted_tokens(), sent)
-                    if calibration is not None:
-                        state.count_offset, state.count_scale = calibration
-                    await sessions.save(state)
-                    done = Forwarded(i, sent_messages, plan.levels, bool(new), sent,
-                                     (time.perf_counter() - started) * 1000,
-                                     any(h.startswith("speculative") for h in plan.hints), tokens_in=turn.tokens_in(),
-                                     record=new[-1] if new else None, steps=list(steps), hints=list(plan.hints))
+                if done.refused:
+                    break
+            done.tokens_in, done.steps = turn.tokens_in(), list(steps)
+            done.prepare_ms = (time.perf_counter() - started) * 1000
             out.turns.append(done)
             if on_turn is not None:
                 on_turn(done)

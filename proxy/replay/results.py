@@ -14,7 +14,10 @@ from ctxgate.pipeline.notes import (AUTOCOMPACT_MARKER, COLLAPSE_MARKER, RESTORE
 from ctxgate.pipeline.tokens import REPLY_PRIMING, TokenCounter
 from .costs import CACHE_MIN_TOKENS, Prices
 from .driver import Message, Replay
-from .formats import Recording
+from .formats import TOOL_CALLS, Recording
+from .probes import PROBES, needs_of, probe
+from .scores import mean
+from .upstream import UPSTREAM, ProviderCount
 
 _SUMMARY_START = "key state is kept:\n\n"
 _RESTORED_FILE = "Latest content seen of "
@@ -38,6 +41,8 @@ class TurnRow:
     """A level ran this turn. A chain that removed nothing still stores a record (the request
     goes out over the limit, see `over_limit_turns`): that is not a compaction point."""
     refused: str
+    reactive: int = 0
+    """The upstream refused this turn's request so many times, each followed by a reactive compaction."""
 
 
 @dataclass
@@ -86,6 +91,11 @@ class SessionResult:
     cost_summaries: float | None
     levels_fired: dict[str, list[int]] = field(default_factory=dict)
     """Each level that ran, and the turns it ran at."""
+    probes: dict[str, float | None] = field(default_factory=dict)
+    """The recoverability probes (proxy/replay/probes.py), each a mean over the turns."""
+    reactive: int = 0
+    """Reactive compactions after the upstream refused a request (`--enforce-limit`)."""
+    refused_by_upstream: int = 0
 
     @property
     def sent_total(self) -> int:
@@ -132,6 +142,11 @@ class SessionResult:
         """Turns whose forwarded request is still over the limit: a provider would refuse it,
         and the gateway would then compact reactively, which a replay does not model."""
         return [t.turn for t in self.turns if t.forwarded is not None and t.forwarded > self.limit]
+
+    @property
+    def probes_text(self) -> str:
+        """`task/files/error/latest`, each a share of 1 or `-` where it does not apply."""
+        return "/".join("-" if self.probes.get(k) is None else f"{self.probes[k]:.2f}" for k in PROBES[:4])
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -189,7 +204,7 @@ def turn_rows(recording: Recording, run: Replay, counter: TokenCounter) -> list[
             previous_forwarded = forwarded
         levels = (f.record.levels if f.record is not None and not f.levels else f.levels) if f.compacted else []
         rows.append(TurnRow(n, f.tokens_in, None if f.refused else f.tokens, stable, cached_sent, cached_forwarded,
-                            list(dict.fromkeys(levels)), bool(levels), f.refused))
+                            list(dict.fromkeys(levels)), bool(levels), f.refused, f.reactive))
     return rows
 
 
@@ -254,6 +269,12 @@ class Setting:
     prices: Prices | None
 
 
+def probe_means(recording: Recording, run: Replay, counter: TokenCounter) -> dict[str, float | None]:
+    needs = needs_of(recording.messages, recording.dialect != TOOL_CALLS, ProviderCount(counter, recording.tools))
+    scored = [probe(f, needs[f.turn]) for f in run.turns]
+    return {k: mean([p[k] for p in scored]) for k in PROBES}
+
+
 def session_result(recording: Recording, run: Replay, counter: TokenCounter, setting: Setting) -> SessionResult:
     rows = turn_rows(recording, run, counter)
     budget = setting.config.effective_budget(setting.limit)
@@ -271,4 +292,6 @@ def session_result(recording: Recording, run: Replay, counter: TokenCounter, set
         limit=setting.limit, effective_budget=budget, trigger=int(setting.config.trigger_ratio * budget),
         peak=setting.peak, turns=rows, compactions=compaction_points(run, rows), summaries=run.summaries,
         summarizer=setting.summarizer, prices=prices, cost_without=without, cost_with=with_ctxgate,
-        cost_summaries=summaries, levels_fired=levels_fired(rows))
+        cost_summaries=summaries, levels_fired=levels_fired(rows), probes=probe_means(recording, run, counter),
+        reactive=sum(f.reactive for f in run.turns),
+        refused_by_upstream=sum(f.refused_by == UPSTREAM for f in run.turns))

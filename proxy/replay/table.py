@@ -7,7 +7,8 @@ from .results import SessionResult
 
 COLUMNS = ("session", "turns", "limit", "tokens sent", "tokens forwarded", "saved", "levels fired @ turns",
            "points / 100 turns", "summaries", "summaries / point", "prefix-stable", "cache read", "cache written",
-           "cost without", "cost with", "refused", "over limit")
+           "cost without", "cost with", "refused", "over limit", "reactive",
+           "task/files/error/last 6")
 
 
 def money(value: float | None) -> str:
@@ -45,7 +46,7 @@ def results_table(results: list[SessionResult]) -> Table:
                       saved(r.sent_answered, r.forwarded_total), levels_text(r), f"{r.points_per_100_turns:.1f}",
                       str(r.summaries), f"{r.summaries_per_point:.2f}", stable_text([r]), str(r.cache_read_tokens),
                       str(r.cache_write_tokens), money(r.cost_without), money(r.cost_with), str(r.refused_turns),
-                      str(len(r.over_limit_turns)))
+                      str(len(r.over_limit_turns)), str(r.reactive), r.probes_text)
     unpriced = total_cost(results, "cost_with")[1]
     if len(results) > 1:
         points = sum(len(r.compactions) for r in results)
@@ -60,7 +61,8 @@ def results_table(results: list[SessionResult]) -> Table:
                       str(sum(r.cache_write_tokens for r in results)),
                       money(total_cost(results, "cost_without")[0]) + mark,
                       money(total_cost(results, "cost_with")[0]) + mark, str(sum(r.refused_turns for r in results)),
-                      str(sum(len(r.over_limit_turns) for r in results)))
+                      str(sum(len(r.over_limit_turns) for r in results)), str(sum(r.reactive for r in results)),
+                      "")
     if unpriced:
         table.caption = (f"{'* ' if len(results) > 1 else ''}{unpriced} session(s) whose model has no price in "
                          "litellm's cost map: costs n/a" + (", left out of the totals" if len(results) > 1 else ""))

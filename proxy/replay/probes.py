@@ -1,0 +1,206 @@
+"""Recoverability probes: what a continuing agent needs at one turn, read from the request
+its agent sent, and whether the request ctxgate forwarded still holds it.
+
+The scorer's own reading of the transcript, independent of ctxgate's (pipeline/restore.py
+reads the same things to restore them; a probe that used it would only check itself):
+- task: the task statement (the first user message, or the one after a SWE-agent
+  demonstration) is in a forwarded message, or 90% of its first 500 characters are;
+- files: the share of the paths the agent named so far (tool-call arguments, text-protocol
+  `<function=…>` parameters and command blocks, `[File: …]` / `(Open file: …)` headers)
+  found anywhere in the forwarded request; n/a before the first;
+- error: the key line of the last observation that reports an error is present; n/a while
+  there is none;
+- latest: the share of the request's last `LATEST` messages forwarded verbatim;
+- valid: tool calls and their results still paired.
+A refused turn scores 0 on every probe: the agent got no reply.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ctxgate.pipeline.turns import first_user_index, is_valid_sequence
+from .driver import Forwarded, agent_turns
+
+Message = dict[str, Any]
+LATEST = 6
+"""The last messages of the request that should arrive verbatim."""
+PROBES = ("task", "files", "error", "latest", "valid")
+_EXT = ("py|pyi|pyx|js|mjs|ts|tsx|jsx|json|yaml|yml|toml|cfg|ini|txt|md|rst|c|h|cc|cpp|hpp|go|rs|java|rb|php|sh|"
+        "html|css|sql|xml|csv|lock|patch|diff|ipynb|conf|env")
+PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:" + _EXT + r"))(?![\w/\-])")
+ERROR_MARKERS = ("Error", "Traceback", "error:")
+_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
+_HEADER_RE = re.compile(r"\[File: ([^\s\]]+)|\(Open file: ([^)\n]+)\)")
+_FUNCTION_RE = re.compile(r"<function=[\w.\-]+>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER_RE = re.compile(r"<parameter=([\w\-]+)>(.*?)</parameter>", re.S)
+_LISTING_RE = re.compile(r"^\s*\d+(?::|\t|\s{2,})")
+"""A numbered line of a file view (`317:    raise ValueError(`, `cat -n` output): code, not an error."""
+
+
+def text_of(m: Message) -> str:
+    content = m.get("content")
+    if isinstance(content, list):
+        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    parts = [content if isinstance(content, str) else ""]
+    for tc in m.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
+    return "\n".join(parts)
+
+
+def squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _canon_args(args: Any) -> str:
+    if isinstance(args, str):
+        try:
+            return json.dumps(json.loads(args), sort_keys=True)
+        except (ValueError, TypeError):
+            return args
+    return json.dumps(args, sort_keys=True)
+
+
+def norm(m: Message) -> tuple[Any, ...]:
+    """A message as a provider sees it, so equal messages compare equal however they were built."""
+    content = m.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    calls = tuple(sorted((tc.get("id"), (tc.get("function") or {}).get("name"),
+                          _canon_args((tc.get("function") or {}).get("arguments")))
+                         for tc in m.get("tool_calls") or []))
+    return (m.get("role"), content or "", calls, m.get("tool_call_id"))
+
+
+def observations(messages: list[Message], text_mode: bool) -> list[Message]:
+    """Tool results; for a text dialect (observations in user turns), the user turns after the task."""
+    if not text_mode:
+        return [m for m in messages if m.get("role") == "tool"]
+    first = first_user_index(messages)
+    return [m for i, m in enumerate(messages) if m.get("role") == "user" and i != first]
+
+
+def touched_files(messages: list[Message], text_mode: bool) -> list[str]:
+    found: dict[str, None] = {}
+
+    def add_from(text: str) -> None:
+        for p in PATH_RE.findall(text):
+            if p != "/dev/null":
+                found.setdefault(p, None)
+
+    def add_args(args: dict[str, Any]) -> None:
+        for k, v in args.items():
+            if isinstance(v, str) and k in _PATH_KEYS and v.strip():
+                found.setdefault(v.strip(), None)
+            elif isinstance(v, str) and k in ("command", "cmd", "code"):
+                add_from(v)
+
+    for m in messages:
+        for tc in m.get("tool_calls") or []:
+            raw = (tc.get("function") or {}).get("arguments") or ""
+            try:
+                args = json.loads(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                args = None
+            if isinstance(args, dict):
+                add_args(args)
+            else:
+                add_from(str(raw))
+        if text_mode and m.get("role") == "assistant":
+            text = text_of(m)
+            calls = _FUNCTION_RE.findall(text)
+            for body in calls:  # OpenHands text protocol: the same arguments as its tool calls
+                add_args({k: v.strip("\n") for k, v in _PARAMETER_RE.findall(body)})
+            blocks = [] if calls else re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
+            if blocks:
+                add_from(blocks[-1])
+    for m in observations(messages, text_mode):
+        for a, b in _HEADER_RE.findall(text_of(m)):
+            path = (a or b).strip()
+            if path and path != "n/a" and "." in path.rsplit("/", 1)[-1]:
+                found.setdefault(path, None)
+    return list(found)
+
+
+def last_error_line(messages: list[Message], text_mode: bool) -> str | None:
+    """The key line of the last observation that reports an error: its last line with a
+    marker, numbered file-view lines excluded; a marker line under 12 characters ("Error:")
+    gets the next line too."""
+    for m in reversed(observations(messages, text_mode)):
+        text = text_of(m)
+        found = [ln.strip() for ln in text.splitlines()
+                 if any(k in ln for k in ERROR_MARKERS) and not _LISTING_RE.match(ln)]
+        if not found:
+            continue
+        key = found[-1]
+        if len(key) < 12:
+            lines = [ln.strip() for ln in text.splitlines()]
+            at = max(i for i, ln in enumerate(lines) if ln == key)
+            nxt = next((ln for ln in lines[at + 1:] if ln), "")
+            key = (key + "\n" + nxt) if nxt else key
+        return key[:300]
+    return None
+
+
+def task_statement_index(messages: list[Message]) -> int | None:
+    fu = first_user_index(messages)
+    if fu is not None and text_of(messages[fu]).startswith("Here is a demonstration"):
+        return next((i for i in range(fu + 1, len(messages)) if messages[i].get("role") == "user"), fu)
+    return fu
+
+
+def task_present(task: str, out: list[Message]) -> bool:
+    if not task.strip():
+        return True
+    texts = [text_of(m) for m in out]
+    if any(task in t for t in texts):
+        return True
+    head = squash(task)[:500]
+    pieces = [head[i:i + 25] for i in range(0, len(head), 25) if len(head[i:i + 25]) >= 5]
+    return any(pieces and sum(p in squash(t) for p in pieces) / len(pieces) >= 0.9 for t in texts)
+
+
+@dataclass
+class Need:
+    """What the agent needs at one turn, read from that turn's whole request."""
+    task: str
+    files: list[str]
+    error: str | None
+    latest: list[tuple[Any, ...]]
+    tokens: int
+
+
+def needs_of(messages: list[Message], text_mode: bool, count: Callable[[list[Message]], int]) -> dict[int, Need]:
+    """Per agent turn i (the request messages[:i]); `count`: the provider's count of a request."""
+    out = {}
+    for i in agent_turns(messages):
+        request = messages[:i]
+        task = task_statement_index(request)
+        out[i] = Need(text_of(request[task]) if task is not None else "", touched_files(request, text_mode),
+                      last_error_line(request, text_mode), [norm(m) for m in request[-LATEST:]], count(request))
+    return out
+
+
+def probe(turn: Forwarded, need: Need) -> dict[str, float | None]:
+    files = 0.0 if need.files else None
+    error = 0.0 if need.error else None
+    if turn.refused:
+        return {"task": 0.0, "files": files, "error": error, "latest": 0.0, "valid": 0.0}
+    out = turn.messages
+    blob = "\n\x00\n".join(text_of(m) for m in out)
+    kept = {norm(m) for m in out}
+    return {"task": 1.0 if task_present(need.task, out) else 0.0,
+            "files": sum(p in blob for p in need.files) / len(need.files) if need.files else None,
+            "error": (1.0 if need.error in blob else 0.0) if need.error else None,
+            "latest": sum(n in kept for n in need.latest) / len(need.latest),
+            "valid": 1.0 if is_valid_sequence(out) else 0.0}
+
+
+def floor_of(messages: list[Message], count: Callable[[list[Message]], int]) -> int:
+    """The least any request of the run needs: the leading system message, the task
+    statement and the tools schema. A run whose floor is over the limit cannot be served."""
+    task = task_statement_index(messages)
+    return count([m for i, m in enumerate(messages) if i == task or (i == 0 and m.get("role") == "system")])

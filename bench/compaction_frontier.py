@@ -28,7 +28,7 @@ from typing import Any
 
 import common
 from ctxgate.pipeline.config import PipelineConfig
-from dialect_scores import PRICES, RunScore, mean
+from ctxgate.proxy.replay.scores import PRICES, RunScore, mean
 from dialects import RATIOS, STAND_IN, evaluate, feasible, runs
 from trajectories import DIALECTS
 

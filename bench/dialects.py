@@ -13,20 +13,23 @@ tau-bench run (by position in the file) for a quicker look.
 For each run and each ratio (50%, 25%): the final size F is ctxgate's o200k count of the
 whole request-ready run, messages plus its `tools` schema (what X-Ctx-Tokens-In reports);
 the limit is L = int(ratio × F), given to ctxgate as its max_input_tokens (X-Ctx-Budget)
-and enforced by the upstream. Each agent turn is replayed as its agent sent it
-(bench/dialect_replay.py says how each method is run and when a turn is refused).
+and enforced by the upstream. Each agent turn is replayed as its agent sent it, by
+`ctxgate replay`'s driver (proxy/replay/driver.py, `enforce_limit=True`: the upstream
+refuses a request over the limit, ctxgate compacts reactively and sends again; a
+speculation in flight finishes before the next turn). The baselines (drop-oldest,
+middle-out; below) send what they keep, and the upstream refuses it when it is still over.
 
 Summaries are scripted, not an LLM:
-- *stand-in*: bench/recoverability.py's scripted_summary_text (quotes the span's first
-  user message, the tools called, the last assistant remark, the last error line and every
-  file path it sees): "the chain with a competent summariser";
+- *stand-in*: `scripted_summary_text` (quotes the span's first user message, the tools
+  called, the last assistant remark, the last error line and every file path it sees):
+  "the chain with a competent summariser";
 - *empty*: the six headings with nothing under them, so what survives is what the
   machinery alone keeps (pinned messages, restore blocks, the recent messages).
 
 Probes, on each turn's forwarded request against that turn's whole request messages[:i]
-(the scorer's helpers of bench/recoverability.py, reading the run's protocol as its
-dialect says): task line present; touched files (the paths the agent named so far) present
-anywhere; the last error line present (n/a while there is none); the last 6 messages of
+(proxy/replay/probes.py, reading the run's protocol as its dialect says): task line
+present; touched files (the paths the agent named so far) present anywhere; the last
+error line present (n/a while there is none); the last 6 messages of
 the request present verbatim (share); valid pairing (is_valid_sequence). A refused turn
 scores 0 on all of them: the agent got no reply. Each is a mean over a run's turns, then
 over the dialect's runs. Per run: summary calls; prefix-stable turns, the share of pairs
@@ -35,7 +38,7 @@ strictly and (ctxgate) leaving out the pairs whose second turn is a compaction p
 cache-aware cost (below); refused turns (share; by ctxgate before the upstream / by the
 upstream).
 
-Cache-aware cost, at two providers' price ratios (dialect_scores.PRICES): *OpenAI* (input 1,
+Cache-aware cost (proxy/replay/scores.py), at two providers' price ratios (`PRICES`): *OpenAI* (input 1,
 cache read 0.1, no charge to write, output 4) and *Anthropic* (input 1, cache read 0.1, cache
 write 1.25, output 5). Every turn's request is priced at the cache-read price on its longest
 common prefix in whole messages (with the tools schema) with the previous *answered* request
@@ -62,9 +65,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import collections
+import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -77,29 +81,103 @@ import orjson
 
 import common
 from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
-from dialect_replay import (
-    ProviderCount,
-    baseline_replay,
-    ctxgate_replay,
-    drop_oldest,
-    middle_out,
-)
-from dialect_scores import PRICES, PROBES, RunScore, floor_of, mean, needs_of, priced, score_run
-from recoverability import scripted_summary_text
+from ctxgate.proxy.replay.driver import Forwarded, Replay, agent_turns, replay
+from ctxgate.proxy.replay.probes import ERROR_MARKERS, PATH_RE, PROBES, floor_of, needs_of, squash
+from ctxgate.proxy.replay.scores import PRICES, RunScore, mean, score_run, whole_history_cost
+from ctxgate.proxy.replay.upstream import UPSTREAM, ProviderCount
 from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of, every_dialect
-from turn_replay import agent_turns
 
 Message = dict[str, Any]
 RATIOS = (0.50, 0.25)
 TAU_BENCH_EVERY = 1
 EMPTY_SUMMARY = ("1. Goal:\n2. Completed steps:\n3. Key decisions:\n4. Open problems:\n5. Current files:\n"
                  "6. Tool context:")
+
+
+def scripted_summary_text(prompt: list[Message]) -> str:
+    """A deterministic six-field summary of the span Autocompact sends: its first user
+    message, the tools called, the last assistant remark, the last error line, every path."""
+    text = (prompt[-1].get("content") or "").split("Conversation history:", 1)[-1]
+    blocks = re.split(r"\n\n(?=\[(?:system|developer|user|assistant|tool)\] )", text.strip())
+    first_user = next((b[len("[user] "):] for b in blocks if b.startswith("[user] ")), "")
+    last_assistant = next((b[len("[assistant] "):] for b in reversed(blocks)
+                           if b.startswith("[assistant] ") and b[len("[assistant] "):].strip()), "")
+    tools = collections.Counter(re.findall(r"\[called ([\w.\-]+)\(", text))
+    paths = list(dict.fromkeys(reversed(PATH_RE.findall(text))))[:25]
+    error = next((line.strip()[:200] for line in reversed(text.splitlines())
+                  if any(k in line for k in ERROR_MARKERS)), "")
+    tool_list = ", ".join(f"{n} ×{c}" for n, c in tools.most_common()) or "none"
+    return "\n".join([
+        f"1. Goal: {squash(first_user)[:300] or 'not stated in this span'}",
+        f"2. Completed steps: {len(blocks)} messages summarised; tools called: {tool_list}",
+        f"3. Key decisions: last assistant remark: {squash(last_assistant)[:200] or 'none'}",
+        f"4. Unresolved problems: {error or 'no error seen'}",
+        f"5. Files: {', '.join(paths) or 'none seen'}",
+        f"6. Skill/tool context: {', '.join(tools) or 'none'}",
+    ])
+
+
+# Baselines (their own reading of the messages, independent of ctxgate's): the leading system
+# message(s) always kept, the newest unit always kept, a tool call never separated from its
+# results. drop-oldest drops the oldest units until the request fits; middle-out the unit at
+# the centre of the rest, again and again (as OpenRouter's middle-out transform does).
+
+
+def units_of(body: list[Message]) -> list[list[Message]]:
+    """An assistant message with its tool calls' results, or any other single message."""
+    units: list[list[Message]] = []
+    for m in body:
+        if m.get("role") == "tool" and units and units[-1][0].get("tool_calls"):
+            units[-1].append(m)
+        else:
+            units.append([m])
+    return units
+
+
+def fit(request: list[Message], limit: int, provider: ProviderCount, pick: Callable[[int], int]) -> list[Message]:
+    head = leading_instructions(request)
+    units = units_of(request[head:])
+    sizes = [sum(provider.counter.count_structured(m) for m in unit) for unit in units]
+    total = provider(request)
+    while total > limit and len(units) > 1:
+        k = pick(len(units))
+        total -= sizes.pop(k)
+        units.pop(k)
+    return request[:head] + [m for unit in units for m in unit]
+
+
+BASELINES: dict[str, Callable[[int], int]] = {"drop-oldest": lambda n: 0, "middle-out": lambda n: (n - 1) // 2}
+
+
+def baseline_replay(messages: list[Message], limit: int, pick: Callable[[int], int],
+                    provider: ProviderCount) -> Replay:
+    out = Replay()
+    for i in agent_turns(messages):
+        sent = fit(messages[:i], limit, provider, pick)
+        tokens = provider(sent)
+        over = tokens > limit
+        out.turns.append(Forwarded(i, sent, [], False, tokens, 0.0, False, refused="over the limit" if over else "",
+                                   refused_by=UPSTREAM if over else ""))
+    return out
+
+
 STAND_IN, EMPTY = "ctxgate, stand-in summary", "ctxgate, empty summary"
-BASELINES = {"drop-oldest": drop_oldest, "middle-out": middle_out}
 METHODS = (STAND_IN, EMPTY, *BASELINES)
 SUMMARIES: dict[str, Callable[[list[Message]], str]] = {STAND_IN: scripted_summary_text,
                                                        EMPTY: lambda _: EMPTY_SUMMARY}
+
+
+def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | None, limit: int,
+                   summary: Callable[[list[Message]], str], counter: TokenCounter, provider: ProviderCount,
+                   config: PipelineConfig | None, loop: asyncio.AbstractEventLoop) -> Replay:
+    async def summarize(prompt: list[Message]) -> str:
+        return summary(prompt)
+
+    return loop.run_until_complete(replay(messages, tools, limit, counter=counter, summarize=summarize,
+                                          config=config, provider_count=provider, wait_background=True,
+                                          enforce_limit=True))
 
 
 @dataclass
@@ -186,8 +264,7 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
     professional profile's)."""
     provider = ProviderCount(counter, t.tools)
     needs = needs_of(messages, dialect != TOOL_CALLS, provider)
-    whole = [(messages[:i], True) for i in agent_turns(messages)]
-    reference = {name: priced(whole, provider, prices) for name, prices in PRICES.items()}
+    reference = whole_history_cost(messages, provider)
     final, floor = provider(messages), floor_of(messages, provider)
     out: dict[float, dict[str, RunScore] | None] = {}
     for ratio in RATIOS:
@@ -197,12 +274,9 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
             continue
         scores = {}
         for method in methods:
-            if method in SUMMARIES:
-                run = loop.run_until_complete(ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter,
-                                                             config))
-            else:
-                run = baseline_replay(messages, t.tools, limit, BASELINES[method], counter)
-            scores[method] = score_run(run, needs, limit, provider, messages, reference, method in SUMMARIES)
+            run = (ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter, provider, config, loop)
+                   if method in SUMMARIES else baseline_replay(messages, limit, BASELINES[method], provider))
+            scores[method] = score_run(run, needs, limit, provider, messages, reference)
         out[ratio] = scores
     def fewest(trigger: float) -> int:
         over = sum(needs[i].tokens > trigger for i in agent_turns(messages))  # at most a point per such turn
@@ -495,7 +569,7 @@ def report(results: list[RunResult], long: list[RunResult], elapsed: float, note
         "cache-write price (OpenAI ratios: 0.1 / 1; Anthropic: 0.1 / 1.25), summary calls priced in and out, "
         "refused turns priced as if processed, relative to sending the whole history every turn with the same "
         "caching. *compaction points / 100 turns* and *summary calls / point* over the dialect's runs. Definitions: "
-        "`bench/dialects.py`, `bench/dialect_replay.py`.\n")
+        "`bench/dialects.py`, `proxy/replay/` (the driver `ctxgate replay` runs, with the limit enforced).\n")
     count = collections.Counter(r.dialect for r in results)
     out.append("Runs: " + ", ".join(f"{d} {count[d]}" for d in DIALECTS if count[d])
                + (f" (tau-bench: every {tau_every}th of its 200 runs, by position in the file)" if tau_every > 1

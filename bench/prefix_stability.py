@@ -3,7 +3,7 @@ Autocompact saves at the compaction points.
 
 One long session (200K tokens of the recorded runs back to back, bench/common.py:
 build_conversation) and every recorded run with at least 10 agent turns are replayed turn
-by turn through the compactor as the proxy runs it (bench/turn_replay.py) at budgets of
+by turn through the compactor as the proxy runs it (proxy/replay/driver.py, `ctxgate replay`'s driver) at budgets of
 50% and 25% of their final size. For each pair of consecutive forwarded requests a, b: *stable* when b starts
 with a byte for byte (the provider's prompt cache keeps hitting); a break at a
 compaction point (the session's records changed that turn) is the one break a
@@ -33,7 +33,7 @@ from ctxgate.pipeline.microcompact import MicrocompactStrategy
 from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.pipeline.turns import leading_instructions, task_index
 from ctxgate.pipeline.request import CompressionRequest
-from turn_replay import Message, agent_turns, replay
+from ctxgate.proxy.replay.driver import Message, Replay, agent_turns, replay as replay_session
 
 TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"
 RATIOS = (0.50, 0.25)
@@ -41,6 +41,25 @@ MIN_TURNS = 10
 LONG_SESSION_TOKENS = 200_000
 SUMMARY_S = 0.3
 UPSTREAM_S = 0.5
+SUMMARY = """1. User goal: fix the failing behaviour described in the task.
+2. Completed steps: explored the repository; reproduced the problem.
+3. Key decisions: edited the module that raised the error.
+4. Open issues: run the test suite again.
+5. Current files: see the restored file list.
+6. Skill/tool context: str_replace_editor, execute_bash."""
+
+
+async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, budget: int, *,
+                 provider_count: Any = None, speculate: bool = True, summary_s: float = 0.0,
+                 upstream_s: float = 0.0) -> Replay:
+    """`ctxgate replay`'s driver with the gpt-4o tokenizer and a scripted summary that takes `summary_s`."""
+    async def summarize(_: list[Message]) -> str:
+        if summary_s:
+            await asyncio.sleep(summary_s)
+        return SUMMARY
+
+    return await replay_session(messages, tools, budget, counter=common.gpt4o_counter(), summarize=summarize,
+                                provider_count=provider_count, speculate=speculate, upstream_s=upstream_s)
 
 
 def contract_tokens(messages: list[Message]) -> int:
@@ -193,7 +212,7 @@ def results() -> int:
         f"One {LONG_SESSION_TOKENS:,}-token session of {len(agent_turns(long_session))} agent turns (the recorded runs "
         "back to back, bench/common.py: build_conversation) and every recorded run with "
         f"≥ {MIN_TURNS} agent turns ({len(runs) - 1}: SWE-agent, OpenHands and tau-bench), replayed "
-        "turn by turn through `Compactor.prepare` as proxy/chat.py runs it (bench/turn_replay.py: session locked, "
+        "turn by turn through `Compactor.prepare` as the gateway runs it (proxy/replay/driver.py: session locked, "
         "state saved, loop guard reset after each reply, speculative Autocompact on), each at budgets of 50% and 25% "
         "of its final size (o200k_base, tools schema included; the provider's count is ctxgate's). A pair of "
         "consecutive requests is *stable* when the second starts with the first byte for byte. A *compaction point* "

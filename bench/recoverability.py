@@ -66,10 +66,8 @@ import asyncio
 import collections
 import contextlib
 import io
-import json
 import logging
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -89,151 +87,24 @@ from ctxgate.pipeline.refs import CutLog  # noqa: E402
 from ctxgate.proxy.engine.expansion import tool_definition  # noqa: E402
 import expansion_probe  # noqa: E402
 from trajectories import DIALECTS, TOOL_CALLS, dialect_of  # noqa: E402
+from ctxgate.proxy.replay.probes import (  # noqa: E402
+    last_error_line,
+    norm,
+    observations,
+    task_present,
+    task_statement_index,
+    text_of,
+    touched_files,
+)
+from dialects import scripted_summary_text  # noqa: E402
 
 Message = dict[str, Any]
 RATIOS = (0.50, 0.25)
 TIGHT_SUMMARY = 100
-_EXT = ("py|pyi|pyx|js|mjs|ts|tsx|jsx|json|yaml|yml|toml|cfg|ini|txt|md|rst|c|h|cc|cpp|hpp|go|rs|java|rb|php|sh|"
-        "html|css|sql|xml|csv|lock|patch|diff|ipynb|conf|env")
-PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:" + _EXT + r"))(?![\w/\-])")
-_PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
-_HEADER_RE = re.compile(r"\[File: ([^\s\]]+)|\(Open file: ([^)\n]+)\)")
-_ERROR_MARKERS = ("Error", "Traceback", "error:")
-_FUNCTION_RE = re.compile(r"<function=[\w.\-]+>(.*?)(?:</function>|\Z)", re.S)
-_PARAMETER_RE = re.compile(r"<parameter=([\w\-]+)>(.*?)</parameter>", re.S)
-
-
-# ---------------------------------------------------------------------------------------
-# Text helpers
-
-
-def text_of(m: Message) -> str:
-    content = m.get("content")
-    if isinstance(content, list):
-        content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    parts = [content if isinstance(content, str) else ""]
-    for tc in m.get("tool_calls") or []:
-        fn = tc.get("function") or {}
-        parts.append(f"{fn.get('name', '')}({fn.get('arguments', '')})")
-    return "\n".join(parts)
-
-
-def squash(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _canon_args(args: Any) -> str:
-    if isinstance(args, str):
-        try:
-            return json.dumps(json.loads(args), sort_keys=True)
-        except (ValueError, TypeError):
-            return args
-    return json.dumps(args, sort_keys=True)
-
-
-def norm(m: Message) -> tuple:
-    """A message as a provider sees it, so equal messages compare equal across libraries."""
-    content = m.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    calls = tuple(sorted((tc.get("id"), (tc.get("function") or {}).get("name"),
-                          _canon_args((tc.get("function") or {}).get("arguments")))
-                         for tc in m.get("tool_calls") or []))
-    return (m.get("role"), content or "", calls, m.get("tool_call_id"))
-
-
-# ---------------------------------------------------------------------------------------
-# What a continuing agent needs, taken from the original request
 
 
 def is_text_mode(messages: list[Message]) -> bool:
     return not any(m.get("role") == "tool" for m in messages)
-
-
-def touched_files(messages: list[Message], text_mode: bool | None = None) -> list[str]:
-    """Paths in tool-call arguments, in OpenHands' text-protocol `<function=…>` parameters,
-    in SWE-agent / mini-swe-agent command blocks (text mode), and in the `[File: X` /
-    `(Open file: X)` headers of observations. `text_mode`: the run's protocol when known
-    (default: read from `messages`, which for a tool-calling run's first turns, before any
-    tool result, says text)."""
-    found: dict[str, None] = {}
-
-    def add_from(text: str) -> None:
-        for p in PATH_RE.findall(text):
-            if p not in ("/dev/null",):
-                found.setdefault(p, None)
-
-    def add_args(args: dict[str, Any]) -> None:
-        for k, v in args.items():
-            if isinstance(v, str) and (k in _PATH_KEYS or k in ("command", "cmd", "code")):
-                if k in _PATH_KEYS and v.strip():
-                    found.setdefault(v.strip(), None)
-                else:
-                    add_from(v)
-
-    text_mode = is_text_mode(messages) if text_mode is None else text_mode
-    for m in messages:
-        for tc in m.get("tool_calls") or []:
-            raw = (tc.get("function") or {}).get("arguments") or ""
-            try:
-                args = json.loads(raw) if isinstance(raw, str) else raw
-            except ValueError:
-                args = None
-            if isinstance(args, dict):
-                add_args(args)
-            else:
-                add_from(str(raw))
-        if text_mode and m.get("role") == "assistant":
-            text = text_of(m)
-            calls = _FUNCTION_RE.findall(text)
-            for body in calls:  # OpenHands text protocol: the same arguments as its tool calls
-                add_args({k: v.strip("\n") for k, v in _PARAMETER_RE.findall(body)})
-            blocks = [] if calls else re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
-            if blocks:
-                add_from(blocks[-1])
-    for m in observations(messages, text_mode):
-        if True:
-            for a, b in _HEADER_RE.findall(text_of(m)):
-                path = (a or b).strip()
-                if path and path != "n/a" and "." in path.rsplit("/", 1)[-1]:
-                    found.setdefault(path, None)
-    return list(found)
-
-
-def observations(messages: list[Message], text_mode: bool | None = None) -> list[Message]:
-    """Tool results; for text-mode agents (observations in user turns) the user turns after the task."""
-    if not (is_text_mode(messages) if text_mode is None else text_mode):
-        return [m for m in messages if m.get("role") == "tool"]
-    first = first_user_index(messages)
-    return [m for i, m in enumerate(messages) if m.get("role") == "user" and i != first]
-
-
-_LISTING_RE = re.compile(r"^\s*\d+(?::|\t|\s{2,})")
-"""A numbered line of a file view (`317:    raise ValueError(`, `cat -n` output): code, not an error."""
-
-
-def _error_lines(text: str) -> list[str]:
-    return [ln.strip() for ln in text.splitlines()
-            if any(k in ln for k in _ERROR_MARKERS) and not _LISTING_RE.match(ln)]
-
-
-def last_error_line(messages: list[Message], text_mode: bool | None = None) -> str | None:
-    """The key line of the last observation that reports an error: its last line with a
-    marker, numbered file-view lines excluded (a view of code that says `ValueError` is
-    not an error); a marker line under 12 characters ("Error:") gets the next line too."""
-    for m in reversed(observations(messages, text_mode)):
-        text = text_of(m)
-        found = _error_lines(text)
-        if not found:
-            continue
-        key = found[-1]
-        if len(key) < 12:
-            lines = [ln.strip() for ln in text.splitlines()]
-            at = max(i for i, ln in enumerate(lines) if ln == key)
-            nxt = next((ln for ln in lines[at + 1:] if ln), "")
-            key = (key + "\n" + nxt) if nxt else key
-        return key[:300]
-    return None
 
 
 @dataclass
@@ -247,40 +118,13 @@ class Needs:
     """The first user message is a SWE-agent demonstration; the task is the user message after it."""
 
 
-def task_statement_index(messages: list[Message]) -> int | None:
-    """The scorer's own reading (see the module doc), independent of ctxgate's."""
-    fu = first_user_index(messages)
-    if fu is not None and text_of(messages[fu]).startswith("Here is a demonstration"):
-        return next((i for i in range(fu + 1, len(messages)) if messages[i].get("role") == "user"), fu)
-    return fu
-
-
-def needs_of(messages: list[Message], text_mode: bool | None = None) -> Needs:
-    """`text_mode`: observations in user turns (a text dialect); default: read from `messages`."""
+def needs_of(messages: list[Message], text_mode: bool) -> Needs:
+    """`text_mode`: observations in user turns (a text dialect)."""
     task = task_statement_index(messages)
     system = norm(messages[0]) if messages and messages[0].get("role") in ("system", "developer") else None
     return Needs(task=text_of(messages[task]) if task is not None else "", files=touched_files(messages, text_mode),
                  error=last_error_line(messages, text_mode), latest=[norm(m) for m in messages[-3:]], system=system,
                  demonstration=task != first_user_index(messages))
-
-
-# ---------------------------------------------------------------------------------------
-# Scoring
-
-
-def task_present(task: str, out: list[Message]) -> bool:
-    if not task.strip():
-        return True
-    texts = [text_of(m) for m in out]
-    if any(task in t for t in texts):
-        return True
-    head = squash(task)[:500]
-    pieces = [head[i:i + 25] for i in range(0, len(head), 25) if len(head[i:i + 25]) >= 5]
-    for t in texts:
-        flat = squash(t)
-        if pieces and sum(p in flat for p in pieces) / len(pieces) >= 0.9:
-            return True
-    return False
 
 
 @dataclass
@@ -325,34 +169,6 @@ def score(needs: Needs, out: list[Message], budget: int, counter) -> Score:
 
 
 # ---------------------------------------------------------------------------------------
-# The stand-in summariser
-
-
-def scripted_summary_text(prompt: list[Message]) -> str:
-    """Deterministic six-field summary of the span Autocompact sends (see the module doc)."""
-    text = prompt[-1].get("content") or ""
-    text = text.split("Conversation history:", 1)[-1]
-    blocks = re.split(r"\n\n(?=\[(?:system|developer|user|assistant|tool)\] )", text.strip())
-    first_user = next((b[len("[user] "):] for b in blocks if b.startswith("[user] ")), "")
-    last_assistant = next((b[len("[assistant] "):] for b in reversed(blocks)
-                           if b.startswith("[assistant] ") and b[len("[assistant] "):].strip()), "")
-    tools = collections.Counter(re.findall(r"\[called ([\w.\-]+)\(", text))
-    paths = list(dict.fromkeys(reversed(PATH_RE.findall(text))))[:25]
-    error = ""
-    for line in reversed(text.splitlines()):
-        if any(k in line for k in _ERROR_MARKERS):
-            error = line.strip()[:200]
-            break
-    tool_list = ", ".join(f"{n} ×{c}" for n, c in tools.most_common()) or "none"
-    return "\n".join([
-        f"1. Goal: {squash(first_user)[:300] or 'not stated in this span'}",
-        f"2. Completed steps: {len(blocks)} messages summarised; tools called: {tool_list}",
-        f"3. Key decisions: last assistant remark: {squash(last_assistant)[:200] or 'none'}",
-        f"4. Unresolved problems: {error or 'no error seen'}",
-        f"5. Files: {', '.join(paths) or 'none seen'}",
-        f"6. Skill/tool context: {', '.join(tools) or 'none'}",
-    ])
-
 
 async def scripted_summary(prompt: list[Message]) -> str:
     return scripted_summary_text(prompt)

@@ -21,7 +21,7 @@ import orjson
 from .config import RestoreConfig
 from .conversation import read_conversation
 from .protocols.base import readable_text
-from .notes import (RESTORE, RESTORE_FILE, context_note, is_compaction_note, is_ctxgate_message,
+from .notes import (RESTORE, RESTORE_FILE, TAG, context_note, is_compaction_note, is_ctxgate_message,
                     is_quoted, is_restore_block, kind_of, notice_message)
 from .tokens import TokenCounter
 from .types import Message
@@ -32,6 +32,8 @@ _WINDOW_HEADER = re.compile(r"\[File: (\S+) \(\d+ lines total\)\]")
 """SWE-agent shows a file as a window under this header (its `open`, `goto`, `edit`)."""
 _OPEN_FILE = re.compile(r"\(Open file: ([^)\n]+)\)")
 """SWE-agent's status line after every observation."""
+STATE_SOURCE = "restored state"
+"""The source of the block about the state: what ctxgate read from the agent's calls and their outputs."""
 _FILE_NAMES = "Current files: "
 _FILE_CONTENT = "Latest content seen of "
 
@@ -196,38 +198,34 @@ class ActiveRestore:
         separator names the reference there, and the block points to it."""
         s = self.state
         shown = "\n".join(readable_text(m) for m in visible or [])
-        parts: list[tuple[str, str, str]] = []
-        """(kind, source, text) of each block about the state."""
+        parts: list[str] = []
+        """The sections about the state, most important first: one quoted block holds them (one
+        pair of delimiters, not one per section: at a tight limit those tokens decide what fits)."""
         if s.pending_tasks:
-            parts.append((RESTORE, "restored: pending tasks",
-                          "Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks)))
+            parts.append("Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks))
         if s.active_plan:
-            parts.append((RESTORE, "restored: plan",
-                          "Active plan:\n" + s.active_plan))
+            parts.append("Active plan:\n" + s.active_plan)
         if s.last_error and s.last_error not in shown:
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
-            source = "restored: last error (tool output)"
             if ref is not None and ref in shown:
-                parts.append((RESTORE, source, f"The last error a tool reported (it may since be fixed) is in the cut "
-                                               f"middle of an output still in view: ref {ref}."))
+                parts.append(f"The last error a tool reported (it may since be fixed) is in the cut middle of an "
+                             f"output still in view: ref {ref}.")
             else:
-                parts.append((RESTORE, source, "Last error a tool reported (it may since be fixed):\n" + s.last_error
-                              + (f"\n(the output it is from: ref {ref})" if ref is not None else "")))
+                parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error
+                             + (f"\n(the output it is from: ref {ref})" if ref is not None else ""))
         if s.active_skill:
-            parts.append((RESTORE, "restored: skill (tool output)",
-                          "Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens)))
+            parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:
-            parts.append((RESTORE_FILE, "restored: file paths",
-                          _FILE_NAMES + ", ".join(f.path for f in s.current_files)))
+            parts.append(_FILE_NAMES + ", ".join(f.path for f in s.current_files))
         out: list[Message] = []
         used = 0
-        for kind, source, text in parts:
-            block = context_note(kind, source, text)  # the source says it is restored state
+        for n in range(len(parts), 0, -1):  # as many sections as fit, the least important go first
+            block = state_block(parts[:n])
             cost = counter.count_structured(block)
-            if used + cost > budget:
+            if cost <= budget:
+                out.append(block)
+                used = cost
                 break
-            out.append(block)
-            used += cost
         limit = budget if room is None else min(budget, room)
         for f in s.current_files[:self.config.max_files]:
             if not f.content or f.content in shown:
@@ -244,40 +242,92 @@ class ActiveRestore:
         return out
 
 
+def state_block(sections: list[str]) -> Message:
+    """The block about the state: its sections quoted as one, and kept in its tag, so shedding
+    can give up the least important of them rather than the whole block."""
+    block = context_note(RESTORE, STATE_SOURCE, "\n\n".join(sections))
+    block[TAG] = {"kind": RESTORE, "sections": list(sections)}
+    return block
+
+
+def _sections(message: Message) -> list[str]:
+    tag = message.get(TAG)
+    found = tag.get("sections") if isinstance(tag, dict) else None
+    return [x for x in found if isinstance(x, str)] if isinstance(found, list) else []
+
+
 def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int,
                       everything: bool = False) -> list[Message] | None:
-    """`messages` without as many of ctxgate's own messages as it takes to fit `limit` tokens,
-    the last first: the restore blocks about files; with `everything` (the last resort) then
-    the compaction notes, the oldest first, and the other restore blocks (the last error, plan
-    and tasks go last: a few lines the summary notes mostly repeat at greater length); then
-    those dropped before the one that made room come back if they fit beside it (a file list
-    is not lost to a note that had to go anyway). None if they do not fit even so. A request
-    over the budget gives up what ctxgate added before anything the client sent: the newest
-    steps verbatim are worth more than a list of what came before them, and a request the
-    provider refuses is worth nothing."""
-    blocks = [i for i in range(len(messages) - 1, -1, -1) if is_restore_block(messages[i])]
-    order = [i for i in blocks if kind_of(messages[i]) == RESTORE_FILE]
+    """`messages` without as much of ctxgate's own messages as it takes to fit `limit` tokens:
+    first the restore blocks about files (the contents, the last first, then the file names in
+    the state block); with `everything` (the last resort) then the compaction notes, the oldest
+    first, then the state's other sections, the least important first (the last error, plan and
+    tasks go last: a few lines the summary notes mostly repeat at greater length); then what was
+    dropped before the step that made room comes back if it fits beside it (a file list is not
+    lost to a note that had to go anyway). None if they do not fit even so. A request over the
+    budget gives up what ctxgate added before anything the client sent: the newest steps
+    verbatim are worth more than a list of what came before them, and a request the provider
+    refuses is worth nothing."""
+    state = next((i for i, m in enumerate(messages) if _sections(m)), None)
+    sections = _sections(messages[state]) if state is not None else []
+    steps: list[tuple[int, int]] = [(i, 0) for i in range(len(messages) - 1, -1, -1)
+                                    if kind_of(messages[i]) == RESTORE_FILE]
+    """(index, what is kept of it: 0 nothing, k the state block's first k sections), in order."""
+    kept = len(sections)
+    if state is not None and sections[-1].startswith(_FILE_NAMES):
+        kept -= 1
+        steps.append((state, kept))
     if everything:
-        order += [i for i, m in enumerate(messages) if is_compaction_note(m)] + [i for i in blocks if i not in order]
+        steps += [(i, 0) for i, m in enumerate(messages) if is_compaction_note(m)]
+        steps += [(i, 0) for i in range(len(messages) - 1, -1, -1)
+                  if is_restore_block(messages[i]) and kind_of(messages[i]) != RESTORE_FILE and i != state]
+        steps += [(state, k) for k in range(kept - 1, -1, -1)] if state is not None else []
     # Counted as forwarded: ctxgate's notice comes with its quoted notes, and goes with the last of them.
     notice = counter.count_structured(notice_message())
-    quoted = {i for i, m in enumerate(messages) if is_quoted(m)}
+    touched = {i for i, _ in steps}
+    base = counter.count_messages([m for i, m in enumerate(messages) if i not in touched])
+    cost: dict[tuple[int, int], int] = {}
 
-    def total(without: list[int]) -> int:
-        gone = set(without)
-        kept = sum(counter.count_structured(messages[i]) for i in order if i not in gone)
-        return base + kept + (notice if quoted - gone else 0)
+    def shown(i: int, keep: int | None) -> Message | None:
+        if keep is None:
+            return messages[i]
+        if keep == 0:
+            return None
+        return state_block(sections[:keep]) if i == state else messages[i]
 
-    base = counter.count_messages([m for i, m in enumerate(messages) if i not in set(order)])
-    dropped: list[int] = []
-    for i in order:
-        if total(dropped) <= limit:
-            break
-        dropped.append(i)
-    if total(dropped) > limit:
+    def size(i: int, keep: int | None) -> int:
+        key = (i, -1 if keep is None else keep)
+        if key not in cost:
+            m = shown(i, keep)
+            cost[key] = 0 if m is None else counter.count_structured(m)
+        return cost[key]
+
+    def total(applied: dict[int, int]) -> int:
+        kept_quoted = any(m is not None and is_quoted(m) for i in touched
+                          for m in [shown(i, applied.get(i))]) or any(
+            is_quoted(m) for i, m in enumerate(messages) if i not in touched)
+        return base + sum(size(i, applied.get(i)) for i in touched) + (notice if kept_quoted else 0)
+
+    applied: dict[int, int] = {}
+    done = 0
+    while total(applied) > limit and done < len(steps):
+        i, keep = steps[done]
+        applied[i] = keep
+        done += 1
+    if total(applied) > limit:
         return None
-    # The last one dropped is what made room: those dropped before it may fit again beside it.
-    for i in reversed(dropped[:-1]):
-        if total([j for j in dropped if j != i]) <= limit:
-            dropped.remove(i)
-    return [m for i, m in enumerate(messages) if i not in set(dropped)]
+    # The last step is what made room: what the steps before it gave up may fit again beside it.
+    for at in range(done - 2, -1, -1):
+        i, keep = steps[at]
+        if applied.get(i) != keep:
+            continue  # a later step took more of it
+        before = next((k for j, k in reversed(steps[:at]) if j == i), None)
+        trial = {k: v for k, v in applied.items() if k != i} | ({} if before is None else {i: before})
+        if total(trial) <= limit:
+            applied = trial
+    out = []
+    for i in range(len(messages)):
+        m = shown(i, applied.get(i))
+        if m is not None:
+            out.append(m)
+    return out

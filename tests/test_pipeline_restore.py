@@ -10,7 +10,7 @@ from ctxgate.pipeline.notes import (RESTORE_FILE, SNIP, SUMMARY, context_note, i
                                    notice_message, quoted_text)
 from ctxgate.pipeline.protocols.base import paths_in
 from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, extract_working_state,
-                                      shed_own_messages)
+                                      shed_own_messages, state_block)
 
 from pipeline_builders import call, calls, counter, filler, real_histories, system, tool, user
 
@@ -109,17 +109,19 @@ def test_blocks_order_and_marker() -> None:
     # Quoted data in a user-role block that names its source, never a system message.
     assert all(b["role"] == "user" and b["content"].startswith('<ctxgate-context source="')
                and is_restore_block(b) and b["content"].count("</ctxgate-context>") == 1 for b in blocks)
-    assert blocks[4]["content"].startswith('<ctxgate-context source="tool:write_file path=/w/util.py">')
-    assert blocks[0]["content"].startswith('<ctxgate-context source="restored: pending tasks">')
+    assert blocks[1]["content"].startswith('<ctxgate-context source="tool:write_file path=/w/util.py">')
+    # The state is one block (one pair of delimiters), its sections most important first.
+    assert blocks[0]["content"].startswith('<ctxgate-context source="restored state">')
     texts = [quoted_text(b) for b in blocks]
-    assert texts[0] == "Pending tasks:\n- fix bug [in_progress]\n- update docs [pending]"
-    assert texts[1].startswith("Active plan:\nTwo steps left")
-    assert texts[2] == "Active skill:\nSKILL: always run the linter before committing"
-    assert texts[3] == "Current files: /w/util.py, /w/app.py, /w/new.py"
-    assert texts[4] == "Latest content seen of /w/util.py:\ndef util():\n    return 2\n"
-    assert texts[5] == "Latest content seen of /w/app.py:\nOBSERVATION: NEW app.py v2"
-    assert texts[6] == "Latest content seen of /w/new.py:\nprint(1)\n"
-    assert len(blocks) == 7
+    assert texts[0] == ("Pending tasks:\n- fix bug [in_progress]\n- update docs [pending]"
+                        "\n\nActive plan:\nTwo steps left"
+                        + texts[0].split("Two steps left", 1)[1].split("\n\nActive skill:")[0]
+                        + "\n\nActive skill:\nSKILL: always run the linter before committing"
+                        "\n\nCurrent files: /w/util.py, /w/app.py, /w/new.py")
+    assert texts[1] == "Latest content seen of /w/util.py:\ndef util():\n    return 2\n"
+    assert texts[2] == "Latest content seen of /w/app.py:\nOBSERVATION: NEW app.py v2"
+    assert texts[3] == "Latest content seen of /w/new.py:\nprint(1)\n"
+    assert len(blocks) == 4
 
 
 @pytest.mark.parametrize("budget", [0, 10, 30, 60, 100, 150, 250, 400, 800, 1600, 3000, 6000])
@@ -132,7 +134,8 @@ def test_blocks_fit_the_restore_budget(budget: int) -> None:
     assert all(is_restore_block(b) for b in blocks)
     skill = [b for b in blocks if "Active skill:" in b["content"]]
     if skill:
-        assert c.count(quoted_text(skill[0]).split("Active skill:\n", 1)[1]) <= CFG.skill_tokens
+        section = quoted_text(skill[0]).split("Active skill:\n", 1)[1].split("\n\nCurrent files: ")[0]
+        assert c.count(section) <= CFG.skill_tokens
     for b in blocks:
         if "Latest content seen of /big.py" in b["content"]:
             assert quoted_text(b).endswith("\n[...]")
@@ -239,18 +242,24 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
     c = counter()
     history = transcript()
     blocks = ActiveRestore(CFG, extract_working_state(history, CFG)).blocks(c, 10_000)
-    lists, files = blocks[:3], blocks[3:]  # tasks, plan, skill; the file names and contents
-    assert all(quoted_text(b).startswith(("Current files", "Latest")) and kind_of(b) == RESTORE_FILE for b in files)
+    lists, files = blocks[:1], blocks[1:]  # the state (tasks, plan, skill, file names); the file contents
+    assert all(quoted_text(b).startswith("Latest") and kind_of(b) == RESTORE_FILE for b in files)
     messages = history[:2] + blocks + history[2:]
     notice = c.count_structured(notice_message())  # forwarded with ctxgate's quoted blocks, gone with the last
     full, bare = c.count_messages(messages) + notice, c.count_messages(history)
     with_lists = bare + sum(c.count_structured(b) for b in lists) + notice
     assert shed_own_messages(messages, c, full) == messages
     assert shed_own_messages(messages, c, with_lists) == history[:2] + lists + history[2:]
-    assert shed_own_messages(messages, c, with_lists - 1) is None, "the state lists go only at the last resort"
-    kept = shed_own_messages(messages, c, bare + c.count_structured(blocks[0]) + c.count_structured(blocks[1])
-                             + notice, everything=True)
-    assert kept == history[:2] + blocks[:2] + history[2:], "the tasks and the plan go last"
+    sections = lists[0]["ctxgate"]["sections"]
+    assert sections[-1].startswith("Current files: ")
+    unnamed = state_block(sections[:-1])
+    assert shed_own_messages(messages, c, with_lists - 1) == history[:2] + [unnamed] + history[2:], \
+        "the file names go with the files, before the rest of the state"
+    rest = bare + c.count_structured(unnamed) + notice
+    assert shed_own_messages(messages, c, rest - 1) is None, "the rest of the state goes only at the last resort"
+    two = state_block(sections[:2])
+    assert shed_own_messages(messages, c, bare + c.count_structured(two) + notice, everything=True) == (
+        history[:2] + [two] + history[2:]), "the tasks and the plan go last"
     notes = [context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 4 earlier messages were removed."),
              context_note(SUMMARY, "compaction summary", "[ctxgate: context compaction point (Autocompact)]\n"
                           + "summary " * 40)]

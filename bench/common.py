@@ -308,18 +308,6 @@ def table(headers: list[str], rows: list[list[Any]], align: str | None = None) -
     return "\n".join(lines)
 
 
-def in_memory_sessions(store: Any) -> Any:
-    """The session transaction over `store`, with a WAL that is never written (a replay
-    keeps its state in memory): what the speculator needs to keep a background result."""
-    import tempfile
-
-    from ctxgate.proxy.engine.journal import Journal
-    from ctxgate.proxy.engine.session import Sessions
-    from ctxgate.wal.config import WalConfig
-
-    return Sessions(store, Journal(tempfile.mkdtemp(prefix="ctxgate-bench-"), WalConfig(enabled=False)))
-
-
 def add_proxy_and_wait_args(parser: Any) -> None:
     """The flags every side-by-side bench takes: where the LiteLLM proxy lives, and how long to
     wait for a quiet machine."""

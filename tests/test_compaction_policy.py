@@ -11,13 +11,13 @@ from pydantic import ValidationError
 
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import read_conversation
+from ctxgate.pipeline.depth import NOTE_MARGIN, growth_per_turn, plan_depth, prices_of, summary_allowance
+from ctxgate.pipeline.planner import DEFERRED_HINT
 from ctxgate.pipeline.notes import (AUTOCOMPACT_MARKER, SNIP_MARKER, SUMMARY, context_note, is_compaction_note,
                                    is_restore_block)
 from ctxgate.pipeline.refs import REF_RE
 from ctxgate.pipeline.policy import CONSERVATIVE_PRICES, Outlook, Prices, choose_target, cost_per_turn
-from ctxgate.proxy.engine.chain_run import DEFERRED_HINT
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
-from ctxgate.proxy.engine.depth import NOTE_MARGIN, growth_per_turn, plan_depth, prices_of, summary_allowance
 from ctxgate.proxy.engine.state import SessionState
 from ctxgate.proxy.engine.turn_budget import Turn
 from pipeline_builders import Message, assistant, counter, filler, system, tool_turn, user

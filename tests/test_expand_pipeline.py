@@ -18,10 +18,9 @@ from ctxgate.pipeline.refs import CutLog, content_ref, render_span
 from ctxgate.pipeline.snip import SnipStrategy
 from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.proxy.config import Config
-from ctxgate.proxy.engine.chain_run import run_chain
 from ctxgate.proxy.engine.compaction import fingerprints_of
 from ctxgate.proxy.engine.content_store import MemoryContentStore
-from ctxgate.proxy.engine import speculative
+from ctxgate.pipeline import planner
 from ctxgate.proxy.engine.speculative import Speculator
 from ctxgate.proxy.engine.state import MemorySessionStore, SessionState
 from ctxgate.proxy.engine.turn_budget import Turn
@@ -104,7 +103,7 @@ async def test_a_last_observation_cut_to_fit_is_named_and_kept() -> None:
          tool("c1", filler(3000, 3) + "\nerror: boom in module\n" + filler(3000, 4))]
     turn = Turn(messages=h, fingerprints=fingerprints_of(h), tools=None, counter=counter(),
                 config=PipelineConfig(), max_input_tokens=2000, summarize=summarise)
-    run = await run_chain(SessionState("t", "s"), turn, h, 1000, "proactive")
+    run = await planner.plan(turn, SessionState("t", "s"), h, 1000, "proactive")
     cut = run.record.messages[-1]["content"]
     [ref] = REF.findall(cut)
     assert "truncated, ref" in cut and ref in run.cuts and run.cuts[ref] in h[-1]["content"]
@@ -137,7 +136,7 @@ async def test_a_snip_note_summarised_by_autocompact_stays_expandable() -> None:
     config = PipelineConfig(levels=["snip", "autocompact"], snip=SnipConfig(keep_recent=30))
     turn = Turn(messages=h, fingerprints=fingerprints_of(h), tools=None, counter=counter(), config=config,
                 max_input_tokens=8000, summarize=summarise)
-    run = await run_chain(SessionState("t", "s"), turn, h, 2000, "proactive")
+    run = await planner.plan(turn, SessionState("t", "s"), h, 2000, "proactive")
     assert run.record.levels == ["snip", "autocompact"]
     [summary_ref] = refs_in(run.record.messages)
     [snip_ref] = REF.findall(run.cuts[summary_ref])
@@ -171,7 +170,7 @@ async def test_a_failed_speculation_does_not_hold_up_the_turn_waiting_for_it(mon
         await asyncio.sleep(0.05)
         raise RuntimeError("the chain failed")
 
-    monkeypatch.setattr(speculative, "run_chain", failing)
+    monkeypatch.setattr(planner, "plan", failing)
     sessions = in_memory_sessions(MemorySessionStore())
     speculator = Speculator(sessions)
     h = agent_history(40, 200)

@@ -14,13 +14,13 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import orjson
 
 from ctxgate.pipeline.config import ExpandConfig
+from ctxgate.pipeline.depth import growth_per_turn
 from ctxgate.pipeline.excerpt import excerpt
 from ctxgate.pipeline.refs import REF_HEX, CutLog
 from ctxgate.pipeline.tokens import TokenCounter
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .content_store import ContentStore
-from .depth import growth_per_turn
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of
 

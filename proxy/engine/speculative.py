@@ -14,8 +14,9 @@ import logging
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Awaitable, Callable
 
+from ctxgate.pipeline import planner
 from ctxgate.pipeline.config import ExpandConfig
-from .chain_run import ChainRun, run_chain
+from ctxgate.pipeline.planner import CompactionPlan
 from .content_store import ContentStore
 from .turn_budget import Turn
 from .session import Sessions
@@ -32,7 +33,7 @@ REMOTE_WAIT_S = 120.0
 @dataclass
 class _Running:
     """One background compaction in flight in this process."""
-    chain: "asyncio.Future[ChainRun | None]"
+    chain: "asyncio.Future[CompactionPlan | None]"
     """Its result once it ran; None when another replica holds the claim and runs it."""
     records_at_start: int
     expand: ExpandConfig
@@ -144,7 +145,7 @@ class Speculator:
                     return
                 # Started under the trigger: the request fits, and a point that would free
                 # too little defers here as it would at the trigger.
-                run = await run_chain(snapshot, turn, view, target, "proactive", may_defer=True)
+                run = await planner.plan(turn, snapshot, view, target, "proactive", fits=True)
                 if run.result.steps:
                     await self._hand_over(tenant, session_id, run, running, turn.prefix_hashes[-1])
                 running.chain.set_result(run)
@@ -174,7 +175,7 @@ class Speculator:
         result = await self._sessions.store.speculation_result(tenant, session_id, prefix_hash, 0.0)
         return result is not None and result["records"] == records
 
-    async def _hand_over(self, tenant: str, session_id: str, run: ChainRun, running: _Running,
+    async def _hand_over(self, tenant: str, session_id: str, run: CompactionPlan, running: _Running,
                          prefix_hash: str) -> None:
         if self._content is not None and run.cuts:
             expand = running.expand
@@ -197,7 +198,7 @@ class Speculator:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _kept(run: ChainRun) -> dict[str, Any]:
+def _kept(run: CompactionPlan) -> dict[str, Any]:
     """What `SessionState.speculative` holds of a finished background compaction."""
     return {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker, "working": run.working,
             "depth": run.depth.log_fields() if run.depth else {}}

@@ -15,44 +15,15 @@ from typing import Any, AsyncContextManager, AsyncIterator, Callable, Iterator, 
 
 import orjson
 
-from ctxgate.pipeline.notes import tag_legacy
+from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.wal.backend import Fence
 from ..errors import ErrorKind, GatewayError
 
 MAX_RECORDS = 8
-NOTES_VERSION = 2
-"""Records from this version on carry ctxgate's notes tagged and quoted (`pipeline/notes.py`)."""
 MAX_COMPACTION_LOG = 200
 MAX_USERS = 16
 MAX_EXPANDED = 32
 """Expansion exchanges kept for later turns (each is also bounded by the budget it was made in)."""
-
-
-@dataclass
-class CompactionRecord:
-    """`messages` replaces the client's first `prefix_len` messages (named by `prefix_hash`)."""
-    prefix_len: int
-    prefix_hash: str
-    messages: list[dict[str, Any]]
-    levels: list[str]
-    tokens_before: int
-    tokens_after: int
-    created_at: float
-    counted_by: str = ""
-    """The tokenizer `tokens_after` is in (its counter's name); empty in records made before it was kept."""
-    notes_version: int = NOTES_VERSION
-    """1: made before ctxgate tagged its notes (`from_dict`)."""
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CompactionRecord":
-        """A stored record. One made before notes were tagged has its system-role notes tagged
-        (recognised as ctxgate's because this record, ctxgate's own store, holds them); their
-        text, and so the prompt, is unchanged until the session's next compaction point."""
-        record = cls(**{"notes_version": 1, **data})
-        if record.notes_version < NOTES_VERSION:
-            record.messages = [tag_legacy(m) for m in record.messages]
-            record.notes_version = NOTES_VERSION
-        return record
 
 
 @dataclass

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ctxgate.memory.short_term import BufferScope
+from ctxgate.pipeline.depth import prices_of
 from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.provenance import message_spans
 from ctxgate.pipeline.turns import kept_characters
@@ -33,7 +34,6 @@ from ..upstream.errors import ContextTooLong, UpstreamError
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
-from .depth import prices_of
 from .expansion import Expansion, ExpandingWire, expansion_room, tool_definition
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix

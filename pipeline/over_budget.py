@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from ctxgate.pipeline.chain import CompressionPipeline
-from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.microcompact import LastObservationCut, MicrocompactStrategy
-from ctxgate.pipeline.notes import notice_tokens
-from ctxgate.pipeline.restore import shed_own_messages
-from ctxgate.pipeline.snip import SnipStrategy
-from ctxgate.pipeline.tokens import TokenCounter
-from ctxgate.pipeline.request import CompressionRequest
-from ctxgate.pipeline.types import CompressionResult, RecentWindow
+from .chain import CompressionPipeline
+from .config import PipelineConfig
+from .microcompact import LastObservationCut, MicrocompactStrategy
+from .notes import notice_tokens
+from .restore import shed_own_messages
+from .snip import SnipStrategy
+from .tokens import TokenCounter
+from .request import CompressionRequest
+from .types import CompressionResult, RecentWindow
 from .depth import chain_config, with_window
 
 

@@ -1,0 +1,38 @@
+"""A compaction record: what a compaction point replaced the client's first messages with,
+kept in the session and its log, and re-applied on every later turn (docs/compaction.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .notes import tag_legacy
+
+NOTES_VERSION = 2
+"""Records from this version on carry ctxgate's notes tagged and quoted (`pipeline/notes.py`)."""
+
+
+@dataclass
+class CompactionRecord:
+    """`messages` replaces the client's first `prefix_len` messages (named by `prefix_hash`)."""
+    prefix_len: int
+    prefix_hash: str
+    messages: list[dict[str, Any]]
+    levels: list[str]
+    tokens_before: int
+    tokens_after: int
+    created_at: float
+    counted_by: str = ""
+    """The tokenizer `tokens_after` is in (its counter's name); empty in records made before it was kept."""
+    notes_version: int = NOTES_VERSION
+    """1: made before ctxgate tagged its notes (`from_dict`)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompactionRecord":
+        """A stored record. One made before notes were tagged has its system-role notes tagged
+        (recognised as ctxgate's because this record, ctxgate's own store, holds them); their
+        text, and so the prompt, is unchanged until the session's next compaction point."""
+        record = cls(**{"notes_version": 1, **data})
+        if record.notes_version < NOTES_VERSION:
+            record.messages = [tag_legacy(m) for m in record.messages]
+            record.notes_version = NOTES_VERSION
+        return record

@@ -6,9 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import orjson
 
 from ctxgate.pipeline.config import PROFILE_DEFAULTS, PipelineConfig
 from ctxgate.pipeline.tokens import TokenizerRegistry, TokenizerRule
@@ -16,7 +15,7 @@ from .engine.compaction import Compactor
 from .engine.content_store import open_content_store
 from .config import Config
 from .upstream.demo import DemoForwarder
-from .errors import ErrorKind, GatewayError
+from .errors import GatewayError
 from .engine.idempotency import IdempotencyStore, open_idempotency_store
 from .engine.history import HistoryCache
 from .engine.shared_counts import SharedCounts, open_shared_counts
@@ -32,6 +31,7 @@ from .engine.state import SessionState
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
 from .large_json import JsonParser
 from .upstream.retry import Retrier
+from .upstream.summarizer import Summarizer
 
 log = logging.getLogger("ctxgate")
 
@@ -58,6 +58,8 @@ class Gateway:
     shared_counts: SharedCounts | None = None
     """The sessions' token counts in Redis, for a turn this process has not seen the history of."""
     json_parser: JsonParser = field(default_factory=JsonParser)
+    summarizer: Summarizer = field(init=False)
+    """ctxgate's own LLM calls (Autocompact, memory's consolidation); set by `build`."""
 
     @classmethod
     def build(cls, config: Config, data_dir: str | None = None, forwarding: str | None = None) -> "Gateway":
@@ -78,9 +80,10 @@ class Gateway:
                  via_litellm=LitellmForwarder(retrier), retrier=retrier, journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
+        gw.summarizer = summarizer = Summarizer(gw.router, tokenizers, gw.forwarder_for)
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
-                                                    else None), s.memory, gw.summarize, gw._log_dream,
-                                  short_term=open_short_term(s.state), measure=gw.model_room)
+                                                    else None), s.memory, summarizer.complete, gw._log_dream,
+                                  short_term=open_short_term(s.state), measure=summarizer.room)
         content = open_content_store(s.state, root)
         gw.shared_counts = open_shared_counts(s.state)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
@@ -166,24 +169,6 @@ class Gateway:
 
     def __hash__(self) -> int:  # lru_cache on a method needs a hashable self
         return id(self)
-
-    def model_room(self, model_name: str) -> tuple[Callable[[str], int], int]:
-        """A model's counter and input limit: what one call to it may hold."""
-        route = self.router.resolve(model_name)
-        return self.tokenizers.for_model(route.model_name, route.upstream_model).count, route.max_input_tokens
-
-    async def summarize(self, model_name: str, messages: list[dict[str, Any]]) -> str:
-        """Autocompact's LLM call, through the same routing and forwarders as any request."""
-        route = self.router.resolve(model_name)
-        payload = {**route.call_params, "model": route.upstream_model, "messages": messages, "stream": False}
-        reply = await self.forwarder_for(route).send(route, payload, stream=False, api_key=route.api_key)
-        try:
-            text = orjson.loads(reply.body or b"{}")["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError, orjson.JSONDecodeError):
-            raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"summarizer {model_name} gave no text") from None
-        if not isinstance(text, str) or not text.strip():
-            raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"summarizer {model_name} gave an empty summary")
-        return text
 
     async def close(self) -> None:
         if self.speculator is not None:

@@ -11,13 +11,12 @@ from typing import Any, Awaitable, Callable, Coroutine
 from aiohttp import web
 from multidict import CIMultiDict
 
-from ..engine.expansion import ExpandingWire
+from ..engine.expansion import ExpandingWire, expanded
 from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts, Wire
 from ..errors import ErrorKind, GatewayError
 from .errors import http_status
-from .expand import expanded
 from .sse import SseEvents
 from ..tenancy import Caller
 from ..upstream.errors import BAD_REPLY

@@ -104,6 +104,11 @@ class PreparedTurn:
         """The conversation to forward: the plan's messages with the memory block and ctxgate's notice in."""
         return forwarded(self.plan.messages, self.memory_block, self.route.single_system)
 
+    @property
+    def api_key(self) -> str | None:
+        """The key this turn's upstream calls go with."""
+        return upstream_key(self.caller, self.route)
+
     def overhead_ms(self) -> float:
         return max(0.0, (time.perf_counter() - self.started) * 1000 - self.upstream_ms)
 
@@ -165,7 +170,7 @@ class TurnEngine:
         turn = Turn(messages=messages, fingerprints=index.fingerprints, tools=request.tools, counter=counter,
                     config=config, max_input_tokens=caller.budget or route.max_input_tokens,
                     prices=prices_of(config, route.prices),
-                    summarize=lambda msgs: gw.summarize(summarizer, msgs), index=index)
+                    summarize=lambda msgs: gw.summarizer.complete(summarizer, msgs), index=index)
         headers["X-Ctx-Tokenizer"] = counter.name
         if counting is None:
             self._counted(caller, session_id, request, turn, headers)

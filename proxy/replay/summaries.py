@@ -1,7 +1,7 @@
 """Who writes a replay's Autocompact summaries: the configured model when it can be reached,
 else a deterministic offline summariser; the report says which did.
 
-The model is asked once per summary through the gateway's own call (`Gateway.summarize`);
+The model is asked once per summary through the gateway's own call (`Summarizer.complete`);
 the first failure of any kind (no network, a refused key, a timeout) switches the rest of
 the run to the offline summariser, so a replay without network still finishes in seconds.
 
@@ -144,7 +144,7 @@ class Summarizer:
             try:
                 # Half of Autocompact's own deadline: a model that hangs is given up on while
                 # the offline summary can still answer in time.
-                text = await asyncio.wait_for(self.gateway.summarize(self.model, prompt), self.timeout_s / 2)
+                text = await asyncio.wait_for(self.gateway.summarizer.complete(self.model, prompt), self.timeout_s / 2)
                 self.model_calls += 1
                 return text
             except Exception as e:  # any failure: the offline summariser takes over for the run

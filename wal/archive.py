@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 from .events import decode_line
 from .records import expand_first_checkpoint
@@ -40,6 +41,28 @@ def prune_folder(folder: Path, ttl_s: float, keep: int, pattern: str = "*.json")
             entries.append((mtime, f))
     for _, f in sorted(entries)[:max(0, len(entries) - keep)]:
         f.unlink(missing_ok=True)
+
+
+def remove(path: Path) -> bool:
+    """Delete `path`; whether it was there."""
+    try:
+        path.unlink()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def remove_matching(folder: Path, matches: Callable[[bytes], bool], pattern: str = "*.json") -> int:
+    """Delete the files of `folder` whose bytes `matches` (one it cannot read is kept); how many."""
+    removed = 0
+    for path in folder.glob(pattern) if folder.is_dir() else []:
+        try:
+            if not matches(path.read_bytes()):
+                continue
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            continue
+        removed += remove(path)
+    return removed
 
 
 def archive_segment(live: Path, archive_dir: Path, split_at: int, now: float | None = None) -> Path | None:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .archive import archive_segment, prune_archives
+from .archive import archive_segment, prune_archives, remove
 from .backend import Appended, Erased, Fence, LogInfo, LogRead
 from .events import EventType
 from .paths import WalPaths
@@ -73,9 +73,9 @@ class FileLog:
     def erase(self, tenant: str, session: str) -> Erased:
         live = self.paths.live(tenant, session)
         self.writer.forget(tenant, session)
-        erased = Erased(live=int(_unlink(live)))
-        _unlink(live.with_name(live.name + ".torn"))  # a torn fragment holds the session's text too
-        erased.archives = sum(_unlink(p) for p in self.paths.archives(tenant, session))
+        erased = Erased(live=int(remove(live)))
+        remove(live.with_name(live.name + ".torn"))  # a torn fragment holds the session's text too
+        erased.archives = sum(remove(p) for p in self.paths.archives(tenant, session))
         return erased
 
     def ping(self) -> bool:
@@ -97,14 +97,6 @@ def _latest_checkpoint_offset(scan: WalScan) -> int:
         if event["type"] == EventType.CHECKPOINT.value and isinstance(event.get("state"), dict):
             return offset
     return 0
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _mtime(path: Path) -> float:

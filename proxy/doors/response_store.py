@@ -27,7 +27,7 @@ import xxhash
 
 from ctxgate.redis_backend import RedisTarget
 from ctxgate.redis_backend.indexed import erase_matching
-from ctxgate.wal.archive import prune_folder, write_atomically
+from ctxgate.wal.archive import prune_folder, remove, remove_matching, write_atomically
 from ctxgate.wal.paths import safe_name
 from ..engine.state import reachable
 from ..errors import ErrorKind, GatewayError
@@ -176,7 +176,7 @@ class _Files:
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         with _readable():
-            return await asyncio.to_thread(_unlink, self._path(tenant, response_id))
+            return await asyncio.to_thread(remove, self._path(tenant, response_id))
 
     async def touch(self, tenant: str, response_ids: list[str]) -> None:
         with _readable():
@@ -184,22 +184,11 @@ class _Files:
 
     async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
         with _readable():
-            return await asyncio.to_thread(_erase_files, self.root / safe_name(tenant), sessions)
+            return await asyncio.to_thread(remove_matching, self.root / safe_name(tenant),
+                                             lambda raw: StoredResponse.from_bytes(raw).session_id in sessions)
 
     async def close(self) -> None:
         return None
-
-
-def _erase_files(folder: Path, sessions: set[str]) -> int:
-    removed = 0
-    for path in folder.glob("*.json") if folder.is_dir() else []:
-        try:
-            stored = StoredResponse.from_bytes(path.read_bytes())
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            continue
-        if stored.session_id in sessions:
-            removed += _unlink(path)
-    return removed
 
 
 @contextmanager
@@ -212,14 +201,6 @@ def _readable() -> Iterator[None]:
     except OSError as e:
         raise GatewayError(ErrorKind.UNAVAILABLE, f"the response store is unavailable: {e.strerror or e}",
                            code="store_unavailable") from None
-
-
-def _unlink(path: Path) -> bool:
-    try:
-        path.unlink()
-        return True
-    except FileNotFoundError:
-        return False
 
 
 def _touch(paths: list[Path]) -> None:

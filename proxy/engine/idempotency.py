@@ -24,7 +24,7 @@ import xxhash
 from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.redis_backend import RedisTarget
 from ctxgate.redis_backend.indexed import erase_matching
-from ctxgate.wal.archive import prune_folder, write_atomically
+from ctxgate.wal.archive import prune_folder, remove_matching, write_atomically
 from ctxgate.wal.paths import safe_name
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import leased
@@ -153,20 +153,8 @@ class FileIdempotencyStore:
         await asyncio.to_thread(prune_folder, path.parent, self._ttl, self._max)
 
     async def erase_sessions(self, tenant: str, sessions: set[str]) -> int:
-        return await asyncio.to_thread(self._erase, self.root / safe_name(tenant), sessions)
-
-    @staticmethod
-    def _erase(folder: Path, sessions: set[str]) -> int:
-        removed = 0
-        for path in folder.glob("*.json") if folder.is_dir() else []:
-            try:
-                reply = StoredReply.from_bytes(path.read_bytes())
-            except (FileNotFoundError, ValueError, KeyError, TypeError):
-                continue
-            if reply.session in sessions:
-                path.unlink(missing_ok=True)
-                removed += 1
-        return removed
+        return await asyncio.to_thread(remove_matching, self.root / safe_name(tenant),
+                                     lambda raw: StoredReply.from_bytes(raw).session in sessions)
 
 
 class RedisIdempotencyStore:

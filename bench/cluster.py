@@ -18,17 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import common  # noqa: E402
 import doors  # noqa: E402
-import overhead  # noqa: E402
 
 import aiohttp  # noqa: E402
 import redis  # noqa: E402
@@ -50,31 +44,14 @@ def commands(ports: list[int]) -> int:
 async def drive(base: str, messages: list, concurrency: int, seconds: float, http: aiohttp.ClientSession,
                 run: str) -> dict:
     """C clients in a closed loop: replies in the measured window, and every reply."""
-    in_window: list[float] = []
-    answered, errors = [0], []
-    t0 = time.perf_counter()
-    window = (t0 + 1.0, t0 + 1.0 + seconds)
+    async def send(w: int, i: int) -> str | None:
+        headers = DOOR.headers(common.UPSTREAM_KEY) | {"X-Ctx-Session": f"{run}-{w}-{i // common.TURNS_PER_SESSION}"}
+        async with http.post(base + DOOR.path, data=DOOR.payload(common.turn(messages, i)), headers=headers) as r:
+            raw = await r.read()
+        return None if r.status == 200 and DOOR.reply_text(raw) == "ok" else f"HTTP {r.status}: {raw[:160]!r}"
 
-    async def client(w: int) -> None:
-        i = 0
-        while time.perf_counter() < window[1]:
-            headers = DOOR.headers(overhead.UPSTREAM_KEY) | {
-                "X-Ctx-Session": f"{run}-{w}-{i // overhead.TURNS_PER_SESSION}"}
-            started = time.perf_counter()
-            async with http.post(base + DOOR.path, data=DOOR.payload(overhead.turn(messages, i)),
-                                 headers=headers) as r:
-                raw = await r.read()
-            end = time.perf_counter()
-            if r.status == 200 and DOOR.reply_text(raw) == "ok":
-                answered[0] += 1
-                if window[0] <= end <= window[1]:
-                    in_window.append((end - started) * 1000)
-            else:
-                errors.append(f"HTTP {r.status}: {raw[:160]!r}")
-            i += 1
-
-    await asyncio.gather(*(client(w) for w in range(concurrency)))
-    return {"tps": len(in_window) / seconds, "answered": answered[0], "p50": common.pct(in_window, 0.5),
+    in_window, answered, errors = await common.closed_loop(send, concurrency, seconds)
+    return {"tps": len(in_window) / seconds, "answered": answered, "p50": common.pct(in_window, 0.5),
             "errors": len(errors), "first_error": errors[0] if errors else ""}
 
 
@@ -82,47 +59,37 @@ async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
     common.CODE_AT_START = common.git_state()
     messages = common.build_conversation(2_000, common.gpt4o_counter())
-    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-cluster-"))
-    procs: list[overhead.Proc] = []
-    node = RedisServer.start(workdir / "node", aof=True)
-    cluster = RedisClusterNodes.start(workdir / "cluster")
-    backends = {"one node": (node.url, [node.port]),
-                "cluster, 3 masters": (cluster.url, [n.port for n in cluster.nodes])}
     rows = []
-    try:
-        upstream = overhead.start_upstream(workdir)
-        procs.append(upstream)
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
-        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
-            for workers in args.workers:
-                for name, (url, ports) in backends.items():  # side by side at each worker count
-                    port = overhead.free_port()
-                    own = workdir / f"{workers}-{port}"
-                    own.mkdir()
-                    cfg = overhead.ctxgate_config(upstream.url, "auto", own, url)
-                    gw = overhead.start(f"ctxgate-{port}", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config",
-                                                            str(cfg), "--port", str(port), "--workers", str(workers),
-                                                            "--log-level", "WARNING"],
-                                        f"http://127.0.0.1:{port}", "/healthz", workdir,
-                                        {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-                    try:
-                        before = commands(ports)
-                        r = await drive(gw.url, messages, args.concurrency, args.seconds, http,
-                                        f"cl-{os.urandom(4).hex()}")
-                        r["commands"] = (commands(ports) - before) / max(1, r["answered"])
-                    finally:
-                        gw.stop()
-                    rows.append((name, workers, r))
-                    common.progress(f"  {name:20s} workers={workers} {r['tps']:7.1f} turns/s "
-                                    f"({r['tps'] / workers:6.1f} per worker), {r['commands']:5.1f} Redis commands "
-                                    f"per turn, p50 {r['p50']:6.1f} ms, errors {r['errors']}"
-                                    + (f" ({r['first_error'][:120]})" if r["errors"] else ""))
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        node.stop()
-        cluster.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with common.Servers("ctxgate-cluster-") as servers:
+        node = RedisServer.start(servers.workdir / "node", aof=True)
+        cluster = RedisClusterNodes.start(servers.workdir / "cluster")
+        backends = {"one node": (node.url, [node.port]),
+                    "cluster, 3 masters": (cluster.url, [n.port for n in cluster.nodes])}
+        try:
+            upstream = servers.upstream()
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
+            async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
+                for workers in args.workers:
+                    for name, (url, ports) in backends.items():  # side by side at each worker count
+                        own = servers.workdir / f"{workers}-{len(servers.procs)}"
+                        own.mkdir()
+                        gw = servers.ctxgate(common.ctxgate_config(upstream.url, own, state=url),
+                                             f"ctxgate-{len(servers.procs)}", workers)
+                        try:
+                            before = commands(ports)
+                            r = await drive(gw.url, messages, args.concurrency, args.seconds, http,
+                                            f"cl-{os.urandom(4).hex()}")
+                            r["commands"] = (commands(ports) - before) / max(1, r["answered"])
+                        finally:
+                            gw.stop()
+                        rows.append((name, workers, r))
+                        common.progress(f"  {name:20s} workers={workers} {r['tps']:7.1f} turns/s "
+                                        f"({r['tps'] / workers:6.1f} per worker), {r['commands']:5.1f} Redis "
+                                        f"commands per turn, p50 {r['p50']:6.1f} ms, errors {r['errors']}"
+                                        + (f" ({r['first_error'][:120]})" if r["errors"] else ""))
+        finally:
+            node.stop()
+            cluster.stop()
     return rows
 
 
@@ -146,16 +113,14 @@ def write_results(args: argparse.Namespace, rows: list[tuple[str, int, dict]]) -
                            f"{r['p50']:.1f}", r["errors"]])
     lines.append(common.table(["state on", "workers", "turns/s", "per worker", "÷ one node", "Redis commands / turn",
                                "p50 ms", "errors"], table_rows, "lrrrrrrr") + "\n")
-    common.write_section("cluster", "\n".join(lines))
-    common.progress(f"cluster: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("cluster", "\n".join(lines), args.out)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, wait=120.0)
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--max-wait", type=float, default=120.0, help="wait at most this long for a quiet machine")
     args = parser.parse_args()
     rows = asyncio.run(main_async(args))
     write_results(args, rows)

@@ -11,16 +11,24 @@ import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports litellm
 
+import argparse
+import asyncio
 import copy
 import datetime as _dt
 import platform
 import re
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -33,6 +41,7 @@ try:
 except ImportError:  # the package as it was before pipeline/conversation.py (a "before" run of a benchmark)
     from ctxgate.pipeline.turns import split_units  # type: ignore[attr-defined,no-redef]  # noqa: E402
 from ctxgate.pipeline.turns import is_valid_sequence  # noqa: E402
+from servers import free_port  # noqa: E402  (tests/servers.py)
 from trajectories import Trajectory, all_trajectories, every_dialect  # noqa: E402
 
 Message = dict[str, Any]
@@ -159,6 +168,45 @@ def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Messag
     return out
 
 
+def fresh(messages: list[Message], i: int | str) -> list[Message]:
+    """The conversation with `<i> ` in front of every message's text: nothing cached."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        m["content"] = f"<{i}> " + (m.get("content") or "")
+        out.append(m)
+    return out
+
+
+TURNS_PER_SESSION = 10
+"""A session runs this many turns, then the next one starts (same history): the request
+size stays within ~20 short messages of the nominal size however many iterations run."""
+
+
+def turn(base: list[Message], i: int) -> list[Message]:
+    """Iteration i: turn k = i % 10 of session i // 10 — the history, then k+1 pairs of
+    (the upstream's reply, a new user message). Each turn resends the previous turn's
+    messages unchanged and adds two, the second never seen before."""
+    session, k = divmod(i, TURNS_PER_SESSION)
+    extra: list[Message] = []
+    for j in range(k + 1):
+        extra.append({"role": "assistant", "content": "ok"})
+        extra.append({"role": "user", "content": f"Next step {session * TURNS_PER_SESSION + j}: continue with the "
+                                                 f"task and report what changed."})
+    return base + extra
+
+
+
+SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
+           "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
+           "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
+
+
+async def instant_summary(_prompt: list[Message]) -> str:
+    """A fixed six-field summary at once: ctxgate's own work without the LLM call."""
+    return SUMMARY
+
+
 # ---------------------------------------------------------------------------------------
 # Statistics and reporting
 
@@ -224,8 +272,6 @@ def wait_for_quiet(threshold: float = 0.7, max_wait_s: float = 600.0) -> None:
     """Other work on the machine (a test suite, say) skews every figure: wait, up to
     `max_wait_s`, for the 1-minute load average to fall below `threshold`."""
     global START_LOAD
-    import time
-
     deadline = time.monotonic() + max_wait_s
     last = 0.0
     while True:
@@ -285,11 +331,17 @@ def write_section(key: str, markdown: str) -> None:
     RESULTS.write_text(text)
 
 
+_PUBLISHED: set[str] = set()
+
+
 def publish(key: str, markdown: str, out: str | None) -> None:
-    """Print a benchmark's markdown and write it to `out`, or to its section of RESULTS.md."""
+    """Print a benchmark's markdown and write it to its section of RESULTS.md or, with `out`,
+    to that file (every section of the run, one after the other)."""
     print(markdown)
     if out:
-        Path(out).write_text(markdown + "\n")
+        with open(out, "a" if out in _PUBLISHED else "w") as f:
+            f.write(markdown + "\n")
+        _PUBLISHED.add(out)
     else:
         write_section(key, markdown)
     print(f"{key}: wrote {out or RESULTS.relative_to(ROOT)}", file=sys.stderr)
@@ -308,11 +360,166 @@ def table(headers: list[str], rows: list[list[Any]], align: str | None = None) -
     return "\n".join(lines)
 
 
-def add_proxy_and_wait_args(parser: Any) -> None:
-    """The flags every side-by-side bench takes: where the LiteLLM proxy lives, and how long to
-    wait for a quiet machine."""
-    parser.add_argument("--litellm-proxy", metavar="PATH",
-                        help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
-                             "default $CTXGATE_BENCH_LITELLM_PROXY, else .venv's if it has the proxy")
-    parser.add_argument("--max-wait", type=float, default=600.0,
-                        help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
+def parser(doc: str | None, *, out: bool = True, wait: float | None = None,
+           proxy: bool = False) -> argparse.ArgumentParser:
+    """A bench's argument parser, its description the docstring's first paragraph: `--out`
+    (the markdown to a file, RESULTS.md and the bench's other files left alone), `--max-wait`
+    (a quiet machine, `wait` seconds by default) and `--litellm-proxy`, as asked."""
+    p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if out:
+        p.add_argument("--out", default=None, help="write the markdown here, not to bench/RESULTS.md")
+    if wait is not None:
+        p.add_argument("--max-wait", type=float, default=wait,
+                       help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
+    if proxy:
+        p.add_argument("--litellm-proxy", metavar="PATH",
+                       help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
+                            "default $CTXGATE_BENCH_LITELLM_PROXY, else .venv's if it has the proxy")
+    return p
+
+
+def use_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------
+# Servers: the scripted upstream, `ctxgate serve`, the LiteLLM proxy, as real processes
+
+VENV_BIN = Path(sys.executable).parent
+UPSTREAM_KEY = "sk-bench-upstream"
+SERVER_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    url: str
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+class Servers:
+    """The processes of one bench run, in a temporary folder: each started and healthy, all
+    stopped (last started first) and the folder removed on leaving the `with`."""
+
+    def __init__(self, prefix: str) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.procs: list[Proc] = []
+
+    def __enter__(self) -> "Servers":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def start(self, name: str, argv: list[str], port: int, health: str = "/healthz",
+              env: dict[str, str] | None = None, timeout: float = 120.0) -> Proc:
+        """Start `argv` (listening on `port`), wait until `health` answers 200 (the LiteLLM
+        proxy's is /health/liveliness)."""
+        base, log = f"http://127.0.0.1:{port}", self.workdir / f"{name}.log"
+        popen = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir,
+                                 env={**os.environ, **(env or {})})
+        self.procs.append(Proc(name, popen, log, base))
+        deadline = time.monotonic() + timeout
+        while True:
+            if popen.poll() is not None:
+                raise RuntimeError(f"{name} exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(base + health, timeout=1) as r:
+                    if r.status == 200:
+                        return self.procs[-1]
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not become healthy in {timeout}s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def upstream(self) -> Proc:
+        """bench/upstream.py, the scripted "ok" upstream."""
+        port = free_port()
+        return self.start("upstream", [sys.executable, str(BENCH / "upstream.py"), "--port", str(port)], port)
+
+    def ctxgate(self, config: dict[str, Any], name: str = "ctxgate", workers: int | None = None,
+                env: dict[str, str] | None = None) -> Proc:
+        """`ctxgate serve` with this config (written as YAML beside its log)."""
+        import yaml
+
+        port, path = free_port(), self.workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        argv = [str(VENV_BIN / "ctxgate"), "serve", "--config", str(path), "--port", str(port),
+                "--log-level", "WARNING"] + (["--workers", str(workers)] if workers else [])
+        return self.start(name, argv, port, env={**SERVER_ENV, **(env or {})})
+
+    def litellm_proxy(self, argv: list[str], upstream: str, version: str, workers: int | None = None
+                      ) -> tuple[Proc, str]:
+        """The LiteLLM proxy on the bench's routes; (the process, its master key: it refuses to start without)."""
+        import doors
+        import yaml
+
+        port, path, master = free_port(), self.workdir / "litellm-proxy.yaml", f"sk-bench-{os.urandom(16).hex()}"
+        path.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream, UPSTREAM_KEY),
+                                        "general_settings": {"master_key": master}}))
+        extra = ["--num_workers", str(workers)] if workers else []
+        proc = self.start("litellm-proxy", [*argv, "--config", str(path), "--port", str(port), *extra], port,
+                          "/health/liveliness", SERVER_ENV, timeout=180)
+        proc.name = f"LiteLLM proxy {version}"
+        return proc, master
+
+
+def ctxgate_config(upstream: str, workdir: Path, forwarding: str = "auto", state: str | None = None,
+                   max_input_tokens: int = 1_000_000, **settings: Any) -> dict[str, Any]:
+    """The benches' gateway: the bench's routes on `upstream` (`max_input_tokens` 1,000,000:
+    nothing compacted), its own data folder; `state`: ctxgate.state (a redis:// URL, which
+    `serve --workers N` with N > 1 needs); `settings`: more of the `ctxgate` section."""
+    import doors
+
+    ctx: dict[str, Any] = {"forwarding": forwarding, "data_dir": str(workdir / f"data-{forwarding}"), **settings}
+    if state:
+        ctx["state"] = state
+    return {"model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=max_input_tokens),
+            "ctxgate": ctx}
+
+
+async def closed_loop(send: Callable[[int, int], Awaitable[str | None]], concurrency: int, seconds: float
+                      ) -> tuple[list[float], int, list[str]]:
+    """`concurrency` clients, each sending its next request (`send(client, i)`: None when
+    answered, else the error) as soon as the previous one is answered, for one second of
+    warm-up and `seconds` more: (latencies in ms of the replies in the measured window,
+    replies in all, errors)."""
+    in_window: list[float] = []
+    answered, errors = [0], []
+    t0 = time.perf_counter()
+    window = (t0 + 1.0, t0 + 1.0 + seconds)
+
+    async def client(w: int) -> None:
+        i = 0
+        while time.perf_counter() < window[1]:
+            started = time.perf_counter()
+            error = await send(w, i)
+            end = time.perf_counter()
+            if error is None:
+                answered[0] += 1
+                if window[0] <= end <= window[1]:
+                    in_window.append((end - started) * 1000)
+            else:
+                errors.append(error)
+            i += 1
+
+    await asyncio.gather(*(client(w) for w in range(concurrency)))
+    return in_window, answered[0], errors

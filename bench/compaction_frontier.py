@@ -20,7 +20,6 @@ bench/dialects.py.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -63,9 +62,8 @@ HEADERS = ["policy", "points / 100 turns", "summaries / 100 turns", "prefix-stab
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="compaction depth against recoverability against cost")
+    p = common.parser(__doc__)
     p.add_argument("--tau-every", type=int, default=1, help="every Nth tau-bench run (1: all 200)")
-    p.add_argument("--out", default=None, help="write the markdown here, not to bench/RESULTS.md")
     args = p.parse_args()
     counter = common.gpt4o_counter()
     chosen = runs(None, None, max(1, args.tau_every))

@@ -63,7 +63,6 @@ way, each session on a row of its own.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import math
@@ -587,12 +586,11 @@ def report(results: list[RunResult], long: list[RunResult], elapsed: float, note
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="per-dialect multi-turn recoverability, ctxgate vs trimming baselines")
+    p = common.parser(__doc__)
     p.add_argument("--limit", type=int, default=None, help="at most N runs per dialect")
     p.add_argument("--only", default=None, help="one dialect: 'tool calls', 'OpenHands text', 'SWE-agent text' or "
                                                 "'mini-swe-agent' (case and dashes ignored)")
     p.add_argument("--tau-every", type=int, default=TAU_BENCH_EVERY, help="every Nth tau-bench run (1: all 200)")
-    p.add_argument("--out", default=None, help="write the markdown to this file, not to bench/RESULTS.md")
     args = p.parse_args()
 
     counter = common.gpt4o_counter()

@@ -8,22 +8,18 @@ parsed, hashed and counted (the count in a worker thread). This process posts `-
 requests at once, `--rounds` times, while a probe asks `/healthz` every 10 ms on its own
 connection; the same probe runs first with nothing else going on, as the baseline.
 
-    .venv/bin/python bench/large_bodies.py [--mb 36.6] [--large 3] [--rounds 3] [--no-write]
+    .venv/bin/python bench/large_bodies.py [--mb 36.6] [--large 3] [--rounds 3] [--out FILE]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 import orjson
 
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
-from overhead import UPSTREAM_KEY, Proc, upstream_and_ctxgate
 
 async def probe(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, out: list[float]) -> None:
     while not stop.is_set():
@@ -54,7 +50,7 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, object]:
             started = time.perf_counter()
             async with http.post(url + "/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {UPSTREAM_KEY}"}) as r:
+                                          "Authorization": f"Bearer {common.UPSTREAM_KEY}"}) as r:
                 await r.read()
                 statuses.append(r.status)
             large_ms.append((time.perf_counter() - started) * 1000)
@@ -70,26 +66,19 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--mb", type=float, default=36.6, help="size of each large request body, MB")
     parser.add_argument("--large", type=int, default=3, help="large requests sent at once")
     parser.add_argument("--rounds", type=int, default=3, help="how many times")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args()
-    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-large-"))
-    procs: list[Proc] = []
-    try:
-        procs = upstream_and_ctxgate(workdir, lambda upstream: {
+    with common.Servers("ctxgate-large-") as servers:
+        upstream = servers.upstream().url
+        server = servers.ctxgate({
             "model_list": [{"model_name": "small", "model_info": {"max_input_tokens": 8000}, "litellm_params": {
-                "model": "openai/gpt-4o", "api_base": f"{upstream}/v1", "api_key": UPSTREAM_KEY}}],
-            "ctxgate": {"data_dir": str(workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}})
-        server = procs[-1]
+                "model": "openai/gpt-4o", "api_base": f"{upstream}/v1", "api_key": common.UPSTREAM_KEY}}],
+            "ctxgate": {"data_dir": str(servers.workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}})
         common.progress(f"large bodies: {args.large} × {args.mb} MB at once, {args.rounds} rounds")
         got = asyncio.run(run(server.url, args))
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     base, loaded = got["baseline"], got["loaded"]
     assert isinstance(base, list) and isinstance(loaded, list)
     rows = [[name, len(xs), f"{common.pct(xs, 0.5):.2f}", f"{common.pct(xs, 0.95):.2f}", f"{max(xs):.2f}"]
@@ -101,9 +90,7 @@ def main() -> None:
              f"(CONTEXT_EXHAUSTED is a 400), each in {common.pct(got['large_ms'], 0.5):.0f} ms p50 "  # type: ignore[arg-type]
              f"({max(got['large_ms']):.0f} ms max).\n\n")  # type: ignore[arg-type]
     text += common.table(["/healthz", "probes", "p50 ms", "p95 ms", "max ms"], rows) + "\n"
-    print(text)
-    if not args.no_write:
-        common.write_section("large-bodies", text)
+    common.publish("large-bodies", text, args.out)
 
 
 if __name__ == "__main__":

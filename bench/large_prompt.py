@@ -19,7 +19,6 @@ same session with no compaction (the whole history every turn, cached the same w
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -99,9 +98,7 @@ def row(limit: int, fixed: int, r: dict[str, Any]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="a session whose prompt and tools take most of the limit")
-    p.add_argument("--out", default=None, help="write the markdown here, not to bench/RESULTS.md")
-    args = p.parse_args()
+    args = common.parser(__doc__).parse_args()
     started = time.perf_counter()
     recording = session()
     counter = common.gpt4o_counter()

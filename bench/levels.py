@@ -15,7 +15,6 @@ warm (re-applied to the same history: its reading and the records memoised with 
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -38,22 +37,15 @@ from ctxgate.pipeline.tokens import TokenCounter  # noqa: E402
 from ctxgate.pipeline.request import CompressionRequest  # noqa: E402
 
 WINDOW = 200_000
-SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
-           "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
-           "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
-
-
-async def instant_summary(_prompt: list[dict[str, Any]]) -> str:
-    return SUMMARY
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="cost of each compression level on a 200K-token history")
+    p = common.parser(__doc__, wait=600.0)
     p.add_argument("--runs", type=int, default=20)
     args = p.parse_args()
     runs = args.runs
 
-    common.wait_for_quiet()
+    common.wait_for_quiet(max_wait_s=args.max_wait)
     counter = common.gpt4o_counter()
     common.progress("levels: building a 200K-token history from trajectories")
     history = common.build_conversation(WINDOW, counter)
@@ -72,8 +64,8 @@ def main() -> None:
                             .compress(request()))
 
     def chain(c: TokenCounter):
-        pipe = build_pipeline(cfg, summarize=instant_summary, working_state=extract_working_state(history, cfg.restore),
-                              effective_budget=effective)
+        pipe = build_pipeline(cfg, summarize=common.instant_summary, effective_budget=effective,
+                              working_state=extract_working_state(history, cfg.restore))
         return pipe.compact(CompressionRequest(history, budget, c))
 
     # name, spec figure, factory of the coroutine to time (given a counter), setup note
@@ -88,7 +80,7 @@ def main() -> None:
         ("Collapse (re-projection, store holds the folds)", "~5 ms",
          lambda c: CollapseStrategy(cfg.collapse, primed_store, cfg.pin_first_user).compress(request(c))),
         ("Autocompact (instant scripted summary)", "LLM call",
-         lambda c: AutocompactStrategy(cfg.autocompact, instant_summary, AutocompactBreaker(),
+         lambda c: AutocompactStrategy(cfg.autocompact, common.instant_summary, AutocompactBreaker(),
                                        cfg.pin_first_user).compress(request(c))),
         ("Whole chain: extract_working_state + build_pipeline + compact()", "—",
          chain),
@@ -186,8 +178,7 @@ def main() -> None:
                              rows, "lrrrrrrrrl") + "\n")
     text.append("Unit costs on the same history (median of the same number of runs):\n")
     text.append(common.table(["call", "median ms", "min ms", "CPU median ms"], unit) + "\n")
-    common.write_section("levels", "\n".join(text))
-    common.progress(f"levels: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("levels", "\n".join(text), args.out)
 
 
 if __name__ == "__main__":

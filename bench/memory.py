@@ -97,7 +97,7 @@ async def fill(store: LongTermStore, entries: list[MemoryEntry]) -> None:
         # single puts would rewrite a growing file 10,000 times, which is the fill, not the query.
         for c in Category:
             batch = {e.id: e for e in entries if e.category == c}
-            await store._change(TENANT, c, lambda current, b=batch: current.update(b) is None)
+            await store._change(TENANT, c, lambda _, b=batch: [("put", e) for e in b.values()])
         return
     for i in range(0, len(entries), 200):
         await asyncio.gather(*(store.put(e) for e in entries[i:i + 200]))
@@ -192,15 +192,13 @@ def report(args: argparse.Namespace, results: list[dict[str, object]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.parser(__doc__, wait=600.0)
     parser.add_argument("--entries", type=int, default=10_000)
     parser.add_argument("--warm", type=int, default=300)
     parser.add_argument("--cold", type=int, default=40)
     args = parser.parse_args()
-    common.wait_for_quiet()
-    results = asyncio.run(run(args))
-    common.write_section("memory", report(args, results))
-    common.progress(f"wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.wait_for_quiet(max_wait_s=args.max_wait)
+    common.publish("memory", report(args, asyncio.run(run(args))), args.out)
 
 
 if __name__ == "__main__":

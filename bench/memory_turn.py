@@ -18,7 +18,6 @@ is remembered (after its first compaction); `detected`: read from the messages e
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -87,9 +86,7 @@ def run() -> list[list[Any]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", help="write the markdown here instead of bench/RESULTS.md")
-    args = parser.parse_args()
+    args = common.parser(__doc__).parse_args()
     rows = run()
     markdown = (common.section_header("Memory on a steady turn: capture and injection") + "\n"
                 + "Milliseconds of CPU per request in this process (see the script's docstring for what is timed). "

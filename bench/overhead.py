@@ -39,17 +39,10 @@ import asyncio
 import os
 import random
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
@@ -57,130 +50,14 @@ import doors  # noqa: E402
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
-import yaml  # noqa: E402
 
-VENV_BIN = Path(sys.executable).parent
-UPSTREAM_KEY = "sk-bench-upstream"
 MODEL = doors.CHAT_MODEL
 DIRECT = "direct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-    url: str
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(5)
-
-
-def start_upstream(workdir: Path) -> Proc:
-    """bench/upstream.py (the scripted "ok" upstream) on a free port, healthy."""
-    port = free_port()
-    return start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port", str(port)],
-                 f"http://127.0.0.1:{port}", "/healthz", workdir)
-
-
-def start(name: str, argv: list[str], base: str, health: str, workdir: Path, env: dict[str, str] | None = None,
-          timeout: float = 120.0) -> Proc:
-    """Start `argv`, wait until `base + health` answers 200. The targets are below `base`
-    (never below the health path: the LiteLLM proxy's is /health/liveliness)."""
-    log = workdir / f"{name}.log"
-    fh = open(log, "wb")
-    popen = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=workdir,
-                             env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + timeout
-    while True:
-        if popen.poll() is not None:
-            raise RuntimeError(f"{name} exited with {popen.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(base + health, timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            popen.kill()
-            raise RuntimeError(f"{name} did not become healthy in {timeout}s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.1)
-    return Proc(name, popen, log, base)
-
-
-def upstream_and_ctxgate(workdir: Path, config_of: Callable[[str], dict[str, Any]],
-                         env: dict[str, str] | None = None) -> list[Proc]:
-    """The bench upstream and one `ctxgate serve` in front of it, started and healthy:
-    `config_of(upstream base URL)` is ctxgate's config. Upstream first; stop them in reverse."""
-    procs = [start_upstream(workdir)]
-    port = free_port()
-    try:
-        cfg = workdir / "ctxgate.yaml"
-        cfg.write_text(yaml.safe_dump(config_of(procs[0].url)))
-        procs.append(start("ctxgate", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port", str(port),
-                                       "--log-level", "WARNING"], f"http://127.0.0.1:{port}", "/healthz", workdir,
-                           {"LITELLM_LOCAL_MODEL_COST_MAP": "True", **(env or {})}))
-    except BaseException:
-        procs[0].stop()
-        raise
-    return procs
-
-
-def ctxgate_config(upstream: str, forwarding: str, workdir: Path, state: str | None = None) -> Path:
-    """`state`: ctxgate.state (a redis:// URL, which `serve --workers N` with N > 1 needs); None: the default."""
-    cfg: dict[str, Any] = {
-        "model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=1_000_000),
-        "ctxgate": {"forwarding": forwarding, "data_dir": str(workdir / f"data-{forwarding}")},
-    }
-    if state:
-        cfg["ctxgate"]["state"] = state
-    path = workdir / f"ctxgate-{forwarding}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+UPSTREAM_KEY = common.UPSTREAM_KEY
 
 
 # ---------------------------------------------------------------------------------------
 # Payloads
-
-
-def fresh(messages: list[dict[str, Any]], i: int | str) -> list[dict[str, Any]]:
-    """The conversation with `<i> ` in front of every message's text: nothing cached."""
-    out = []
-    for m in messages:
-        m = dict(m)
-        m["content"] = f"<{i}> " + (m.get("content") or "")
-        out.append(m)
-    return out
-
-
-TURNS_PER_SESSION = 10
-"""A session runs this many turns, then the next one starts (same history): the request
-size stays within ~20 short messages of the nominal size however many iterations run."""
-
-
-def turn(base: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
-    """Iteration i: turn k = i % 10 of session i // 10 — the history, then k+1 pairs of
-    (the upstream's reply, a new user message). Each turn resends the previous turn's
-    messages unchanged and adds two, the second never seen before."""
-    session, k = divmod(i, TURNS_PER_SESSION)
-    extra: list[dict[str, Any]] = []
-    for j in range(k + 1):
-        extra.append({"role": "assistant", "content": "ok"})
-        extra.append({"role": "user", "content": f"Next step {session * TURNS_PER_SESSION + j}: continue with the "
-                                                 f"task and report what changed."})
-    return base + extra
 
 
 @dataclass
@@ -199,7 +76,7 @@ class Scenario:
         """Iteration i's conversation for a door. A new conversation is new to each door too:
         one gateway serves them all, and a second door sending the same messages would find
         them counted and known (its counts, its session's history) — a steady turn, not a new one."""
-        return fresh(self.base, f"{i}:{door}") if self.kind == "fresh" else turn(self.base, i)
+        return common.fresh(self.base, f"{i}:{door}") if self.kind == "fresh" else common.turn(self.base, i)
 
 
 def size_label(size: int) -> str:
@@ -295,13 +172,13 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
     for i in range(total):
         conversations = {d.name: sc.messages(i, d.name) for d in used}
         bodies = {name: door_of[name].payload(msgs) for name, msgs in conversations.items()}
-        if i in (0, TURNS_PER_SESSION - 1, total - 1):
+        if i in (0, common.TURNS_PER_SESSION - 1, total - 1):
             sc.tokens.append(counter.count_messages(next(iter(conversations.values()))))
             sc.body_bytes = {name: len(b) for name, b in bodies.items()}
         order = list(lanes)
         rng.shuffle(order)
         for door, t in order:
-            sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // TURNS_PER_SESSION}-{door.name}-{t.name}")
+            sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // common.TURNS_PER_SESSION}-{door.name}-{t.name}")
             s = await t.send(http, door, conversations[door.name], bodies[door.name],
                              sid if sc.kind == "turn" else None)
             if i >= sc.warmup:
@@ -441,24 +318,14 @@ async def main_async(args: argparse.Namespace):
         if "turn" in args.kinds:
             scenarios.append(Scenario(f"turn-{label}", f"steady-state next turn of a {label}-token session", "turn",
                                       base, n, warm, size=size))
-    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-bench-"))
-    procs: list[Proc] = []
-    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, VENV_BIN)
+    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, common.VENV_BIN)
     common.progress(f"overhead: LiteLLM proxy: {proxy_argv and f'litellm {proxy_version}' or proxy_version}")
     wanted = [doors.DOORS[n] for n in args.doors.split(",")]
-    missing: list[str] = []
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    try:
-        upstream = start_upstream(workdir)
-        procs.append(upstream)
-        gws = {}
-        for fwd in ("auto", "litellm"):
-            port = free_port()
-            cfg = ctxgate_config(upstream.url, fwd, workdir)
-            gws[fwd] = start(f"ctxgate-{fwd}", [str(VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port",
-                                                str(port), "--log-level", "WARNING"],
-                             f"http://127.0.0.1:{port}", "/healthz", workdir, env)
-            procs.append(gws[fwd])
+    missing: list[doors.Door] = []
+    with common.Servers("ctxgate-bench-") as servers:
+        upstream = servers.upstream()
+        gws = {fwd: servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir, fwd), f"ctxgate-{fwd}")
+               for fwd in ("auto", "litellm")}
         common.progress(f"overhead: upstream {upstream.url}, ctxgate auto {gws['auto'].url}, "
                         f"ctxgate litellm {gws['litellm'].url}")
         active = []
@@ -475,15 +342,8 @@ async def main_async(args: argparse.Namespace):
                    litellm_sdk_base=f"{upstream.url}/v1"),
         ]
         if proxy_argv:
-            port = free_port()
-            lcfg = workdir / "litellm-proxy.yaml"
-            master = f"sk-bench-{os.urandom(16).hex()}"  # it refuses to start without one
-            lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, UPSTREAM_KEY),
-                                            "general_settings": {"master_key": master}}))
-            proxy = start("litellm-proxy", [*proxy_argv, "--config", str(lcfg), "--port", str(port)],
-                          f"http://127.0.0.1:{port}", "/health/liveliness", workdir, env, timeout=180)
-            procs.append(proxy)
-            targets.append(Target(f"LiteLLM proxy {proxy_version}", proxy.url, api_key=master))
+            proxy, master = servers.litellm_proxy(proxy_argv, upstream.url, proxy_version)
+            targets.append(Target(proxy.name, proxy.url, api_key=master))
         lanes: list[Lane] = [(d, t) for d in active for t in targets if d.name in t.door_names]
         import litellm
 
@@ -504,10 +364,6 @@ async def main_async(args: argparse.Namespace):
                         st, d = stats[key(door, t)], stats[f"{door.name}|{DIRECT}"]["p50"]
                         common.progress(f"    {door.name:9s} {t.name:34s} p50 {st['p50']:8.2f} ms  (direct "
                                         f"{d:7.2f} ms, added p50 {st['added_p50']:7.2f} ms)")
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     proxy = proxy_version if proxy_argv else None
     return scenarios, lanes, results, proxy, proxy_version, missing
 
@@ -609,8 +465,7 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
         lines.append(text)
     if extra:
         lines.append(extra)
-    common.write_section("overhead", "\n".join(lines))
-    common.progress(f"overhead: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("overhead", "\n".join(lines), args.out)
 
 
 def save_figures(scenarios, lanes: list[Lane], results) -> None:
@@ -631,7 +486,7 @@ def save_figures(scenarios, lanes: list[Lane], results) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="ctxgate's added latency over a direct upstream call, per door")
+    p = common.parser(__doc__, wait=600.0, proxy=True)
     p.add_argument("--sizes", type=lambda v: [parse_size(x) for x in v.split(",")],
                    default=[1_000, 10_000, 50_000, 100_000, 200_000, 400_000],
                    help="comma-separated conversation sizes in tokens (1K = 1,000)")
@@ -643,13 +498,13 @@ def main() -> None:
     p.add_argument("--no-chart", action="store_true", help="do not draw bench/overhead.png")
     p.add_argument("--doors", default=",".join(doors.DOORS),
                    help="comma-separated doors to measure (a door ctxgate answers 404 on is left out)")
-    common.add_proxy_and_wait_args(p)
     args = p.parse_args()
     scenarios, lanes, results, proxy, proxy_why, missing = asyncio.run(main_async(args))
     common.progress("overhead: in-process breakdown of a steady-state chat turn")
     extra = breakdown([sc for sc in scenarios if sc.size in (min(args.sizes), 200_000)])
-    save_figures(scenarios, lanes, results)
-    if not args.no_chart:
+    if not args.out:  # a run to a file leaves bench/overhead.json and .png alone
+        save_figures(scenarios, lanes, results)
+    if not args.no_chart and not args.out:
         try:
             import chart
 

@@ -18,7 +18,6 @@ check_pipeline.py does (its upstream counts the messages only, no tools schema).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -164,7 +163,7 @@ def _ms(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "—"
 
 
-def results() -> int:
+def results(out: str | None) -> int:
     counter = common.gpt4o_counter()
     long_session = common.build_conversation(LONG_SESSION_TOKENS, counter)
     runs = _long_runs()
@@ -240,13 +239,12 @@ def results() -> int:
     lines.append(f"\nWith speculation on, {adopted} of {len(latency[True])} compaction points applied a compaction "
                  "prepared in the background; the others ran the chain at the trigger (a speculation that no "
                  "longer left room, or a session where one was already wasted).")
-    common.write_section("stability", "\n".join(lines))
-    common.progress(f"written: {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("stability", "\n".join(lines), out)
     return 0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.parser(__doc__, wait=600.0)
     parser.add_argument("--contract", action="store_true", help="the contract's run, with the cause of every break")
     parser.add_argument("--ratio", type=float, default=0.35, help="with --contract: the budget's share")
     parser.add_argument("--no-speculator", action="store_true", help="with --contract: speculation off")
@@ -254,8 +252,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.contract:
         return contract(args.ratio, not args.no_speculator, args.verbose)
-    common.wait_for_quiet()
-    return results()
+    common.wait_for_quiet(max_wait_s=args.max_wait)
+    return results(args.out)
 
 
 if __name__ == "__main__":

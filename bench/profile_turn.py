@@ -22,7 +22,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,8 @@ import aiohttp
 
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
 import doors
-from overhead import UPSTREAM_KEY, Proc, parse_size, size_label, upstream_and_ctxgate
+from overhead import parse_size, size_label
 
-VENV_BIN = Path(sys.executable).parent
 OWN_FRAMES = ("proxy/", "pipeline/", "memory/", "wal/")
 
 
@@ -60,7 +58,7 @@ async def _drive(url: str, door: doors.Door, base: list[dict[str, Any]], kind: s
     overheads = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
         for i in range(first, first + turns):
-            headers = door.headers(UPSTREAM_KEY)
+            headers = door.headers(common.UPSTREAM_KEY)
             headers["X-Ctx-Session"] = f"{tag}-{i if kind == 'conv' else 0}"
             async with http.post(url + door.path, data=door.payload(_messages(base, kind, i)), headers=headers) as r:
                 body = await r.read()
@@ -86,19 +84,17 @@ def _top(raw: Path, n: int) -> tuple[int, list[tuple[str, float]]]:
 
 
 def profile(name: str, source: Path | None, args: argparse.Namespace, base: list[dict[str, Any]]) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-profile-"))
-    procs: list[Proc] = []
-    try:
-        procs = upstream_and_ctxgate(workdir, lambda upstream: {
-            "model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=1_000_000),
-            "ctxgate": {"data_dir": str(workdir / "data")}}, _server_env(source, workdir))
-        server = procs[-1]
+    with common.Servers("ctxgate-profile-") as servers:
+        workdir = servers.workdir
+        upstream = servers.upstream().url
+        server = servers.ctxgate(common.ctxgate_config(upstream, workdir, data_dir=str(workdir / "data")),
+                                 env=_server_env(source, workdir))
         door = doors.DOORS[args.door]
         tag = f"profile-{os.getpid()}-{len(name)}"
         asyncio.run(_drive(server.url, door, base, args.kind, 10, tag))  # warm-up: tokenizer, pools, caches
         raw = workdir / "profile.txt"
-        spy = subprocess.Popen([str(VENV_BIN / "py-spy"), "record", "--pid", str(server.popen.pid), "--format", "raw",
-                                "--rate", str(args.rate), "--output", str(raw)],
+        spy = subprocess.Popen([str(common.VENV_BIN / "py-spy"), "record", "--pid", str(server.popen.pid),
+                                "--format", "raw", "--rate", str(args.rate), "--output", str(raw)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
         overheads = asyncio.run(_drive(server.url, door, base, args.kind, args.turns, tag, first=10))
@@ -106,14 +102,10 @@ def profile(name: str, source: Path | None, args: argparse.Namespace, base: list
         spy.wait(30)
         samples, top = _top(raw, args.top)
         return {"name": name, "overhead_p50": statistics.median(overheads), "samples": samples, "top": top}
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--size", default="200K", help="conversation size in tokens (1K = 1,000)")
     parser.add_argument("--door", default="chat", choices=sorted(doors.DOORS))
     parser.add_argument("--kind", default="turn", choices=("turn", "conv"),
@@ -122,9 +114,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=15, help="frames shown")
     parser.add_argument("--before", type=Path, help="another checkout, profiled first in the same run")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
     args = parser.parse_args()
-    if shutil.which("py-spy", path=str(VENV_BIN)) is None:
+    if shutil.which("py-spy", path=str(common.VENV_BIN)) is None:
         sys.exit("py-spy is not installed: make bench installs it (the bench extra)")
     size = parse_size(args.size)
     base = common.build_conversation(size, common.gpt4o_counter())
@@ -142,9 +133,7 @@ def main() -> None:
         text += (f"\n### {run['name']}: X-Ctx-Overhead-Ms p50 {run['overhead_p50']:.2f} ms, "
                  f"{run['samples']} samples\n\n")
         text += common.table(["frame", "share"], [[f"`{f}`", f"{s * 100:.1f}%"] for f, s in run["top"]]) + "\n"
-    print(text)
-    if not args.no_write:
-        common.write_section(f"profile-{args.kind}-{args.door}", text)
+    common.publish(f"profile-{args.kind}-{args.door}", text, args.out)
 
 
 if __name__ == "__main__":

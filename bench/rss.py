@@ -28,17 +28,16 @@ The figure the issues ask for is the growth from the warm-up mark (after the fir
 the requests) to the end: < 50 MB.
 
     .venv/bin/python bench/rss.py [--scenarios turns,mixed] [--turns 10000] [--requests 100000]
-        [--sessions 50] [--concurrency 20] [--door chat] [--no-write]
+        [--sessions 50] [--concurrency 20] [--door chat] [--out FILE]
 
 It writes the `## RSS` section of bench/RESULTS.md, bench/rss.png and bench/rss.json, unless
---no-write (then the chart goes to a temporary file, and nothing in bench/ changes).
+--out (then the section goes to FILE, the chart to a temporary file, and nothing in bench/ changes).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -49,7 +48,6 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
 import doors  # noqa: E402
-import overhead  # noqa: E402
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
@@ -141,7 +139,7 @@ class Conversations:
         self._n = 0
 
     def start(self, s: Session) -> None:
-        s.messages = overhead.fresh(self.base, f"s{s.index}.{s.cycle}")
+        s.messages = common.fresh(self.base, f"s{s.index}.{s.cycle}")
         s.tokens = self.base_tokens
 
     def next_turn(self, s: Session) -> list[Message]:
@@ -216,7 +214,7 @@ async def drive(scenario: str, total: int, args: argparse.Namespace, convs: Conv
     started = time.perf_counter()
 
     async def send(messages: list[Message], sid: str | None) -> str | None:
-        headers = door.headers(overhead.UPSTREAM_KEY)
+        headers = door.headers(common.UPSTREAM_KEY)
         if sid:
             headers["X-Ctx-Session"] = sid
         try:
@@ -283,21 +281,9 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Result], str]:
     results: list[Result] = []
     for scenario in args.scenarios:
         total = args.turns if scenario == "turns" else args.requests
-        # A fresh ctxgate per scenario: each starts from an empty process.
-        workdir = Path(tempfile.mkdtemp(prefix="ctxgate-rss-"))
-        procs: list[overhead.Proc] = []
-        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        try:
-            port = overhead.free_port()
-            upstream = overhead.start("upstream", [sys.executable, str(common.BENCH / "upstream.py"), "--port",
-                                                   str(port)], f"http://127.0.0.1:{port}", "/healthz", workdir)
-            procs.append(upstream)
-            port = overhead.free_port()
-            cfg = overhead.ctxgate_config(upstream.url, "auto", workdir)
-            gw = overhead.start("ctxgate", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config", str(cfg),
-                                            "--port", str(port), "--workers", "1", "--log-level", "WARNING"],
-                                f"http://127.0.0.1:{port}", "/healthz", workdir, env)
-            procs.append(gw)
+        with common.Servers("ctxgate-rss-") as servers:  # a fresh ctxgate per scenario: an empty process
+            upstream = servers.upstream()
+            gw = servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir), workers=1)
             common.progress(f"rss: {scenario}: ctxgate pid {gw.popen.pid} at {gw.url}, {total:,} requests, "
                             f"concurrency {args.concurrency}, door {door.name}")
             convs = Conversations(base, base_tokens, texts, text_tokens, args.max_tokens,
@@ -306,7 +292,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Result], str]:
             async with aiohttp.ClientSession(connector=connector,
                                              timeout=aiohttp.ClientTimeout(total=300)) as http:
                 res = await drive(scenario, total, args, convs, door, gw.url, gw.popen.pid, http)
-            res.data_mb = dir_mb(workdir / "data-auto")
+            res.data_mb = dir_mb(servers.workdir / "data-auto")
             if gw.popen.poll() is not None:
                 res.first_error = res.first_error or f"ctxgate exited with {gw.popen.returncode}"
             log = gw.log.read_text(errors="replace")
@@ -321,10 +307,6 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Result], str]:
                             f"{res.sessions_used} session ids, {res.new_conversations:,} new conversations, data dir "
                             f"{res.data_mb:.1f} MB, errors {res.errors}"
                             + (f" ({res.first_error})" if res.first_error else ""))
-        finally:
-            for p in reversed(procs):
-                p.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
     return results, door.name
 
 
@@ -383,12 +365,11 @@ def write_results(args: argparse.Namespace, results: list[Result], door: str, ch
     if chart:
         lines.append("![ctxgate RSS over requests](rss.png)\n\n[rss.png](rss.png): RSS against requests answered, "
                      "per scenario; the samples are in `bench/rss.json`.\n")
-    common.write_section("rss", "\n".join(lines))
-    common.progress(f"rss: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("rss", "\n".join(lines), args.out)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__)
     p.add_argument("--scenarios", type=lambda v: v.split(","), default=["turns", "mixed"], help="turns, mixed")
     p.add_argument("--turns", type=int, default=10_000, help="requests of the turns scenario (issue 13: 10,000)")
     p.add_argument("--requests", type=int, default=100_000, help="requests of the mixed scenario (issue 14: 100,000)")
@@ -399,20 +380,13 @@ def main() -> None:
     p.add_argument("--sample-every", type=int, default=0, help="read RSS every N replies (default: 200 samples)")
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before the last RSS reading")
     p.add_argument("--door", default="chat", choices=list(doors.DOORS))
-    p.add_argument("--no-write", action="store_true",
-                   help="print only: leave bench/RESULTS.md, rss.png and rss.json alone (a smoke run)")
     args = p.parse_args()
     unknown = [s for s in args.scenarios if s not in ("turns", "mixed")]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}: turns, mixed")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    common.use_uvloop()
     results, door = asyncio.run(main_async(args))
-    png = Path(tempfile.gettempdir()) / "ctxgate-rss-smoke.png" if args.no_write else common.BENCH / "rss.png"
+    png = Path(tempfile.gettempdir()) / "ctxgate-rss-smoke.png" if args.out else common.BENCH / "rss.png"
     chart = False
     try:
         draw(results, png)
@@ -420,12 +394,11 @@ def main() -> None:
         common.progress(f"rss: drew {png}")
     except ImportError as e:
         common.progress(f"rss: no chart ({e}; `pip install -e '.[bench]'`)")
-    if args.no_write:
-        return
-    (common.BENCH / "rss.json").write_bytes(orjson.dumps(
-        {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": common.command_line(),
-         "results": [{**{k: v for k, v in vars(r).items() if k != "samples"}, "samples": r.samples}
-                     for r in results]}, option=orjson.OPT_INDENT_2))
+    if not args.out:
+        (common.BENCH / "rss.json").write_bytes(orjson.dumps(
+            {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": common.command_line(),
+             "results": [{**{k: v for k, v in vars(r).items() if k != "samples"}, "samples": r.samples}
+                         for r in results]}, option=orjson.OPT_INDENT_2))
     write_results(args, results, door, chart)
 
 

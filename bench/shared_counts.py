@@ -64,16 +64,12 @@ async def run(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 50_000, 150_000])
     parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args()
     section = asyncio.run(run(args))
-    print(section)
-    if not args.no_write:
-        common.write_section("shared_counts", section)
-        common.progress(f"shared_counts: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("shared_counts", section, args.out)
 
 
 if __name__ == "__main__":

@@ -138,19 +138,15 @@ async def run(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.parser(__doc__)
     parser.add_argument("--turns", type=int, default=200, help="steady turns (two saves each)")
     parser.add_argument("--compactions", type=int, default=20, help="turns that add a record, after the steady ones")
     parser.add_argument("--records", type=int, default=4)
     parser.add_argument("--record-tokens", type=int, default=50_000,
                         help="tokens of each record's messages (a 200K-token session compacted to a quarter)")
-    parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     args = parser.parse_args()
     section = asyncio.run(run(args))
-    print(section)
-    if not args.no_write:
-        common.write_section("state_delta", section)
-        common.progress(f"state_delta: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("state_delta", section, args.out)
 
 
 if __name__ == "__main__":

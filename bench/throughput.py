@@ -27,19 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import doors  # noqa: E402
-import overhead  # noqa: E402
 
 import aiohttp  # noqa: E402
-import yaml  # noqa: E402
 
 DOOR = doors.CHAT
 
@@ -52,40 +46,22 @@ class Load:
 async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, seconds: float,
                 http: aiohttp.ClientSession, run: str) -> dict:
     """C clients in a closed loop for 1 s of warm-up + `seconds`; replies and latencies in the window."""
-    done: list[float] = []
-    errors: list[str] = []
-    t0 = time.perf_counter()
-    window = (t0 + 1.0, t0 + 1.0 + seconds)
+    async def send(w: int, i: int) -> str | None:
+        if scenario.startswith("turn"):
+            msgs, sid = common.turn(base_msgs, i), f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
+        else:
+            msgs, sid = common.fresh(base_msgs, w * 1_000_000 + i), None
+        headers = DOOR.headers(load.api_key)
+        if sid and load.session_header:
+            headers["X-Ctx-Session"] = sid
+        try:
+            async with http.post(load.base + DOOR.path, data=DOOR.payload(msgs), headers=headers) as r:
+                raw = await r.read()
+                return None if r.status == 200 and DOOR.reply_text(raw) == "ok" else f"HTTP {r.status}: {raw[:200]!r}"
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            return repr(e)
 
-    async def client(w: int) -> None:
-        i = 0
-        while time.perf_counter() < window[1]:
-            if scenario.startswith("turn"):
-                msgs = overhead.turn(base_msgs, i)
-                sid = f"{run}-{w}-{i // overhead.TURNS_PER_SESSION}"
-            else:
-                msgs = overhead.fresh(base_msgs, w * 1_000_000 + i)
-                sid = None
-            body = DOOR.payload(msgs)
-            headers = DOOR.headers(load.api_key)
-            if sid and load.session_header:
-                headers["X-Ctx-Session"] = sid
-            started = time.perf_counter()
-            try:
-                async with http.post(load.base + DOOR.path, data=body, headers=headers) as r:
-                    raw = await r.read()
-                    ok = r.status == 200 and DOOR.reply_text(raw) == "ok"
-                    if not ok:
-                        errors.append(f"HTTP {r.status}: {raw[:200]!r}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                ok = False
-                errors.append(repr(e))
-            end = time.perf_counter()
-            if ok and window[0] <= end <= window[1]:
-                done.append((end - started) * 1000)
-            i += 1
-
-    await asyncio.gather(*(client(w) for w in range(concurrency)))
+    done, _, errors = await common.closed_loop(send, concurrency, seconds)
     return {"rps": len(done) / seconds, "n": len(done), "p50": common.pct(done, 0.5), "p95": common.pct(done, 0.95),
             "errors": len(errors), "first_error": errors[0] if errors else ""}
 
@@ -96,33 +72,17 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
     counter = common.gpt4o_counter()
     sizes = {"turn-2K": 2_000, "conv-100K": 100_000}
     bases = {name: common.build_conversation(sizes[name], counter) for name in args.scenarios}
-    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-throughput-"))
-    procs: list[overhead.Proc] = []
-    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, overhead.VENV_BIN)
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, common.VENV_BIN)
     rows = []
-    try:
-        upstream = overhead.start_upstream(workdir)
-        procs.append(upstream)
-        port = overhead.free_port()
-        cfg = overhead.ctxgate_config(upstream.url, "auto", workdir, args.state)
-        gw = overhead.start("ctxgate", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config", str(cfg), "--port",
-                                        str(port), "--workers", str(args.workers), "--log-level", "WARNING"],
-                            f"http://127.0.0.1:{port}", "/healthz", workdir, env)
-        procs.append(gw)
-        loads = [Load("direct", upstream.url, overhead.UPSTREAM_KEY, False),
-                 Load("ctxgate forwarding=auto", gw.url, overhead.UPSTREAM_KEY, True)]
+    with common.Servers("ctxgate-throughput-") as servers:
+        upstream = servers.upstream()
+        gw = servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir, state=args.state),
+                             workers=args.workers)
+        loads = [Load("direct", upstream.url, common.UPSTREAM_KEY, False),
+                 Load("ctxgate forwarding=auto", gw.url, common.UPSTREAM_KEY, True)]
         if proxy_argv:
-            port = overhead.free_port()
-            lcfg = workdir / "litellm-proxy.yaml"
-            master = f"sk-bench-{os.urandom(16).hex()}"
-            lcfg.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream.url, overhead.UPSTREAM_KEY),
-                                            "general_settings": {"master_key": master}}))
-            proxy = overhead.start("litellm-proxy", [*proxy_argv, "--config", str(lcfg), "--port", str(port),
-                                                     "--num_workers", str(args.workers)],
-                                   f"http://127.0.0.1:{port}", "/health/liveliness", workdir, env, timeout=180)
-            procs.append(proxy)
-            loads.append(Load(f"LiteLLM proxy {proxy_version}", proxy.url, master, False))
+            proxy, master = servers.litellm_proxy(proxy_argv, upstream.url, proxy_version, args.workers)
+            loads.append(Load(proxy.name, proxy.url, master, False))
         else:
             common.progress(f"throughput: no LiteLLM proxy: {proxy_version}")
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
@@ -137,10 +97,6 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
                                         f"p50 {r['p50']:8.1f} ms  p95 {r['p95']:8.1f} ms  errors {r['errors']}"
                                         + (f" ({r['first_error'][:120]})" if r["errors"] else ""))
                         await asyncio.sleep(1.0)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     return rows, proxy_version if proxy_argv else None, proxy_version
 
 
@@ -181,12 +137,11 @@ def write_results(args: argparse.Namespace, rows: list, proxy: str | None, why: 
                     ratio_rows.append([scenario, c, f"{a['rps'] / b['rps']:.2f}×"])
         lines.append("**ctxgate req/s ÷ LiteLLM proxy req/s** (issue 13's aim at concurrency 20: ≥ 2×):\n")
         lines.append(common.table(["scenario", "concurrency", "ratio"], ratio_rows, "lrr") + "\n")
-    common.write_section("throughput", "\n".join(lines))
-    common.progress(f"throughput: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("throughput", "\n".join(lines), args.out)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__, wait=600.0, proxy=True)
     p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[20, 100])
     p.add_argument("--seconds", type=float, default=8.0, help="measured seconds per (scenario, concurrency, target)")
     p.add_argument("--scenarios", type=lambda v: v.split(","), default=["turn-2K", "conv-100K"],
@@ -197,19 +152,13 @@ def main() -> None:
     p.add_argument("--state", default=os.environ.get("CTXGATE_BENCH_STATE"),
                    help="ctxgate.state for ctxgate (a redis:// URL); needed when --workers > 1, since ctxgate "
                         "refuses several workers on its in-memory state (default $CTXGATE_BENCH_STATE)")
-    common.add_proxy_and_wait_args(p)
     args = p.parse_args()
     if args.workers < 1:
         p.error("--workers: give a number of processes, 1 or more (the same for both servers)")
     if args.workers > 1 and not (args.state or "").startswith("redis://"):
         p.error(f"--workers {args.workers}: ctxgate needs a shared state backend for more than one worker; "
                 "give --state redis://HOST:PORT/DB (or set $CTXGATE_BENCH_STATE)")
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    common.use_uvloop()
     rows, proxy, why = asyncio.run(main_async(args))
     write_results(args, rows, proxy, why)
 

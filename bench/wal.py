@@ -38,17 +38,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 if os.environ.get("TIKTOKEN_CACHE_DIR"):  # the gateways run in a temporary directory: a relative path breaks there
     os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
-import overhead  # noqa: E402  (its process, target and turn helpers)
+from overhead import MODEL, Sample  # noqa: E402
 
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
-import yaml  # noqa: E402
 
 from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
 from ctxgate.pipeline.fingerprint import prefix_hashes  # noqa: E402
@@ -63,14 +61,7 @@ from ctxgate.wal.writer import WalWriter  # noqa: E402
 from servers import free_port, redis_server_binary, wait_until  # noqa: E402
 from trajectories import openhands  # noqa: E402
 
-SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
-           "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
-           "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
 REPLAY_BUDGET = 6000
-
-
-async def instant_summary(_prompt: list[dict[str, Any]]) -> str:
-    return SUMMARY
 
 
 def fmt_us(ms: float) -> str:
@@ -101,7 +92,7 @@ def replay_state(name: str, budget: int) -> tuple[SessionState, int, int]:
         msgs = t.messages[:i]
         turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=t.tools, counter=counter,
                     config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=budget,
-                    summarize=instant_summary)
+                    summarize=common.instant_summary)
         plan = loop.run_until_complete(compactor.prepare(state, turn))
         tokens_out = plan.tokens_out
         state.turns += 1
@@ -118,7 +109,7 @@ def large_state(tokens: int, window: int) -> tuple[SessionState, int, int]:
     state = SessionState("bench", "large", profile="professional")
     turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=None, counter=counter,
                 config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=window,
-                summarize=instant_summary)
+                summarize=common.instant_summary)
     loop = asyncio.new_event_loop()
     plan = loop.run_until_complete(Compactor().prepare(state, turn))
     loop.close()
@@ -161,7 +152,7 @@ def bench_checkpoints(root: Path, n: int, snapshots: list[tuple[str, SessionStat
     rows = []
     for label, state, tokens_out, budget in snapshots:
         journal = Journal(root / f"ckpt-{label}", WalConfig())
-        event = journal._checkpoint_event(state, "compaction", tokens_out, budget)
+        event, _ = journal._checkpoint_event(state, "compaction", tokens_out, budget)
         journal.close()
         size = len(orjson.dumps(event))
         for sync, archive_every, what in [(True, 10**9, "with fsync"), (False, 10**9, "no fsync"),
@@ -306,22 +297,9 @@ def _redis_version() -> str:
 # 3: end to end
 
 
-def gateway_config(upstream: str, workdir: Path, name: str, wal: bool) -> Path:
-    cfg = {"model_list": [{"model_name": overhead.MODEL,
-                           "litellm_params": {"model": f"openai/{overhead.MODEL}", "api_base": f"{upstream}/v1",
-                                              "api_key": overhead.UPSTREAM_KEY},
-                           "model_info": {"max_input_tokens": 1_000_000}}],
-           "ctxgate": {"forwarding": "auto", "data_dir": str(workdir / f"data-{name}"), "wal": {"enabled": wal},
-                       "tenants": {"default": {"allow_overrides": ["budget"]}},
-                       "pipeline": {"autocompact": {"speculative_ratio": None}}}}
-    path = workdir / f"ctxgate-{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 async def send(http: aiohttp.ClientSession, url: str, body: bytes, session: str,
-               budget: int | None) -> overhead.Sample:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {overhead.UPSTREAM_KEY}",
+               budget: int | None) -> Sample:
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {common.UPSTREAM_KEY}",
                "X-Ctx-Session": session}
     if budget:
         headers["X-Ctx-Budget"] = str(budget)
@@ -331,35 +309,29 @@ async def send(http: aiohttp.ClientSession, url: str, body: bytes, session: str,
         ms = (time.perf_counter() - t0) * 1000
         if r.status != 200:
             raise RuntimeError(f"{url}: HTTP {r.status}: {raw[:500]!r}")
-        return overhead.Sample(ms, float(r.headers["X-Ctx-Overhead-Ms"]), r.headers.get("X-Ctx-Levels"))
+        return Sample(ms, float(r.headers["X-Ctx-Overhead-Ms"]), r.headers.get("X-Ctx-Levels"))
 
 
 async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
-    workdir = Path(tempfile.mkdtemp(prefix="ctxgate-bench-wal-"))
-    procs: list[overhead.Proc] = []
     rng = random.Random(20261203)
-    try:
-        upstream = overhead.start_upstream(workdir)
-        procs.append(upstream)
+    with common.Servers("ctxgate-bench-wal-") as servers:
+        upstream = servers.upstream()
         urls = {}
         for name, wal in (("wal-on", True), ("wal-off", False)):
-            port = overhead.free_port()
-            cfg = gateway_config(upstream.url, workdir, name, wal)
-            procs.append(overhead.start(f"ctxgate-{name}", [str(overhead.VENV_BIN / "ctxgate"), "serve", "--config",
-                                                           str(cfg), "--port", str(port), "--log-level", "WARNING"],
-                                        f"http://127.0.0.1:{port}", "/healthz", workdir,
-                                        {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}))
-            urls[name] = f"{procs[-1].url}/v1/chat/completions"
-        samples: dict[tuple[str, str], list[overhead.Sample]] = {}
+            cfg = common.ctxgate_config(upstream.url, servers.workdir, data_dir=str(servers.workdir / f"data-{name}"),
+                                        wal={"enabled": wal}, tenants={"default": {"allow_overrides": ["budget"]}},
+                                        pipeline={"autocompact": {"speculative_ratio": None}})
+            urls[name] = f"{servers.ctxgate(cfg, f'ctxgate-{name}').url}/v1/chat/completions"
+        samples: dict[tuple[str, str], list[Sample]] = {}
         counter = common.gpt4o_counter()
         base = common.build_conversation(2_000, counter)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             warm = 10
             common.progress(f"wal: steady-state turns of a 2K-token session, {warm}+{args.turns} × 2 gateways")
             for i in range(warm + args.turns):
-                body = orjson.dumps({"model": overhead.MODEL, "messages": overhead.turn(base, i)})
+                body = orjson.dumps({"model": MODEL, "messages": common.turn(base, i)})
                 for name in rng.sample(list(urls), 2):
-                    s = await send(http, urls[name], body, f"turn-{i // overhead.TURNS_PER_SESSION}-{name}", None)
+                    s = await send(http, urls[name], body, f"turn-{i // common.TURNS_PER_SESSION}-{name}", None)
                     if i >= warm:
                         samples.setdefault(("turn-2K", name), []).append(s)
             runs = [t for t in openhands()]
@@ -370,7 +342,7 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
                     for i, m in enumerate(t.messages):
                         if i < 2 or m["role"] != "assistant":
                             continue
-                        body = orjson.dumps({"model": overhead.MODEL, "messages": t.messages[:i], "tools": t.tools})
+                        body = orjson.dumps({"model": MODEL, "messages": t.messages[:i], "tools": t.tools})
                         sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{t.name}-{rep}")
                         for name in rng.sample(list(urls), 2):
                             s = await send(http, urls[name], body, f"{sid}-{name}", REPLAY_BUDGET)
@@ -378,10 +350,6 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
                                 kind = "replay, compaction turns" if s.levels not in (None, "none") else \
                                     "replay, other turns"
                                 samples.setdefault((kind, name), []).append(s)
-    finally:
-        for p in reversed(procs):
-            p.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     rows = []
     for kind in ("turn-2K", "replay, other turns", "replay, compaction turns"):
         on, off = samples[(kind, "wal-on")], samples[(kind, "wal-off")]
@@ -398,7 +366,7 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="the cost of the session WAL on the request path")
+    p = common.parser(__doc__, wait=600.0)
     p.add_argument("--events", type=int, default=20000, help="appends per event type")
     p.add_argument("--checkpoints", type=int, default=300, help="checkpoints per snapshot and mode")
     p.add_argument("--turns", type=int, default=200, help="steady-state turns per gateway")
@@ -407,12 +375,13 @@ def main() -> None:
     p.add_argument("--recovery-events", type=int, default=10000, help="events of the session each backend recovers")
     p.add_argument("--backends-only", action="store_true", help="only the backends side by side (part 4)")
     args = p.parse_args()
-    common.wait_for_quiet()
+    common.wait_for_quiet(max_wait_s=args.max_wait)
     root = Path(tempfile.mkdtemp(prefix="ctxgate-bench-wal-files-", dir=os.environ.get("CTXGATE_BENCH_DIR")))
     try:
         common.progress("wal: snapshots of real sessions")
         small, s_tokens, s_budget = replay_state("openhands/getmoto__moto-6387_0", REPLAY_BUDGET)
-        common.write_section("wal-backends", bench_backends(root / "backends", args, (small, s_tokens, s_budget)))
+        backends = bench_backends(root / "backends", args, (small, s_tokens, s_budget))
+        common.publish("wal-backends", backends, args.out)
         if args.backends_only:
             return
         large, l_tokens, l_budget = large_state(300_000, 128_000)
@@ -450,8 +419,7 @@ def main() -> None:
         "warm-up; *compaction turns* are the ones whose `X-Ctx-Levels` is not `none` (with the WAL on: "
         "COMPRESSION events and an fsynced CHECKPOINT before forwarding). Speculative Autocompact off in both.\n")
     lines.append(e2e + "\n")
-    common.write_section("wal", "\n".join(lines))
-    common.progress(f"wal: wrote {common.RESULTS.relative_to(common.ROOT)}")
+    common.publish("wal", "\n".join(lines), args.out)
 
 
 def _filesystem(path: Path) -> str:

@@ -70,6 +70,19 @@ def tool(call_id: str, content: str) -> Message:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
+def bash_step(i: int, output: str) -> list[Message]:
+    """Step `i` of a tool-calling agent on Chat Completions: `check i` run in bash, and its output."""
+    return [{"role": "assistant", "content": None, "tool_calls": [call(f"call_{i}", "bash", command=f"check {i}")]},
+            tool(f"call_{i}", output)]
+
+
+def tool_use_step(i: int, output: str) -> list[Message]:
+    """The same step on Anthropic Messages: a `tool_use` block, and its `tool_result`."""
+    return [{"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "bash",
+                                               "input": {"command": f"check {i}"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": output}]}]
+
+
 def filler(tokens: int, seed: int = 0) -> str:
     """Text of exactly `tokens` tokens (o200k_base), distinct per seed."""
     words = " ".join(f"line{seed}x{i}" for i in range(tokens))

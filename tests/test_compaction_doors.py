@@ -17,7 +17,7 @@ import pytest
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import AUTOCOMPACT_MARKER, OPEN, SNIP_MARKER, quoted_text
-from pipeline_builders import filler
+from pipeline_builders import bash_step, filler, tool_use_step
 from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import ScriptedUpstream
 
@@ -58,10 +58,7 @@ def chat_turns(n: int) -> list[list[dict[str, Any]]]:
                                      {"role": "user", "content": "TASK: fix the failing test in src/app.py"}]
     turns = []
     for i in range(n):
-        history = history + [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": f"check {i}"})}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": output(i)}]
+        history = history + bash_step(i, output(i))
         turns.append(history)
     return turns
 
@@ -111,10 +108,7 @@ def test_messages_a_later_point_keeps_the_earlier_note_blocks_byte_identical(gw:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "TASK: fix the failing test in src/app.py"}]
     levels, systems = [], []
     for i in range(40):
-        messages = messages + [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "bash",
-                                               "input": {"command": f"check {i}"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": output(i)}]}]
+        messages = messages + tool_use_step(i, output(i))
         since = len(upstream.log)
         raw = cli.messages.with_raw_response.create(
             model="claude-x", max_tokens=64, system="You are a careful coding agent.", messages=messages,  # type: ignore

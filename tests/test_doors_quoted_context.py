@@ -25,6 +25,7 @@ import openai
 import pytest
 
 from ctxgate.pipeline.notes import CLOSE, NOTICE
+from pipeline_builders import bash_step, tool_use_step
 from servers import KEYS, UPSTREAM_KEY, Gateway, launch, main_config, stop_all
 from upstream import ScriptedUpstream
 
@@ -76,10 +77,7 @@ def test_chat_tool_text_reaches_the_upstream_only_as_quoted_user_data(gw: Gatewa
         {"role": "tool", "tool_call_id": "call_r", "content": HOSTILE}]
     hdrs, quoted = headers(), 0
     for i in range(30):
-        history = history + [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": f"check {i}"})}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": output(i)}]
+        history = history + bash_step(i, output(i))
         since = len(up.log)
         cli.chat.completions.create(model="gpt-4o", messages=history, extra_headers=hdrs)  # type: ignore[arg-type]
         [sent] = [r.body["messages"] for r in up.log[since:] if r.door == "chat" and r.body.get("model") == "gpt-4o"]
@@ -115,10 +113,7 @@ def test_messages_tool_text_is_quoted_in_a_user_turn_and_turns_alternate(gw: Gat
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_r", "content": HOSTILE}]}]
     hdrs, quoted = headers(), 0
     for i in range(30):
-        messages = messages + [
-            {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{i}", "name": "bash",
-                                               "input": {"command": f"check {i}"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": output(i)}]}]
+        messages = messages + tool_use_step(i, output(i))
         since = len(up.log)
         cli.messages.create(model=CLAUDE, max_tokens=64, system="You are a careful coding agent.",
                             messages=messages, tools=tools, extra_headers=hdrs)  # type: ignore[arg-type]
@@ -189,10 +184,7 @@ def test_a_single_system_route_gets_the_notice_joined_to_the_clients_system_mess
                                      {"role": "user", "content": "TASK: fix the failing test in src/app.py"}]
     hdrs, joined = headers(), 0
     for i in range(24):
-        history = history + [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": f"check {i}"})}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": output(i)}]
+        history = history + bash_step(i, output(i))
         since = len(up.log)
         cli.chat.completions.create(model="local-single", messages=history, extra_headers=hdrs)  # type: ignore[arg-type]
         [sent] = [r.body["messages"] for r in up.log[since:]

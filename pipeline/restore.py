@@ -256,78 +256,92 @@ def _sections(message: Message) -> list[str]:
     return [x for x in found if isinstance(x, str)] if isinstance(found, list) else []
 
 
+def _lighter_states(sections: list[str], names_only: bool) -> list[Message | None]:
+    """The state block with less in it, each form lighter than the one before: the file names
+    one at a time, the oldest first (they are newest first); with not `names_only`, then the
+    other sections, the least important first, and at last nothing."""
+    names = sections[-1][len(_FILE_NAMES):].split(", ") if sections and sections[-1].startswith(_FILE_NAMES) else []
+    rest = sections[:-1] if names else sections
+    forms: list[Message | None] = [state_block([*rest, _FILE_NAMES + ", ".join(names[:k])]) if k else
+                                   state_block(rest) if rest else None for k in range(len(names) - 1, -1, -1)]
+    if not names_only:
+        forms += [state_block(rest[:k]) for k in range(len(rest) - 1, 0, -1)] + [None]
+    return forms
+
+
 def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int,
                       everything: bool = False) -> list[Message] | None:
     """`messages` without as much of ctxgate's own messages as it takes to fit `limit` tokens:
     first the restore blocks about files (the contents, the last first, then the file names in
-    the state block); with `everything` (the last resort) then the compaction notes, the oldest
-    first, then the state's other sections, the least important first (the last error, plan and
-    tasks go last: a few lines the summary notes mostly repeat at greater length); then what was
-    dropped before the step that made room comes back if it fits beside it (a file list is not
-    lost to a note that had to go anyway). None if they do not fit even so. A request over the
-    budget gives up what ctxgate added before anything the client sent: the newest steps
-    verbatim are worth more than a list of what came before them, and a request the provider
-    refuses is worth nothing."""
+    the state block, the oldest first); with `everything` (the last resort) then the compaction
+    notes, the oldest first, then the state's other sections, the least important first (the
+    last error, plan and tasks go last: a few lines the summary notes mostly repeat at greater
+    length); then what was given up before the step that made room comes back if it fits beside
+    it (a file list is not lost to a note that had to go anyway). None if they do not fit even
+    so. A request over the budget gives up what ctxgate added before anything the client sent:
+    the newest steps verbatim are worth more than a list of what came before them, and a request
+    the provider refuses is worth nothing."""
     state = next((i for i, m in enumerate(messages) if _sections(m)), None)
     sections = _sections(messages[state]) if state is not None else []
-    steps: list[tuple[int, int]] = [(i, 0) for i in range(len(messages) - 1, -1, -1)
-                                    if kind_of(messages[i]) == RESTORE_FILE]
-    """(index, what is kept of it: 0 nothing, k the state block's first k sections), in order."""
-    kept = len(sections)
-    if state is not None and sections[-1].startswith(_FILE_NAMES):
-        kept -= 1
-        steps.append((state, kept))
+    forms: dict[int, list[Message | None]] = {}
+    """Per message ctxgate may lighten, its lighter forms in order (None: gone)."""
+    steps: list[tuple[int, int]] = []
+    """(message, index into its forms), in the order they are tried."""
+    for i in range(len(messages) - 1, -1, -1):
+        if kind_of(messages[i]) == RESTORE_FILE:
+            forms[i] = [None]
+            steps.append((i, 0))
+    if state is not None:
+        forms[state] = _lighter_states(sections, names_only=not everything)
+        names = len(_lighter_states(sections, names_only=True))
+        steps += [(state, k) for k in range(names)]
     if everything:
-        steps += [(i, 0) for i, m in enumerate(messages) if is_compaction_note(m)]
-        steps += [(i, 0) for i in range(len(messages) - 1, -1, -1)
-                  if is_restore_block(messages[i]) and kind_of(messages[i]) != RESTORE_FILE and i != state]
-        steps += [(state, k) for k in range(kept - 1, -1, -1)] if state is not None else []
+        for i, m in enumerate(messages):
+            if is_compaction_note(m):
+                forms[i] = [None]
+                steps.append((i, 0))
+        for i in range(len(messages) - 1, -1, -1):
+            if is_restore_block(messages[i]) and i not in forms:
+                forms[i] = [None]
+                steps.append((i, 0))
+        if state is not None:
+            steps += [(state, k) for k in range(names, len(forms[state]))]
     # Counted as forwarded: ctxgate's notice comes with its quoted notes, and goes with the last of them.
     notice = counter.count_structured(notice_message())
-    touched = {i for i, _ in steps}
-    base = counter.count_messages([m for i, m in enumerate(messages) if i not in touched])
-    cost: dict[tuple[int, int], int] = {}
+    base = counter.count_messages([m for i, m in enumerate(messages) if i not in forms])
+    quoted_base = any(is_quoted(m) for i, m in enumerate(messages) if i not in forms)
+    sizes: dict[tuple[int, int], int] = {}
 
-    def shown(i: int, keep: int | None) -> Message | None:
-        if keep is None:
-            return messages[i]
-        if keep == 0:
-            return None
-        return state_block(sections[:keep]) if i == state else messages[i]
-
-    def size(i: int, keep: int | None) -> int:
-        key = (i, -1 if keep is None else keep)
-        if key not in cost:
-            m = shown(i, keep)
-            cost[key] = 0 if m is None else counter.count_structured(m)
-        return cost[key]
+    def shown(i: int, at: int | None) -> Message | None:
+        return messages[i] if at is None else forms[i][at]
 
     def total(applied: dict[int, int]) -> int:
-        kept_quoted = any(m is not None and is_quoted(m) for i in touched
-                          for m in [shown(i, applied.get(i))]) or any(
-            is_quoted(m) for i, m in enumerate(messages) if i not in touched)
-        return base + sum(size(i, applied.get(i)) for i in touched) + (notice if kept_quoted else 0)
+        kept = [form for i in forms if (form := shown(i, applied.get(i))) is not None]
+        size = 0
+        for i in forms:
+            key = (i, applied.get(i, -1))
+            if key not in sizes:
+                m = shown(i, applied.get(i))
+                sizes[key] = 0 if m is None else counter.count_structured(m)
+            size += sizes[key]
+        return base + size + (notice if quoted_base or any(is_quoted(m) for m in kept) else 0)
 
     applied: dict[int, int] = {}
     done = 0
     while total(applied) > limit and done < len(steps):
-        i, keep = steps[done]
-        applied[i] = keep
+        i, at = steps[done]
+        applied[i] = at
         done += 1
     if total(applied) > limit:
         return None
     # The last step is what made room: what the steps before it gave up may fit again beside it.
-    for at in range(done - 2, -1, -1):
-        i, keep = steps[at]
-        if applied.get(i) != keep:
+    for step in range(done - 2, -1, -1):
+        i, at = steps[step]
+        if applied.get(i) != at:
             continue  # a later step took more of it
-        before = next((k for j, k in reversed(steps[:at]) if j == i), None)
+        before = next((k for j, k in reversed(steps[:step]) if j == i), None)
         trial = {k: v for k, v in applied.items() if k != i} | ({} if before is None else {i: before})
         if total(trial) <= limit:
             applied = trial
-    out = []
-    for i in range(len(messages)):
-        m = shown(i, applied.get(i))
-        if m is not None:
-            out.append(m)
-    return out
+    out = (shown(i, applied.get(i)) for i in range(len(messages)))
+    return [m for m in out if m is not None]

@@ -252,9 +252,12 @@ def test_own_messages_are_shed_files_first_and_at_the_last_resort_the_notes_then
     assert shed_own_messages(messages, c, with_lists) == history[:2] + lists + history[2:]
     sections = lists[0]["ctxgate"]["sections"]
     assert sections[-1].startswith("Current files: ")
+    fewer = state_block([*sections[:-1], "Current files: /w/util.py, /w/app.py"])
+    assert shed_own_messages(messages, c, with_lists - 1) == history[:2] + [fewer] + history[2:], \
+        "the file names go with the files, the oldest first, before the rest of the state"
     unnamed = state_block(sections[:-1])
-    assert shed_own_messages(messages, c, with_lists - 1) == history[:2] + [unnamed] + history[2:], \
-        "the file names go with the files, before the rest of the state"
+    assert shed_own_messages(messages, c, bare + c.count_structured(unnamed) + notice) == (
+        history[:2] + [unnamed] + history[2:])
     rest = bare + c.count_structured(unnamed) + notice
     assert shed_own_messages(messages, c, rest - 1) is None, "the rest of the state goes only at the last resort"
     two = state_block(sections[:2])

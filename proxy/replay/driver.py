@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.depth import prices_of
 from ctxgate.pipeline.notes import with_notice
 from ctxgate.pipeline.policy import Prices
 from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.wal.config import WalConfig
 from ..engine.compaction import Compactor, Plan, fingerprints_of
 from ..engine.content_store import MemoryContentStore
-from ..engine.depth import prices_of
 from ..engine.journal import Journal
 from ..engine.session import Sessions
 from ..engine.speculative import Speculator

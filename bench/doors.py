@@ -119,41 +119,6 @@ def to_anthropic(messages: list[Message], model: str = CLAUDE_MODEL) -> dict[str
     return body
 
 
-def anthropic_problems(body: dict[str, Any]) -> list[str]:
-    """What the Messages API would refuse: alternation, a user first turn, every tool_use
-    answered by a tool_result in the next turn (and no stray tool_result), empty text."""
-    out: list[str] = []
-    turns = body["messages"]
-    if not turns or turns[0]["role"] != "user":
-        out.append("the first turn is not a user turn")
-    for i, t in enumerate(turns):
-        if i and t["role"] == turns[i - 1]["role"]:
-            out.append(f"turn {i}: two {t['role']} turns in a row")
-        for b in t["content"]:
-            if b["type"] == "text" and not b["text"].strip():
-                out.append(f"turn {i}: empty text block")
-        uses = [b["id"] for b in t["content"] if b["type"] == "tool_use"]
-        results = [b["tool_use_id"] for b in turns[i + 1]["content"]
-                   if b["type"] == "tool_result"] if i + 1 < len(turns) else []
-        if t["role"] == "assistant" and sorted(uses) != sorted(results):
-            out.append(f"turn {i}: tool_use {uses} answered by {results}")
-        if t["role"] == "user":
-            prev = [b["id"] for b in turns[i - 1]["content"] if b["type"] == "tool_use"] if i else []
-            stray = [b["tool_use_id"] for b in t["content"]
-                     if b["type"] == "tool_result" and b["tool_use_id"] not in prev]
-            if stray:
-                out.append(f"turn {i}: tool_result without its tool_use {stray}")
-    names = {tl["name"] for tl in body.get("tools", [])}
-    used = {b["name"] for t in turns for b in t["content"] if b["type"] == "tool_use"}
-    if used - names:
-        out.append(f"tools not declared: {sorted(used - names)}")
-    return out
-
-
-# ---------------------------------------------------------------------------------------
-# OpenAI Responses
-
-
 def to_responses(messages: list[Message], model: str = CHAT_MODEL) -> dict[str, Any]:
     instructions: list[str] = []
     items: list[dict[str, Any]] = []
@@ -177,26 +142,6 @@ def to_responses(messages: list[Message], model: str = CHAT_MODEL) -> dict[str, 
     if instructions:
         body["instructions"] = "\n\n".join(instructions)
     return body
-
-
-def responses_problems(body: dict[str, Any]) -> list[str]:
-    """Every function_call answered by one function_call_output after it, and no stray output."""
-    out: list[str] = []
-    open_calls: set[str] = set()
-    for i, it in enumerate(body["input"]):
-        if it["type"] == "function_call":
-            open_calls.add(it["call_id"])
-        elif it["type"] == "function_call_output":
-            if it["call_id"] not in open_calls:
-                out.append(f"item {i}: output for an unknown call {it['call_id']}")
-            open_calls.discard(it["call_id"])
-    if open_calls:
-        out.append(f"calls never answered: {sorted(open_calls)}")
-    return out
-
-
-# ---------------------------------------------------------------------------------------
-# The doors
 
 
 def _chat_reply(raw: bytes) -> str:
@@ -361,27 +306,3 @@ def served(base: str, door: Door, api_key: str) -> bool:
         return e.code != 404
     except OSError:
         return False
-
-
-def _self_check() -> None:
-    import sys
-
-    import common
-
-    counter = common.gpt4o_counter()
-    for size in (1_000, 2_000, 100_000, 200_000):
-        msgs = common.build_conversation(size, counter)
-        a, r = to_anthropic(msgs), to_responses(msgs)
-        pa, pr = anthropic_problems(a), responses_problems(r)
-        sizes = ", ".join(f"{d.name} {len(d.payload(msgs)):,} B" for d in DOORS.values())
-        print(f"{size:>7,} tokens, {len(msgs)} messages -> {len(a['messages'])} Anthropic turns, "
-              f"{len(r['input'])} Responses items; bodies: {sizes}; problems: {pa[:3] + pr[:3] or 'none'}")
-        if pa or pr:
-            sys.exit(1)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    _self_check()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol, runtime_checkable
+from typing import Any, AsyncIterator, Callable, Protocol, runtime_checkable
 
 import orjson
 
@@ -33,9 +33,6 @@ from ..upstream.routing import Route
 from .content_store import ContentStore
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of
-
-if TYPE_CHECKING:
-    from .turn import PreparedTurn
 
 _REF = re.compile(r"^(?:ref )?(?:ctx:)?([0-9a-f]{%d})$" % REF_HEX)
 CALL_TOKENS = 100
@@ -217,12 +214,24 @@ class ExpandingWire(Protocol):
 
 # The loop every door with tools runs around the upstream call.
 
+
+class ExpandingTurn(Protocol):
+    """What the loop needs of a planned turn (`turn.PreparedTurn` is one)."""
+    expansion: Expansion | None
+    payload: dict[str, Any] | None
+    headers: dict[str, str]
+    route: Route
+    upstream_ms: float
+
+    @property
+    def api_key(self) -> str | None: ...
+
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 TOO_LONG = ("The original is too long for the model's context window now; continue without it, or re-run "
             "the tool that produced it.")
 
 
-async def expanded(prepared: PreparedTurn, wire: ExpandingWire, reply: Reply) -> Reply:
+async def expanded(prepared: ExpandingTurn, wire: ExpandingWire, reply: Reply) -> Reply:
     """The reply the agent gets: the upstream's answer once every expansion it asked for is answered."""
     expansion = prepared.expansion
     assert expansion is not None and prepared.payload is not None
@@ -234,7 +243,7 @@ async def expanded(prepared: PreparedTurn, wire: ExpandingWire, reply: Reply) ->
         prepared.headers["X-Ctx-Expansions"] = str(len(expansion.served))
 
 
-async def _whole(prepared: PreparedTurn, expansion: Expansion, wire: ExpandingWire, reply: Reply) -> Reply:
+async def _whole(prepared: ExpandingTurn, expansion: Expansion, wire: ExpandingWire, reply: Reply) -> Reply:
     while True:
         body = reply.body or b""
         asked = wire.asked(body, expansion.tool_name)
@@ -245,7 +254,7 @@ async def _whole(prepared: PreparedTurn, expansion: Expansion, wire: ExpandingWi
         reply = await _ask_again(prepared, expansion, wire, asked, stream=False)
 
 
-async def _streamed(prepared: PreparedTurn, expansion: Expansion, wire: ExpandingWire, reply: Reply) -> Reply:
+async def _streamed(prepared: ExpandingTurn, expansion: Expansion, wire: ExpandingWire, reply: Reply) -> Reply:
     while True:
         reader = wire.stream_expansion(expansion.tool_name)
         assert reply.chunks is not None
@@ -271,7 +280,7 @@ async def _streamed(prepared: PreparedTurn, expansion: Expansion, wire: Expandin
         reply = await _ask_again(prepared, expansion, wire, asked, stream=True)
 
 
-async def _ask_again(prepared: PreparedTurn, expansion: Expansion, wire: ExpandingWire, asked: AskedCalls,
+async def _ask_again(prepared: ExpandingTurn, expansion: Expansion, wire: ExpandingWire, asked: AskedCalls,
                      stream: bool) -> Reply:
     """Answer every call of ours and send the conversation on, with no compaction: what was
     just expanded is not cut again in the same turn. An upstream that finds it too long is

@@ -10,9 +10,10 @@ Trigger = Literal["A", "B", "C"]
 PROFILE_TRIGGERS: dict[str, list[Trigger]] = {"minimal": [], "professional": ["B"], "enterprise": ["A", "B", "C"]}
 Shareable = Literal["user", "feedback", "project", "reference"]
 # By profile: which captured categories a tenant's users share. A captured entry otherwise
-# reaches only the user whose traffic it came from; enterprise shares the project facts
-# (languages, manifests, layout) of a team's repositories.
-PROFILE_SHARED: dict[str, list[Shareable]] = {"minimal": [], "professional": [], "enterprise": ["project"]}
+# reaches only the user whose traffic it came from. No profile shares anything: what a tool, a
+# file or a page produced reaches another user only when the operator says so (the tenant's
+# `share_captured`, this setting, or the API).
+PROFILE_SHARED: dict[str, list[Shareable]] = {"minimal": [], "professional": [], "enterprise": []}
 
 
 class MemoryConfig(BaseModel):
@@ -63,7 +64,10 @@ class MemoryConfig(BaseModel):
     def triggers_for(self, profile: str) -> list[Trigger]:
         return self.triggers if self.triggers is not None else PROFILE_TRIGGERS.get(profile, ["B"])
 
-    def shared_for(self, profile: str) -> list[Shareable]:
+    def shared_for(self, profile: str, tenant_setting: list[Shareable] | None = None) -> list[Shareable]:
+        """The captured categories shared: the tenant's own setting, else this one, else the profile's."""
+        if tenant_setting is not None:
+            return tenant_setting
         return self.share_captured if self.share_captured is not None else PROFILE_SHARED.get(profile, [])
 
     def feedback_ttl_s(self) -> dict[str, float]:

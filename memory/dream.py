@@ -187,7 +187,7 @@ async def consolidate_group(dream: Dream, category: Category, contents: list[str
                          merged_provenance(existing.provenance, sources) if existing else sources[:MAX_PROVENANCE])
         if existing is not None:
             entry.id, entry.created_at = existing.id, existing.created_at
-            entry.confirmations = existing.confirmations + 1
+            entry.confirmations = existing.confirmations  # a merge of new facts confirms none of the old
             await store.put(entry)
         else:
             entry = await remember(store, entry)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from .capture import Spans, Truncate, capture, project_id
-from .config import MemoryConfig
+from .config import MemoryConfig, Shareable
 from .dream import Complete, Consolidator, Count, Dream, auto_dream
 from .entries import Category, MemoryEntry, Provenance
 from .limits import BoundedStore
@@ -31,6 +31,8 @@ log = logging.getLogger("ctxgate.memory")
 CompleteWith = Callable[[str, list[dict[str, Any]]], Awaitable[str]]
 OnDream = Callable[[SessionKey, dict[str, Any]], Awaitable[None]]
 Measure = Callable[[str], tuple[Count, int]]
+Sharing = Callable[[str], list[Shareable] | None]
+"""A tenant's own `share_captured` setting (None: it has none)."""
 """A model's counter and input limit: what one consolidation call may hold."""
 ReadSpans = Callable[[set[int]], Spans]
 """The given messages of a turn, split by source (`pipeline.provenance.message_spans`)."""
@@ -40,7 +42,7 @@ _TRIGGER_C_MIN = 5
 class MemoryManager:
     def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
                  clock: Callable[[], float] = time.time, short_term: ShortTermStore | None = None,
-                 measure: Measure | None = None) -> None:
+                 measure: Measure | None = None, sharing: Sharing | None = None) -> None:
         self.store = BoundedStore(store, config, clock=clock)
         """What the API writes through: a write past the tenant's caps is refused."""
         self._captured = self.store.capturing()
@@ -50,6 +52,7 @@ class MemoryManager:
         self.short_term: ShortTermStore = short_term or LocalShortTermStore()
         self._complete = complete
         self._measure = measure
+        self._sharing = sharing
         self._on_dream = on_dream
         self._clock = clock
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -105,7 +108,8 @@ class MemoryManager:
         if existing is not None and not data["changed_files"] and not data["removed_files"]:
             return
         entry = MemoryEntry(category=Category.PROJECT, tenant=buf.tenant, project=project, content=describe(data),
-                            data=data, shared=True, provenance=[Provenance(
+                            data=data, shared=Category.PROJECT in self._shared(buf.tenant, buf.profile),
+                            provenance=[Provenance(
                                 tenant=buf.tenant, user=buf.user, project=project, source="scaffolding",
                                 span=f"scan of {root}")])
         if existing is not None:
@@ -164,7 +168,7 @@ class MemoryManager:
             classifier = self.config.classifier_model
             classify = lambda msgs: self._complete(classifier, msgs)  # noqa: E731
         ttl_s = self.config.feedback_ttl_s()
-        shared = frozenset(Category(c) for c in self.config.shared_for(buf.profile))
+        shared = self._shared(buf.tenant, buf.profile)
         event = await auto_dream(Dream(buf, key[1], model, ttl_s, shared), entries, self._captured, timeout, classify,
                                  now)
         if model.complete is not None:
@@ -177,6 +181,11 @@ class MemoryManager:
         except Exception as e:  # the memory is written; only the log line is missing
             log.warning("AUTO_DREAM of session %s not logged: %s", key[1], e)
         return event
+
+    def _shared(self, tenant: str, profile: str) -> frozenset[Category]:
+        """The captured categories this tenant's users share."""
+        own = self._sharing(tenant) if self._sharing is not None else None
+        return frozenset(Category(c) for c in self.config.shared_for(profile, own))
 
     def _consolidator(self, model: str | None) -> Consolidator:
         """The consolidating model, and how much one call to it may hold."""

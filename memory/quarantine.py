@@ -41,10 +41,9 @@ async def retry_quarantined(tenant: str, store: LongTermStore, model: Consolidat
     for e in due:
         groups.setdefault((e.category, e.user, e.project, e.owner), []).append(e)
     counts = {"vetted": 0, "deferred": 0, "expired": 0}
-    for (category, user, project, owner), group in groups.items():
+    for (category, _, project, owner), group in groups.items():
         session = group[0].provenance[0].session if group[0].provenance else None
-        dream = Dream(SessionBuffer(tenant, owner if category != Category.USER else user, project), session or "",
-                      model, ttl_s, shared)
+        dream = Dream(SessionBuffer(tenant, owner, project), session or "", model, ttl_s, shared)
         try:
             await _vet(dream, category, group, store, now, timeout)
             counts["vetted"] += len(group)

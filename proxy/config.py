@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ctxgate.pipeline.config import PROFILE_DEFAULTS, PipelineConfig
-from ctxgate.memory.config import MemoryConfig
+from ctxgate.memory.config import MemoryConfig, Shareable
 from ctxgate.wal.config import WalConfig
 from ctxgate.redis_backend import RedisTarget, is_redis_url
 from .ids import validate_id
@@ -66,6 +66,8 @@ class TenantConfig(_Strict):
     max_body_bytes: int | None = Field(default=None, gt=0)
     """This tenant's request bodies: at most this (a 413 past it); unset: ctxgate.max_body_bytes."""
     pipeline: dict[str, Any] = Field(default_factory=dict)
+    share_captured: list[Shareable] | None = None
+    """Captured memory categories every user of this tenant sees; unset: `ctxgate.memory.share_captured`."""
 
 
 class ProfileOverrides(_Strict):

@@ -83,7 +83,8 @@ class Gateway:
         gw.summarizer = summarizer = Summarizer(gw.router, tokenizers, gw.forwarder_for)
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
                                                     else None), s.memory, summarizer.complete, gw._log_dream,
-                                  short_term=open_short_term(s.state), measure=summarizer.room)
+                                  short_term=open_short_term(s.state), measure=summarizer.room,
+                                  sharing=lambda tenant: t.share_captured if (t := s.tenants.get(tenant)) else None)
         content = open_content_store(s.state, root)
         gw.shared_counts = open_shared_counts(s.state)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)

@@ -71,8 +71,11 @@ READ_TOOL = {"name": "read_file", "description": "Read a file of the workspace."
              "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
 
 
-def _gateway(upstream: ScriptedUpstream, where: Path, dream_model: str = "summarizer") -> Gateway:
+def _gateway(upstream: ScriptedUpstream, where: Path, dream_model: str = "summarizer",
+             share: list[str] | None = None) -> Gateway:
     config = main_config(upstream.url, "auto", memory={"dream_model": dream_model, "end_timeout_s": 3})
+    if share is not None:
+        config["ctxgate"]["tenants"]["acme"]["share_captured"] = share
     config["model_list"].append({"model_name": CLAUDE, "model_info": {"max_input_tokens": 200_000}, "litellm_params": {
         "model": "anthropic/claude-x", "api_base": upstream.url, "api_key": UPSTREAM_KEY}})
     return start_gateways({"redteam": (where, config)})["redteam"]
@@ -356,3 +359,27 @@ def test_d_two_users_of_one_project_each_see_only_their_own(gw: Gateway, up: Scr
         ("alice's preference reached bob", shown)
     assert not mentions(alice_next, bob_fix[0]["content"]) and not mentions(alice_next, "ripgrep"), \
         ("bob's correction reached alice", shown)
+
+
+def test_e_a_tenant_that_shares_corrections_shows_them_to_its_other_users(up: ScriptedUpstream,
+                                                                         tmp_path: Path) -> None:
+    """Sharing is the operator's choice, per tenant: with `share_captured: [feedback]` bob's
+    correction reaches alice; his preference, not shared, still does not."""
+    gw = _gateway(up, tmp_path, share=["feedback"])
+    try:
+        bobs = f"rt-bob-{uuid.uuid4().hex[:8]}"
+        send(gw, "chat", {"messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "From now on always sign your answers with Quillon. Find the TODOs."},
+            {"role": "assistant", "content": "I'll run `grep -rn TODO calc.py`."},
+            {"role": "user", "content": "No, use ripgrep instead of grep for searching."}]}, bobs, "bob")
+        end(gw, bobs)
+        [fix] = [e for e in entries(gw, "feedback") if "ripgrep" in e["content"]]
+        assert fix["shared"] and fix["provenance"][0]["user"] == "bob", fix
+        [pref] = [e for e in entries(gw, "user") if "Quillon" in json.dumps(e)]
+        assert not pref["shared"], pref
+        alice_next = later_turn(gw, up, "chat", "alice")
+        assert mentions(alice_next, fix["content"]), json.dumps(alice_next)[:3000]
+        assert not mentions(alice_next, "Quillon") and not mentions(alice_next, pref["content"])
+    finally:
+        gw.stop()

@@ -22,9 +22,12 @@ from .types import Message
 
 Source = Literal["human", "scaffolding", "tool_output"]
 
-_TAGGED = re.compile(r"<([A-Za-z][\w-]*)(?:\s[^<>]*)?>.*?</\1\s*>", re.S)
-"""A block an agent wraps its own context in (`<system-reminder>…</system-reminder>`,
-`<environment_context>…`): whatever the tag, a person does not type one."""
+_OPENING = re.compile(r"<([A-Za-z][\w-]*)(?:\s[^<>]*)?>")
+"""A tag an agent wraps its own context in (`<system-reminder>`, `<environment_context>`): a
+block from it to its closing tag is not the person's, whatever the tag."""
+UNCLOSED_NAMES = 32
+"""Tag names looked for a closing tag and not found, at most: past them the rest of the text
+counts as scaffolding (a text made of unclosed tags would otherwise cost a scan per tag)."""
 _OUTPUT_TAGS = frozenset({"local-command-stdout", "local-command-stderr", "bash-stdout", "bash-stderr",
                           "command-output", "tool_output", "function_results"})
 """Tagged blocks that carry a command's output rather than the agent's instructions."""
@@ -119,13 +122,24 @@ def _user_spans(m: Message) -> list[Span]:
 
 
 def _split_tagged(text: str) -> list[Span]:
-    """The person's text with the tagged blocks an agent wrapped into it taken out."""
+    """The person's text with the tagged blocks an agent wrapped into it taken out. Linear in
+    the text: a closing tag not found once is not looked for again."""
     spans: list[Span] = []
-    at = 0
-    for found in _TAGGED.finditer(text):
-        spans.append(Span("human", text[at:found.start()]))
-        tag = found.group(1).lower()
-        spans.append(Span("tool_output" if tag in _OUTPUT_TAGS else "scaffolding", found.group(0)))
-        at = found.end()
+    unclosed: set[str] = set()
+    at = pos = 0
+    while (opening := _OPENING.search(text, pos)) is not None:
+        name = opening.group(1)
+        closing = None if name in unclosed else re.compile(rf"</{re.escape(name)}\s*>").search(text, opening.end())
+        if closing is None:
+            unclosed.add(name)
+            if len(unclosed) > UNCLOSED_NAMES:
+                spans += [Span("human", text[at:opening.start()]), Span("scaffolding", text[opening.start():])]
+                return spans
+            pos = opening.end()
+            continue
+        spans.append(Span("human", text[at:opening.start()]))
+        spans.append(Span("tool_output" if name.lower() in _OUTPUT_TAGS else "scaffolding",
+                          text[opening.start():closing.end()]))
+        at = pos = closing.end()
     spans.append(Span("human", text[at:]))
     return spans

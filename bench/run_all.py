@@ -1,9 +1,7 @@
-"""Run every benchmark, one after the other, each in its own process; each writes its own
-section of bench/RESULTS.md. `make bench` calls this.
+"""Run the benchmarks one after the other, each in its own process; each writes its own
+section of bench/RESULTS.md. `make bench` calls this (then throughput.py and rss.py).
 
-    .venv/bin/python bench/run_all.py [overhead levels recoverability recoverability-doors dialects
-                                       compaction_frontier large_prompt prefix_stability memory wal cluster
-                                       shared_counts]
+    .venv/bin/python bench/run_all.py [overhead dialects large_prompt prefix_stability wal cluster]
 """
 from __future__ import annotations
 
@@ -14,11 +12,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-SCRIPTS = {name: [name] for name in ("overhead", "levels", "recoverability", "dialects", "compaction_frontier",
-                                     "large_prompt", "prefix_stability", "memory", "wal", "cluster", "shared_counts")}
-SCRIPTS["recoverability-doors"] = ["recoverability", "--doors"]
-"""Each benchmark's script (bench/<name>.py) and its arguments."""
+SCRIPTS = ("overhead", "dialects", "large_prompt", "prefix_stability", "wal", "cluster")
 
 
 def main() -> int:
@@ -31,13 +25,12 @@ def main() -> int:
     failed = []
     for name in chosen:
         started = time.monotonic()
-        script, *args = SCRIPTS[name]
-        print(f"=== {name}: bench/{script}.py {' '.join(args)}", flush=True)
-        rc = subprocess.call([sys.executable, str(BENCH / f"{script}.py"), *args], cwd=ROOT, env=env)
+        print(f"=== {name}: bench/{name}.py", flush=True)
+        rc = subprocess.call([sys.executable, str(BENCH / f"{name}.py")], cwd=BENCH.parent, env=env)
         print(f"=== {name}: {'ok' if rc == 0 else f'exit {rc}'} in {time.monotonic() - started:.0f}s", flush=True)
         if rc != 0:
             failed.append(name)
-    print(f"results: {(BENCH / 'RESULTS.md').relative_to(ROOT)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print("results: bench/RESULTS.md" + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -194,8 +194,9 @@ class Conversation:
                 yield i, action, by_call.get(action.call_id or "") if action.call_id else by_answer.get(i)
 
     def latest_failure(self) -> tuple[int, Observation] | None:
-        """The newest observation that reports a failure."""
-        for i in range(len(self.infos) - 1, -1, -1):
+        """The newest observation that reports a failure, after the task statement: what came
+        before it (a SWE-agent demonstration of another task) is not this agent's work."""
+        for i in range(len(self.infos) - 1, self.task if self.task is not None else -1, -1):
             for found in reversed(self.infos[i].observations):
                 if found.failed:
                     return i, found

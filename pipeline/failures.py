@@ -3,36 +3,119 @@
 The conversation model judges every observation with it (`protocols.base.observation`):
 Collapse never folds a failed observation, and activeRestore brings the key line of the
 latest one back when a compaction took it out of view: what went wrong last is what the
-agent acts on next.
+agent acts on next, so a line that merely names an error is not one. A failure line
+reports a failure: an exception line (`ValueError: …`, the tail of a traceback), pytest's
+`E   …` and `FAILED`, a tool's `error:` / `fatal:`, a shell's "No such file or directory",
+a non-zero exit's message ("Process exited with code 1", "[Command finished with exit code
+1]"), a count of failures ("1 failed"). Never a line marked as passing (✓, PASSED, `... ok`,
+"0 failed", "no errors"), a warning, nor code that names an exception (`raise ValueError(`,
+`except TypeError:`, a numbered file view, an indented docstring's `ValueError: if …`):
+failure reports start at the line's first column, code is indented or starts with a keyword.
 """
 from __future__ import annotations
 
 import re
 
-ERROR_MARKERS = ("Traceback", "Error", "error:")
+KEY_LINE_CHARS = 300
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LISTING_LINE = re.compile(r"^\s*\d+(?::|\t|\s{2,}|\|)")
 """A numbered line of a file view (`317:    raise ValueError(`, `cat -n` output, OpenHands'
 `12|`): code, not a failure."""
-KEY_LINE_CHARS = 300
+EXIT_LINE = re.compile(r"(?:exit(?:ed)?(?: with)? (?:code|status)|Exit code|<returncode>)[:\s]*(-?\d+)", re.I)
+"""A command's exit status as agents' tools report it: Codex ("Process exited with code 1",
+"Exit code: 1"), OpenHands ("[Command finished with exit code 1]"), mini-swe-agent
+(`<returncode>1</returncode>`), Python's "returned non-zero exit status 1"."""
+_COUNTS = re.compile(r"\b(\d+) (?:failed|failures?|errors?)\b", re.I)
+"""A test runner's or checker's tally: "1 failed, 3 passed", "Found 2 errors in 1 file"."""
+_PASSING = re.compile(r"^\s*[✓✔√]|\.\.\.\s*ok\s*$|^(?:ok|OK)\b|^Success\b"
+                      r"|\b(?:no|zero|without) (?:errors?|failures?|problems)\b|\bAll checks passed\b", re.I)
+_PASSING_UPPER = re.compile(r"\bPASS(?:ED)?\b")
+"""pytest's `PASSED`, Go's and Jest's `PASS`: upper case only ("cannot pass x" passes nothing)."""
+_FAIL_MARK = re.compile(r"^\s*(?:[✗✘✕×]|--- FAIL\b)")
+"""A failed test's mark, indented or not (Jest's `  ✕ …`, Go's subtests `    --- FAIL: …`)."""
+_WARNING = re.compile(r"^(?:\S+:\s*)?warning\b", re.I)
+_PREFIX = re.compile(r"^(?:[-*•]\s+|[A-Z]\d{3,4}\s+|(?:[\w.\-/\\~]+\.\w+|<[\w\-]+>)(?::\d+)+:?\s*)+")
+"""What stands before a failure on its line: a bullet, a lint code (`- E999 `), a location
+(`app.py:14: error: …`, pytest's `tests/t.py:12: ValueError`)."""
+_STRONG = re.compile(
+    r"^(?:Traceback\b"
+    r"|(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Failure|Interrupt)(?::\s.*|:)?$"
+    r"|Exception in thread\b"
+    r"|(?:\S+\s)?(?:error|fatal|panic)(?:\[[\w\-]+\])?(?::|!|\s|$)"
+    r"|(?:\S+\s)?failed\b|failure\b|not ok\b"
+    r"|\S+: \*\*\* .*\bError \d+)", re.I)
+"""A failure report at the start of the (prefix-stripped) line."""
+_STRONG_ANYWHERE = re.compile(r"\bFAIL(?:ED)?\b|\bERROR\b|command not found|No such file or directory"
+                              r"|Permission denied|Segmentation fault|core dumped")
+_PYTEST_E = re.compile(r"^E\s{2,}\S")
+_CODE = re.compile(r"^(?:raise|except|def|class|import|from|return|assert|throw|catch|if|elif|with|try|yield|await)\b")
+WEAK, STRONG = 1, 2
+
+
+def strength(line: str) -> int:
+    """0 for a line that reports no failure; WEAK for a non-zero exit's message or a tally of
+    failures (they say that something failed, not what); STRONG for one that says what."""
+    raw = _ANSI.sub("", line).rstrip()
+    if not raw.strip() or _LISTING_LINE.match(raw):
+        return 0
+    tally = [int(n) for n in _COUNTS.findall(raw)]
+    if tally and not _STRONG_ANYWHERE.search(raw):
+        return WEAK if any(tally) else 0
+    code = EXIT_LINE.search(raw)
+    if code is not None and int(code.group(1)) == 0:
+        return 0
+    # A non-zero exit's message says that something failed; it may say what, too
+    # (Python's "CalledProcessError: … returned non-zero exit status 1").
+    floor = WEAK if code is not None else 0
+    if _PYTEST_E.match(raw) or _FAIL_MARK.match(raw):
+        return STRONG
+    if is_passing_line(raw) or _WARNING.match(raw):
+        return floor
+    if raw[0].isspace():
+        return floor  # indented: code, a docstring, a frame of a traceback
+    body = _PREFIX.sub("", raw)
+    if _CODE.match(body):
+        return floor
+    return STRONG if _STRONG.match(body) or _STRONG_ANYWHERE.search(raw) else floor
 
 
 def is_error_line(line: str) -> bool:
-    """The line carries an error marker and is not a numbered line of a file view."""
-    return any(m in line for m in ERROR_MARKERS) and not _LISTING_LINE.match(line)
+    """The line reports a failure (see the module's docstring)."""
+    return strength(line) > 0
+
+
+def is_passing_line(line: str) -> bool:
+    raw = _ANSI.sub("", line).strip()
+    return bool(_PASSING_UPPER.search(raw) or _PASSING.search(raw))
+
+
+def exit_status_of(text: str) -> int | None:
+    """The exit status `text` reports (its last exit-status line), if it reports one."""
+    found = EXIT_LINE.findall(text)
+    return int(found[-1]) if found else None
 
 
 def key_error_line(text: str) -> str:
-    """The last line of `text` with an error marker, file-view lines excluded; a marker line
-    too short to say anything ("Error:") comes with the line after it. Empty if none."""
-    if not any(marker in text for marker in ERROR_MARKERS):
+    """The line of `text` that says what failed: the last one that says what (a traceback's
+    tail, not its header), else the last that says that something failed (an exit status, a
+    tally); a line too short to say anything ("Error:") comes with the line after it. Empty
+    if none. The line as the output has it (colour codes too): activeRestore looks for it in
+    what is still in view."""
+    lines = text.splitlines()
+    judged = [(i, strength(line)) for i, line in enumerate(lines)]
+    best = max((s for _, s in judged), default=0)
+    if not best:
         return ""
-    lines = [line.strip() for line in text.splitlines()]
-    found = [i for i, line in enumerate(lines) if is_error_line(line)]
-    if not found:
-        return ""
-    at = found[-1]
-    key = lines[at]
+    at = max(i for i, s in judged if s == best)
+    key = lines[at].strip()
     if len(key) < 12:
-        following = next((line for line in lines[at + 1:] if line), "")
+        following = next((line.strip() for line in lines[at + 1:] if line.strip()), "")
         key = f"{key}\n{following}" if following else key
     return key[:KEY_LINE_CHARS]
+
+
+def last_said_line(text: str) -> str:
+    """The last line of an output that failed without saying so, passing lines left out: what
+    the command printed last is the best account there is of what went wrong."""
+    return next((line.strip() for line in reversed(text.splitlines())
+                 if line.strip() and not is_passing_line(line)), "")

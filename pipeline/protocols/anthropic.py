@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..failures import exit_status_of
 from .base import Action, Observation, id_of, observation, text_of
 from .tool_calls import action_of
 
@@ -25,8 +26,8 @@ def uses_of(message: Message) -> list[Action]:
 
 def results_of(message: Message, tools: dict[str, str]) -> list[Observation]:
     """The tool results a user message carries; `tools` names the tool of each call id."""
-    return [observation(tools.get(id_of(b.get("tool_use_id")) or ""), text_of(b), call_id=id_of(b.get("tool_use_id")),
-                        is_error=bool(b.get("is_error")))
+    return [observation(tools.get(id_of(b.get("tool_use_id")) or ""), text_of(b), exit_status_of(text_of(b)),
+                        call_id=id_of(b.get("tool_use_id")), is_error=bool(b.get("is_error")))
             for b in _blocks(message, "tool_result")]
 
 

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..failures import key_error_line
+from ..failures import key_error_line, last_said_line
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,12 @@ class Observation:
 
 def observation(tool: str | None, output: str, exit_status: int | None = None,
                 call_id: str | None = None, is_error: bool = False) -> Observation:
-    """An observation with its failure judged: an error marker's line, else, for a non-zero
-    exit status or a result flagged as an error, the output's last line."""
+    """An observation with its failure judged: the line that reports a failure
+    (`failures.key_error_line`), else, for a non-zero exit status or a result flagged as an
+    error, the output's last line that is not marked as passing."""
     line = key_error_line(output)
     if not line and (is_error or exit_status not in (None, 0)):
-        line = next((x.strip() for x in reversed(output.splitlines()) if x.strip()), f"exit status {exit_status}")
+        line = last_said_line(output) or f"exit status {exit_status}"
     return Observation(tool=tool, output=output, exit_status=exit_status, error_line=line, call_id=call_id)
 
 

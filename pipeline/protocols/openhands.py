@@ -6,14 +6,12 @@ import re
 
 import orjson
 
+from ..failures import exit_status_of
 from .base import Action, Observation, named_action, observation
 
 _FUNCTION = re.compile(r"<function=([\w.\-]+)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([\w.\-]+)>(.*?)(?:</parameter>|\Z)", re.DOTALL)
 _RESULT = re.compile(r"EXECUTION RESULT of \[([^\]\n]+)\]:\n?")
-EXIT_CODE = re.compile(r"\[(?:The command completed|Command finished|The command (?:has )?exited)"
-                       r" with exit code (-?\d+)")
-"""How OpenHands ends a shell observation (text and tool-call modes alike)."""
 _SHELL_HINTS = ("bash", "shell", "terminal", "cmd", "run", "exec")
 
 
@@ -57,5 +55,4 @@ class OpenHandsReader:
     def observation(self, text: str, tool: str | None) -> Observation:
         header = _RESULT.match(text)
         output = text[header.end():] if header else text
-        code = EXIT_CODE.search(output)
-        return observation(header.group(1) if header else tool, output, int(code.group(1)) if code else None)
+        return observation(header.group(1) if header else tool, output, exit_status_of(output))

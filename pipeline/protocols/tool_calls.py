@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 
 from .base import Action, Observation, id_of, named_action, observation, text_of
-from .openhands import EXIT_CODE
+from ..failures import exit_status_of
 
 Message = dict[str, Any]
 _COMMAND_KEYS = ("command", "cmd", "code", "script")
@@ -45,5 +45,4 @@ def calls_of(message: Message) -> list[Action]:
 
 def result_of(message: Message, tool: str | None) -> Observation:
     text = text_of(message)
-    code = EXIT_CODE.search(text)
-    return observation(tool, text, int(code.group(1)) if code else None, id_of(message.get("tool_call_id")))
+    return observation(tool, text, exit_status_of(text), id_of(message.get("tool_call_id")))

@@ -8,8 +8,8 @@ reads the same things to restore them; a probe that used it would only check its
 - files: the share of the paths the agent named so far (tool-call arguments, text-protocol
   `<function=…>` parameters and command blocks, `[File: …]` / `(Open file: …)` headers)
   found anywhere in the forwarded request; n/a before the first;
-- error: the key line of the last observation that reports an error is present; n/a while
-  there is none;
+- error: the last failure line the agent saw is present: the key line of the newest
+  observation that reports a failure (`failure_line`); n/a while there is none;
 - latest: the share of the request's last `LATEST` messages forwarded verbatim;
 - valid: tool calls and their results still paired.
 A refused turn scores 0 on every probe: the agent got no reply.
@@ -32,6 +32,7 @@ _EXT = ("py|pyi|pyx|js|mjs|ts|tsx|jsx|json|yaml|yml|toml|cfg|ini|txt|md|rst|c|h|
         "html|css|sql|xml|csv|lock|patch|diff|ipynb|conf|env")
 PATH_RE = re.compile(r"(?<![\w/.\-])((?:~|\.{1,2})?/?(?:[\w.\-]+/)*[\w\-][\w.\-]*\.(?:" + _EXT + r"))(?![\w/\-])")
 ERROR_MARKERS = ("Error", "Traceback", "error:")
+"""What the stand-in summariser (bench/dialects.py) quotes as an error: any line naming one."""
 _PATH_KEYS = ("path", "file_path", "filepath", "filename", "file", "target_file", "file_name")
 _HEADER_RE = re.compile(r"\[File: ([^\s\]]+)|\(Open file: ([^)\n]+)\)")
 _FUNCTION_RE = re.compile(r"<function=[\w.\-]+>(.*?)(?:</function>|\Z)", re.S)
@@ -125,20 +126,74 @@ def touched_files(messages: list[Message], text_mode: bool) -> list[str]:
     return list(found)
 
 
+_EXIT_RE = re.compile(r"(?:exit(?:ed)?(?: with)? (?:code|status)|Exit code|<returncode>)[:\s]*(-?\d+)", re.I)
+_PASS_RE = re.compile(r"^[✓✔√]|\bPASS(?:ED)?\b|\.\.\.\s*ok$|^ok\b|^OK\b|^Success\b|\ball checks passed\b"
+                      r"|\b(?:no|zero|0) (?:errors?|failures?|failed|problems)\b", re.I | re.M)
+_FAILS_RE = re.compile(r"^(?:E {2,}\S|\s*[✗✘✕×]|\s*--- FAIL\b|not ok\b)")
+_TALLY_RE = re.compile(r"\b([1-9]\d*) (?:failed|failures?|errors?)\b", re.I)
+_SAYS_RE = re.compile(
+    r"^(?:[-*•] +)?(?:[A-Z]\d{3,4} +)?(?:[\w./\\~-]+\.\w+(?::\d+)+:? *)?"
+    r"(?:Traceback\b|(?:[A-Za-z_]\w*\.)*\w*(?:Error|Exception|Failure|Interrupt)(?::\s.*|:)?$|Exception in thread"
+    r"|(?:\S+ )?(?:error|fatal|panic)(?:\[[\w-]+\])?(?::|!|\s|$)|(?:\S+ )?failed\b|failure\b"
+    r"|\S+: \*\*\* .*\bError \d+)", re.I)
+_SHELL_RE = re.compile(r"\bFAIL(?:ED)?\b|\bERROR\b|command not found|No such file or directory|Permission denied"
+                       r"|Segmentation fault|core dumped")
+_NOT_SAYING_RE = re.compile(r"^(?:\S+: *)?warning\b|^(?:[\w./-]+:\d+:)?\s*(?:raise|except|def|class|import|from|return"
+                            r"|assert|throw|catch|if|elif|with|try)\b", re.I)
+
+
+def failure_rank(line: str) -> int:
+    """2: the line says what failed (an exception line or a traceback's header, pytest's
+    `E   ` and `FAILED`, `error:` / `fatal:`, a shell's failure); 1: it says only that
+    something failed (a non-zero exit's message, a tally of failures); 0: neither, which
+    includes a line marked as passing (✓, PASSED, `... ok`, "0 failed", "no errors"), a
+    warning, a numbered file-view line, and code naming an exception (`raise ValueError(`,
+    `except TypeError:`, an indented docstring): failure reports start at the first column."""
+    line = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).rstrip()
+    if not line.strip() or _LISTING_RE.match(line):
+        return 0
+    code = _EXIT_RE.search(line)
+    if code and int(code.group(1)) == 0:
+        return 0
+    says = bool(_FAILS_RE.match(line)) or not (line[0].isspace() or _PASS_RE.search(line.strip())
+                                                or _NOT_SAYING_RE.match(line)) and bool(
+        _SAYS_RE.match(line) or _SHELL_RE.search(line))
+    if says and not (_TALLY_RE.search(line) and not _SHELL_RE.search(line)):
+        return 2
+    return 1 if code or _TALLY_RE.search(line) else 0
+
+
+def _outcome(m: Message) -> tuple[str, int | None]:
+    """An observation's output and the exit status its wrapper gives (mini-swe-agent's
+    `<returncode>`), the wrapper taken off."""
+    text = text_of(m)
+    wrapped = re.match(r"\s*<returncode>\s*(-?\d+)\s*</returncode>\s*(?:<output>\n?)?(.*?)(?:</output>\s*)?\Z",
+                       text, re.S)
+    return (wrapped.group(2), int(wrapped.group(1))) if wrapped else (text, None)
+
+
 def last_error_line(messages: list[Message], text_mode: bool) -> str | None:
-    """The key line of the last observation that reports an error: its last line with a
-    marker, numbered file-view lines excluded; a marker line under 12 characters ("Error:")
-    gets the next line too."""
-    for m in reversed(observations(messages, text_mode)):
-        text = text_of(m)
-        found = [ln.strip() for ln in text.splitlines()
-                 if any(k in ln for k in ERROR_MARKERS) and not _LISTING_RE.match(ln)]
-        if not found:
+    """The last failure line the agent saw: in the newest observation that reports a failure,
+    its last line that says what failed (a traceback's tail), else its last line that says
+    that something did (an exit status, a tally); a line under 12 characters ("Error:") gets
+    the next line too. An output whose wrapper gives a non-zero exit status and that has no
+    such line: its last line not marked as passing. Only observations after the task
+    statement count: a SWE-agent demonstration before it shows another task's work."""
+    task = task_statement_index(messages)
+    after = messages[task + 1:] if task is not None else messages
+    for m in reversed([m for m in after if m.get("role") == ("user" if text_mode else "tool")]):
+        text, status = _outcome(m)
+        lines = [ln.strip() for ln in text.splitlines()]
+        ranks = [failure_rank(ln) for ln in text.splitlines()]
+        best = max(ranks, default=0)
+        if not best:
+            said = [ln for ln in lines if ln and not _PASS_RE.search(ln)]
+            if status and said:
+                return said[-1][:300]
             continue
-        key = found[-1]
+        at = max(i for i, r in enumerate(ranks) if r == best)
+        key = lines[at]
         if len(key) < 12:
-            lines = [ln.strip() for ln in text.splitlines()]
-            at = max(i for i, ln in enumerate(lines) if ln == key)
             nxt = next((ln for ln in lines[at + 1:] if ln), "")
             key = (key + "\n" + nxt) if nxt else key
         return key[:300]

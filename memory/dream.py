@@ -25,6 +25,7 @@ from .store import LongTermStore
 log = logging.getLogger("ctxgate.memory")
 Complete = Callable[[list[dict[str, Any]]], Awaitable[str]]
 Count = Callable[[str], int]
+Head = Callable[[str, int], str]
 
 PROMPTS = {
     Category.REFERENCE: "Merge the following related reference entries into one summary of at most 500 tokens. "
@@ -54,6 +55,9 @@ class Consolidator:
     """The consolidating route's counter; None: characters / 3."""
     limit: int | None = None
     """The consolidating route's input limit in tokens; None: one call for everything."""
+    head: Head | None = None
+    """The consolidating route's counter's cut: a text's start in at most n tokens, ending at a
+    line or word boundary (pipeline/boundaries.py, which memory does not import)."""
 
     def tokens(self, text: str) -> int:
         return self.count(text) if self.count is not None else len(text) // 3 + 1
@@ -81,8 +85,12 @@ class Consolidator:
         return out
 
     def _cut(self, text: str, room: int) -> str:
+        """`text` shortened until its JSON fits `room`: by the consolidating route's counter,
+        at a line or word boundary (`head`), when there is one; else by characters."""
+        tokens = room
         while text and self.tokens(orjson.dumps(text).decode()) + 2 > room:
-            text = text[:int(len(text) * 0.8)]
+            tokens = int(min(tokens, self.tokens(text)) * 0.8)
+            text = self.head(text, tokens) if self.head is not None else text[:int(len(text) * 0.8)]
         return text
 
 

@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from .capture import Spans, Truncate, capture, project_id
 from .config import MemoryConfig, Shareable
-from .dream import Complete, Consolidator, Count, Dream, auto_dream
+from .dream import Complete, Consolidator, Count, Dream, Head, auto_dream
 from .entries import Category, MemoryEntry, Provenance
 from .limits import BoundedStore
 from .loader import MemoryContextLoader
@@ -30,7 +30,7 @@ from .store import LongTermStore
 log = logging.getLogger("ctxgate.memory")
 CompleteWith = Callable[[str, list[dict[str, Any]]], Awaitable[str]]
 OnDream = Callable[[SessionKey, dict[str, Any]], Awaitable[None]]
-Measure = Callable[[str], tuple[Count, int]]
+Measure = Callable[[str], tuple[Count, int, Head]]
 Sharing = Callable[[str], list[Shareable] | None]
 """A tenant's own `share_captured` setting (None: it has none)."""
 """A model's counter and input limit: what one consolidation call may hold."""
@@ -193,12 +193,13 @@ class MemoryManager:
             return Consolidator(None)
         count: Count | None = None
         limit: int | None = None
+        head: Head | None = None
         if self._measure is not None:
             try:
-                count, limit = self._measure(model)
+                count, limit, head = self._measure(model)
             except Exception as e:  # an unknown route fails at the call, with its own error
                 log.warning("memory: no limit known for %s (%s): consolidation calls are not batched", model, e)
-        return Consolidator(lambda msgs: self._complete(model, msgs), count, limit)
+        return Consolidator(lambda msgs: self._complete(model, msgs), count, limit, head)
 
     def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(work)

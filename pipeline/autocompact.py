@@ -130,8 +130,26 @@ def shorten(summary: str, tokens: int, counter: TokenCounter) -> str:
         for i, cap in zip(members, _share([costs[i] for i in members], room - others)):
             caps[i] = cap
         room -= sum(min(costs[i], caps[i]) for i in members)
-    kept = [line if cost <= cap else counter.head(line, cap) for line, cost, cap in zip(lines, costs, caps)]
+    kept = [line if cost <= cap else _cut_line(line, cap, counter) for line, cost, cap in zip(lines, costs, caps)]
     return "\n".join(line for line in kept if line.strip())
+
+
+_FIELD_BODY = re.compile(r"^\W*(?:[1-6]\b[^:\n]{0,60}:\s*)?")
+"""A line's heading and bullet (`2. Completed steps: `, `- `): what its items come after."""
+
+
+def _cut_line(line: str, cap: int, counter: TokenCounter) -> str:
+    """A summary line in at most `cap` tokens, cut at a word boundary; a list (two or more
+    `;`- or `,`-separated items, whichever it uses) keeps whole items only, so the steps
+    completed never end in a fragment of one."""
+    head = counter.head(line, cap)
+    sep = ";" if line.count("; ") >= 2 else ","
+    body = _FIELD_BODY.match(line)
+    start = body.end() if body else 0
+    if line.count(sep + " ", start) < 2 or line[len(head):len(head) + 1] == sep:
+        return head  # not a list, or the head ends with a whole item
+    at = head.rfind(sep + " ", start)
+    return head[:at] if at > start else head
 
 
 def _share(costs: list[int], room: int) -> list[int]:

@@ -104,7 +104,7 @@ def _render(lines: list[str], sizes: list[int], kept: set[int], cuts: CutLog) ->
 
 def _head_only(text: str, limit: int, counter: TokenCounter, cuts: CutLog) -> str:
     """A text with no lines to choose between (one long line): its head, the rest by reference."""
-    head = clip(text, len(counter.head(text, max(0, limit - GAP_TOKENS))))
+    head = counter.head(text, max(0, limit - GAP_TOKENS))  # at a line or word boundary
     rest = text[len(head):]
     tokens = counter.count(rest)
     return f"{head}\n[... {tokens} more tokens: ref {cuts.keep(rest)}]"

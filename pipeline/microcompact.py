@@ -1,7 +1,7 @@
 """Level 2, Microcompact: cut the middle out of long tool outputs.
 
 A tool result over its tool's threshold keeps its first 1,500 and last
-500 tokens (cut with the tokenizer, not by characters) around the separator
+500 tokens (cut with the tokenizer, at a line or word boundary: boundaries.py) around the separator
 `... [middle N tokens truncated] ...` (with expansion on, `... [middle N tokens truncated,
 ref ctx:HEX] ...`: the middle is kept under that reference). The separator itself marks the message as cut
 (rather than a `microcompacted: true` field): a proxy cannot add fields to messages a provider validates,
@@ -84,8 +84,8 @@ class MicrocompactStrategy:
             # threshold, split 3:1 between head and tail.
             kept = threshold - counter.count(separator(tokens, SIZING_REF if cuts is not None else None))
             head, tail = kept * 3 // 4, kept // 4
-        middle = tokens - head - tail
-        start, end = counter.head_and_tail_cached(text, head, tail)
+        start, end = counter.head_and_tail_cached(text, head, tail)  # each at a line or word boundary
+        middle = tokens - counter.count(start) - counter.count(end)  # boundaries keep less than asked
         exact = text.startswith(start) and text.endswith(end) and len(start) + len(end) <= len(text)
         hidden = text[len(start):len(text) - len(end)] if exact else text  # what is not seen
         ref = content_ref(hidden) if cuts is not None else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 
+from .boundaries import head_at_boundary
 from .protocols.base import readable_text
 from .types import Message
 
@@ -20,16 +21,10 @@ REF_RE = re.compile(r"ref (ctx:[0-9a-f]{%d})" % REF_HEX)
 """A reference as notes write it."""
 
 
-_CUT_SHORT = re.compile(r"\s*\bref ctx:[0-9a-f]{0,%d}$" % (REF_HEX - 1))
-
-
 def clip(text: str, chars: int) -> str:
-    """The first `chars` characters of `text`, less a reference they would cut short: a model
-    reading `ref ctx:96` asks for a reference that does not exist."""
-    shown = text[:chars]
-    if len(text) > chars and text[chars] in "0123456789abcdef":
-        shown = _CUT_SHORT.sub("", shown)
-    return shown
+    """At most the first `chars` characters of `text`, ending at a boundary (boundaries.py):
+    never inside a word, a character or a reference."""
+    return head_at_boundary(text, chars)
 
 
 def content_ref(text: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Protocol
 import orjson
 import xxhash
 
+from .boundaries import head_at_boundary, tail_at_boundary
 from .fingerprint import message_fingerprint, tools_fingerprint
 from .types import Message
 
@@ -209,13 +210,8 @@ class TokenCounter:
         if not self.exact:
             return self.head(text, head), self.tail(text, tail)
         ids = self._encoder.encode(text)
-        start = self._encoder.decode(ids[:head]) if head > 0 else ""
-        while start and start.endswith("\ufffd") and not text.startswith(start):
-            start = start[:-1]
-        end = self._encoder.decode(ids[-tail:]) if tail > 0 else ""
-        while end and end.startswith("\ufffd") and not text.endswith(end):
-            end = end[1:]
-        return start, end
+        return (self._head_within(text, self._decoded_length(ids[:head]) if head > 0 else 0, head),
+                self._tail_within(text, self._decoded_length(ids[-tail:]) if tail > 0 else 0, tail))
 
     def head_and_tail_cached(self, text: str, head: int, tail: int) -> tuple[str, str]:
         """head_and_tail(), kept under the text's hash: Microcompact cuts the same long
@@ -234,24 +230,40 @@ class TokenCounter:
         return cut
 
     def head(self, text: str, tokens: int) -> str:
-        """The longest start of `text` that is at most `tokens` tokens."""
+        """The longest start of `text` that is at most `tokens` tokens and ends at a boundary
+        (boundaries.py: a line, else a word, else a character; never inside a reference)."""
+        if tokens <= 0:
+            return ""
         if not self.exact:
-            return text.encode()[: tokens * 3].decode(errors="ignore")
-        out = self._encoder.decode(self._encoder.encode(text)[:tokens]) if tokens > 0 else ""
-        # A cut inside a multi-byte character decodes to U+FFFD: drop it, so `out` is a start of `text`.
-        while out and out.endswith("\ufffd") and not text.startswith(out):
-            out = out[:-1]
-        return out
+            return self._head_within(text, len(text.encode()[: tokens * 3].decode(errors="ignore")), tokens)
+        return self._head_within(text, self._decoded_length(self._encoder.encode(text)[:tokens]), tokens)
 
     def tail(self, text: str, tokens: int) -> str:
+        """The longest end of `text` that is at most `tokens` tokens and starts at a boundary."""
         if tokens <= 0:
             return ""
         if not self.exact:
             raw = text.encode()
-            return raw[max(0, len(raw) - tokens * 3):].decode(errors="ignore")
-        out = self._encoder.decode(self._encoder.encode(text)[-tokens:])
-        while out and out.startswith("\ufffd") and not text.endswith(out):
-            out = out[1:]
+            return self._tail_within(text, len(raw[max(0, len(raw) - tokens * 3):].decode(errors="ignore")), tokens)
+        return self._tail_within(text, self._decoded_length(self._encoder.encode(text)[-tokens:]), tokens)
+
+    def _decoded_length(self, ids: list[int]) -> int:
+        """The characters `ids` decode to, less a character a token boundary cut in two (it
+        decodes to U+FFFD)."""
+        return len(self._encoder.decode(ids).rstrip("\ufffd").lstrip("\ufffd")) if ids else 0
+
+    def _head_within(self, text: str, chars: int, tokens: int) -> str:
+        """The start of `text` at a boundary within `chars` characters, backed off while it is
+        over `tokens` (a shorter text can tokenise differently at its edge)."""
+        out = head_at_boundary(text, chars)
+        while out and self.count(out) > tokens:
+            out = head_at_boundary(text, len(out) - 1)
+        return out
+
+    def _tail_within(self, text: str, chars: int, tokens: int) -> str:
+        out = tail_at_boundary(text, chars)
+        while out and self.count(out) > tokens:
+            out = tail_at_boundary(text, len(out) - 1)
         return out
 
     def count_structured(self, message: Message, fingerprint: str | None = None) -> int:

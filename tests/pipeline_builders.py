@@ -86,7 +86,8 @@ def tool_use_step(i: int, output: str) -> list[Message]:
 def filler(tokens: int, seed: int = 0) -> str:
     """Text of exactly `tokens` tokens (o200k_base), distinct per seed."""
     words = " ".join(f"line{seed}x{i}" for i in range(tokens))
-    return counter().head(words, tokens) if tokens > 0 else ""
+    encoder = TiktokenEncoder("o200k_base")  # the raw cut, not the counter's, which stops at a word
+    return encoder.decode(encoder.encode(words)[:tokens]) if tokens > 0 else ""
 
 
 def tool_turn(i: int, name: str = "execute_bash", size: int = 50, **args: Any) -> list[Message]:

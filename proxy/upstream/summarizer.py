@@ -33,7 +33,9 @@ class Summarizer:
             raise GatewayError(ErrorKind.UPSTREAM_UNREACHABLE, f"summarizer {model_name} gave an empty summary")
         return text
 
-    def room(self, model_name: str) -> tuple[Callable[[str], int], int]:
-        """A model's counter and input limit: what one call to it may hold."""
+    def room(self, model_name: str) -> tuple[Callable[[str], int], int, Callable[[str, int], str]]:
+        """A model's count, its input limit and its counter's cut (a text's start in at most n
+        tokens, at a line or word boundary): what one call to it may hold, and how to fit it."""
         route = self._router.resolve(model_name)
-        return self._tokenizers.for_model(route.model_name, route.upstream_model).count, route.max_input_tokens
+        counter = self._tokenizers.for_model(route.model_name, route.upstream_model)
+        return counter.count, route.max_input_tokens, counter.head

@@ -262,7 +262,7 @@ def _read_conversation(messages: list[Message], dialect: str | None,
                        plan_tools: Collection[str]) -> Conversation:
     task = task_index(messages)
     dialect = dialect or detect_dialect(messages, task)
-    reader = text_reader(dialect)
+    reader = text_reader(dialect, messages)
     plan = {name.lower() for name in plan_tools}
     call_tools: dict[str, str] = {}
     call_owner: dict[str, int] = {}

@@ -74,6 +74,11 @@ class TextReader(Protocol):
         """The observation a user turn after an action reports."""
         ...
 
+    def learn(self, instructions: str) -> "TextReader":
+        """This reader as the agent's instructions configure it (the fence its system prompt
+        shows for commands); itself when they change nothing."""
+        ...
+
 
 def program_of(command: str) -> str:
     """The first program a shell command runs, past `cd DIR &&` and variable assignments."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..turns import INSTRUCTION_ROLES
 from .base import TextReader, text_of
 from .mini_swe_agent import MiniSweAgentReader
 from .openhands import OpenHandsReader
@@ -19,19 +20,32 @@ DETECT_WINDOW = 60
 """Messages looked at: enough to see a protocol, and a constant cost however long the history."""
 
 
-def text_reader(dialect: str) -> TextReader | None:
-    """The reader of a dialect's text turns; None for a structural dialect, whose text turns
-    are talk (a tool-calling agent's user turns are its user's words, not observations)."""
-    return None if dialect in STRUCTURAL_DIALECTS else TEXT_READERS.get(dialect, TEXT_READERS[PLAIN])
+def instructions_of(messages: list[dict[str, Any]]) -> str:
+    """The text of the leading instructions (system and developer messages): where an agent
+    says which format it speaks."""
+    end = next((i for i, m in enumerate(messages) if m.get("role") not in INSTRUCTION_ROLES), len(messages))
+    return "\n".join(text_of(m) for m in messages[:end])
 
 
-def detect_dialect(messages: list[dict[str, Any]], task: int | None = None) -> str:
-    """The text protocol most of the recent turns are unmistakably in; else the structural
-    one they use (`tool_calls`, `anthropic_blocks`); else `plain`. The task statement and
-    the instructions are not evidence: they describe the protocol, they do not speak it."""
+def text_reader(dialect: str, messages: list[dict[str, Any]] | None = None) -> TextReader | None:
+    """The reader of a dialect's text turns, as the instructions of `messages` configure it;
+    None for a structural dialect, whose text turns are talk (a tool-calling agent's user
+    turns are its user's words, not observations)."""
+    if dialect in STRUCTURAL_DIALECTS:
+        return None
+    reader = TEXT_READERS.get(dialect, TEXT_READERS[PLAIN])
+    return reader.learn(instructions_of(messages)) if messages else reader
+
+
+def dialect_votes(messages: list[dict[str, Any]], task: int | None = None) -> dict[str, int]:
+    """How many of the recent turns signal each protocol. A turn is evidence for every
+    protocol it signals, read as the instructions configure each (mini-swe-agent's fence);
+    the task statement and the instructions themselves are not evidence: they describe the
+    protocol, they do not speak it."""
+    instructions = instructions_of(messages)
+    readers = {name: reader.learn(instructions) for name, reader in TEXT_READERS.items()}
     votes = dict.fromkeys([*TEXT_READERS, *STRUCTURAL_DIALECTS], 0)
-    start = max(0, len(messages) - DETECT_WINDOW)
-    for i in range(start, len(messages)):
+    for i in range(max(0, len(messages) - DETECT_WINDOW), len(messages)):
         m = messages[i]
         role = m.get("role")
         if i == task or role not in ("assistant", "user") or "ctxgate" in m:  # ctxgate's notes speak no protocol
@@ -43,11 +57,18 @@ def detect_dialect(messages: list[dict[str, Any]], task: int | None = None) -> s
                                              for b in content):
             votes["anthropic_blocks"] += 1
         text = text_of(m)
-        for name, reader in TEXT_READERS.items():
+        for name, reader in readers.items():
             if text and reader.signals(text, str(role)):
                 votes[name] += 1
-                break
-    best = max(TEXT_READERS, key=lambda name: votes[name])  # max keeps the first of equals: precedence
+    return votes
+
+
+def detect_dialect(messages: list[dict[str, Any]], task: int | None = None) -> str:
+    """The text protocol most of the recent turns are unmistakably in (`dialect_votes`); else
+    the structural one they use (`tool_calls`, `anthropic_blocks`); else `plain`. A tie goes
+    to the more specific form."""
+    votes = dialect_votes(messages, task)
+    best = max(TEXT_READERS, key=lambda name: votes[name])  # max keeps the first of equals
     structural = max(STRUCTURAL_DIALECTS, key=lambda name: votes[name])
     if votes[best] > votes[structural]:
         return best

@@ -44,6 +44,9 @@ def function_actions(text: str) -> list[Action]:
 class OpenHandsReader:
     name = "openhands_text"
 
+    def learn(self, instructions: str) -> "OpenHandsReader":
+        return self
+
     def actions(self, text: str) -> list[Action]:
         return function_actions(text)
 

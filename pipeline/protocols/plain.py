@@ -9,6 +9,9 @@ from .base import Action, Observation, observation
 class PlainReader:
     name = "plain"
 
+    def learn(self, instructions: str) -> "PlainReader":
+        return self
+
     def actions(self, text: str) -> list[Action]:
         return []
 

@@ -33,6 +33,9 @@ def command_of(text: str) -> str | None:
 class SweAgentReader:
     name = "swe_agent_text"
 
+    def learn(self, instructions: str) -> "SweAgentReader":
+        return self
+
     def actions(self, text: str) -> list[Action]:
         command = command_of(text)
         if command is not None and command:

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from .config import AutocompactConfig
 from .fingerprint import message_fingerprint, span_hash
+from .ledger import ledger_room, ledger_text
 from .notes import AUTOCOMPACT_MARKER, SUMMARY, context_note, is_ctxgate_message
 from .refs import render_span
 from .protocols.base import readable_text
@@ -185,6 +186,7 @@ class AutocompactStrategy:
         messages, budget, counter = request.messages, request.token_budget, request.counter
         shape = request.shape(self.pin_first_user)
         fixed = counter.count_messages(messages[:shape.head]) + self.summary_tokens(budget) + 80
+        fixed += ledger_room(request.conversation, shape.head, shape.tail, budget)
         fixed += sum(counter.count_structured(messages[i]) for i in shape.pinned)
         room = budget - fixed
         start = shape.tail
@@ -245,13 +247,18 @@ class AutocompactStrategy:
         pinned = [request.messages[i] for i in sorted(shape.pinned) if i < end and i != task]
 
         kept = ""
-        if request.cuts is not None:
-            kept = f" (the originals: ref {request.cuts.keep(render_span(list(plan.history)))})"
+        keep = request.cuts.keep if request.cuts is not None else None
+        if keep is not None:
+            kept = f" (the originals: ref {keep(render_span(list(plan.history)))})"
+        # The steps it removes, by number: the summary may leave them out, the ledger does not.
+        ledger = ledger_text(request.conversation, (i for i in range(plan.start, end) if i not in shape.pinned),
+                             request.token_budget, counter, keep)
 
         def compacted(text: str) -> list[Message]:
             # The summary is written from tool output and the agent's turns: quoted data.
             recovery = context_note(SUMMARY, "compaction summary",
-                                    RECOVERY.format(marker=AUTOCOMPACT_MARKER, summary=text, kept=kept),
+                                    RECOVERY.format(marker=AUTOCOMPACT_MARKER, kept=kept,
+                                                    summary=f"{text}\n\n{ledger}" if ledger else text),
                                     then=RECOVERY_INSTRUCTIONS)
             return request.messages[:plan.start] + lead + [recovery] + pinned + request.messages[end:]
 

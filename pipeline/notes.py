@@ -106,11 +106,13 @@ def quoted_text(message: Message) -> str:
     return text
 
 
-def merged_note(count: int, ref: str) -> Message:
+def merged_note(count: int, ref: str, ledger: str = "") -> Message:
     """One note in the place of `count` earlier compaction notes, merged without a summary
-    call: their text is kept under `ref`, so the model can ask for it."""
+    call: their text is kept under `ref`, so the model can ask for it; `ledger`, the steps
+    their ledgers named, folded (`pipeline/ledger.py`), quoted after it."""
     notes = "1 earlier compaction note was" if count == 1 else f"{count} earlier compaction notes were"
-    return plain_note(SNIP, f"{SNIP_MARKER} {notes} merged to fit the context budget (the originals: ref {ref}).")
+    text = f"{SNIP_MARKER} {notes} merged to fit the context budget (the originals: ref {ref})."
+    return context_note(SNIP, "compaction: merged notes", f"{text}\n{ledger}") if ledger else plain_note(SNIP, text)
 
 
 def strip_tag(message: Message) -> Message:

@@ -1,8 +1,9 @@
 """Level 1, Snip: drop the oldest contiguous block of history and say so.
 
 Take the oldest N messages whose tokens cover what must be freed, and
-put a note in their place with an 80-character preview of each, so the model
-knows the context was cut (quoted data: the previews are of tool output and other turns).
+put a note in their place: a ledger line for each step it removed (`pipeline/ledger.py`) and
+an 80-character preview of each other message, so the model knows the context was cut and
+which steps ran (quoted data: the lines quote tool calls, tool output and other turns).
 No Snip when N < 5 or the conversation has fewer than 10
 messages. A proxy adds: cuts fall on unit boundaries (a tool call and its results go
 together; in a text protocol, an action and the user turn that answers it), the leading
@@ -12,52 +13,55 @@ instructions, the pinned task statement and the recent window stay, and the newe
 from __future__ import annotations
 
 from .config import SnipConfig
-from .conversation import Kind, counted_result
+from .conversation import Conversation, Kind, counted_result
 from .fingerprint import message_fingerprint
+from .ledger import Entry, Keep, fit, heading_tokens, render, size, span_entries
 from .notes import SNIP, SNIP_MARKER, context_note, plain_note
-from .refs import SIZING_REF, clip, content_ref, render_span
+from .previews import preview
+from .refs import SIZING_REF, content_ref, render_span
 from .strategy import Stopwatch
 from .tokens import REPLY_PRIMING, TokenCounter
 from .request import CompressionRequest
 from .types import CompressionResult, Level, Message
 
+__all__ = ["SnipNote", "SnipStrategy", "preview"]
+
 NOTE_SHARE = 0.05
-"""The note's previews take at most this share of the budget; the rest are counted."""
+"""The note (its ledger, then its previews) takes at most this share of the budget: the
+ledger folds its oldest lines into ranges to fit, the previews beyond it are counted."""
 SOURCE = "compaction: snip previews"
 
 
-def preview(message: Message, chars: int) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    content = content or ""
-    # Only the start is shown: whitespace-normalising a prefix gives a prefix of the whole
-    # text normalised, so a long output is not split in full for its first `chars` characters.
-    text = " ".join(content[:4 * chars + 64].split())
-    if len(text) < chars + 1 and len(content) > 4 * chars + 64:
-        text = " ".join(content.split())
-    if not text and message.get("tool_calls"):
-        text = "called " + ", ".join((tc.get("function") or {}).get("name", "?") for tc in message["tool_calls"])
-    return clip(text, chars)
-
-
 class SnipNote:
-    """The note that takes the cut messages' place, built one dropped message at a time so
-    Snip can count what the note costs while it decides how much to cut."""
+    """The note that takes the cut messages' place, built one dropped unit at a time so Snip
+    can count what the note costs while it decides how much to cut: the step ledger of what
+    it removed (`pipeline/ledger.py`), then a preview of each other message while they fit
+    its allowance (the ledger first: it folds its oldest lines into ranges to fit)."""
 
     def __init__(self, counter: TokenCounter, budget: int, preview_chars: int, with_ref: bool = False) -> None:
         self.counter = counter
         self.preview_chars = preview_chars
         self.allowance = max(40, int(budget * NOTE_SHARE))
-        self.lines: list[str] = []
+        self.entries: list[Entry] = []
+        self.ledger_used = 0
+        self.lines: list[tuple[str, int]] = []
+        """Previews of the dropped messages that are no step, with their cost."""
+        self.previewed = 0
+        """Dropped messages that are no step (each has a preview, or is counted)."""
         self.dropped = 0
-        self.shown = 0
         self.ref: str | None = None
         """The dropped messages' reference, set once they are all known."""
+        self.originals: dict[str, str] = {}
+        """What each step's reference names (kept only when the note has references)."""
+        self.keep: Keep | None = self._keep if with_ref else None
         self.used = counter.count(self._header(0, SIZING_REF if with_ref else None, preview_chars > 0))
         self.used += 4 if with_ref else 0  # a hash's digits may split into more tokens than zeros do
-        if preview_chars > 0:  # the previews are quoted: the quote's delimiters
-            self.used += counter.count(str(context_note(SNIP, SOURCE, "")["content"]))
+        self.used += counter.count(str(context_note(SNIP, SOURCE, "")["content"]))  # the quote's delimiters
+
+    def _keep(self, text: str) -> str:
+        ref = content_ref(text)
+        self.originals.setdefault(ref, text)
+        return ref
 
     @staticmethod
     def _header(n: int, ref: str | None, previews: bool = True) -> str:
@@ -65,30 +69,52 @@ class SnipNote:
         return (f"{SNIP_MARKER} {n} earlier messages were removed to fit the context budget{kept}."
                 + (" A short preview of each:" if previews else ""))
 
-    def add(self, message: Message) -> None:
-        self.dropped += 1
-        if self.preview_chars <= 0 or self.shown < self.dropped - 1:
-            return  # the previews already filled their allowance: the rest are counted
-        line = f"- {message.get('role')}: {preview(message, self.preview_chars)}"
-        cost = self.counter.count(line) + 1
-        if self.used + cost <= self.allowance:
-            self.lines.append(line)
-            self.used += cost
-            self.shown += 1
+    def add(self, conversation: Conversation, members: range) -> None:
+        """The messages of one dropped unit."""
+        self.dropped += len(members)
+        entries = span_entries(conversation, members, self.keep)
+        if entries:
+            self.entries += entries
+            self.ledger_used += size(entries, self.counter)
+            return
+        for i in members:
+            self.previewed += 1
+            if self.preview_chars <= 0 or len(self.lines) < self.previewed - 1:
+                continue  # the previews already filled their allowance: the rest are counted
+            message = conversation.messages[i]
+            line = f"- {message.get('role')}: {preview(message, self.preview_chars)}"
+            cost = self.counter.count(line) + 1
+            if self.used + self.ledger_used + sum(c for _, c in self.lines) + cost <= self.allowance:
+                self.lines.append((line, cost))
 
     @property
     def tokens(self) -> int:
         """What the note will count as a message: a little over, never under (line joins
-        can only merge tokens), plus the "... and N more" line and the header's number."""
-        return self.used + (8 if self.preview_chars > 0 and self.shown < self.dropped else 0) + 8
+        can only merge tokens), plus the "... and N more" line, the ledger's heading and
+        folded range (the ledger within the allowance, or its one range) and the header's number."""
+        ledger = 0
+        if self.entries:
+            ledger = heading_tokens(self.counter) + min(self.ledger_used, max(self.allowance, 48)) + 12
+        more = 8 if len(self.lines) < self.previewed else 0
+        return self.used + ledger + sum(c for _, c in self.lines) + more + 8
 
     def message(self) -> Message:
-        lines = [self._header(self.dropped, self.ref, self.preview_chars > 0)] + self.lines
-        if self.preview_chars > 0 and self.shown < self.dropped:
-            lines.append(f"- ... and {self.dropped - self.shown} more")
-        if self.preview_chars <= 0:
-            return plain_note(SNIP, lines[0])  # a count and a reference: ctxgate's own wording only
-        return context_note(SNIP, SOURCE, "\n".join(lines))
+        entries = fit(self.entries, max(0, self.allowance - self.used) if self.preview_chars > 0 else 0,
+                      self.counter, self.keep)
+        room = self.allowance - self.used - size(entries, self.counter)
+        lines: list[str] = []
+        for line, cost in self.lines:
+            if cost > room:
+                break
+            lines.append(line)
+            room -= cost
+        header = self._header(self.dropped, self.ref, bool(self.previewed) and self.preview_chars > 0)
+        body = [header, render(entries), *lines]
+        if self.preview_chars > 0 and len(lines) < self.previewed:
+            body.append(f"- ... and {self.previewed - len(lines)} more")
+        if not entries and self.preview_chars <= 0:
+            return plain_note(SNIP, header)  # a count and a reference: ctxgate's own wording only
+        return context_note(SNIP, SOURCE, "\n".join(b for b in body if b))
 
 
 class SnipStrategy:
@@ -114,9 +140,10 @@ class SnipStrategy:
         plan = plans["plan"]
         if plan is None:
             return None
-        head, cut, dropped, kept_inside, made, made_fp, made_count, original = plan
-        if request.cuts is not None and original is not None:
-            request.cuts.keep(original)
+        head, cut, dropped, kept_inside, made, made_fp, made_count, originals = plan
+        if request.cuts is not None:
+            for original in originals:
+                request.cuts.keep(original)
         fps, counts = conversation.fingerprints, conversation.counts(counter)
         out = messages[:head] + [dict(made)] + [messages[i] for i in kept_inside] + messages[cut:]
         out_fps = fps[:head] + [made_fp] + [fps[i] for i in kept_inside] + fps[cut:]
@@ -126,9 +153,9 @@ class SnipStrategy:
                               dropped, [f"snip: cut {dropped} messages"], after=after)
 
     def _plan(self, request: CompressionRequest) -> tuple[int, int, int, list[int], Message, str, int,
-                                                         str | None] | None:
+                                                         list[str]] | None:
         """(head, cut, how many dropped, indices kept inside [head, cut), the note, its fingerprint,
-        its count, the dropped messages' original when the request keeps cuts), or None when
+        its count, the originals its references name when the request keeps cuts), or None when
         Snip has nothing to do."""
         messages, counter, cfg = request.messages, request.counter, self.config
         conversation = request.conversation
@@ -154,9 +181,8 @@ class SnipStrategy:
                 kept_inside.extend(members)
             else:
                 dropped.extend(members)
-                for i in members:
-                    freed += counts[i]
-                    note.add(messages[i])
+                freed += sum(counts[i] for i in members)
+                note.add(conversation, members)
             cut = unit.end
             if freed >= need and len(dropped) < cfg.min_block:
                 return None  # no Snip when fewer than N=5 messages would cover it
@@ -169,5 +195,6 @@ class SnipStrategy:
             note.ref = content_ref(original)
         made = note.message()
         made_fp = message_fingerprint(made)
+        originals = ([original] if original is not None else []) + list(note.originals.values())
         return (shape.head, cut, len(dropped), kept_inside, made, made_fp, counter.count_structured(made, made_fp),
-                original)
+                originals)

@@ -53,9 +53,12 @@ async def test_snip_names_the_dropped_messages() -> None:
         CompressionRequest(h, 5000, counter(), window=LAST_UNIT, cuts=cuts))
     assert result is not None
     note = result.compressed_messages[2]["content"]
-    [ref] = REF.findall(note)
+    ref, *steps = REF.findall(note)  # the span's, then each step's in the ledger
     dropped = [m for m in h if m not in result.compressed_messages]
-    assert cuts.originals == {ref: render_span(dropped)}
+    assert cuts.originals[ref] == render_span(dropped)
+    assert steps and {ref, *steps} <= set(cuts.originals)
+    folded = [s for s in steps if "ref ctx:" in cuts.originals[s]]  # a range: the lines it folded
+    assert all(cuts.originals[s] in cuts.originals[ref] for s in steps if s not in folded)  # a step: one unit
     plain = await SnipStrategy(SnipConfig(keep_recent=20)).compress(CompressionRequest(h, 5000, counter(),
                                                                                        window=LAST_UNIT))
     assert plain is not None and "ref ctx:" not in plain.compressed_messages[2]["content"]
@@ -92,8 +95,9 @@ async def test_autocompact_names_the_summarised_history() -> None:
     cuts = CutLog()
     result = await AutocompactStrategy(AutocompactConfig(), summarise).compress(
         CompressionRequest(h, 4000, counter(), window=LAST_UNIT, cuts=cuts))
-    [ref] = refs_in(result.compressed_messages)
+    ref, *steps = refs_in(result.compressed_messages)  # the span's, then the ledger's
     assert "[tool] line0x0 line0x1" in cuts.originals[ref]
+    assert steps and all(s in cuts.originals for s in steps)
 
 
 async def test_a_last_observation_cut_to_fit_is_named_and_kept() -> None:
@@ -138,8 +142,8 @@ async def test_a_snip_note_summarised_by_autocompact_stays_expandable() -> None:
                 max_input_tokens=8000, summarize=summarise)
     run = await planner.plan(turn, SessionState("t", "s"), h, 2000, "proactive")
     assert run.record.levels == ["snip", "autocompact"]
-    [summary_ref] = refs_in(run.record.messages)
-    [snip_ref] = REF.findall(run.cuts[summary_ref])
+    summary_ref = refs_in(run.record.messages)[0]
+    snip_ref = REF.findall(run.cuts[summary_ref])[0]
     assert "[tool] line0x0" in run.cuts[snip_ref]
 
 

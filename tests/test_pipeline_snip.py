@@ -4,9 +4,11 @@ from __future__ import annotations
 import pytest
 
 from ctxgate.pipeline.config import SnipConfig
+from ctxgate.pipeline.ledger import HEADING, parse
 from ctxgate.pipeline.notes import SNIP_MARKER, is_compaction_note, quoted_text
+from ctxgate.pipeline.refs import REF_RE
 from ctxgate.pipeline.snip import SnipStrategy, preview
-from ctxgate.pipeline.conversation import split_units
+from ctxgate.pipeline.conversation import read_conversation, split_units
 from ctxgate.pipeline.turns import first_user_index
 from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.pipeline.types import Level
@@ -67,17 +69,22 @@ async def test_note_previews_and_what_stays() -> None:
     assert is_compaction_note(note)
     dropped = dropped_of(h, out)
     assert f"{len(dropped)} earlier messages were removed" in note["content"]
+    # every dropped step is named in the ledger, by number, tool, command and outcome
     lines = quoted_text(note).split("\n")[1:]
-    listed = [line for line in lines if not line.startswith("- ... and ")]
-    for line, m in zip(listed, dropped):
-        assert line == f"- {m['role']}: {preview(m, 80)}"
-        assert len(preview(m, 80)) <= 80
-    if len(listed) < len(dropped):
-        assert lines[-1] == f"- ... and {len(dropped) - len(listed)} more"
-    # previews are the first 80 characters, whitespace collapsed
+    assert lines[0] == HEADING
+    steps = [m for m in dropped if m.get("tool_calls")]
+    entries = parse(quoted_text(note))
+    assert sorted(n for e in entries for n in range(e.first, e.last + 1)) == list(range(1, len(steps) + 1))
+    singles = [e for e in entries if e.first == e.last]
+    assert singles, entries
+    for e in singles:
+        i = e.first - 1
+        assert e.text.startswith(f"- step {e.first}: execute_bash(ls {i}) -> ok: "), e.text
+    # previews are the start of the text, whitespace collapsed, at most 80 characters
     tool_msg = next(m for m in dropped if m["role"] == "tool")
-    assert preview(tool_msg, 80) == " ".join(tool_msg["content"].split())[:80]
-    assert preview(dropped[0], 80) == "called execute_bash"
+    shown = preview(tool_msg, 80)
+    assert " ".join(tool_msg["content"].split()).startswith(shown) and 60 <= len(shown) <= 80
+    assert preview(dropped[0], 80) == "called execute_bash(ls 0)"
     assert out[-20:] == h[-20:]
     assert_invariants(h, out)
     assert result.tokens_freed == counter().count_messages(h) - counter().count_messages(out)
@@ -209,11 +216,28 @@ def test_a_note_without_previews_only_counts_what_it_cut() -> None:
     """`preview_chars: 0` (the last resort under a prompt that fills the room): the note says
     how many messages went and where they are kept, nothing more, and its count holds."""
     from ctxgate.pipeline.snip import SnipNote
+    h = [user(f"message {i} " * 20) for i in range(3)]
     note = SnipNote(counter(), 6000, 0, with_ref=True)
     for i in range(3):
-        note.add({"role": "user", "content": f"message {i} " * 20})
+        note.add(read_conversation(h), range(i, i + 1))
     note.ref = "ctx:0123456789ab"
     made = note.message()
     assert quoted_text(made).startswith(SNIP_MARKER) and "3 earlier messages" in made["content"]
     assert "preview" not in quoted_text(made) and "\n" not in quoted_text(made)
+    assert counter().count_messages([made]) - counter().count_messages([]) <= note.tokens
+
+
+def test_a_note_without_previews_still_names_its_steps_in_one_range() -> None:
+    """The last resort's note keeps the ledger as one range line: the step numbers stay covered."""
+    from ctxgate.pipeline.snip import SnipNote
+    h = [system(), user("task")] + [m for i in range(6) for m in tool_turn(i, size=40)]
+    conversation = read_conversation(h)
+    note = SnipNote(counter(), 6000, 0, with_ref=True)
+    for unit in conversation.units[2:]:
+        note.add(conversation, range(unit.start, unit.end))
+    made = note.message()
+    entries = parse(quoted_text(made))
+    assert [(e.first, e.last) for e in entries] == [(1, 6)], quoted_text(made)
+    assert entries[0].tools == (("execute_bash", 6),) and "ref ctx:" in entries[0].text
+    assert set(note.originals) >= set(REF_RE.findall(made["content"]))
     assert counter().count_messages([made]) - counter().count_messages([]) <= note.tokens

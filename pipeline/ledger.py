@@ -1,0 +1,212 @@
+"""The step ledger: what a compaction note keeps of each agent step it removed.
+
+Every level that removes actions (Snip, Autocompact, the last resort; a fold of earlier notes)
+writes one line per step in its note: the step's number, its tool and key argument, its outcome
+(the exit status, else the failure line, else ok) and its reference, so the agent can still
+say which steps ran and ask for any of them whole:
+
+    - step 12: bash(pytest -q tests/test_calc.py) -> exit 1: AssertionError: 3 != 4; ref ctx:…
+    - steps 1–11: bash ×8, str_replace ×3; last failure step 7: SyntaxError: …; ref ctx:…
+
+A step's number is the ordinal of its action among all the actions of the session: counted
+from the highest number the notes before it name (`step_numbers`), so it does not shift as
+history is cut. The notes are anchored (byte-identical at later points), so their ledgers are
+too. When a ledger does not fit its note's allowance, or earlier notes are folded into one,
+the oldest lines fold into a range whose reference gives back the lines it replaced: every
+step number stays named however many points came before.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from .conversation import Conversation, Kind
+from .notes import is_compaction_note, quoted_text
+from .previews import call_text, output_body
+from .protocols.base import Action, Observation
+from .refs import SIZING_REF, clip, render_span
+from .tokens import TokenCounter
+from .types import Message
+
+CALL_CHARS = 72
+"""A line's `tool(key argument)` at most."""
+OUTCOME_CHARS = 72
+"""A line's failure line, or the start of a step's output, at most."""
+HEADING = "Steps removed (by number; a step's ref gives it back whole):"
+Keep = Callable[[str], str]
+"""Keeps an original and returns its reference (`CutLog.keep`)."""
+
+_REF = r"(?:; ref ctx:[0-9a-f]{12})?"
+_STEP = re.compile(r"^- step (\d+): ([^\s(]*)(?:\((.*)\))? -> (.*?)" + _REF + "$")
+_RANGE = re.compile(r"^- steps (\d+)–(\d+): (.*?)(?:; last failure step (\d+): (.*?))?" + _REF + "$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ledger line: a step, or a range of steps folded together."""
+    first: int
+    last: int
+    tools: tuple[tuple[str, int], ...]
+    """Each tool the steps called, with how many times, in order of first use."""
+    failure: tuple[int, str] | None
+    """The newest failed step among them and its failure line."""
+    text: str
+
+
+def _outcome(observation: Observation | None) -> tuple[str, str]:
+    """A step's outcome as its line says it, and its failure line ('' when it did not fail)."""
+    if observation is None:
+        return "no result", ""
+    code, body = output_body(observation.output)
+    code = observation.exit_status if observation.exit_status is not None else code
+    failure = " ".join(observation.error_line.split())
+    if code not in (None, 0) or (code is None and failure):
+        failure = clip(failure, OUTCOME_CHARS) or f"exit {code}"
+        return (f"exit {code}: {failure}" if code is not None else f"failed: {failure}"), failure
+    shown = clip(" ".join(body[:4 * OUTCOME_CHARS].split()), OUTCOME_CHARS // 2)
+    said = "exit 0" if code == 0 else "ok"
+    return (f"{said}: {shown}" if shown else said), ""
+
+
+def step_entry(number: int, action: Action, observation: Observation | None, ref: str | None) -> Entry:
+    outcome, failure = _outcome(observation)
+    tool = "".join(action.tool.split()) or "?"
+    text = f"- step {number}: {call_text(Action(tool, action.arguments, action.command), CALL_CHARS)} -> {outcome}"
+    return Entry(number, number, ((tool, 1),), (number, failure) if failure else None,
+                 text + (f"; ref {ref}" if ref else ""))
+
+
+def folded(entries: list[Entry], ref: str | None) -> Entry:
+    """`entries` as one range line (`ref`: what gives their lines back)."""
+    tools: dict[str, int] = {}
+    for entry in entries:
+        for tool, n in entry.tools:
+            tools[tool] = tools.get(tool, 0) + n
+    failure = max((e.failure for e in entries if e.failure), default=None)
+    first, last = min(e.first for e in entries), max(e.last for e in entries)
+    text = f"- steps {first}–{last}: " + ", ".join(f"{t} ×{n}" for t, n in tools.items())
+    if failure:
+        text += f"; last failure step {failure[0]}: {failure[1]}"
+    return Entry(first, last, tuple(tools.items()), failure, text + (f"; ref {ref}" if ref else ""))
+
+
+def parse(text: str) -> list[Entry]:
+    """The ledger lines of a note's text."""
+    out: list[Entry] = []
+    for line in text.splitlines():
+        if found := _STEP.match(line):
+            number, outcome = int(found.group(1)), found.group(4)
+            bad = not outcome.startswith(("ok", "exit 0", "no result"))
+            failure = outcome.split(": ", 1)[-1] if bad else ""
+            out.append(Entry(number, number, ((found.group(2), 1),), (number, failure) if bad else None, line))
+        elif found := _RANGE.match(line):
+            tools = tuple((t, int(n)) for t, _, n in (part.rpartition(" ×") for part in found.group(3).split(", "))
+                          if n.isdigit())
+            failure = (int(found.group(4)), found.group(5)) if found.group(4) else None
+            out.append(Entry(int(found.group(1)), int(found.group(2)), tools, failure, line))
+    return out
+
+
+def note_entries(message: Message) -> list[Entry]:
+    """The ledger of one of ctxgate's compaction notes (none for anything else)."""
+    return parse(quoted_text(message)) if is_compaction_note(message) else []
+
+
+def step_numbers(conversation: Conversation) -> list[tuple[int, ...]]:
+    """Per message, the numbers of the steps its actions are: counted on from the highest
+    number the notes before it name."""
+    memo = conversation.memo("ledger-numbers")
+    found = memo.get("numbers")
+    if found is None:
+        n, found = 0, []
+        for message, info in zip(conversation.messages, conversation.infos):
+            if info.kind is Kind.NOTE:
+                n = max([n, *(e.last for e in note_entries(message))])
+                found.append(())
+            elif info.actions and info.kind in (Kind.ACTION, Kind.PLAN):
+                found.append(tuple(range(n + 1, n + 1 + len(info.actions))))
+                n += len(info.actions)
+            else:
+                found.append(())
+        memo["numbers"] = found
+    return found
+
+
+def _answered(conversation: Conversation) -> dict[int, list[tuple[Action, Observation | None]]]:
+    memo = conversation.memo("ledger-steps")
+    found = memo.get("steps")
+    if found is None:
+        found = {}
+        for i, action, observation in conversation.steps():
+            found.setdefault(i, []).append((action, observation))
+        memo["steps"] = found
+    return found
+
+
+def span_entries(conversation: Conversation, indices: Iterable[int], keep: Keep | None) -> list[Entry]:
+    """The ledger of the messages at `indices` (being removed): a line per step, each naming
+    its unit's original (kept with `keep`), and the lines of the earlier notes among them."""
+    chosen = set(indices)
+    numbers, answered, messages = step_numbers(conversation), _answered(conversation), conversation.messages
+    out: list[Entry] = []
+    for unit in conversation.units:
+        members = [i for i in range(unit.start, unit.end) if i in chosen]
+        ref: str | None = None
+        for i in members:
+            out += note_entries(messages[i])
+            for number, (action, observation) in zip(numbers[i], answered.get(i, [])):
+                if ref is None and keep is not None:
+                    ref = keep(render_span([messages[j] for j in members]))
+                out.append(step_entry(number, action, observation, ref))
+    return sorted(out, key=lambda e: e.first)
+
+
+def size(entries: list[Entry], counter: TokenCounter) -> int:
+    """What the lines cost in a note (a newline each)."""
+    return sum(counter.count_cached(e.text) + 1 for e in entries)
+
+
+def fit(entries: list[Entry], allowance: int, counter: TokenCounter, keep: Keep | None) -> list[Entry]:
+    """`entries` within `allowance` tokens: the fewest oldest lines folded into one range that
+    make them fit (all of them when nothing less does); the range's reference gives back the
+    lines it replaced."""
+    if len(entries) < 2 or size(entries, counter) <= allowance:
+        return entries
+    costs = [counter.count_cached(e.text) + 1 for e in entries]
+    after = [sum(costs[n:]) for n in range(len(costs) + 1)]
+    sizing = SIZING_REF if keep is not None else None
+    k = next((n for n in range(2, len(entries))
+              if counter.count(folded(entries[:n], sizing).text) + 1 + after[n] <= allowance), len(entries))
+    head = entries[:k]
+    ref = keep("\n".join(e.text for e in head)) if keep is not None else None
+    return [folded(head, ref), *entries[k:]]
+
+
+SHARE = 0.05
+"""A ledger outside Snip's note (a summary's, a fold's) takes at most this share of the budget."""
+
+
+def ledger_text(conversation: Conversation, indices: Iterable[int], budget: int, counter: TokenCounter,
+                keep: Keep | None) -> str:
+    """The ledger of the messages at `indices`, within its share of `budget`, as a note writes it."""
+    return within_share(span_entries(conversation, indices, keep), budget, counter, keep)
+
+
+def ledger_room(conversation: Conversation, start: int, end: int, budget: int) -> int:
+    """What a note over messages[start:end] keeps for its ledger: its share of `budget` when
+    any step is among them, else nothing."""
+    return max(40, int(budget * SHARE)) if any(step_numbers(conversation)[start:end]) else 0
+
+
+def within_share(entries: list[Entry], budget: int, counter: TokenCounter, keep: Keep | None) -> str:
+    """`entries` as a note writes them, folded to fit their share of `budget`."""
+    return render(fit(entries, max(40, int(budget * SHARE)) - heading_tokens(counter), counter, keep))
+
+
+def render(entries: list[Entry]) -> str:
+    return "\n".join([HEADING, *(e.text for e in entries)]) if entries else ""
+
+
+def heading_tokens(counter: TokenCounter) -> int:
+    return counter.count_cached(HEADING) + 1

@@ -1,0 +1,195 @@
+"""The step ledger (pipeline/ledger.py) on plain data: a session driven through the planner for
+many compaction points, its notes read as the agent reads them."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ctxgate.pipeline import planner
+from ctxgate.pipeline.budget import Turn
+from ctxgate.pipeline.config import CostConfig, PipelineConfig
+from ctxgate.pipeline.conversation import Kind, read_conversation
+from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.pipeline.ledger import Entry, fit, folded, note_entries, parse, step_entry, step_numbers
+from ctxgate.pipeline.notes import is_compaction_note, quoted_text
+from ctxgate.pipeline.planner import Action
+from ctxgate.pipeline.protocols.base import Action as Call, observation
+from ctxgate.pipeline.records import CompactionRecord
+from ctxgate.pipeline.refs import CutLog
+from ctxgate.pipeline.views import compaction_view, forwarded_view
+from pipeline_builders import Message, call, calls, counter, filler, system, tool, user
+
+LIMIT = 4000
+
+
+@dataclass
+class Facts:
+    records: list[CompactionRecord] = field(default_factory=list)
+    expanded: list[dict[str, Any]] = field(default_factory=list)
+    collapse: dict[str, Any] = field(default_factory=dict)
+    breaker: dict[str, Any] = field(default_factory=dict)
+    learned_max_input_tokens: int | None = None
+
+
+async def _summarize(_: list[Message]) -> str:
+    return ("1. goal: run the steps\n2. steps: some ran\n3. decisions: none\n4. open: none\n5. files: run.py\n"
+            "6. tools: bash")
+
+
+def _step(k: int, size: int = 150) -> list[Message]:
+    """Step k (numbered k + 1 in the ledger): `python run.py --step k`; every 7th fails."""
+    fails = k % 7 == 3
+    end = (f"Traceback (most recent call last):\nValueError: step {k} exceeds maximum\n"
+           "[The command completed with exit code 1]") if fails else "[The command completed with exit code 0]"
+    cid = f"call_{k}"
+    return [calls(call(cid, "bash", command=f"python run.py --step {k}")),
+            tool(cid, f"STEP-{k}\n{filler(size, k)}\n{end}")]
+
+
+def _turn(messages: list[Message], config: PipelineConfig, limit: int) -> Turn:
+    return Turn(messages=messages, fingerprints=[message_fingerprint(m) for m in messages], tools=None,
+                counter=counter(), config=config, max_input_tokens=limit, summarize=_summarize)
+
+
+def _covered(messages: list[Message]) -> tuple[set[int], int]:
+    """The step numbers the notes' ledgers name, and how many actions are still verbatim."""
+    covered = {n for m in messages for e in note_entries(m) for n in range(e.first, e.last + 1)}
+    read = read_conversation(messages, "tool_calls")
+    verbatim = sum(len(info.actions) for info in read.infos if info.kind in (Kind.ACTION, Kind.PLAN))
+    return covered, verbatim
+
+
+@dataclass
+class Session:
+    """A session driven turn by turn: the client's history grows a step a turn, and every turn
+    the planner sees over its trigger becomes a compaction point whose record later turns apply."""
+    config: PipelineConfig
+    limit: int = LIMIT
+    facts: Facts = field(default_factory=Facts)
+    history: list[Message] = field(default_factory=lambda: [system(), user("TASK: run the steps in run.py")])
+    points: list[planner.CompactionPlan] = field(default_factory=list)
+    views: list[list[Message]] = field(default_factory=list)
+
+    async def step(self, k: int) -> None:
+        self.history += _step(k)
+        turn = _turn(list(self.history), self.config, self.limit)
+        view, tokens = forwarded_view(self.facts, turn)
+        decision = planner.decide(turn, self.facts, tokens, False, False)
+        if decision.action is Action.COMPACT:
+            run = await planner.plan(turn, self.facts, compaction_view(self.facts, turn), decision.target,
+                                     "proactive")
+            if not run.as_is:
+                self.facts.records = [*self.facts.records, run.record][-8:]
+                self.points.append(run)
+                view = forwarded_view(self.facts, turn)[0]
+        self.views.append(view)
+
+
+async def _session(steps: int, config: PipelineConfig | None = None, limit: int = LIMIT) -> Session:
+    session = Session(config or PipelineConfig(), limit)
+    for k in range(steps):
+        await session.step(k)
+    return session
+
+
+@pytest.mark.parametrize("levels", [["snip", "microcompact", "collapse", "autocompact"], ["snip"]])
+async def test_every_step_is_named_or_verbatim_after_many_points(levels: list[str]) -> None:
+    session = await _session(130, PipelineConfig(levels=levels))
+    assert len(session.points) >= 10, len(session.points)
+    for k, view in enumerate(session.views):
+        covered, verbatim = _covered(view)
+        named = max(covered, default=0)
+        assert covered == set(range(1, named + 1)), (k, sorted(covered))  # no gap, nothing lost
+        assert named + verbatim == k + 1, (k, named, verbatim)  # the rest is still there as sent
+
+
+async def test_a_step_keeps_its_number_at_every_point() -> None:
+    """Step k's line names `--step k - 1` wherever it appears, and its outcome as it was (a
+    limit and a target with room for single lines beside the ranges)."""
+    session = await _session(80, PipelineConfig(cost=CostConfig(depth="target")), limit=16_000)
+    seen = 0
+    for view in session.views:
+        for m in view:
+            for e in note_entries(m):
+                if e.first == e.last:
+                    seen += 1
+                    assert f"bash(python run.py --step {e.first - 1}) -> " in e.text, e.text
+                    if (e.first - 1) % 7 == 3:
+                        assert f"exit 1: ValueError: step {e.first - 1} exceeds maximum" in e.text
+                        assert e.failure == (e.first, f"ValueError: step {e.first - 1} exceeds maximum")
+                    else:
+                        assert " -> exit 0: STEP-" in e.text and e.failure is None
+    assert seen > 10
+
+
+async def test_ledgers_stay_byte_identical_at_later_points() -> None:
+    """A note's ledger, once forwarded, is forwarded byte for byte at every later point, until
+    the notes are merged (then its lines fold into a range that names them)."""
+    session = await _session(130, PipelineConfig(levels=["snip"]))
+    for before, after in zip(session.points, session.points[1:]):
+        earlier = [m for m in before.record.messages if is_compaction_note(m)]
+        later = [m for m in after.record.messages if is_compaction_note(m)]
+        if not after.merged_notes:
+            assert later[:len(earlier)] == earlier
+    assert any(run.merged_notes for run in session.points), "no merge: the fold is not exercised"
+
+
+async def test_merged_notes_fold_their_ledgers_into_ranges_that_name_them() -> None:
+    session = await _session(130, PipelineConfig(levels=["snip"]))
+    merges = [run for run in session.points if run.merged_notes]
+    assert merges
+    run = merges[-1]
+    ranges = [e for m in run.record.messages for e in note_entries(m) if e.first < e.last]
+    assert ranges and ranges[0].first == 1
+    for e in ranges:
+        ref = re.search(r"ref (ctx:[0-9a-f]{12})$", e.text)
+        assert ref and ref.group(1) in run.cuts, e.text
+        lines = parse(run.cuts[ref.group(1)])  # what the range folded: the lines it replaced
+        assert min(x.first for x in lines) == e.first and max(x.last for x in lines) == e.last
+        assert sum(n for _, n in e.tools) == e.last - e.first + 1
+    assert ranges[0].failure is not None and ranges[0].failure[1].startswith("ValueError: step")
+
+
+def test_fit_folds_the_oldest_lines_first_within_the_allowance() -> None:
+    c = counter()
+    entries = [step_entry(n, Call("bash", {"command": f"make target{n}"}, f"make target{n}"),
+                          observation("bash", "built\n[The command completed with exit code 0]", 0), None)
+               for n in range(1, 41)]
+    whole = sum(c.count(e.text) + 1 for e in entries)
+    cuts = CutLog()
+    kept = fit(entries, whole // 2, c, cuts.keep)
+    assert sum(c.count(e.text) + 1 for e in kept) <= whole // 2
+    assert kept[0].first == 1 and kept[0].last > 1 and kept[1:] == entries[kept[0].last:]
+    assert kept[0].tools == (("bash", kept[0].last),)
+    assert parse(kept[0].text) == [kept[0]]  # a range reads back as written
+    assert fit(entries, whole, c, None) == entries
+    squeezed = fit(entries, 1, c, None)
+    assert [(e.first, e.last) for e in squeezed] == [(1, 40)]  # everything in one range, never lost
+    assert "ref ctx:" not in squeezed[0].text
+
+
+def test_a_step_line_reads_back_as_written() -> None:
+    failed = step_entry(7, Call("str_replace", {"path": "src/a.py", "old_str": "x"}), observation(
+        "str_replace", "Traceback (most recent call last):\nKeyError: 'x'", None, is_error=True), "ctx:0123456789ab")
+    assert failed.text == "- step 7: str_replace(src/a.py) -> failed: KeyError: 'x'; ref ctx:0123456789ab"
+    assert parse(failed.text) == [failed]
+    both = folded([failed, step_entry(8, Call("grep", {"query": "needle"}), None, None)], "ctx:0123456789ab")
+    assert both.text == ("- steps 7–8: str_replace ×1, grep ×1; last failure step 7: KeyError: 'x'; "
+                         "ref ctx:0123456789ab")
+    assert parse(both.text) == [both]
+    assert isinstance(both, Entry)
+
+
+def test_numbers_continue_from_the_notes_before_them() -> None:
+    """A conversation whose first steps are in a note: its actions are numbered after them."""
+    note = {"role": "user", "content": '<ctxgate-context source="compaction: snip previews">\n'
+                                      "[ctxgate: context snipped] 4 earlier messages were removed.\n"
+                                      "- steps 1–12: bash ×12; ref ctx:0123456789ab\n</ctxgate-context>",
+            "ctxgate": {"kind": "snip"}}
+    messages = [system(), user("task"), note, *_step(12), *_step(13)]
+    numbers = step_numbers(read_conversation(messages, "tool_calls"))
+    assert [n for ns in numbers for n in ns] == [13, 14]
+    assert quoted_text(note).endswith("ref ctx:0123456789ab")

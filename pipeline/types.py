@@ -8,7 +8,8 @@ from enum import Enum
 from typing import Any, Literal
 
 Message = dict[str, Any]
-Reason = Literal["proactive", "reactive", "degrade"]
+Reason = Literal["proactive", "reactive", "degrade", "client"]
+"""`client`: asked for by the client through a provider's context-management API (docs/native-context.md)."""
 
 
 class Level(str, Enum):

@@ -18,6 +18,7 @@ from ctxgate.memory.config import MemoryConfig, Shareable
 from ctxgate.wal.config import WalConfig
 from ctxgate.redis_backend import RedisTarget, is_redis_url
 from .ids import validate_id
+from .context_settings import NativeContextChoice, NativeContextSettings
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
 Override = Literal["profile", "budget", "expand"]
@@ -68,6 +69,8 @@ class TenantConfig(_Strict):
     pipeline: dict[str, Any] = Field(default_factory=dict)
     share_captured: list[Shareable] | None = None
     """Captured memory categories every user of this tenant sees; unset: `ctxgate.memory.share_captured`."""
+    native_context: NativeContextChoice | None = None
+    """Who applies the providers' context-management APIs for this tenant (context_settings.py)."""
 
 
 class ProfileOverrides(_Strict):
@@ -112,6 +115,7 @@ class CtxgateSettings(_Strict):
     wal: WalConfig = Field(default_factory=WalConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
+    native_context: NativeContextSettings = Field(default_factory=NativeContextSettings)
     admin_key: str | None = Field(default_factory=lambda: os.environ.get("CTXGATE_ADMIN_KEY") or None, min_length=16)
     """An operator's key (or the CTXGATE_ADMIN_KEY environment variable): reads /metrics and
     every tenant's sessions on /ui (as a bearer token or x-api-key), serves no chat."""

@@ -10,12 +10,13 @@ store anything. Errors leave in OpenAI's error shape, which is also this API's.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from ..engine import client_compaction
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
@@ -26,6 +27,8 @@ from ..upstream.forwarders import Reply
 from ..upstream.responses import ResponsesForwarder
 from ..upstream.routing import Route
 from .respond import DoorRequest, add_door_route, answer
+from .responses_compaction import (FIELD, Injection, compacted_response, emulated, expanded, response_events,
+                                   sealed_item, threshold_of, trigger_response, triggered, user_items)
 from .responses_expand import ResponsesExpansion
 from .response_store import ResponseStore, StoredResponse, open_response_store
 from .responses_model import (Converted, checked_items, convert, input_items, to_request,
@@ -102,7 +105,7 @@ class ResponsesWire(ResponsesExpansion):
 
     def __init__(self, forwarder: ResponsesForwarder, store: ResponseStore, body: dict[str, Any],
                  own_items: list[dict[str, Any]], session_id: str, conversation: list[dict[str, Any]] | None = None,
-                 raw: bytes | None = None) -> None:
+                 raw: bytes | None = None, injection: Injection | None = None) -> None:
         self._forwarder = forwarder
         self._store = store
         self._session_id = session_id
@@ -114,6 +117,8 @@ class ResponsesWire(ResponsesExpansion):
         self._conversation = conversation
         """The request's own conversation (neutral model): forwarded unchanged, the client's bytes go."""
         self._raw = raw
+        self._injection = injection
+        """A compaction the client asked for: its item goes first in the reply."""
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
         if (messages is self._conversation and self._previous is None and not route.call_params
@@ -127,7 +132,8 @@ class ResponsesWire(ResponsesExpansion):
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
         raw = self._raw if payload is self._original else None
-        return await self._forwarder.send(route, payload, stream=stream, api_key=api_key, raw=raw)
+        reply = await self._forwarder.send(route, payload, stream=stream, api_key=api_key, raw=raw)
+        return self._injection.reply(reply) if self._injection is not None else reply
 
     def reply_facts(self, body: bytes) -> ReplyFacts:
         try:
@@ -169,24 +175,53 @@ class ResponsesDoor:
 
     async def create(self, http: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        caller, body, route, turn, session_id = await self._read(http, input_required=True)
+        caller, body, route, turn, session_id, asked = await self._read(http, input_required=True)
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
-        wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id, turn.messages,
-                             await http.read())
+        if not asked.changed:
+            wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id, turn.messages,
+                                 await http.read())
+            return await answer(self.engine, request, wire)
+        forwarded = {k: v for k, v in body.items() if k != FIELD}
+        injection = None
+        if asked.trigger or asked.past_threshold(self.gw, route, turn):
+            done = await client_compaction.compact(self.gw, caller, route, session_id, turn.messages, turn.tools,
+                                                   None if asked.trigger else asked.threshold)
+            item = await sealed_item(self.gw, caller, session_id, to_request(done.messages)[1])
+            if asked.trigger:  # answered by ctxgate alone: the compaction is the whole reply
+                reply = trigger_response(body["model"], item, done.usage)
+                headers = {"X-Ctx-Session": session_id, "X-Ctx-Levels": ",".join(done.levels) or "none"}
+                if turn.stream:
+                    return web.Response(body=response_events(reply), content_type="text/event-stream",
+                                        headers=headers)
+                return web.json_response(reply, headers=headers, dumps=lambda v: orjson.dumps(v).decode())
+            injection = Injection(item, done)
+            request.turn = replace(turn, messages=done.messages, known=None, door_state=None, count_bound=None)
+        wire = ResponsesWire(self.forwarder, self.store, forwarded, input_items(body), session_id,
+                             injection=injection)
         return await answer(self.engine, request, wire)
+
+    async def compact(self, http: web.Request) -> web.Response:
+        """`POST /v1/responses/compact`: the conversation compacted now, answered with the user
+        messages and one compaction item, whatever the route (no model call but the summary's)."""
+        caller, body, route, turn, session_id, _ = await self._read(http, input_required=False, compacting=True)
+        done = await client_compaction.compact(self.gw, caller, route, session_id, turn.messages, turn.tools, None)
+        item = await sealed_item(self.gw, caller, session_id, to_request(done.messages)[1])
+        reply = compacted_response(body["model"], user_items(input_items(body)), item, done.usage)
+        return web.Response(body=orjson.dumps(reply), content_type="application/json",
+                            headers={"X-Ctx-Session": session_id, "X-Ctx-Levels": ",".join(done.levels) or "none"})
 
     async def input_tokens(self, http: web.Request) -> web.Response:
         """What the upstream would be sent now: after the stored compactions, the levels that
         need no model call, and the memory block."""
-        caller, body, route, turn, session_id = await self._read(http, input_required=False)
+        caller, body, route, turn, session_id, _ = await self._read(http, input_required=False)
         headers = {"X-Ctx-Session": session_id, "X-Ctx-Count": "after-compaction"}
         wire = ResponsesWire(self.forwarder, self.store, body, input_items(body), session_id)
         tokens = await self.engine.preview(caller, route, session_id, turn, wire, headers)
         return web.Response(body=orjson.dumps({"object": "response.input_tokens", "input_tokens": tokens}),
                             content_type="application/json", headers=headers)
 
-    async def _read(self, http: web.Request, *, input_required: bool
-                    ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str]:
+    async def _read(self, http: web.Request, *, input_required: bool, compacting: bool = False
+                    ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str, Asked]:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         named = named_session(http.headers, body.get("prompt_cache_key"))
@@ -198,8 +233,17 @@ class ResponsesDoor:
         validate_responses_request(body, input_required=input_required, start=known)
         route = self.gw.router.resolve(body["model"])
         history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
-        converted = convert(body.get("instructions"), history + input_items(body), last)
-        if not previous:  # every item is the request's own input, checked above
+        asked = Asked(emulated(self.gw, caller, route) or compacting)
+        items = history + input_items(body)
+        if asked.emulating:
+            asked.threshold, asked.changed = threshold_of(body), FIELD in body
+            items, asked.trigger = triggered(items)
+        found = await expanded(self.gw, caller, items, asked.emulating)
+        asked.changed = asked.changed or asked.trigger or found is not items
+        if found is not items:
+            last = None  # the conversation is not the request's input as sent
+        converted = convert(body.get("instructions"), found, last)
+        if not previous and not asked.changed:  # every item is the request's own input, checked above
             converted = replace(converted, checked=len(converted.items))
         messages = converted.messages
         if not messages:
@@ -216,7 +260,7 @@ class ResponsesDoor:
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
                          door_state=converted, body_bytes=len(await http.read()))
-        return caller, body, route, turn, session_id
+        return caller, body, route, turn, session_id, asked
 
     async def retrieve(self, http: web.Request) -> web.Response:
         caller = resolve_caller(self.gw.config, http.headers)
@@ -235,6 +279,22 @@ class ResponsesDoor:
                             content_type="application/json")
 
 
+@dataclass
+class Asked:
+    """What the request asks of OpenAI's compaction, on a route where ctxgate applies it."""
+    emulating: bool
+    threshold: int | None = None
+    trigger: bool = False
+    changed: bool = False
+    """The forwarded body differs from the client's: the field goes, or items were expanded or taken out."""
+
+    def past_threshold(self, gw: Gateway, route: Route, turn: TurnInput) -> bool:
+        if self.threshold is None:
+            return False
+        counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
+        return counter.count_messages(turn.messages) + counter.count_tools(turn.tools) > self.threshold
+
+
 def _unknown(response_id: str) -> GatewayError:
     return GatewayError(ErrorKind.NOT_FOUND,
                         f"No response found with id '{response_id}'.", param="response_id", code="not_found")
@@ -247,6 +307,7 @@ def add_routes(app: web.Application, gw: Gateway) -> ResponseStore:
     for prefix in ("/v1", ""):
         add_door_route(app, "POST", f"{prefix}/responses", door.create)
         add_door_route(app, "POST", f"{prefix}/responses/input_tokens", door.input_tokens)
+        add_door_route(app, "POST", f"{prefix}/responses/compact", door.compact)
         add_door_route(app, "GET", f"{prefix}/responses/{{response_id}}", door.retrieve)
         add_door_route(app, "DELETE", f"{prefix}/responses/{{response_id}}", door.delete)
 

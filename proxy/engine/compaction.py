@@ -80,6 +80,10 @@ class Compactor:
             return adopted
         return await self._compact(state, turn, compaction_view(state, turn), decision.target, "proactive", as_is=view)
 
+    async def client_asked(self, state: SessionState, turn: Turn, target: int) -> Plan:
+        """A compaction the client asked for through a provider's API (engine/client_compaction.py), to `target`."""
+        return await self._compact(state, turn, turn.messages, target, "client")
+
     async def _exhausted(self, state: SessionState, turn: Turn, view: list[dict[str, Any]],
                          decision: Decision) -> Plan:
         """CONTEXT_EXHAUSTED, or the degraded mode's one forced Autocompact."""

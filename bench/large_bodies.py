@@ -1,12 +1,7 @@
-"""Whether huge requests stall everyone else: `/healthz` latency while a few very large
-single-message requests are processed at once (issue 14: three 36.6 MB requests to a model
-whose limit is 8,000 tokens; `/healthz` should stay under 50 ms).
-
-Real processes: bench/upstream.py and one `ctxgate serve` whose only model has
-`max_input_tokens: 8000`, so every large request is refused with CONTEXT_EXHAUSTED after it is
-parsed, hashed and counted (the count in a worker thread). This process posts `--large` such
-requests at once, `--rounds` times, while a probe asks `/healthz` every 10 ms on its own
-connection; the same probe runs first with nothing else going on, as the baseline.
+"""Whether huge requests stall everyone else: `/healthz` latency, probed every 10 ms, while
+`--large` single-message requests of `--mb` MB go at once to a model with an 8,000-token limit
+(each refused after it is parsed, hashed and counted), against the probe alone (issue 14:
+three 36.6 MB requests, `/healthz` under 50 ms).
 
     .venv/bin/python bench/large_bodies.py [--mb 36.6] [--large 3] [--rounds 3] [--out FILE]
 """
@@ -19,7 +14,8 @@ import time
 import aiohttp
 import orjson
 
-import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
+import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
+
 
 async def probe(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, out: list[float]) -> None:
     while not stop.is_set():

@@ -1,21 +1,10 @@
 """A session whose system prompt and tools take half or more of the limit (Claude Code's
-shape: about 29K of system prompt and tools under a 60K limit), replayed through
-`ctxgate replay` as a user would, with Anthropic's prices for the route.
+shape: ~21K of system prompt and ~9K of tools schema, then 40 steps of ~2.4K, every fifth
+ending in a failure line), made here deterministically and replayed with `ctxgate replay
+--budget N` at 60K, 45K and 40K on a Claude route (o200k count, litellm's Anthropic prices):
+each row is the replay's own report.json.
 
-The session is made here, deterministically (no recorded run has this shape): a system
-prompt of about 21K tokens, 30 tools whose schema takes about 9K, a task, then 40 steps of
-about 2.4K tokens each (an assistant message of about 450 tokens with one tool call, its
-output of about 1,950, every fifth output ending in a failure line). It is written as an
-OpenAI-format JSON file and replayed at limits of 60K, 45K and 40K tokens with
-`ctxgate replay --config ... --budget N`: a route `claude-sonnet-4-5-20250929` counted with
-o200k_base (a `ctxgate.tokenizers` rule: ctxgate has no Claude tokenizer offline) and priced
-from litellm's cost map (cache reads at 0.1 of input, writes at 1.25). Each row is the
-replay's own summary (its report.json): compaction points per 100 turns, summary calls,
-prefix-stable turns, cache reads and writes, and the input cost with ctxgate against the
-same session with no compaction (the whole history every turn, cached the same way).
-
-    .venv/bin/python bench/large_prompt.py                   # writes its section of RESULTS.md
-    .venv/bin/python bench/large_prompt.py --out /tmp/x.md
+    .venv/bin/python bench/large_prompt.py [--out /tmp/x.md]
 """
 from __future__ import annotations
 

@@ -1,39 +1,28 @@
 """What memory adds to a steady turn: capture and injection, per recorded dialect.
 
-Every recorded run (../shared/trajectories, all dialects) is replayed request by request as
-its agent sent them (each prefix that ends before an assistant turn). Per request, timed as
-the gateway runs them (the fingerprints are the engine's, computed anyway, and not timed):
-
-- capture: the buffer's `unseen` check, `pipeline.provenance.message_spans` of the new
-  messages, `memory.capture.capture` over their spans, and the buffer's `add` (the in-process
-  buffer): the background task after every turn;
-- injection: the session's block taken from `BlockRefresher` (memory unchanged: reused) and
-  put into the forwarded conversation (`memory_turn.forwarded`).
-
-The memory block is built once from 200 entries. *Steady* turns are every request but a
-session's first (which reads the whole history once). `dialect known`: the session's dialect
-is remembered (after its first compaction); `detected`: read from the messages each turn.
+Every recorded run replayed request by request; per request, timed as the gateway runs
+them: capture (the buffer's `unseen` check, `message_spans` of the new messages, `capture`,
+the buffer's `add`) and injection (the session's block from `BlockRefresher`, unchanged, put
+into the forwarded conversation). A 200-entry memory block; *steady*: every request but a
+session's first; the dialect `known` (remembered) or `detected` each turn.
 
     .venv/bin/python bench/memory_turn.py [--out FILE]
 """
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first, puts tests/ on sys.path)
+import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first, puts tests/ on sys.path
 
-from ctxgate.memory.capture import capture  # noqa: E402
-from ctxgate.memory.short_term import BufferScope, LocalShortTermStore  # noqa: E402
-from ctxgate.pipeline.fingerprint import message_fingerprint  # noqa: E402
-from ctxgate.pipeline.protocols import detect_dialect  # noqa: E402
-from ctxgate.pipeline.provenance import message_spans  # noqa: E402
-from ctxgate.proxy.engine.memory_turn import BlockRefresher, MemoryScope, forwarded  # noqa: E402
-from ctxgate.proxy.engine.state import SessionState  # noqa: E402
+from ctxgate.memory.capture import capture
+from ctxgate.memory.short_term import BufferScope, LocalShortTermStore
+from ctxgate.pipeline.fingerprint import message_fingerprint
+from ctxgate.pipeline.protocols import detect_dialect
+from ctxgate.pipeline.provenance import message_spans
+from ctxgate.proxy.engine.memory_turn import BlockRefresher, MemoryScope, forwarded
+from ctxgate.proxy.engine.state import SessionState
 
 BLOCK = "Long-term memory (ctxgate)\n" + "\n".join(f"- [user said] preference number {i} about the code" for i in
                                                    range(200))

@@ -1,63 +1,38 @@
 """The latency ctxgate adds over calling the same scripted upstream directly, per door.
 
-Real processes: bench/upstream.py, and `ctxgate serve` twice in front of it (one with
-`forwarding: auto`, ctxgate's own pooled aiohttp client; one with `forwarding: litellm`,
-litellm.acompletion), plus the LiteLLM proxy when `litellm[proxy]` is installed (in .venv,
-or in another environment named by --litellm-proxy). This process is the client: one
-pooled aiohttp session sends the same conversation to every target through every door
-(bench/doors.py: chat completions, Anthropic Messages, OpenAI Responses, each in its own
-wire format), all (door, target) pairs in a shuffled order each iteration; the added
-latency is per door, against a direct call to the upstream through the same door.
-`litellm.acompletion` is also called in this process against the same upstream (chat door
-only), so litellm's own cost is seen next to a plain aiohttp POST.
-
-Scenarios (conversations made of real trajectory messages, sizes by o200k_base; by default
-1K, 10K, 50K, 100K, 200K and 400K tokens, `--sizes` picks others):
-- conv-<size>: a conversation ctxgate has not seen: every message of every
-  request carries a fresh `<i>` prefix, so nothing is in the fingerprint cache.
-- turn-<size>: the steady-state next turn of a session (`X-Ctx-Session`), each
-  turn resending the history plus the previous replies and one new user message (a new
-  session, with the same history, every 10 turns, so the size stays put); the
-  model's `max_input_tokens` is 1,000,000, so nothing is compacted: this is counting with
-  the fingerprint cache, plus everything else a turn does.
-
-Doors (six lanes): chat, messages, responses, and each of them streamed (chat-stream,
-messages-stream, responses-stream: the same body with `stream: true`; the upstream streams
-each API's own SSE events, and the reply check wants the stream's terminator). The chart
-(bench/overhead.png, by bench/chart.py) is drawn from the figures, which are also kept in
-bench/overhead.json.
+`ctxgate serve` twice (`forwarding: auto` and `forwarding: litellm`) and the LiteLLM proxy
+(when an environment with `litellm[proxy]` is given) in front of bench/upstream.py; this
+process sends one conversation (real trajectory messages, common.build_conversation) through
+every door (bench/doors.py, each also streamed) of every target in a shuffled order each
+iteration, and `litellm.acompletion` in process (chat only). Added = target − direct, paired
+per iteration. conv-<size>: a conversation never seen (every message prefixed anew);
+turn-<size>: the next turn of a session (nothing compacted: a 1,000,000-token limit). Also
+an in-process breakdown of a steady turn, bench/overhead.json and bench/overhead.png.
 
     .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
-        [--small 40] [--mid 20] [--large 10]
-        [--doors chat,chat-stream,messages,messages-stream,responses,responses-stream]
-        [--litellm-proxy .bench-litellm-proxy/bin/litellm]
+        [--small 40] [--mid 20] [--large 10] [--doors chat,messages,...] [--litellm-proxy PATH]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
-import doors  # noqa: E402
+import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
+import doors
 
-import aiohttp  # noqa: E402
-import orjson  # noqa: E402
+import aiohttp
+import orjson
 
 MODEL = doors.CHAT_MODEL
 DIRECT = "direct"
+DOOR_COLOURS = {"chat": "tab:blue", "chat-stream": "tab:cyan", "messages": "tab:orange",
+                "messages-stream": "tab:red", "responses": "tab:green", "responses-stream": "tab:olive"}
 UPSTREAM_KEY = common.UPSTREAM_KEY
-
-
-# ---------------------------------------------------------------------------------------
-# Payloads
 
 
 @dataclass
@@ -73,9 +48,8 @@ class Scenario:
     body_bytes: dict[str, int] = field(default_factory=dict)
 
     def messages(self, i: int, door: str) -> list[dict[str, Any]]:
-        """Iteration i's conversation for a door. A new conversation is new to each door too:
-        one gateway serves them all, and a second door sending the same messages would find
-        them counted and known (its counts, its session's history) — a steady turn, not a new one."""
+        """Iteration i's conversation for a door (a new one is new to each door: else the second
+        door would find it counted and known)."""
         return common.fresh(self.base, f"{i}:{door}") if self.kind == "fresh" else common.turn(self.base, i)
 
 
@@ -97,10 +71,6 @@ def iterations_for(size: int, args: argparse.Namespace) -> tuple[int, int]:
     return args.large, 2
 
 
-# ---------------------------------------------------------------------------------------
-# Targets
-
-
 @dataclass
 class Sample:
     ms: float
@@ -110,8 +80,7 @@ class Sample:
 
 
 class Target:
-    """A server that takes the bench's requests at `base` + a door's path (`base` None: the
-    litellm SDK in this process, chat door only)."""
+    """A server at `base` (None: the litellm SDK in this process, chat door only)."""
 
     def __init__(self, name: str, base: str | None, session_header: bool = False,
                  door_names: tuple[str, ...] = tuple(doors.DOORS), litellm_sdk_base: str = "",
@@ -135,20 +104,13 @@ class Target:
             if reply.choices[0].message.content != "ok":
                 raise RuntimeError(f"{self.name}: unexpected reply {reply}")
             return Sample(ms)
-        headers = door.headers(self.api_key)
-        if self.session_header and session:
-            headers["X-Ctx-Session"] = session  # else (a new conversation) ctxgate derives one
-        started = time.perf_counter()
-        async with http.post(self.base + door.path, data=body, headers=headers) as r:
-            raw = await r.read()
-            ms = (time.perf_counter() - started) * 1000
-            if r.status != 200:
-                raise RuntimeError(f"{self.name} ({door.name}): HTTP {r.status}: {raw[:500]!r}")
-            if door.reply_text(raw) != "ok":
-                raise RuntimeError(f"{self.name} ({door.name}): unexpected reply {raw[:500]!r}")
-            over = r.headers.get("X-Ctx-Overhead-Ms")
-            return Sample(ms, float(over) if over else None, r.headers.get("X-Ctx-Levels"),
-                          r.headers.get("X-Ctx-Tokenizer"))
+        # a new conversation has no session header: ctxgate derives one
+        error, ms, headers = await door.post(http, self.base, messages, self.api_key,
+                                             session if self.session_header else None, body)
+        if error:
+            raise RuntimeError(f"{self.name} ({door.name}): {error}")
+        over = headers.get("X-Ctx-Overhead-Ms")
+        return Sample(ms, float(over) if over else None, headers.get("X-Ctx-Levels"), headers.get("X-Ctx-Tokenizer"))
 
 
 Lane = tuple[doors.Door, Target]
@@ -160,8 +122,7 @@ def key(door: doors.Door, t: Target) -> str:
 
 async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSession, counter,
                        rng: random.Random) -> dict[str, list[Sample]]:
-    """Every iteration: one conversation, its body in each door's format, sent through every
-    (door, target) lane in a freshly shuffled order."""
+    """Every iteration: one conversation, in each door's format, through every lane, shuffled."""
     samples: dict[str, list[Sample]] = {key(d, t): [] for d, t in lanes}
     cold: dict[str, Sample] = {}
     run_id = f"{sc.name}-{rng.randrange(1 << 30):x}"
@@ -191,8 +152,6 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
         samples[f"_cold|{k}"] = [s]
     return samples
 
-
-# ---------------------------------------------------------------------------------------
 
 
 def fmt(x: float, digits: int = 2) -> str:
@@ -233,9 +192,8 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
 
 
 def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
-    """Where a steady-state turn's time goes inside ctxgate: the calls chat.py and the engine
-    make on turn 5 of a session whose turn 4 they saw, timed in this process (no HTTP),
-    median of `runs`."""
+    """The calls the chat door and the engine make on turn 5 of a session whose turn 4 they saw,
+    timed in this process (no HTTP), median of `runs`."""
     from ctxgate.pipeline.config import PipelineConfig
     from ctxgate.pipeline.history_index import HistoryIndex
     from ctxgate.proxy.doors.validation import validate_chat_messages, validate_chat_request
@@ -304,7 +262,6 @@ def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
 
 async def main_async(args: argparse.Namespace):
     common.wait_for_quiet(max_wait_s=args.max_wait)
-    common.CODE_AT_START = common.git_state()  # the code the servers start with, after the wait
     counter = common.gpt4o_counter()
     common.progress("overhead: building conversations from trajectories")
     scenarios = []
@@ -394,14 +351,8 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
         "where the chat and Responses doors run tiktoken.\n")
     if proxy:
         lines.append(f"LiteLLM proxy: litellm {proxy} (`litellm[proxy]`), same `model_list` (plus the master key it "
-                     "refuses to start without), same doors, one process, started from the environment given to "
-                     "`--litellm-proxy`. That environment is kept apart from .venv: litellm 1.110's `proxy` extra "
-                     "needs a `litellm-proxy` package the registry here does not have, and the proxy's dependencies "
-                     "stay out of ctxgate's environment. `make bench` makes it (`.bench-litellm-proxy/`) if "
-                     "missing and passes it on; by hand:\n\n"
-                     "    python3.11 -m venv .bench-litellm-proxy\n"
-                     "    .bench-litellm-proxy/bin/pip install 'litellm[proxy]==1.108.7'\n"
-                     "    .venv/bin/python bench/overhead.py --litellm-proxy .bench-litellm-proxy/bin/litellm\n")
+                     "refuses to start without), same doors, one process, from the environment given to "
+                     "`--litellm-proxy` (`make bench` makes `.bench-litellm-proxy/`; see the Makefile).\n")
     else:
         lines.append(f"LiteLLM proxy: **not run** — {proxy_why}.\n")
     if missing:
@@ -468,8 +419,8 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
     common.publish("overhead", "\n".join(lines), args.out)
 
 
-def save_figures(scenarios, lanes: list[Lane], results) -> None:
-    """bench/overhead.json: added p50 / p95 per (scenario, door, target), what the chart draws."""
+def save_figures(scenarios, lanes: list[Lane], results, chart: bool) -> None:
+    """bench/overhead.json (added p50 / p95 per scenario, door and target) and its chart."""
     rows = []
     for sc, _, stats in results:
         for door, t in lanes:
@@ -480,9 +431,29 @@ def save_figures(scenarios, lanes: list[Lane], results) -> None:
                          "door": door.name, "target": t.name, "added_p50_ms": round(st["added_p50"], 3),
                          "added_p95_ms": round(st["added_p95"], 3), "p50_ms": round(st["p50"], 3),
                          "iterations": sc.iterations})
-    (common.BENCH / "overhead.json").write_bytes(orjson.dumps({"date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                     time.gmtime()),
-                                                               "rows": rows}, option=orjson.OPT_INDENT_2))
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    (common.BENCH / "overhead.json").write_bytes(orjson.dumps({"date": date, "rows": rows},
+                                                              option=orjson.OPT_INDENT_2))
+    if not chart:
+        return
+    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for kind, title in (("fresh", "new conversation"), ("turn", "steady-state next turn")):
+        lines = panels.setdefault(title, {})
+        for r in sorted(rows, key=lambda r: r["tokens"]):
+            short = "ctxgate" if r["target"] == "ctxgate forwarding=auto" else (
+                "LiteLLM proxy" if r["target"].startswith("LiteLLM proxy") else None)
+            if r["kind"] == kind and short:
+                xs, ys = lines.setdefault(f"{short}, {r['door']}", ([], []))
+                xs.append(r["tokens"])
+                ys.append(r["added_p50_ms"])
+    try:
+        common.draw(common.BENCH / "overhead.png", f"Added p50 latency vs size: ctxgate (solid) vs LiteLLM proxy "
+                    f"(dashed), {date}", "request size, tokens (o200k_base)", "added latency over a direct call, "
+                    "p50 ms", panels, logx=True, style=lambda label: {"linestyle": "-" if label.startswith(
+                        "ctxgate") else "--", "color": DOOR_COLOURS.get(label.split(", ")[-1], "grey")})
+        common.progress("overhead: drew bench/overhead.png")
+    except ImportError as e:
+        common.progress(f"overhead: no chart ({e}; `pip install -e '.[bench]'`)")
 
 
 def main() -> None:
@@ -503,15 +474,7 @@ def main() -> None:
     common.progress("overhead: in-process breakdown of a steady-state chat turn")
     extra = breakdown([sc for sc in scenarios if sc.size in (min(args.sizes), 200_000)])
     if not args.out:  # a run to a file leaves bench/overhead.json and .png alone
-        save_figures(scenarios, lanes, results)
-    if not args.no_chart and not args.out:
-        try:
-            import chart
-
-            chart.draw(common.BENCH / "overhead.json", common.BENCH / "overhead.png")
-            common.progress("overhead: drew bench/overhead.png")
-        except ImportError as e:
-            common.progress(f"overhead: no chart ({e}; `pip install -e '.[bench]'`)")
+        save_figures(scenarios, lanes, results, not args.no_chart)
     write_results(args, scenarios, lanes, results, proxy, proxy_why, missing, extra)
 
 

@@ -1,40 +1,27 @@
 """Prefix stability of the forwarded requests over long replays, and what speculative
 Autocompact saves at the compaction points.
 
-One long session (200K tokens of the recorded runs back to back, bench/common.py:
-build_conversation) and every recorded run with at least 10 agent turns are replayed turn
-by turn through the compactor as the proxy runs it (proxy/replay/driver.py, `ctxgate replay`'s driver) at budgets of
-50% and 25% of their final size. For each pair of consecutive forwarded requests a, b: *stable* when b starts
-with a byte for byte (the provider's prompt cache keeps hitting); a break at a
-compaction point (the session's records changed that turn) is the one break a
-compaction causes; a break anywhere else would be a bug. Then the compaction turns'
-latency with a summary that takes 300 ms, speculation on and off.
+One 200K-token session (common.build_conversation) and every recorded run of 10 agent turns
+or more, replayed through `ctxgate replay`'s driver at 50% and 25% of their final size: a
+pair of consecutive forwarded requests is *stable* when the second starts with the first; a
+break anywhere but at a compaction point would be a bug. Then the compaction turns' time with
+a summary that takes 300 ms, speculation on and off.
 
     .venv/bin/python bench/prefix_stability.py             # writes its section of RESULTS.md
-    .venv/bin/python bench/prefix_stability.py --contract  # the contract's run, each break's cause
-
-`--contract` replays the SWE-Gym OpenHands sample at 35% as ../shared/contract/
-check_pipeline.py does (its upstream counts the messages only, no tools schema).
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import sys
-from pathlib import Path
 from typing import Any
 
 import common
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.microcompact import MicrocompactStrategy
-from ctxgate.pipeline.notes import is_compaction_note, is_restore_block
 from ctxgate.pipeline.turns import leading_instructions, task_index
-from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.proxy.replay.driver import Message, Replay, agent_turns, replay as replay_session
 
-TRAJECTORY = common.ROOT.parent / "shared" / "trajectories" / "swe-gym-openhands" / "sample_raw.json"
 RATIOS = (0.50, 0.25)
 MIN_TURNS = 10
 LONG_SESSION_TOKENS = 200_000
@@ -59,89 +46,6 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
 
     return await replay_session(messages, tools, budget, counter=common.gpt4o_counter(), summarize=summarize,
                                 provider_count=provider_count, speculate=speculate, upstream_s=upstream_s)
-
-
-def contract_tokens(messages: list[Message]) -> int:
-    """The contract client's own count (4 per message + content + tool call text)."""
-    enc = common.gpt4o_counter()
-    total = 3
-    for m in messages:
-        text = m.get("content") or ""
-        for tc in m.get("tool_calls") or []:
-            text += " " + tc["function"]["name"] + " " + tc["function"]["arguments"]
-        total += 4 + enc.count(text)
-    return total
-
-
-def load_contract_run(path: Path) -> tuple[list[Message], list[dict[str, Any]] | None]:
-    record = json.loads(path.read_text())[0]
-    keep = ("role", "content", "tool_calls", "tool_call_id", "name")
-    msgs = [{k: v for k, v in m.items() if v is not None and k in keep} for m in record["messages"]]
-    for m in msgs:
-        for tc in m.get("tool_calls") or []:
-            tc.pop("index", None)
-    return msgs, record.get("tools")
-
-
-def fewest_breaks(msgs: list[Message], budget: int) -> list[int]:
-    """A lower bound on the contract run's compaction points: the turns where a compaction
-    is unavoidable even if every tool output were cut as it arrived (Microcompact's
-    thresholds) and every compaction left nothing but the instructions, the task and the turn
-    in progress (no summary, no restore blocks), in the contract upstream's count."""
-    config, counter = PipelineConfig(), common.gpt4o_counter()
-    effective = config.effective_budget(budget)
-    request = CompressionRequest(msgs, effective, counter)
-    cut, _ = MicrocompactStrategy(config.microcompact, config.pin_first_user, effective).compact_range(
-        request, 0, len(msgs))
-    sizes = [counter.count_structured(m) for m in cut]
-    room = config.trigger_ratio * effective - contract_tokens(msgs[:2])
-    points, start, previous = [], 2, 2
-    for i in agent_turns(msgs):
-        if sum(sizes[start:i]) > room:
-            points.append(i)
-            start = previous  # the turn in progress: the previous reply and what followed it
-        previous = i
-    return points
-
-
-def describe_break(a: list[Message], b: list[Message]) -> str:
-    k = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    if k >= len(b):
-        return f"b is shorter ({len(b)} < {len(a)})"
-
-    def kind(m: Message) -> str:
-        if is_restore_block(m):
-            return "restore block"
-        return "compaction note: " + m["content"][:40] if is_compaction_note(m) else m.get("role", "?")
-
-    x, y = a[k], b[k]
-    if x.get("role") == y.get("role") and x.get("tool_call_id") == y.get("tool_call_id") and x.get("role") != "system":
-        return (f"message {k} ({kind(x)}) changed in place: "
-                f"{len(str(x.get('content')))} -> {len(str(y.get('content')))} chars")
-    return f"message {k}: {kind(x)} -> {kind(y)}"
-
-
-def contract(ratio: float, speculate: bool, verbose: bool) -> int:
-    msgs, tools = load_contract_run(TRAJECTORY)
-    budget = int(contract_tokens(msgs) * ratio)
-    run = asyncio.run(replay(msgs, tools, budget, provider_count=contract_tokens, speculate=speculate))
-    for a, b in run.breaks:
-        cause = "compaction point" if b.compacted else "NOT a compaction point"
-        print(f"turn {b.turn:3d}: {cause:22s} levels={','.join(b.levels) or '-':28s} "
-              f"{describe_break(a.messages, b.messages)}")
-    if verbose:
-        for f in run.forwarded:
-            print(f"turn {f.turn:3d}: {len(f.messages):3d} messages {f.tokens:5d} tokens {','.join(f.levels)}")
-    bound = fewest_breaks(msgs, budget)
-    pairs = max(1, len(run.forwarded) - 1)
-    print(f"unavoidable compaction points (lower bound): {len(bound)} at turns {bound}, "
-          f"so at best {1 - len(bound) / pairs:.0%} stable")
-    print(f"budget {budget}, forwarded {len(run.forwarded)}, breaks {len(run.breaks)} "
-          f"({sum(not b.compacted for _, b in run.breaks)} not at a compaction point), "
-          f"prefix stable {1 - len(run.breaks) / pairs:.0%}, summaries {run.summaries}, "
-          f"over budget {sum(f.tokens > budget * 1.03 for f in run.forwarded)}, "
-          f"max forwarded {max(f.tokens for f in run.forwarded)}")
-    return 0
 
 
 def _long_runs() -> list[tuple[str, list[Message], list[dict[str, Any]] | None]]:
@@ -244,14 +148,7 @@ def results(out: str | None) -> int:
 
 
 def main() -> int:
-    parser = common.parser(__doc__, wait=600.0)
-    parser.add_argument("--contract", action="store_true", help="the contract's run, with the cause of every break")
-    parser.add_argument("--ratio", type=float, default=0.35, help="with --contract: the budget's share")
-    parser.add_argument("--no-speculator", action="store_true", help="with --contract: speculation off")
-    parser.add_argument("--verbose", action="store_true", help="with --contract: every forwarded request")
-    args = parser.parse_args()
-    if args.contract:
-        return contract(args.ratio, not args.no_speculator, args.verbose)
+    args = common.parser(__doc__, wait=600.0).parse_args()
     common.wait_for_quiet(max_wait_s=args.max_wait)
     return results(args.out)
 

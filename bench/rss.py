@@ -1,64 +1,35 @@
-"""ctxgate's resident memory (RSS) under long runs of sessions and new conversations.
+"""ctxgate's resident memory (VmRSS of the server and its children) over long runs.
 
-Real processes, as in bench/overhead.py: bench/upstream.py (the scripted "ok" upstream) and
-one `ctxgate serve` (`--workers 1`, `forwarding: auto`, the overhead bench's config:
-`max_input_tokens` 1,000,000, so nothing is compacted; in-memory session state; the WAL on
-in a temporary data directory). This process is the client: C asyncio workers (one pooled
-aiohttp session) each send their next request as soon as the previous one is answered.
-ctxgate's RSS is VmRSS from /proc/<pid>/status (summed over any child processes): at start
-(healthy, idle), every `--sample-every` replies, at the end, and again after `--settle`
-idle seconds; VmHWM (peak) at the end.
-
-Scenarios:
-- turns (issue 13): `--turns` (10,000) turns spread over `--sessions` (50) steady sessions.
-  A session starts from a ~2K-token history (real trajectory messages,
-  common.build_conversation, each message tagged with the session and cycle so no two
-  sessions share text) and grows by one pair per turn: the upstream's reply ("ok") and a new
-  user message (~150 tokens of trajectory text, tagged with the session and turn). When the
-  history passes ~20K tokens the session ends and a *new session id* starts again from a
-  fresh ~2K-token history (what a client does when it starts a new conversation), so the
-  request size stays within 2K–20K tokens; old sessions are left to ctxgate's own expiry.
-- mixed (issue 14): `--requests` (100,000) requests, every other one a new conversation (no
-  X-Ctx-Session; a system message and a first user message never seen before, ~160 tokens)
-  and the rest the next turn of one of `--sessions` (50) steady sessions, as above.
-
-A session's turns are sent one at a time (a worker takes an idle session, sends its next
-turn, and gives it back), so every turn resends the previous one's messages and its reply.
-The figure the issues ask for is the growth from the warm-up mark (after the first 10% of
-the requests) to the end: < 50 MB.
+One `ctxgate serve --workers 1` (the overhead bench's config, WAL on) per scenario in front of
+bench/upstream.py; C closed-loop clients. *turns*: `--turns` turns over `--sessions` steady
+sessions, each from a ~2K-token history growing by a reply and ~150 tokens of trajectory text
+a turn, starting over as a new session id past ~20K; *mixed*: `--requests` requests, every
+other one a new conversation. Issues 13 and 14 ask growth < 50 MB from the warm-up mark (10%
+of the requests) to the end. Writes bench/rss.png and bench/rss.json too, unless `--out`.
 
     .venv/bin/python bench/rss.py [--scenarios turns,mixed] [--turns 10000] [--requests 100000]
         [--sessions 50] [--concurrency 20] [--door chat] [--out FILE]
-
-It writes the `## RSS` section of bench/RESULTS.md, bench/rss.png and bench/rss.json, unless
---out (then the section goes to FILE, the chart to a temporary file, and nothing in bench/ changes).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
-import doors  # noqa: E402
+import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
+import doors
 
-import aiohttp  # noqa: E402
-import orjson  # noqa: E402
+import aiohttp
+import orjson
 
 Message = dict[str, Any]
 WARMUP_FRACTION = 0.10
 USER_TOKENS = 150
-
-
-# ---------------------------------------------------------------------------------------
-# /proc
 
 
 def _children(pid: int) -> list[int]:
@@ -96,10 +67,6 @@ def dir_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6 if path.exists() else 0.0
 
 
-# ---------------------------------------------------------------------------------------
-# The sessions
-
-
 def user_texts(counter: Any, n: int = 400) -> list[str]:
     """Real user and tool texts from the trajectories, each cut to ~USER_TOKENS tokens."""
     out: list[str] = []
@@ -134,7 +101,6 @@ class Conversations:
                  max_tokens: int, run: str) -> None:
         self.base, self.base_tokens, self.texts, self.text_tokens = base, base_tokens, texts, text_tokens
         self.max_tokens, self.run = max_tokens, run
-        self.restarts = 0
         self.sizes: list[int] = []
         self._n = 0
 
@@ -147,7 +113,6 @@ class Conversations:
         previous reply was appended when it came)."""
         if s.tokens > self.max_tokens:
             s.cycle += 1
-            self.restarts += 1
             self.start(s)
         k = self._n % len(self.texts)
         self._n += 1
@@ -169,10 +134,6 @@ class Conversations:
                 {"role": "user", "content": f"[{self.run} new conversation {i}] {self.texts[k]}"}]
 
 
-# ---------------------------------------------------------------------------------------
-# A run
-
-
 @dataclass
 class Result:
     scenario: str
@@ -187,7 +148,6 @@ class Result:
     errors: int = 0
     first_error: str = ""
     seconds: float = 0.0
-    restarts: int = 0
     sessions_used: int = 0
     new_conversations: int = 0
     tokens_lo: int = 0
@@ -214,16 +174,11 @@ async def drive(scenario: str, total: int, args: argparse.Namespace, convs: Conv
     started = time.perf_counter()
 
     async def send(messages: list[Message], sid: str | None) -> str | None:
-        headers = door.headers(common.UPSTREAM_KEY)
-        if sid:
-            headers["X-Ctx-Session"] = sid
         try:
-            async with http.post(base + door.path, data=door.payload(messages), headers=headers) as r:
-                raw = await r.read()
-                text = door.reply_text(raw) if r.status == 200 else None
-                if text != "ok":
-                    raise RuntimeError(f"HTTP {r.status}: {raw[:300]!r}")
-                return text
+            error = (await door.post(http, base, messages, common.UPSTREAM_KEY, sid))[0]
+            if error:
+                raise RuntimeError(error)
+            return "ok"
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, orjson.JSONDecodeError, KeyError) as e:
             res.errors += 1
             if not res.first_error:
@@ -264,14 +219,12 @@ async def drive(scenario: str, total: int, args: argparse.Namespace, convs: Conv
     await asyncio.sleep(args.settle)
     res.settled_mb = rss_mb(pid)
     res.peak_mb = rss_mb(pid, "VmHWM")
-    res.restarts = convs.restarts
     res.sessions_used = sum(s.cycle + 1 for s in sessions)
     res.tokens_lo, res.tokens_hi = (min(convs.sizes), max(convs.sizes)) if convs.sizes else (0, 0)
     return res
 
 
 async def main_async(args: argparse.Namespace) -> tuple[list[Result], str]:
-    common.CODE_AT_START = common.git_state()
     counter = common.gpt4o_counter()
     base = common.build_conversation(args.start_tokens, counter)
     base_tokens = counter.count_messages(base)
@@ -310,30 +263,10 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Result], str]:
     return results, door.name
 
 
-# ---------------------------------------------------------------------------------------
-# Report
-
-
 def draw(results: list[Result], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.2), squeeze=False)
-    for ax, r in zip(axes[0], results):
-        ax.plot([s[0] for s in r.samples], [s[1] for s in r.samples], color="tab:blue")
-        ax.axvline(int(r.requests * WARMUP_FRACTION), color="grey", linestyle=":", label="end of warm-up (10%)")
-        ax.set_title(f"{r.scenario}: {r.requests:,} requests", fontsize=10)
-        ax.set_xlabel("requests answered")
-        ax.set_ylabel("ctxgate RSS, MB")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
-    fig.suptitle("ctxgate RSS (VmRSS) over requests", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    common.draw(out, "ctxgate RSS (VmRSS) over requests", "requests answered", "ctxgate RSS, MB",
+                {f"{r.scenario}: {r.requests:,} requests": {"RSS": ([s[0] for s in r.samples],
+                                                                   [s[1] for s in r.samples])} for r in results})
 
 
 def write_results(args: argparse.Namespace, results: list[Result], door: str, chart: bool) -> None:

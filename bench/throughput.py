@@ -1,39 +1,25 @@
 """Requests per second through ctxgate and the LiteLLM proxy at a fixed concurrency.
 
-Real processes, as in bench/overhead.py: bench/upstream.py (the scripted "ok" upstream),
-`ctxgate serve --workers N` (`forwarding: auto`) and the LiteLLM proxy (`--num_workers N`,
-from the environment given to --litellm-proxy or $CTXGATE_BENCH_LITELLM_PROXY), all on
-127.0.0.1, the same N worker processes each (`--workers`, default 1). ctxgate refuses N > 1
-with its default in-memory session state (each worker would keep its own copy of a session),
-so N > 1 needs `--state redis://...` (or $CTXGATE_BENCH_STATE), given to ctxgate as
-`ctxgate.state`. This process is the load generator: C asyncio
-clients (one pooled aiohttp session, uvloop) each send their next request as soon as the
-previous one is answered, for `--seconds` after a one-second warm-up; the figure is the
-replies counted in that window divided by its length, through the chat door (non-stream).
-`direct` (the upstream alone) is the ceiling of this harness on this machine: client,
-upstream and target share its cores.
-
-Scenarios:
-- turn-2K: each client runs its own session (`X-Ctx-Session`), the steady-state next turn
-  of a 2K-token conversation (bench/overhead.py's `turn`: a new session every 10 turns).
-- conv-100K: each request a 100K-token conversation never seen before.
+`ctxgate serve --workers N` (N > 1 needs `--state redis://...`, or $CTXGATE_BENCH_STATE) and
+the LiteLLM proxy (`--num_workers N`) in front of bench/upstream.py; C closed-loop clients
+(common.closed_loop) through the chat door for `--seconds` after a one-second warm-up.
+`direct` (the upstream alone) is this harness's ceiling: client, upstream and target share
+the cores. turn-2K: each client its own session's next turn (common.turn); conv-100K: a
+100K-token conversation never seen before.
 
     .venv/bin/python bench/throughput.py [--concurrency 20,100] [--seconds 8] [--workers 1]
-        [--state redis://127.0.0.1:6379/0] [--scenarios turn-2K,conv-100K]
-        [--litellm-proxy .bench-litellm-proxy/bin/litellm]
+        [--state redis://127.0.0.1:6379/0] [--scenarios turn-2K,conv-100K] [--litellm-proxy PATH]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import doors  # noqa: E402
+import common
+import doors
 
-import aiohttp  # noqa: E402
+import aiohttp
 
 DOOR = doors.CHAT
 
@@ -51,13 +37,8 @@ async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, se
             msgs, sid = common.turn(base_msgs, i), f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
         else:
             msgs, sid = common.fresh(base_msgs, w * 1_000_000 + i), None
-        headers = DOOR.headers(load.api_key)
-        if sid and load.session_header:
-            headers["X-Ctx-Session"] = sid
         try:
-            async with http.post(load.base + DOOR.path, data=DOOR.payload(msgs), headers=headers) as r:
-                raw = await r.read()
-                return None if r.status == 200 and DOOR.reply_text(raw) == "ok" else f"HTTP {r.status}: {raw[:200]!r}"
+            return (await DOOR.post(http, load.base, msgs, load.api_key, sid if load.session_header else None))[0]
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             return repr(e)
 
@@ -68,7 +49,6 @@ async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, se
 
 async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
-    common.CODE_AT_START = common.git_state()
     counter = common.gpt4o_counter()
     sizes = {"turn-2K": 2_000, "conv-100K": 100_000}
     bases = {name: common.build_conversation(sizes[name], counter) for name in args.scenarios}

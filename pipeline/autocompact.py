@@ -140,17 +140,15 @@ _FIELD_BODY = re.compile(r"^\W*(?:[1-6]\b[^:\n]{0,60}:\s*)?")
 
 
 def _cut_line(line: str, cap: int, counter: TokenCounter) -> str:
-    """A summary line in at most `cap` tokens, cut at a word boundary; a list (two or more
-    `;`- or `,`-separated items, whichever it uses) keeps whole items only, so the steps
-    completed never end in a fragment of one."""
+    """A summary line in at most `cap` tokens, cut at a word boundary; a list (items after its
+    heading separated by `;` or `,`, whichever it uses) keeps whole items only, so the steps
+    completed never end in a fragment of one, nor a sentence in half a clause."""
     head = counter.head(line, cap)
-    sep = ";" if line.count("; ") >= 2 else ","
+    sep = "; " if "; " in line else ", "
     body = _FIELD_BODY.match(line)
     start = body.end() if body else 0
-    if line.count(sep + " ", start) < 2 or line[len(head):len(head) + 1] == sep:
-        return head  # not a list, or the head ends with a whole item
-    at = head.rfind(sep + " ", start)
-    return head[:at] if at > start else head
+    at = line.rfind(sep, start, len(head) + len(sep))  # the last item's end the head reaches
+    return line[:at] if at > start else head
 
 
 def _share(costs: list[int], room: int) -> list[int]:

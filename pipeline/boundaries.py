@@ -49,8 +49,10 @@ def _word_edge(text: str, k: int) -> bool:
     with no spaces (base64, minified JSON) is cut by characters instead."""
     if 0 < k < len(text):
         return is_word_boundary(text, k)
+    if len(text) <= WORD_REACH:
+        return True
     near = range(1, WORD_REACH + 1) if k <= 0 else range(len(text) - WORD_REACH, len(text))
-    return any(0 < j < len(text) and is_word_boundary(text, j) for j in near)
+    return any(is_word_boundary(text, j) for j in near)
 
 
 def _wide(char: str) -> bool:

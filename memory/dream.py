@@ -43,6 +43,8 @@ CLASSIFY_PROMPT = ("Classify each numbered memory candidate as one of: user, fee
 HUMAN_ONLY = frozenset({Category.USER, Category.FEEDBACK})
 """Categories only the person's own words may feed (docs/memory.md, provenance)."""
 REPLY_RESERVE = 1024
+CLASSIFY_TOKENS = 128
+"""What the classifier reads of each candidate (about 500 characters of English), cut at a word."""
 """Tokens a consolidation call leaves its reply, at most a quarter of the model's context."""
 FIRST_RETRY_S = 300.0
 
@@ -110,7 +112,7 @@ async def auto_dream(dream: Dream, entries: list[Candidate], store: LongTermStor
                      classify: Complete | None = None, now: float | None = None) -> dict[str, Any]:
     """Consolidate `entries`; returns the AUTO_DREAM event's fields."""
     at = time.time() if now is None else now
-    classified = await _classify(entries, classify)
+    classified = await _classify(entries, classify, dream.model.head)
     done: set[Category] = set()
     raw = False
     try:
@@ -132,12 +134,14 @@ async def auto_dream(dream: Dream, entries: list[Candidate], store: LongTermStor
             "written": len(dream.written), "consolidated": not raw}
 
 
-async def _classify(entries: list[Candidate], classify: Complete | None) -> dict[Category, list[Candidate]]:
+async def _classify(entries: list[Candidate], classify: Complete | None,
+                    head: Head | None = None) -> dict[Category, list[Candidate]]:
     out: dict[Category, list[Candidate]] = {}
     unknown = [c for c in entries if c.category is None]
     labels: list[str] = []
     if unknown and classify is not None:
-        listing = "\n".join(f"{i + 1}. {c.content[:500]}" for i, c in enumerate(unknown))
+        listing = "\n".join(f"{i + 1}. {head(c.content, CLASSIFY_TOKENS) if head else c.content[:500]}"
+                            for i, c in enumerate(unknown))
         try:
             labels = orjson.loads(await classify([{"role": "system", "content": CLASSIFY_PROMPT},
                                                   {"role": "user", "content": listing}]))

@@ -4,18 +4,24 @@ never inside a combining sequence or a `ref ctx:HEX`, within its limit, with the
 and the estimate alike. The oracle here is written apart from pipeline/boundaries.py."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
 import string
 import unicodedata
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ctxgate.memory.dream import Consolidator
+from ctxgate.memory.config import MemoryConfig
+from ctxgate.memory.dream import CLASSIFY_TOKENS, Consolidator, Dream, auto_dream
+from ctxgate.memory.file_store import FileMemoryStore
+from ctxgate.memory.short_term import Candidate, SessionBuffer
 from ctxgate.pipeline.autocompact import shorten
 from ctxgate.pipeline.boundaries import LINE_KEEP, WORD_REACH, head_at_boundary, tail_at_boundary
 from ctxgate.pipeline.config import MicrocompactConfig
@@ -258,3 +264,20 @@ def test_memory_cuts_an_entry_too_large_for_one_call_at_a_word() -> None:
     cut = model._cut(words, 200)
     assert EXACT.count(orjson.dumps(cut).decode()) + 2 <= 200 and words.startswith(cut)
     assert words[len(cut)] == " " and len(cut) > 200
+
+
+def test_the_memory_classifier_reads_each_candidate_cut_at_a_word(tmp_path: Path) -> None:
+    said: list[str] = []
+
+    async def classify(messages: list[dict[str, Any]]) -> str:
+        said.append(messages[1]["content"])
+        return '["drop"]'
+
+    content = " ".join(f"note{i} about the deploy script" for i in range(200))
+    dream = Dream(SessionBuffer("t1", "u1", "p1"), "s1", Consolidator(None, EXACT.count, None, EXACT.head),
+                  MemoryConfig().feedback_ttl_s())
+    asyncio.run(auto_dream(dream, [Candidate(None, content)], FileMemoryStore(tmp_path), None, classify, now=1.0))
+    [listing] = said
+    shown = listing.removeprefix("1. ")
+    assert content.startswith(shown) and content[len(shown)] == " "
+    assert CLASSIFY_TOKENS - 8 <= EXACT.count(shown) <= CLASSIFY_TOKENS

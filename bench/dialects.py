@@ -1,62 +1,9 @@
-"""Recoverability per dialect, over a multi-turn replay against an upstream that enforces
-the limit: ctxgate (with the stand-in summary, and with a summary that carries nothing)
-next to drop-oldest and middle-out, in the same table (issue 11, item 6).
-
-Runs: every recorded run (tests/trajectories.py: every_dialect), as request_ready makes
-it, grouped by the dialect its file format uses: *tool calls* (SWE-Gym OpenHands, the
-function-calling SWE-agent runs, tau-bench's 200 runs), *OpenHands text*, *SWE-agent
-text*, *mini-swe-agent*. Tool calls are also shown by source: tau-bench's customer-service
-chats outnumber the coding runs. A whole run takes seconds (everything is in process and
-the token counts are cached), so nothing is sampled; `--tau-every N` keeps every Nth
-tau-bench run (by position in the file) for a quicker look.
-
-For each run and each ratio (50%, 25%): the final size F is ctxgate's o200k count of the
-whole request-ready run, messages plus its `tools` schema (what X-Ctx-Tokens-In reports);
-the limit is L = int(ratio × F), given to ctxgate as its max_input_tokens (X-Ctx-Budget)
-and enforced by the upstream. Each agent turn is replayed as its agent sent it, by
-`ctxgate replay`'s driver (proxy/replay/driver.py, `enforce_limit=True`: the upstream
-refuses a request over the limit, ctxgate compacts reactively and sends again; a
-speculation in flight finishes before the next turn). The baselines (drop-oldest,
-middle-out; below) send what they keep, and the upstream refuses it when it is still over.
-
-Summaries are scripted, not an LLM:
-- *stand-in*: `scripted_summary_text` (quotes the span's first user message, the tools
-  called, the last assistant remark, the last error line and every file path it sees):
-  "the chain with a competent summariser";
-- *empty*: the six headings with nothing under them, so what survives is what the
-  machinery alone keeps (pinned messages, restore blocks, the recent messages).
-
-Probes, on each turn's forwarded request against that turn's whole request messages[:i]
-(proxy/replay/probes.py, reading the run's protocol as its dialect says): task line
-present; touched files (the paths the agent named so far) present anywhere; the last
-error line present (n/a while there is none); the last 6 messages of
-the request present verbatim (share); valid pairing (is_valid_sequence). A refused turn
-scores 0 on all of them: the agent got no reply. Each is a mean over a run's turns, then
-over the dialect's runs. Per run: summary calls; prefix-stable turns, the share of pairs
-of consecutive answered turns whose second request starts with the first byte for byte,
-strictly and (ctxgate) leaving out the pairs whose second turn is a compaction point;
-cache-aware cost (below); refused turns (share; by ctxgate before the upstream / by the
-upstream).
-
-Cache-aware cost (proxy/replay/scores.py), at two providers' price ratios (`PRICES`): *OpenAI* (input 1,
-cache read 0.1, no charge to write, output 4) and *Anthropic* (input 1, cache read 0.1, cache
-write 1.25, output 5). Every turn's request is priced at the cache-read price on its longest
-common prefix in whole messages (with the tools schema) with the previous *answered* request
-of the same method when that prefix is at least 1,024 tokens, and at the cache-write price on
-the rest. Every summary call is priced too: its prompt at the input price, its reply at the
-output price. A refused turn is priced as if it had been processed: the request the upstream
-refused, or, when ctxgate refused it first, the client's whole request. The sum is divided by
-that of *no compaction*: the whole history every turn, each priced the same way against the
-previous turn's (refusals ignored: it is what the turns would cost with no limit).
-
-Compaction points (ctxgate): turns whose compaction records changed, per 100 turns over the
-dialect's runs; summary calls per point (speculative ones included).
-
-Long sessions: a recorded run is over after a few compaction points, and its floor (system
-prompt, task, tools schema) often takes half of a limit set at half its size. So, per source,
-its runs are also joined into one session (`long_sessions`: the first run whole, each later
-one without its system prompt, as the next task; up to `LONG_TOKENS`) and replayed the same
-way, each session on a row of its own.
+"""Recoverability per dialect: every recorded run (tests/trajectories.py: every_dialect)
+replayed turn by turn through `ctxgate replay`'s driver with the limit enforced (50% and 25%
+of the run's final size), ctxgate with a scripted stand-in summary and with an empty one,
+beside drop-oldest and middle-out (proxy/replay/baselines.py); scored by proxy/replay/scores.py
+(probes, prefix stability, cache-aware cost). Each source's runs are also joined into one long
+session. The section's text says what each column means; docs/replay.md describes the driver.
 
     .venv/bin/python bench/dialects.py                        # writes its section of RESULTS.md
     .venv/bin/python bench/dialects.py --only "OpenHands text" --limit 2 --out /tmp/x.md
@@ -66,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -82,10 +26,11 @@ import common
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
-from ctxgate.proxy.replay.driver import Forwarded, Replay, agent_turns, replay
+from ctxgate.proxy.replay.baselines import BASELINES, baseline_replay
+from ctxgate.proxy.replay.driver import Replay, agent_turns, replay
 from ctxgate.proxy.replay.probes import ERROR_MARKERS, PATH_RE, PROBES, floor_of, needs_of, squash
-from ctxgate.proxy.replay.scores import PRICES, RunScore, mean, score_run, whole_history_cost
-from ctxgate.proxy.replay.upstream import UPSTREAM, ProviderCount
+from ctxgate.proxy.replay.scores import PRICES, RunScore, pooled, score_run, whole_history_cost
+from ctxgate.proxy.replay.upstream import ProviderCount
 from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of, every_dialect
 
 Message = dict[str, Any]
@@ -118,50 +63,6 @@ def scripted_summary_text(prompt: list[Message]) -> str:
     ])
 
 
-# Baselines (their own reading of the messages, independent of ctxgate's): the leading system
-# message(s) always kept, the newest unit always kept, a tool call never separated from its
-# results. drop-oldest drops the oldest units until the request fits; middle-out the unit at
-# the centre of the rest, again and again (as OpenRouter's middle-out transform does).
-
-
-def units_of(body: list[Message]) -> list[list[Message]]:
-    """An assistant message with its tool calls' results, or any other single message."""
-    units: list[list[Message]] = []
-    for m in body:
-        if m.get("role") == "tool" and units and units[-1][0].get("tool_calls"):
-            units[-1].append(m)
-        else:
-            units.append([m])
-    return units
-
-
-def fit(request: list[Message], limit: int, provider: ProviderCount, pick: Callable[[int], int]) -> list[Message]:
-    head = leading_instructions(request)
-    units = units_of(request[head:])
-    sizes = [sum(provider.counter.count_structured(m) for m in unit) for unit in units]
-    total = provider(request)
-    while total > limit and len(units) > 1:
-        k = pick(len(units))
-        total -= sizes.pop(k)
-        units.pop(k)
-    return request[:head] + [m for unit in units for m in unit]
-
-
-BASELINES: dict[str, Callable[[int], int]] = {"drop-oldest": lambda n: 0, "middle-out": lambda n: (n - 1) // 2}
-
-
-def baseline_replay(messages: list[Message], limit: int, pick: Callable[[int], int],
-                    provider: ProviderCount) -> Replay:
-    out = Replay()
-    for i in agent_turns(messages):
-        sent = fit(messages[:i], limit, provider, pick)
-        tokens = provider(sent)
-        over = tokens > limit
-        out.turns.append(Forwarded(i, sent, [], False, tokens, 0.0, False, refused="over the limit" if over else "",
-                                   refused_by=UPSTREAM if over else ""))
-    return out
-
-
 STAND_IN, EMPTY = "ctxgate, stand-in summary", "ctxgate, empty summary"
 METHODS = (STAND_IN, EMPTY, *BASELINES)
 SUMMARIES: dict[str, Callable[[list[Message]], str]] = {STAND_IN: scripted_summary_text,
@@ -170,13 +71,12 @@ SUMMARIES: dict[str, Callable[[list[Message]], str]] = {STAND_IN: scripted_summa
 
 def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | None, limit: int,
                    summary: Callable[[list[Message]], str], counter: TokenCounter, provider: ProviderCount,
-                   config: PipelineConfig | None, loop: asyncio.AbstractEventLoop) -> Replay:
+                   loop: asyncio.AbstractEventLoop) -> Replay:
     async def summarize(prompt: list[Message]) -> str:
         return summary(prompt)
 
     return loop.run_until_complete(replay(messages, tools, limit, counter=counter, summarize=summarize,
-                                          config=config, provider_count=provider, wait_background=True,
-                                          enforce_limit=True))
+                                          provider_count=provider, wait_background=True, enforce_limit=True))
 
 
 @dataclass
@@ -185,15 +85,12 @@ class RunResult:
     source: str
     dialect: str
     scores: dict[float, dict[str, RunScore] | None]
-    """Per ratio, each method's scores; None when the limit is below the run's floor."""
+    """Per ratio, each method's scores; None when the limit is below the run's floor (system
+    prompt, task, tools schema)."""
     floor_share: dict[float, float]
-    """Per ratio, the run's floor (system prompt + task + tools schema) as a share of the limit."""
     least_points: dict[float, int]
-    """Per ratio, the fewest compaction points any compactor needs: each point lands at the floor
-    at best, so it absorbs at most (trigger - floor) of the growth past the trigger."""
+    """Per ratio, the fewest compaction points any compactor needs under ctxgate's trigger."""
     least_points_at_limit: dict[float, int]
-    """The same with the limit itself as the trigger: no compactor that keeps the system prompt,
-    the task and the tools schema can do with fewer points."""
 
 
 def runs(only: str | None, limit: int | None, tau_every: int) -> list[tuple[str, Trajectory, str, list[Message]]]:
@@ -227,11 +124,8 @@ LONG_TOKENS = 150_000
 
 def long_sessions(chosen: list[tuple[str, Trajectory, str, list[Message]]], counter: Any
                   ) -> list[tuple[str, Trajectory, str, list[Message]]]:
-    """Per source and dialect, its runs back to back as one session: the first run whole, each later run
-    without its own system prompt, so it reads as the next task of the same session (as an
-    agent given one task after another would send it), until `LONG_TOKENS`. Only runs with the
-    first run's tools schema join it. The issue's targets are about sessions that run well past
-    their limit; a single recorded run is over after a few compaction points at most."""
+    """Per source and dialect, its runs back to back as one session (each later run without its
+    system prompt, as the next task), up to `LONG_TOKENS`, runs with the first one's tools schema only."""
     out = []
     for source, dialect in dict.fromkeys((t.source, d) for _, t, d, _ in chosen):
         group = [(t, d, m) for _, t, d, m in chosen if (t.source, d) == (source, dialect)]
@@ -257,10 +151,8 @@ def slug(text: str) -> str:
 
 
 def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], counter: Any,
-             loop: asyncio.AbstractEventLoop, config: PipelineConfig | None = None,
-             methods: tuple[str, ...] = METHODS) -> RunResult:
-    """Every method of `methods` on one run at every ratio; ctxgate with `config` (default: the
-    professional profile's)."""
+             loop: asyncio.AbstractEventLoop) -> RunResult:
+    """Every method on one run at every ratio."""
     provider = ProviderCount(counter, t.tools)
     needs = needs_of(messages, dialect != TOOL_CALLS, provider)
     reference = whole_history_cost(messages, provider)
@@ -272,8 +164,8 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
             out[ratio] = None
             continue
         scores = {}
-        for method in methods:
-            run = (ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter, provider, config, loop)
+        for method in METHODS:
+            run = (ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter, provider, loop)
                    if method in SUMMARIES else baseline_replay(messages, limit, BASELINES[method], provider))
             scores[method] = score_run(run, needs, limit, provider, messages, reference)
         out[ratio] = scores
@@ -304,27 +196,11 @@ def pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
-def summary(rs: list[RunScore]) -> dict[str, float | None]:
-    """A method's figures over runs: the mean of the per-run figures."""
-    out = {k: mean([r.probes[k] for r in rs]) for k in PROBES}
-    out.update({f"over_{k}": mean([r.over_probes[k] for r in rs if r.over]) for k in PROBES})
-    out.update(summaries=mean([float(r.summaries) for r in rs]), stable=mean([r.stable for r in rs]),
-               stable_outside=mean([r.stable_outside for r in rs]),
-               **{f"cost_{name}": mean([r.cost[name] for r in rs]) for name in PRICES},
-               points=100 * sum(r.points for r in rs) / max(1, sum(r.turns for r in rs)),
-               per_point=sum(r.summaries for r in rs) / max(1, sum(r.points for r in rs)),
-               summaries_per_100=100 * sum(r.summaries for r in rs) / max(1, sum(r.turns for r in rs)),
-               refused=mean([r.refused_ctxgate + r.refused_upstream for r in rs]),
-               refused_ctxgate=mean([r.refused_ctxgate for r in rs]),
-               refused_upstream=mean([r.refused_upstream for r in rs]))
-    return out
-
-
 def method_rows(scored: list[dict[str, RunScore]], label: str = "") -> list[list[str]]:
     rows = []
     for m in METHODS:
         rs = [s[m] for s in scored]
-        f = summary(rs)
+        f = pooled(rs)
         n_files = sum(r.probes["files"] is not None for r in rs)
         n_err = sum(r.probes["error"] is not None for r in rs)
         stable = pct(f["stable"]) + (f" / {pct(f['stable_outside'])}" if m in SUMMARIES else "")
@@ -383,7 +259,7 @@ def dialect_section(results: list[RunResult], dialect: str, ratio: float) -> str
     if 0 < over < turns:
         rows = []
         for m in METHODS:
-            f = summary([s[m] for s in scored])
+            f = pooled([s[m] for s in scored])
             rows.append([m, *(fmt(f[f"over_{k}"]) for k in PROBES)])
         lines.append(f"\nThe probes over the {over} turns whose whole request is over the limit only (mean over the "
                      f"{sum(1 for r in ours if r.over)} runs that have such turns):\n")
@@ -408,7 +284,7 @@ SCOREBOARD = (("task", "task", 1), ("files", "files", 1), ("error", "last error"
 
 def versus(scored: list[dict[str, RunScore]]) -> dict[str, tuple[float, float, int] | None]:
     """Per scoreboard probe: (ctxgate stand-in, the best baseline, +1 ahead / 0 level / -1 behind)."""
-    figs = {m: summary([s[m] for s in scored]) for m in METHODS}
+    figs = {m: pooled([s[m] for s in scored]) for m in METHODS}
     out: dict[str, tuple[float, float, int] | None] = {}
     for key, _, sign in SCOREBOARD:
         ours = figs[STAND_IN][key]
@@ -458,11 +334,7 @@ def aims(results: list[RunResult]) -> str:
 
 
 def cost_targets(results: list[RunResult]) -> str:
-    """The compaction-cost targets, per dialect and limit, ctxgate with the stand-in summary:
-    at 50%, at most 12.5 compaction points per 100 turns (one per 8 turns), at most one summary
-    call per point, cost at most 0.8 (OpenAI) and 1.0 (Anthropic) of no compaction, prefix-stable
-    on 85% of turns; at 25%, prefix-stable ahead of drop-oldest, at most 20 summary calls per 100
-    turns (4 per 20), cost at most 0.55 (OpenAI)."""
+    """The compaction-cost targets (the section says them), per dialect and limit."""
     def mark(ok: bool) -> str:
         return "" if ok else " **missed**"
 
@@ -473,8 +345,8 @@ def cost_targets(results: list[RunResult]) -> str:
             scored = [s for _, s in ok]
             if not scored:
                 continue
-            f = summary([s[STAND_IN] for s in scored])
-            drop = summary([s["drop-oldest"] for s in scored])
+            f = pooled([s[STAND_IN] for s in scored])
+            drop = pooled([s["drop-oldest"] for s in scored])
             turns = max(1, sum(s[STAND_IN].turns for s in scored))
             least = 100 * sum(r.least_points[ratio] for r, _ in ok) / turns
             at_limit = 100 * sum(r.least_points_at_limit[ratio] for r, _ in ok) / turns
@@ -514,7 +386,7 @@ def long_section(results: list[RunResult]) -> str:
             if scores is None:
                 continue
             ours, drop = scores[STAND_IN], scores["drop-oldest"]
-            f = summary([ours])
+            f = pooled([ours])
             least = 100 * r.least_points[ratio] / max(1, ours.turns)
             rows.append([f"{r.name} at {ratio:.0%}", str(ours.turns), f"{least:.1f}",
                          fmt(f["points"], 1), fmt(f["per_point"], 2), f"{pct(ours.stable)} vs {pct(drop.stable)}",
@@ -533,26 +405,9 @@ def long_section(results: list[RunResult]) -> str:
                            rows) + "\n")
 
 
-def package_state() -> str:
-    """Where ctxgate was imported from, and at which commit (a worktree for a 'before' run)."""
-    import ctxgate.pipeline
-    where = Path(os.path.realpath(ctxgate.pipeline.__file__)).parent.parent
-
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, check=False).stdout
-
-    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=all", "--", "proxy", "pipeline",
-                                      "memory", "wal").splitlines() if line.strip()]
-    return f"`{where}` at git {git('rev-parse', '--short', 'HEAD').strip() or '?'}" + (
-        f" + uncommitted changes in {', '.join(dirty)}" if dirty else " (no uncommitted changes)")
-
-
 def report(results: list[RunResult], long: list[RunResult], elapsed: float, note: str, tau_every: int) -> str:
     header = common.section_header("Recoverability per dialect: multi-turn replay, the upstream enforcing the limit")
-    # The code measured is the package imported (a worktree for a 'before' run), not this checkout.
-    header = "\n".join(f"- code: ctxgate imported from {package_state()}" if line.startswith("- code:") else line
-                       for line in header.splitlines())
-    out = [header + f"\n- wall time {elapsed:.0f}s{note}\n"]
+    out = [header.rstrip("\n") + f"\n- wall time {elapsed:.0f}s{note}\n"]
     out.append(
         "Every run is replayed turn by turn as its agent sent it, at limits of 50% and 25% of its final size "
         "(messages + tools schema, o200k): the upstream refuses a request over the limit and otherwise answers "

@@ -21,7 +21,7 @@ from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
 from .state import CompactionRecord, SessionState
-from .turn_budget import Plan, Turn
+from .turn_budget import Plan, Turn, budget_of, limit_of
 
 if TYPE_CHECKING:
     from .speculative import Speculator
@@ -57,9 +57,15 @@ class Compactor:
         self.content: ContentStore = content or MemoryContentStore()
         """Where the originals a compaction cut are kept for expansion."""
 
-    async def prepare(self, state: SessionState, turn: Turn) -> Plan:
+    async def prepare(self, state: SessionState, turn: Turn, fit: bool = True) -> Plan:
+        """What the turn forwards. `fit`: refused (or degraded) when over the budget (`fitted`);
+        False: planned whatever its size (a preview's count)."""
         if state.has_attempted_reactive_compact and state.guard_request != turn.prefix_hashes[-1]:
             state.has_attempted_reactive_compact = False  # a new turn, not a retry of the refused one
+        plan = await self._planned(state, turn)
+        return await self.fitted(state, turn, plan) if fit else plan
+
+    async def _planned(self, state: SessionState, turn: Turn) -> Plan:
         view, tokens = forwarded_view(state, turn)
         if state.speculation or planner.may_compact(turn, state, tokens):
             _read_dialect(state, turn)  # only a turn that may compact reads the conversation
@@ -129,8 +135,38 @@ class Compactor:
         decision = planner.after_refusal(turn, state, previous.counted_tokens(), state.has_attempted_reactive_compact,
                                          degraded, upstream_message)
         if decision.action is Action.COMPACT:
-            return await self._compact(state, turn, previous.messages, decision.target, "reactive"), False
-        return await self._exhausted(state, turn, previous.messages, decision), True
+            plan = await self._compact(state, turn, previous.messages, decision.target, "reactive")
+        else:
+            plan = await self._exhausted(state, turn, previous.messages, decision)
+        plan = await self.fitted(state, turn, plan)
+        return plan, plan.degraded
+
+    async def fitted(self, state: SessionState, turn: Turn, plan: Plan) -> Plan:
+        """`plan`, if what it forwards is within the effective budget; else the profile's degraded
+        mode once (`on_exhausted: degrade`), and CONTEXT_EXHAUSTED if that is still over. Never
+        forward what the provider will refuse: the budget is in the provider's count (the
+        calibration in), and its safety margin is what ctxgate's count may be off by, so a
+        request over it is a call paid for a refusal (seen: 2,372 of a 2,280 budget forwarded
+        at a 2,400-token limit, counted 2,486 by the provider). Where what no level removes (the
+        instructions, the task, the tools) is over the budget already, the margin cannot be had
+        and the line is the context limit itself, as the planner's last fallback aims (refusing
+        would refuse every turn). A compaction that ran is kept (the session transaction saves
+        it): the agent's next turn starts from it."""
+        budget, line = budget_of(state, turn), "effective budget"
+        if plan.tokens_out is None or plan.tokens_out + turn.count_offset <= budget:
+            return plan
+        if turn.pinned_tokens + turn.outside_tokens() > budget:
+            budget, line = limit_of(state, turn), "context limit"
+            if plan.tokens_out + turn.count_offset <= budget:
+                return plan
+        if turn.config.on_exhausted == "degrade" and not plan.degraded:
+            plan = await self._exhausted(state, turn, plan.messages, Decision(
+                Action.DEGRADE, turn.target(budget, turn.config.target_ratio)))
+            if plan.counted_tokens() + turn.count_offset <= budget:
+                return plan
+        raise context_exhausted(f"the request needs {plan.counted_tokens() + turn.count_offset} tokens after "
+                                f"compaction{' and the degraded mode' if plan.degraded else ''}, over the {line} of "
+                                f"{budget}: the provider would refuse it, so it is not forwarded")
 
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
                        reason: Reason, as_is: list[dict[str, Any]] | None = None) -> Plan:

@@ -50,19 +50,35 @@ def tool_definition(config: ExpandConfig) -> dict[str, Any]:
                 "required": ["ref"]}}
 
 
+def tool_tokens(config: ExpandConfig, counter: TokenCounter, tools: list[dict[str, Any]]) -> int:
+    """What offering the tool adds to a request whose own tools are `tools`, as ctxgate counts a
+    tools schema: counted in what is forwarded, as the provider counts it (its hundred-odd
+    tokens were once left to the calibration, and at a small limit they are the safety margin)."""
+    ours = {"type": "function", "function": tool_definition(config)}
+    return counter.count_tools([*tools, ours]) - counter.count_tools(tools)
+
+
+def without_exchanges(messages: list[dict[str, Any]], expanded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`messages` without the expansion exchanges of earlier turns (`SessionState.expanded`),
+    for a request that offers no tools, so not ours either: a call of a tool the request does
+    not define is one a provider may refuse (Anthropic refuses tool_use blocks without tools)."""
+    ours = {orjson.dumps(m) for entry in expanded for m in entry["messages"]}
+    return [m for m in messages if orjson.dumps(m) not in ours] if ours else messages
+
+
 def expansion_room(turn: Turn, state: SessionState, plan: Plan) -> int | None:
-    """Tokens the turn's expansions may add (the tool's own definition taken off): up to the
+    """Tokens the turn's expansions may add: up to the
     compaction trigger less one turn of the session's growth, and at least half the room up
     to the trigger. A follow-up is never itself a request ctxgate would have compacted, and
     what the model asked for stays in the conversation on later turns
     (`SessionState.expanded`): results that filled the room up to the trigger would make the
     next turn a compaction point, a cache break paid for one expansion (measured on
     check_pipeline's run, where the model expands every reference it sees: a point at nearly
-    every turn). None: the plan is not counted yet."""
+    every turn). None: the plan is not counted yet. The tool's own definition is in the plan's
+    count (`tool_tokens`)."""
     if plan.tokens_out is None:
         return None
-    tool = turn.counter.count_tools([{"type": "function", "function": tool_definition(turn.config.expand)}])
-    room = int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset - tool
+    room = int(turn.config.trigger_ratio * budget_of(state, turn)) - plan.tokens_out - turn.count_offset
     return int(max(room / 2, room - growth_per_turn(turn)))
 
 

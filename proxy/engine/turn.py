@@ -34,7 +34,8 @@ from ..upstream.errors import ContextTooLong, UpstreamError
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
-from .expansion import Expansion, ExpandingWire, expansion_room, tool_definition
+from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definition, tool_tokens,
+                        without_exchanges)
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
 from .session import Transaction
@@ -177,6 +178,10 @@ class TurnEngine:
         memory = gw.memory if gw.memory is not None and gw.memory.enabled(caller.profile) else None
         scope = request.memory_scope if memory is not None else None
         offset_key = count_offset_key(route.model_name, turn.tools)
+        # The expansion tool goes only to a request that carries tools of its own: one sent
+        # without (Qwen Code's own summarisation request) is answered with text, as asked.
+        offered = tool_tokens(config.expand, counter, request.tools) \
+            if config.expand.enabled and request.tools and isinstance(wire, ExpandingWire) else 0
         plan: Plan | None = None
         block = ""
         compacted = False
@@ -197,7 +202,7 @@ class TurnEngine:
                     self._counted(caller, session_id, request, turn, headers)
                 try:
                     if counting is None:
-                        plan = await self._plan(wire, caller, route, turn, state, offset_key, headers, tx)
+                        plan = await self._plan(wire, caller, route, turn, state, offset_key, headers, tx, offered)
                     else:  # nothing to plan; logged once counted (`_count_late`)
                         plan = Plan(messages=messages, tokens_out=None)
                 finally:
@@ -216,7 +221,7 @@ class TurnEngine:
                            lambda unseen: message_spans(messages, unseen, dialect))
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels))
-        if config.expand.enabled and compacted and isinstance(wire, ExpandingWire):
+        if offered and compacted:
             # Offered from the first compaction on, the same bytes every turn: the prompt cache holds.
             prepared.expansion = Expansion(config.expand, gw.compactor.content, caller.tenant, session_id, counter,
                                            on_answer=gw.metrics.expanded,
@@ -226,8 +231,10 @@ class TurnEngine:
         return prepared
 
     async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
-                    offset_key: str, headers: dict[str, str], tx: Transaction) -> Plan:
-        """A counted turn planned, and logged before anything is forwarded (also when planning fails)."""
+                    offset_key: str, headers: dict[str, str], tx: Transaction, offered: int) -> Plan:
+        """A counted turn planned, and logged before anything is forwarded (also when planning
+        fails). `offered`: the tokens of the expansion tool, offered from the session's first
+        compaction on (0: not to this request): counted with what is forwarded."""
         gw = self.gw
         plan: Plan | None = None
         tx.write_log = lambda s: gw.journal.log_request(s, turn, plan.tokens_out if plan else None,
@@ -235,7 +242,19 @@ class TurnEngine:
         tokens_in = turn.tokens_in()
         if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
             await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
+        reserved = offered if state.records else 0
+        turn.reserved_tokens += reserved
         plan = await gw.compactor.prepare(state, turn)
+        if offered and not reserved and state.records:
+            # The session's first compaction point: the tool goes out with this very request.
+            turn.reserved_tokens += offered
+            plan.tokens_out = plan.counted_tokens() + offered
+            plan = await gw.compactor.fitted(state, turn, plan)
+        if not turn.tools and state.expanded:
+            kept = without_exchanges(plan.messages, state.expanded)
+            if plan.tokens_out is not None:
+                plan.tokens_out -= turn.counter.count_messages(plan.messages) - turn.counter.count_messages(kept)
+            plan.messages = kept
         return plan
 
     def _counted(self, caller: Caller, session_id: str, request: TurnInput, turn: Turn,
@@ -300,7 +319,7 @@ class TurnEngine:
         tokens_in = counter.count_request(request.messages, request.tools, fps)
         if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
             await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
-        plan = await Compactor().prepare(state, turn)
+        plan = await Compactor().prepare(state, turn, fit=False)  # a count, however large
         headers["X-Ctx-Levels"] = ",".join(plan.levels) or "none"
         try:
             exact = await wire.upstream_count(route, forwarded(plan.messages, block, route.single_system),

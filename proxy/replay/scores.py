@@ -108,3 +108,20 @@ def score_run(run: Replay, needs: dict[int, Need], limit: int, provider: Provide
         reactive=sum(f.reactive for f in run.turns),
         guard_refusals=sum(f.refused_by == CTXGATE and "without a successful reply" in f.refused for f in run.turns),
         levels=collections.Counter(lv for f in run.turns if f.compacted for lv in f.levels))
+
+
+def pooled(rs: Sequence[RunScore]) -> dict[str, float | None]:
+    """One method's figures over runs: the mean of the per-run figures, and the compaction
+    points and summary calls per 100 turns (and per point) over all their turns."""
+    out = {k: mean([r.probes[k] for r in rs]) for k in PROBES}
+    out.update({f"over_{k}": mean([r.over_probes[k] for r in rs if r.over]) for k in PROBES})
+    out.update(summaries=mean([float(r.summaries) for r in rs]), stable=mean([r.stable for r in rs]),
+               stable_outside=mean([r.stable_outside for r in rs]),
+               **{f"cost_{name}": mean([r.cost[name] for r in rs]) for name in PRICES},
+               points=100 * sum(r.points for r in rs) / max(1, sum(r.turns for r in rs)),
+               per_point=sum(r.summaries for r in rs) / max(1, sum(r.points for r in rs)),
+               summaries_per_100=100 * sum(r.summaries for r in rs) / max(1, sum(r.turns for r in rs)),
+               refused=mean([r.refused_ctxgate + r.refused_upstream for r in rs]),
+               refused_ctxgate=mean([r.refused_ctxgate for r in rs]),
+               refused_upstream=mean([r.refused_upstream for r in rs]))
+    return out

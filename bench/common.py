@@ -206,7 +206,7 @@ def git_state() -> str:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=where, capture_output=True, text=True, check=False).stdout
 
-    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no", "--", "proxy", "pipeline",
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=all", "--", "proxy", "pipeline",
                                       "memory", "wal").splitlines() if line.strip()]
     return (f"{git('rev-parse', '--short', 'HEAD').strip() or '?'}" + ("" if where == ROOT else f" (`{where}`)")
             + (f" + uncommitted changes in {', '.join(dirty)}" if dirty else ""))

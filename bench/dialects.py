@@ -180,10 +180,6 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
                      least, at_limit)
 
 
-# ---------------------------------------------------------------------------------------
-# Report
-
-
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 

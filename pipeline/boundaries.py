@@ -33,14 +33,12 @@ _REF = re.compile(r"\bref ctx:[0-9a-f]*")
 _JOINERS = frozenset("\u200c\u200d")
 
 
-def is_word_boundary(text: str, k: int) -> bool:
-    """Position k of `text` is a word boundary: either edge of the text, next to a space, just
-    after a soft mark, or next to a wide (CJK) character, which text may break on either side of."""
-    if k <= 0 or k >= len(text):
-        return True
+def _between_words(text: str, k: int) -> bool:
+    """Position k of `text` (0 < k < len) is a word boundary: next to a space, just after a soft
+    mark, or next to a wide (CJK) character, which text may break on either side of."""
     before, after = text[k - 1], text[k]
     return (before.isspace() or after.isspace() or before in _SOFT
-            or (_wide(before) or _wide(after)) and not splits_character(text, k))
+            or (_wide(before) or _wide(after)) and not _splits_character(text, k))
 
 
 def _word_edge(text: str, k: int) -> bool:
@@ -48,18 +46,18 @@ def _word_edge(text: str, k: int) -> bool:
     is short (a boundary within `WORD_REACH` of it): that word is left out whole, while a run
     with no spaces (base64, minified JSON) is cut by characters instead."""
     if 0 < k < len(text):
-        return is_word_boundary(text, k)
+        return _between_words(text, k)
     if len(text) <= WORD_REACH:
         return True
     near = range(1, WORD_REACH + 1) if k <= 0 else range(len(text) - WORD_REACH, len(text))
-    return any(is_word_boundary(text, j) for j in near)
+    return any(_between_words(text, j) for j in near)
 
 
 def _wide(char: str) -> bool:
     return char >= "\u1100" and unicodedata.east_asian_width(char) in ("W", "F")
 
 
-def splits_character(text: str, k: int) -> bool:
+def _splits_character(text: str, k: int) -> bool:
     """Cutting between text[k - 1] and text[k] splits what reads as one character."""
     if not 0 < k < len(text):
         return False
@@ -73,7 +71,7 @@ def splits_character(text: str, k: int) -> bool:
             or (0x1F1E6 <= prior <= 0x1F1FF and 0x1F1E6 <= code <= 0x1F1FF))
 
 
-def inside_ref(text: str, k: int) -> tuple[int, int] | None:
+def _inside_ref(text: str, k: int) -> tuple[int, int] | None:
     """The `ref ctx:HEX` that position k falls strictly inside, as (start, end); None if none."""
     lo = max(0, k - 8 - 32)
     for found in _REF.finditer(text, lo, min(len(text), k + 64)):
@@ -89,7 +87,7 @@ def head_at_boundary(text: str, chars: int) -> str:
     if chars <= 0:
         return ""
     k = _head_cut(text, chars)
-    ref = inside_ref(text, k)
+    ref = _inside_ref(text, k)
     if ref is not None:
         k = ref[0]
     while k > 0 and text[k - 1] in " \t\r":
@@ -104,7 +102,7 @@ def tail_at_boundary(text: str, chars: int) -> str:
     if chars <= 0:
         return ""
     k = _tail_cut(text, len(text) - chars)
-    ref = inside_ref(text, k)
+    ref = _inside_ref(text, k)
     if ref is not None:
         k = ref[1]
     while 0 < k < len(text) and text[k] in " \t" and text[k - 1] != "\n":
@@ -120,7 +118,7 @@ def _head_cut(text: str, chars: int) -> int:
         if _word_edge(text, k):
             return k
     k = chars
-    while k > 0 and splits_character(text, k):
+    while k > 0 and _splits_character(text, k):
         k -= 1
     return k
 
@@ -134,6 +132,6 @@ def _tail_cut(text: str, start: int) -> int:
         if _word_edge(text, k):
             return k
     k = start
-    while k < len(text) and splits_character(text, k):
+    while k < len(text) and _splits_character(text, k):
         k += 1
     return k

@@ -23,6 +23,7 @@ from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .errors import http_status
+from .context_management import Edited, edited
 from .messages_expand import MessagesExpansion
 from .messages_model import Conversation, conversation_of, render, validate_messages, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
@@ -36,13 +37,15 @@ COUNT_HEADER = "X-Ctx-Count"
 class MessagesWire(MessagesExpansion):
     name = "messages"
 
-    def __init__(self, gw: Gateway, conversation: Conversation, raw: bytes, http: web.Request,
-                 counting: bool = False) -> None:
+    def __init__(self, gw: Gateway, conversation: Conversation, raw: bytes | None, http: web.Request,
+                 counting: bool = False, edits: Edited | None = None) -> None:
         self._gw = gw
         self._conversation = conversation
         self._body = conversation.body
         self._raw = raw
         self._counting = counting
+        self._edits = edits
+        """Context edits ctxgate applied (context_management.py): the reply reports them."""
         """The client's request is a count_tokens one: its own bytes are what Anthropic counts."""
         self._version = http.headers.get("anthropic-version")
         self._beta = http.headers.get("anthropic-beta")
@@ -66,11 +69,13 @@ class MessagesWire(MessagesExpansion):
         call = MessagesCall(payload, self._raw if payload is self._body else None, self._version, self._beta,
                             bearer=api_key is not None and api_key == self._bearer)
         if route.provider == "anthropic":
-            return await send_native(self._gw.direct, route, call, stream=stream, api_key=api_key)
-        if route.demo:
+            reply = await send_native(self._gw.direct, route, call, stream=stream, api_key=api_key)
+        elif route.demo:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                f"{route.model_name} answers chat completions only", param="model")
-        return await send_litellm(self._gw.direct, route, call, stream=stream, api_key=api_key)
+        else:
+            reply = await send_litellm(self._gw.direct, route, call, stream=stream, api_key=api_key)
+        return self._edits.reply(reply) if self._edits is not None else reply
 
     async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
         if route.provider != "anthropic":
@@ -117,38 +122,40 @@ class MessagesDoor:
         self.gw = gw
         self.engine = TurnEngine(gw)
 
-    async def read(self, http: web.Request, *, counting: bool) -> tuple[DoorRequest, Conversation]:
+    async def read(self, http: web.Request, *, counting: bool) -> tuple[DoorRequest, Conversation, Edited | None]:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         validate_messages_request(body, counting=counting)
-        conversation = conversation_of(body)
-        messages = conversation.neutral
         route = self.gw.router.resolve(body["model"])
+        edits = edited(self.gw, caller, route, body)
+        conversation = conversation_of(edits.body if edits is not None else body)
+        messages = conversation.neutral
         self.engine.refuse_hopeless(caller, route, messages)
         session_id = resolve_session(caller.tenant, http.headers, messages)
         known = self.gw.histories.match(caller.tenant, session_id, messages)
-        validate_messages(body["messages"], max(0, known.length - (len(messages) - len(body["messages"]))))
+        validate_messages(conversation.body["messages"],
+                          max(0, known.length - (len(messages) - len(conversation.body["messages"]))))
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         user = (body.get("metadata") or {}).get("user_id")
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, user, messages) if memory_on else None,
                          known=known, body_bytes=len(await http.read()))
-        return DoorRequest(http, caller, route, session_id, turn, body, started), conversation
+        return DoorRequest(http, caller, route, session_id, turn, body, started), conversation, edits
 
     async def messages(self, http: web.Request) -> web.StreamResponse:
-        request, conversation = await self.read(http, counting=False)
-        raw = await http.read()  # read once already: aiohttp hands back the same bytes
-        return await answer(self.engine, request, MessagesWire(self.gw, conversation, raw, http))
+        request, conversation, edits = await self.read(http, counting=False)
+        raw = await http.read() if edits is None else None  # read once already: aiohttp hands back the same bytes
+        return await answer(self.engine, request, MessagesWire(self.gw, conversation, raw, http, edits=edits))
 
     async def count_tokens(self, http: web.Request) -> web.StreamResponse:
         """What the upstream would be sent for this conversation now, after compaction and the
         memory block: the client sizes its next turn by it. Counted by Anthropic's own
         count_tokens on an Anthropic route (no model call), else the calibrated estimate; no
         state change."""
-        request, conversation = await self.read(http, counting=True)
+        request, conversation, edits = await self.read(http, counting=True)
         headers = {"X-Ctx-Session": request.session_id, COUNT_HEADER: "after-compaction"}
-        wire = MessagesWire(self.gw, conversation, await http.read(), http, counting=True)
+        wire = MessagesWire(self.gw, conversation, await http.read() if edits is None else None, http, counting=True)
         tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, wire,
                                            headers)
         return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type="application/json",

@@ -1,0 +1,100 @@
+"""Anthropic's context editing on the Messages door, for any route (docs/native-context.md).
+
+Where the route's vendor applies `context_management` itself (`context_settings`) the body
+goes through untouched. Elsewhere ctxgate checks the edits (an unknown one is a 400 naming
+it, before anything is forwarded), applies `clear_thinking_20251015` and
+`clear_tool_uses_20250919` to the request's messages (`pipeline/context_edits.py`), takes the
+field out of the forwarded body, and reports what it did in the reply's
+`context_management.applied_edits`, whole or streamed (in `message_delta`, as Anthropic).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator
+
+import orjson
+
+from ctxgate.pipeline.context_edits import (CLEAR_THINKING, CLEAR_TOOL_USES, Applied, EditError, checked_edits,
+                                            clear_thinking, clear_tool_uses)
+from ..context_settings import mode_for, vendor_applies
+from ..errors import ErrorKind, GatewayError
+from ..gateway import Gateway
+from ..tenancy import Caller
+from ..upstream.forwarders import Reply
+from ..upstream.routing import Route
+from .messages_model import conversation_of
+from .sse import event_data, with_data
+
+FIELD = "context_management"
+
+
+@dataclass
+class Edited:
+    """A Messages request whose context edits ctxgate applied."""
+    body: dict[str, Any]
+    """The body to forward: the edited messages, without `context_management`."""
+    applied: list[Applied]
+    edits: list[dict[str, Any]]
+
+    def report(self) -> dict[str, Any]:
+        return {"applied_edits": [a.to_dict() for a in self.applied]}
+
+    def reply(self, reply: Reply) -> Reply:
+        if reply.chunks is not None:
+            return replace(reply, chunks=self._stream(reply.chunks))
+        try:
+            data = orjson.loads(reply.body or b"")
+        except orjson.JSONDecodeError:
+            return reply
+        if not isinstance(data, dict) or data.get("type") != "message":
+            return reply
+        return replace(reply, body=orjson.dumps({**data, FIELD: self.report()}))
+
+    async def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        pending = b""
+        async for data in chunks:
+            pending += data.replace(b"\r\n", b"\n")
+            *events, pending = pending.split(b"\n\n")
+            out = []
+            for event in events:
+                found = event_data(event)
+                if found is not None and found.get("type") == "message_delta":
+                    out.append(with_data(event, {**found, FIELD: self.report()}))
+                else:
+                    out.append(event + b"\n\n")
+            if out:
+                yield b"".join(out)
+        if pending:
+            yield pending
+
+
+def emulated(gw: Gateway, caller: Caller, route: Route) -> bool:
+    mode = mode_for(gw.config.ctxgate.native_context, caller.tenant_config.native_context, route.model_name)
+    return not vendor_applies(mode, "anthropic_edits", route.provider, route.api_base)
+
+
+def edited(gw: Gateway, caller: Caller, route: Route, body: dict[str, Any]) -> Edited | None:
+    """The request with its context edits applied by ctxgate; None when it asks for none, or
+    the route's vendor applies them."""
+    if FIELD not in body or not emulated(gw, caller, route):
+        return None
+    try:
+        edits = checked_edits(body[FIELD])
+    except EditError as e:
+        raise GatewayError(ErrorKind.INVALID_REQUEST, str(e), param=e.param, code="invalid_request") from None
+    counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
+    messages = body["messages"]
+    tokens = counter.count_messages(conversation_of(body).neutral) + counter.count_tools(body.get("tools"))
+    applied: list[Applied] = []
+    for edit in edits:
+        done: Applied | None = None
+        if edit["type"] == CLEAR_THINKING:
+            messages, done = clear_thinking(messages, edit, counter.count)
+        elif edit["type"] == CLEAR_TOOL_USES:
+            messages, done = clear_tool_uses(messages, edit, tokens, counter.count)
+        if done is not None:
+            applied.append(done)
+            tokens -= done.cleared_input_tokens
+    forwarded = {k: v for k, v in body.items() if k != FIELD}
+    forwarded["messages"] = messages
+    return Edited(forwarded, applied, edits)

@@ -1,0 +1,139 @@
+"""Anthropic's context editing on the Messages door, on an OpenAI-compatible route (docs/native-context.md):
+the official `anthropic` SDK against a real `ctxgate serve` in front of the scripted upstream; and the
+clearing itself (pipeline/context_edits.py) on plain message lists."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Iterator
+
+import anthropic
+import pytest
+
+from ctxgate.pipeline.context_edits import CLEARED, clear_thinking, clear_tool_uses
+from servers import KEYS, Gateway, launch, main_config, stop_all
+from upstream import ScriptedUpstream
+
+BIG = "".join(f"line {k}: build output that fills the context with words\n" for k in range(40))
+BETA = ["context-management-2025-06-27"]
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gateway = launch("native-edits", tmp_path_factory.mktemp("native-edits"), main_config(upstream.url, "auto"))
+    yield gateway.wait_ready()
+    stop_all([gateway])
+
+
+def client(gw: Gateway) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=gw.url.rsplit("/v1", 1)[0], api_key=KEYS["acme"], max_retries=0,
+                               default_headers={"X-Ctx-Session": f"edits-{uuid.uuid4().hex[:12]}"})
+
+
+def session(steps: int = 8, tool: str = "bash") -> list[dict[str, Any]]:
+    """Claude Code's shape: a task, then tool_use / tool_result turns, then a question."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Fix the build."}]
+    for i in range(steps):
+        name = "read" if i == 1 else tool
+        msgs.append({"role": "assistant", "content": [
+            {"type": "text", "text": f"step {i}"},
+            {"type": "tool_use", "id": f"t{i}", "name": name, "input": {"command": f"make step{i} INPUT-{i}"}}]})
+        msgs.append({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{i}", "content": f"RESULT-{i}\n" + BIG}]})
+    msgs.append({"role": "assistant", "content": "Done?"})
+    msgs.append({"role": "user", "content": "Check again."})
+    return msgs
+
+
+def forwarded(up: ScriptedUpstream, start: int) -> str:
+    return json.dumps([r.body for r in up.log[start:]])
+
+
+def test_clear_tool_uses_on_an_openai_route(gw: Gateway, up: ScriptedUpstream) -> None:
+    start = len(up.log)
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1000},
+            "keep": {"type": "tool_uses", "value": 2}, "exclude_tools": ["read"], "clear_tool_inputs": True}
+    reply = client(gw).beta.messages.create(model="gpt-4o", max_tokens=64, messages=session(),  # type: ignore[arg-type]
+                                            context_management={"edits": [edit]}, betas=BETA)  # type: ignore[list-item]
+    sent = forwarded(up, start)
+    assert [f"RESULT-{i}" in sent for i in range(8)] == [False, True, False, False, False, False, True, True]
+    assert "INPUT-0" not in sent and "INPUT-1" in sent and "INPUT-7" in sent  # inputs cleared with their results
+    assert "context_management" not in sent
+    assert reply.context_management is not None
+    [applied] = reply.context_management.applied_edits
+    assert applied.type == "clear_tool_uses_20250919" and applied.cleared_tool_uses == 5  # type: ignore[union-attr]
+    assert applied.cleared_input_tokens > 1000
+
+
+def test_streamed_reply_reports_the_edits(gw: Gateway, up: ScriptedUpstream) -> None:
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 3}}
+    with client(gw).beta.messages.stream(model="gpt-4o", max_tokens=64, messages=session(),  # type: ignore[arg-type]
+                                         context_management={"edits": [edit]}, betas=BETA) as stream:  # type: ignore[list-item]
+        final = stream.get_final_message()
+    assert final.context_management is not None
+    assert final.context_management.applied_edits[0].cleared_tool_uses == 5  # type: ignore[union-attr]
+
+
+def test_under_the_trigger_nothing_is_cleared(gw: Gateway, up: ScriptedUpstream) -> None:
+    start = len(up.log)
+    reply = client(gw).beta.messages.create(model="gpt-4o", max_tokens=64, messages=session(),  # type: ignore[arg-type]
+                                            context_management={"edits": [{"type": "clear_tool_uses_20250919"}]},  # type: ignore[list-item]
+                                            betas=BETA)
+    assert all(f"RESULT-{i}" in forwarded(up, start) for i in range(8))
+    assert reply.context_management is not None and reply.context_management.applied_edits == []
+
+
+@pytest.mark.parametrize("edits, param", [
+    ([{"type": "clear_everything_2099"}], "context_management.edits.0.type"),
+    ([{"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 2},
+       "keep": {"type": "tool_uses", "value": 5}}], "context_management.edits.0.keep"),
+    ([{"type": "clear_tool_uses_20250919"}, {"type": "clear_thinking_20251015"}], "context_management.edits.1.type"),
+    ([{"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 100}}],
+     "context_management.edits.0.trigger.value"),
+    ([{"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": -1}}],
+     "context_management.edits.0.trigger.value"),
+])
+def test_bad_edits_are_a_400_naming_the_field(gw: Gateway, up: ScriptedUpstream, edits: list[dict[str, Any]],
+                                              param: str) -> None:
+    start = len(up.log)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client(gw).beta.messages.create(model="gpt-4o", max_tokens=64, messages=session(),  # type: ignore[arg-type]
+                                        context_management={"edits": edits}, betas=BETA)  # type: ignore[typeddict-item]
+    assert e.value.body["type"] == "error" and param in e.value.body["error"]["message"]  # type: ignore[index]
+    assert len(up.log) == start
+
+
+def _count(text: str) -> int:
+    return len(text) // 4
+
+
+def test_clear_at_least_leaves_everything_when_too_little_goes() -> None:
+    msgs = session()
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 1},
+            "clear_at_least": {"type": "input_tokens", "value": 10_000_000}}
+    assert clear_tool_uses(msgs, edit, 0, _count) == (msgs, None)
+
+
+def test_clear_tool_inputs_by_name_and_results_already_cleared() -> None:
+    msgs = session(tool="grep")
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 1},
+            "keep": {"type": "tool_uses", "value": 1}, "clear_tool_inputs": ["read"]}
+    out, applied = clear_tool_uses(msgs, edit, 0, _count)
+    assert applied is not None and applied.cleared == 7
+    assert out[3]["content"][1]["input"] == {} and out[1]["content"][1]["input"]  # only `read`'s input goes
+    assert out[2]["content"][0]["content"] == CLEARED and msgs[2]["content"][0]["content"] != CLEARED
+    again, second = clear_tool_uses(out, edit, 0, _count)
+    assert second is None and again == out  # nothing new to clear
+
+
+def test_clear_thinking_keeps_the_newest_turns() -> None:
+    def turn(i: int) -> dict[str, Any]:
+        return {"role": "assistant", "content": [{"type": "thinking", "thinking": f"THOUGHT-{i}", "signature": "s"},
+                                                 {"type": "text", "text": f"answer {i}"}]}
+    msgs = [{"role": "user", "content": "q"}, turn(0), {"role": "user", "content": "q"}, turn(1),
+            {"role": "user", "content": "q"}, turn(2), {"role": "user", "content": "q"}]
+    out, applied = clear_thinking(msgs, {"type": "clear_thinking_20251015",
+                                         "keep": {"type": "thinking_turns", "value": 2}}, _count)
+    assert applied is not None and applied.cleared == 1
+    assert "THOUGHT-0" not in json.dumps(out) and "THOUGHT-1" in json.dumps(out) and "THOUGHT-2" in json.dumps(out)
+    assert clear_thinking(msgs, {"type": "clear_thinking_20251015", "keep": "all"}, _count) == (msgs, None)

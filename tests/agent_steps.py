@@ -178,16 +178,30 @@ def text_step(messages: list[Any]) -> int | None:
     return asked if str(asked) in _REPORTED.findall(after) else None
 
 
+_FENCE = re.compile(r"^```([\w\-]+)[ \t]*$", re.M)
+_SHELL_WORDS = {"bash", "sh", "shell", "command"}
+
+
+def text_fence(messages: list[Any]) -> str:
+    """The fence the agent's system prompt shows for commands (mini-swe-agent 2.x's text mode:
+    `mswea_bash_command`; not aider's ```python examples), else `bash`."""
+    system = "\n".join(_text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "system")
+    found = [lang for lang in _FENCE.findall(system) if _SHELL_WORDS & set(re.split(r"[_\-]", lang))]
+    return found[0] if found else "bash"
+
+
 def text_reply(messages: list[Any], total: int) -> str:
-    """The text protocol's reply: the next step's command in a ```bash block, or the answer
-    (`DONE-N` once every step arrived, `LOST` when the newest one did not)."""
+    """The text protocol's reply: the next step's command in a block of the agent's fence, or
+    the answer (`DONE-N` once every step arrived, `LOST` when the newest one did not): as the
+    finishing command when the agent's prompt names one (mini-swe-agent), else as text."""
     step = text_step(messages)
-    if step is None:
-        return "LOST"
-    if step >= total:
-        return f"DONE-{total}"
-    command = f"echo STEP-{step + 1}-OK && seq 1 {BULK_LINES}"
-    return f"Running step {step + 1}.\n\n```bash\n{command}\n```\n"
+    answer = "LOST" if step is None else f"DONE-{total}" if step >= total else None
+    fence = text_fence(messages)
+    if answer is not None:
+        finish = any(FINISH in _text(m.get("content")) for m in messages if isinstance(m, dict))
+        return f"Finishing.\n\n```{fence}\necho {FINISH} && echo {answer}\n```\n" if finish else answer
+    command = f"echo STEP-{(step or 0) + 1}-OK && seq 1 {BULK_LINES}"
+    return f"Running step {(step or 0) + 1}.\n\n```{fence}\n{command}\n```\n"
 
 
 def text_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import orjson
 import pytest
 import yaml
 
-from agent_steps import steps_of
+from agent_steps import BULK_LINES, steps_of
+from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.turns import is_valid_sequence
 from real_agents import npm_agent, pypi_agent
 from recorder import Recorder, Sent
@@ -103,6 +104,38 @@ def test_mini_swe_agent_runs_past_its_limit_to_its_answer(limited: Any, tmp_path
     for r in _check_upstream(upstream, "chat"):
         assert is_valid_sequence(r.body["messages"]), r.body["messages"]
         assert r.body["tools"][0]["function"]["name"] == "bash"  # the agent's tool reached the model
+    _reads_its_commands(upstream, "tool_calls")
+
+
+def _reads_its_commands(upstream: ScriptedUpstream, dialect: str) -> None:
+    """ctxgate reads mini-swe-agent's requests in its dialect, every step's command with it:
+    the first request after step 1 is what the agent sent (nothing to compact yet)."""
+    first = next(r.body["messages"] for r in upstream.log if r.door == "chat" and isinstance(r.body, dict)
+                 and r.body.get("model") == MODEL and "STEP-1-OK" in json.dumps(r.body.get("messages")))
+    read = read_conversation(first)
+    assert read.dialect == dialect, read.dialect
+    assert [a.command for info in read.infos for a in info.actions] == [f"echo STEP-1-OK && seq 1 {BULK_LINES}"]
+
+
+def test_mini_swe_agent_text_protocol_gets_its_commands_read(limited: Any, tmp_path: Path) -> None:
+    """mini-swe-agent 2.x's text mode (`mini_textbased.yaml`): commands in the ```mswea_bash_command
+    fence its system prompt shows, outputs as <returncode>/<output> user turns."""
+    upstream, config = limited
+    bin_dir = pypi_agent("mini-swe-agent")
+    trajectory = tmp_path / "trajectory.json"
+    done = _run(config, "mini-text-1", [str(bin_dir / "mini"), "-c", "mini_textbased.yaml", "--model-class",
+                                        "litellm_textbased", "--model", f"openai/{MODEL}", "--task",
+                                        "Run the steps you are given, one at a time.", "--yolo", "--exit-immediately",
+                                        "--cost-limit", "0", "--output", str(trajectory)], tmp_path,
+                MSWEA_CONFIGURED="true", MSWEA_COST_TRACKING="ignore_errors", MSWEA_SILENT_STARTUP="1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    info = json.loads(trajectory.read_text())["info"]
+    assert info["exit_status"] == "Submitted" and info["submission"].strip() == f"DONE-{STEPS}", info
+    for r in _check_upstream(upstream, "chat"):
+        assert "```mswea_bash_command" in r.body["messages"][0]["content"] and not r.body.get("tools")
+    _reads_its_commands(upstream, "mini_swe_agent")
+
+
 
 
 AGENTS_SDK_PROGRAM = '''

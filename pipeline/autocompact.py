@@ -184,7 +184,7 @@ class AutocompactStrategy:
         messages, budget, counter = request.messages, request.token_budget, request.counter
         shape = request.shape(self.pin_first_user)
         fixed = counter.count_messages(messages[:shape.head]) + self.summary_tokens(budget) + 80
-        fixed += ledger_room(request.conversation, shape.head, shape.tail, budget)
+        fixed += ledger_room(request.conversation, shape.head, shape.tail, budget, counter)
         fixed += sum(counter.count_structured(messages[i]) for i in shape.pinned)
         room = budget - fixed
         start = shape.tail

@@ -15,7 +15,7 @@ from __future__ import annotations
 from .config import SnipConfig
 from .conversation import Conversation, Kind, counted_result
 from .fingerprint import message_fingerprint
-from .ledger import Entry, Keep, fit, heading_tokens, render, size, span_entries
+from .ledger import Entry, Keep, fit, folded, heading_tokens, render, size, span_entries
 from .notes import SNIP, SNIP_MARKER, context_note, plain_note
 from .previews import preview
 from .refs import SIZING_REF, content_ref, render_span
@@ -93,27 +93,33 @@ class SnipNote:
         can only merge tokens), plus the "... and N more" line, the ledger's heading and
         folded range (the ledger within the allowance, or its one range) and the header's number."""
         ledger = 0
-        if self.entries:
-            ledger = heading_tokens(self.counter) + min(self.ledger_used, max(self.allowance, 48)) + 12
+        if self.entries:  # within what the allowance leaves, or one range (which may overrun it)
+            room = max(0, self.allowance - self.used)
+            folded = max(room, 48) + 8
+            ledger = heading_tokens(self.counter) + (self.ledger_used if self.ledger_used <= room else folded)
         more = 8 if len(self.lines) < self.previewed else 0
         return self.used + ledger + sum(c for _, c in self.lines) + more + 8
 
     def message(self) -> Message:
-        entries = fit(self.entries, max(0, self.allowance - self.used) if self.preview_chars > 0 else 0,
-                      self.counter, self.keep)
+        header = self._header(self.dropped, self.ref, bool(self.previewed) and self.preview_chars > 0)
+        if self.preview_chars <= 0:
+            # A count, a reference and the steps' numbers and tool names: ctxgate's own wording
+            # only, so no quote (nor the notice a quote brings) at a point with no room.
+            if self.entries:
+                lines = "\n".join(e.text for e in self.entries)
+                header += "\n" + folded(self.entries, self.keep(lines) if self.keep else None, failures=False).text
+            return plain_note(SNIP, header)
+        entries = fit(self.entries, max(0, self.allowance - self.used), self.counter, self.keep)
         room = self.allowance - self.used - size(entries, self.counter)
-        lines: list[str] = []
+        shown: list[str] = []
         for line, cost in self.lines:
             if cost > room:
                 break
-            lines.append(line)
+            shown.append(line)
             room -= cost
-        header = self._header(self.dropped, self.ref, bool(self.previewed) and self.preview_chars > 0)
-        body = [header, render(entries), *lines]
-        if self.preview_chars > 0 and len(lines) < self.previewed:
-            body.append(f"- ... and {self.previewed - len(lines)} more")
-        if not entries and self.preview_chars <= 0:
-            return plain_note(SNIP, header)  # a count and a reference: ctxgate's own wording only
+        body = [header, render(entries), *shown]
+        if len(shown) < self.previewed:
+            body.append(f"- ... and {self.previewed - len(shown)} more")
         return context_note(SNIP, SOURCE, "\n".join(b for b in body if b))
 
 

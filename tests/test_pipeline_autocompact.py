@@ -87,7 +87,7 @@ async def test_tail_to_head_scan_keeps_the_newest_units_that_fit() -> None:
         plan = s.plan(CompressionRequest(h, budget, c, window=LAST_UNIT))
         shape = shape_of(h, window=LAST_UNIT)
         room = budget - (c.count_messages(h[:shape.head]) + s.summary_tokens(budget) + 80
-                         + ledger_room(read_conversation(h), shape.head, shape.tail, budget)
+                         + ledger_room(read_conversation(h), shape.head, shape.tail, budget, c)
                          + sum(c.count_structured(h[i]) for i in shape.pinned))
         kept = sum(c.count_structured(m) for i, m in enumerate(h) if i >= plan.end and i not in shape.pinned)
         starts = [u.start for u in split_units(h)]

@@ -121,7 +121,7 @@ async def test_a_step_keeps_its_number_at_every_point() -> None:
                         assert f"exit 1: ValueError: step {e.first - 1} exceeds maximum" in e.text
                         assert e.failure == (e.first, f"ValueError: step {e.first - 1} exceeds maximum")
                     else:
-                        assert " -> exit 0: STEP-" in e.text and e.failure is None
+                        assert " -> exit 0; ref ctx:" in e.text and e.failure is None
     assert seen > 10
 
 

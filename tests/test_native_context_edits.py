@@ -137,3 +137,49 @@ def test_clear_thinking_keeps_the_newest_turns() -> None:
     assert applied is not None and applied.cleared == 1
     assert "THOUGHT-0" not in json.dumps(out) and "THOUGHT-1" in json.dumps(out) and "THOUGHT-2" in json.dumps(out)
     assert clear_thinking(msgs, {"type": "clear_thinking_20251015", "keep": "all"}, _count) == (msgs, None)
+
+
+def long_session() -> list[dict[str, Any]]:
+    """Past compact_20260112's least trigger (50,000 tokens)."""
+    msgs = session()
+    msgs[0] = {"role": "user", "content": "Fix the build. The secret word is PELICAN."}
+    for m in msgs:
+        for block in m["content"] if isinstance(m["content"], list) else []:
+            if block.get("type") == "tool_result":
+                block["content"] += BIG * 25
+    return msgs
+
+
+COMPACT = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 50_000}}
+
+
+def test_compact_paused_then_the_block_comes_back(gw: Gateway, up: ScriptedUpstream) -> None:
+    cli = client(gw)
+    start = len(up.log)
+    reply = cli.beta.messages.create(model="gpt-4o", max_tokens=64, messages=long_session(),  # type: ignore[arg-type]
+                                     context_management={"edits": [{**COMPACT, "pause_after_compaction": True}]},  # type: ignore[list-item]
+                                     betas=["compact-2026-01-12"])
+    assert reply.stop_reason == "compaction" and [b.type for b in reply.content] == ["compaction"]
+    block = reply.content[0]
+    assert block.encrypted_content and block.encrypted_content.startswith("ctxs1.")  # type: ignore[union-attr]
+    assert all(r.body.get("model") == "summarizer" for r in up.log[start:])  # no model turn
+    start = len(up.log)
+    cli.beta.messages.create(model="gpt-4o", max_tokens=64, betas=["compact-2026-01-12"], messages=[  # type: ignore[list-item]
+        {"role": "user", "content": "Fix the build."}, {"role": "assistant", "content": [block.model_dump()]},
+        {"role": "user", "content": "What is the secret word?"}])
+    sent = forwarded(up, start)
+    assert block.encrypted_content not in sent and "PELICAN" in sent and "What is the secret word?" in sent  # type: ignore[union-attr]
+
+
+def test_compact_goes_first_in_the_reply_whole_and_streamed(gw: Gateway, up: ScriptedUpstream) -> None:
+    cli = client(gw)
+    reply = cli.beta.messages.create(model="gpt-4o", max_tokens=64, messages=long_session(),  # type: ignore[arg-type]
+                                     context_management={"edits": [COMPACT]}, betas=["compact-2026-01-12"])  # type: ignore[list-item]
+    assert [b.type for b in reply.content][:2] == ["compaction", "text"]
+    assert reply.usage.iterations and reply.usage.iterations[0].type == "compaction"
+    with client(gw).beta.messages.stream(model="gpt-4o", max_tokens=64, messages=long_session(),  # type: ignore[arg-type]
+                                         context_management={"edits": [COMPACT]},  # type: ignore[list-item]
+                                         betas=["compact-2026-01-12"]) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "compaction" and final.content[0].encrypted_content  # type: ignore[union-attr]
+    assert final.content[1].type == "text"

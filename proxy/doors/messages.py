@@ -23,7 +23,8 @@ from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .errors import http_status
-from .context_management import Edited, edited
+from .context_management import Edited, compact_for, edited, emulated
+from .messages_compaction import expanded as expanded_blocks
 from .messages_expand import MessagesExpansion
 from .messages_model import Conversation, conversation_of, render, validate_messages, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
@@ -128,7 +129,9 @@ class MessagesDoor:
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         validate_messages_request(body, counting=counting)
         route = self.gw.router.resolve(body["model"])
-        edits = edited(self.gw, caller, route, body)
+        found = await expanded_blocks(self.gw, caller, body["messages"], emulated(self.gw, caller, route))
+        edits = edited(self.gw, caller, route, {**body, "messages": found} if found is not body["messages"] else body,
+                       changed=found is not body["messages"])
         conversation = conversation_of(edits.body if edits is not None else body)
         messages = conversation.neutral
         self.engine.refuse_hopeless(caller, route, messages)
@@ -146,6 +149,10 @@ class MessagesDoor:
     async def messages(self, http: web.Request) -> web.StreamResponse:
         request, conversation, edits = await self.read(http, counting=False)
         raw = await http.read() if edits is None else None  # read once already: aiohttp hands back the same bytes
+        if edits is not None and (due := edits.compact_trigger) is not None:
+            paused = await compact_for(self.gw, request, conversation, edits, *due)
+            if paused is not None:
+                return paused
         return await answer(self.engine, request, MessagesWire(self.gw, conversation, raw, http, edits=edits))
 
     async def count_tokens(self, http: web.Request) -> web.StreamResponse:

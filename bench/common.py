@@ -85,13 +85,6 @@ def named_trajectories(every: bool = False) -> list[tuple[str, Trajectory, list[
     return out
 
 
-def short_name(name: str, width: int = 60) -> str:
-    if name.startswith("swe-agent/"):
-        parts = name.split("/")
-        name = "swe-agent/" + "/".join(p[:24] for p in parts[1:-1][-1:]) + "/" + parts[-1]
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
 def build_conversation(target_tokens: int, counter: TokenCounter) -> list[Message]:
     """A request of about `target_tokens` (o200k) of real messages: the first OpenHands run's
     system prompt, then whole runs round-robin over the sources (their system prompts left
@@ -146,16 +139,6 @@ def turn(base: list[Message], i: int) -> list[Message]:
         extra.append({"role": "user", "content": f"Next step {session * TURNS_PER_SESSION + j}: continue with the "
                                                  f"task and report what changed."})
     return base + extra
-
-
-SUMMARY = ("1. Goal: finish the task the user gave.\n2. Completed steps: explored the repository, reproduced the "
-           "bug, edited the code.\n3. Key decisions: used str_replace_editor and execute_bash.\n4. Open issues: "
-           "the tests still need to run.\n5. Files: see the restored state.\n6. Skill/tool context: none active.")
-
-
-async def instant_summary(_prompt: list[Message]) -> str:
-    """ctxgate's own work without the LLM call."""
-    return SUMMARY
 
 
 def pct(values: Iterable[float], q: float) -> float:
@@ -296,30 +279,6 @@ def parser(doc: str | None, *, wait: float | None = None, proxy: bool = False) -
                        help="the `litellm` CLI (or python) of an environment with litellm[proxy]; "
                             "default $CTXGATE_BENCH_LITELLM_PROXY, else .venv's if it has the proxy")
     return p
-
-
-def draw(out: Path, title: str, xlabel: str, ylabel: str, panels: dict[str, dict[str, tuple[list[float], list[float]]]],
-         logx: bool = False, style: Callable[[str], dict[str, Any]] = lambda _: {}) -> None:
-    """Line charts side by side as a PNG: a panel per key of `panels`, its lines label -> (xs, ys)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), sharey=True, squeeze=False)
-    for ax, (name, lines) in zip(axes[0], panels.items()):
-        for label, (xs, ys) in sorted(lines.items()):
-            ax.plot(xs, ys, label=label, **{"marker": ".", **style(label)})
-        ax.set_xscale("log" if logx else "linear")
-        ax.set(title=name, xlabel=xlabel)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-    axes[0][0].set_ylabel(ylabel)
-    axes[0][0].set_ylim(bottom=0)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
 
 
 def use_uvloop() -> None:

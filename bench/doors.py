@@ -10,7 +10,7 @@ body each API takes, and its reply read back as text.
 - `<door>-stream`: the same with `stream: true`; a stream not ending on its API's terminator
   (`[DONE]`, `message_stop`, `response.completed`) fails the reply check.
 
-Also the bench's routes (`model_list`), whether a ctxgate serves a door, and the LiteLLM proxy.
+Also the bench's routes (`model_list`) and how to start the LiteLLM proxy.
 """
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ import os
 import re
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -207,10 +205,11 @@ class Door:
         return h
 
     async def post(self, http: Any, base: str, messages: list[Message], api_key: str, session: str | None = None,
-                   body: bytes | None = None) -> tuple[str | None, float, Any]:
-        """`messages` (or their `body`) through this door of the server at `base`: (None when it
-        answered "ok", else the error; ms to the reply's last byte; the reply's headers)."""
-        headers = self.headers(api_key) | ({"X-Ctx-Session": session} if session else {})
+                   body: bytes | None = None, extra: dict[str, str] | None = None) -> tuple[str | None, float, Any]:
+        """`messages` (or their `body`) through this door of the server at `base`, with `extra`
+        headers: (None when it answered "ok", else the error; ms to the reply's last byte; the
+        reply's headers)."""
+        headers = self.headers(api_key) | ({"X-Ctx-Session": session} if session else {}) | (extra or {})
         started = time.perf_counter()
         async with http.post(base + self.path, data=self.payload(messages) if body is None else body,
                              headers=headers) as r:
@@ -273,15 +272,3 @@ def litellm_proxy_command(path: str | None, venv_bin: Path) -> tuple[list[str] |
                      f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
     return argv, r.stdout.strip().splitlines()[-1]
 
-
-def served(base: str, door: Door, api_key: str) -> bool:
-    """Whether a started ctxgate has this door: anything but a 404 to an empty POST."""
-    req = urllib.request.Request(base + door.path, data=b"{}", method="POST",
-                                 headers=door.headers(api_key))
-    try:
-        with urllib.request.urlopen(req, timeout=30):
-            return True
-    except urllib.error.HTTPError as e:
-        return e.code != 404
-    except OSError:
-        return False

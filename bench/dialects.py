@@ -459,7 +459,7 @@ def main() -> None:
         ours = half[STAND_IN] if half is not None else None
         brief = ("system prompt + task over the limit" if ours is None else
                  f"task {fmt(ours.probes['task'], 2)}, refused {pct(ours.refused_ctxgate + ours.refused_upstream)}")
-        print(f"[{k + 1}/{len(chosen)}] {dialect}: {common.short_name(name, 70)} ({len(agent_turns(msgs))} turns, "
+        print(f"[{k + 1}/{len(chosen)}] {dialect}: {name[:70]} ({len(agent_turns(msgs))} turns, "
               f"{time.perf_counter() - t0:.1f}s; ctxgate at 50%: {brief})", file=sys.stderr, flush=True)
     long = []
     for name, t, dialect, msgs in long_sessions(chosen, counter):

@@ -5,7 +5,10 @@ session in the base URLs. An agent that reads none of them gets what it does rea
 
 - **Codex** ignores `OPENAI_BASE_URL` and talks to its own host, first over a WebSocket: it
   gets a model provider of its own through `-c` overrides (`wire_api = "responses"`, HTTP),
-  made the one it uses. The user's `~/.codex/config.toml` is not touched.
+  made the one it uses. The user's `~/.codex/config.toml` is not touched. Codex compacts
+  on the server only with a provider it takes for OpenAI's (named "OpenAI"): with
+  `remote_compaction` the provider is given that name, and Codex asks ctxgate for
+  `/responses/compact` instead of compacting locally (docs/native-context.md).
 - **OpenHands** (the `openhands` CLI) reads `LLM_BASE_URL` only when given
   `--override-with-envs`, else the settings it saved under `~/.openhands` (their own base
   URL): it gets the OpenAI base URL there (the Anthropic one when `LLM_MODEL` names an
@@ -27,6 +30,8 @@ from typing import Mapping
 
 CODEX_PROVIDER = "ctxgate"
 """The model provider `ctxgate run` gives Codex."""
+CODEX_OPENAI_NAME = "OpenAI"
+"""The provider name Codex's remote compaction requires."""
 OPENHANDS_ENV_FLAG = "--override-with-envs"
 """What makes OpenHands take `LLM_BASE_URL` (and `LLM_MODEL`, `LLM_API_KEY`) over its saved settings."""
 SHOWN_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_BASE",
@@ -52,12 +57,15 @@ class Wiring:
         return "\n".join(lines)
 
 
-def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str) -> Wiring:
-    """How to start `argv` so that it talks to the ctxgate at `base` in `session`."""
+def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str,
+         remote_compaction: bool = False) -> Wiring:
+    """How to start `argv` so that it talks to the ctxgate at `base` in `session`
+    (`remote_compaction`: Codex asks ctxgate to compact, rather than compacting itself)."""
     env = agent_env(environ, base, session)
     agent = AGENTS.get(os.path.basename(argv[0]), "generic")
     if agent == "Codex":
-        added = codex_overrides(f"{base}/s/{session}/v1", "OPENAI_API_KEY" if environ.get("OPENAI_API_KEY") else None)
+        added = codex_overrides(f"{base}/s/{session}/v1", "OPENAI_API_KEY" if environ.get("OPENAI_API_KEY") else None,
+                                remote_compaction)
         return Wiring([argv[0], *added, *argv[1:]], env, added, agent)
     if agent == "OpenHands":
         # litellm inside it appends /v1/messages to an Anthropic model's base URL.
@@ -68,10 +76,10 @@ def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str) -
     return Wiring(list(argv), env, agent=agent)
 
 
-def codex_overrides(base_url: str, env_key: str | None) -> list[str]:
+def codex_overrides(base_url: str, env_key: str | None, remote_compaction: bool = False) -> list[str]:
     """`-c` overrides (TOML values) that give Codex a Responses provider over HTTP at `base_url`."""
     values = {"model_provider": CODEX_PROVIDER,
-              f"model_providers.{CODEX_PROVIDER}.name": "ctxgate",
+              f"model_providers.{CODEX_PROVIDER}.name": CODEX_OPENAI_NAME if remote_compaction else "ctxgate",
               f"model_providers.{CODEX_PROVIDER}.base_url": base_url,
               f"model_providers.{CODEX_PROVIDER}.wire_api": "responses"}
     if env_key:

@@ -60,6 +60,8 @@ def add_command(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> 
     p.add_argument("--session", default=None, help="the session id the agent's requests carry (default: run-<hex>)")
     p.add_argument("--explain", action="store_true", help="print what was set for the agent (variables, "
                                                           "arguments) before running it")
+    p.add_argument("--codex-remote-compaction", action="store_true",
+                   help="Codex asks ctxgate to compact (/responses/compact) instead of compacting itself")
     # REMAINDER: everything from COMMAND on is the agent's, even flags ctxgate also has (--config, --url).
     p.add_argument("agent", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 served.wait_ready()
                 base = served.base
                 where = f"listening on {base} (session {session}; its log: {served.log})"
-            wired = wire(args.agent, os.environ, base, session)
+            wired = wire(args.agent, os.environ, base, session, args.codex_remote_compaction)
             print(f"ctxgate: {where}; running: {shlex.join(wired.argv)}", file=sys.stderr, flush=True)
             if args.explain:
                 print(wired.explain(), file=sys.stderr, flush=True)

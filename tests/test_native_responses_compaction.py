@@ -152,3 +152,44 @@ def test_keys_rotate(tmp_path: Path) -> None:
         Sealer([old]).open("other", token)
     with pytest.raises(SealError, match="expired"):
         Sealer([old]).open("acme", Sealer([old]).seal("acme", Reference("s", "cmp-1", 1.0)))
+
+
+def test_native_routes_pass_the_fields_through_unless_the_tenant_says_emulate(
+        upstream: ScriptedUpstream, up: ScriptedUpstream, tmp_path: Path) -> None:
+    config = main_config(upstream.url, "auto", native_context={"routes": {"gpt-4o": "native"}})
+    config["ctxgate"]["tenants"]["relay"]["native_context"] = {"routes": {"gpt-4o": "emulate"}}
+    gateway = launch("native-mode", tmp_path, config).wait_ready()
+    field = {"context_management": [{"type": "compaction", "compact_threshold": 1000}]}
+    try:
+        start = len(up.log)
+        native = client(gateway).responses.create(model="gpt-4o", input=history(), extra_headers=session(),  # type: ignore[arg-type]
+                                                  extra_body=field)
+        [entry] = up.log[start:]
+        assert entry.body["context_management"] == field["context_management"]  # the vendor's to apply
+        assert [o.type for o in native.output] == ["message"]
+        emulated = client(gateway, "relay").responses.create(model="gpt-4o", input=history(),  # type: ignore[arg-type]
+                                                             extra_headers=session(), extra_body=field)
+        assert [o.type for o in emulated.output] == ["compaction", "message"]
+    finally:
+        stop_all([gateway])
+
+
+def test_auto_is_native_only_at_the_vendors_own_host() -> None:
+    from ctxgate.proxy.context_settings import NativeContextChoice, NativeContextSettings, mode_for, vendor_applies
+    assert vendor_applies("auto", "openai_compaction", "openai", None)
+    assert vendor_applies("auto", "openai_compaction", "azure", "https://x.openai.azure.com/")
+    assert not vendor_applies("auto", "openai_compaction", "openai", "http://127.0.0.1:8000/v1")
+    assert not vendor_applies("auto", "openai_compaction", "anthropic", None)
+    assert vendor_applies("auto", "anthropic_edits", "anthropic", "https://api.anthropic.com")
+    assert not vendor_applies("auto", "anthropic_edits", "openai", None)
+    settings = NativeContextSettings(mode="native", routes={"m": "emulate"})
+    assert mode_for(settings, None, "m") == "emulate" and mode_for(settings, None, "other") == "native"
+    assert mode_for(settings, NativeContextChoice(routes={"m": "native"}), "m") == "native"
+
+
+def test_the_launcher_asks_codex_for_remote_compaction() -> None:
+    from ctxgate.proxy.agent_wiring import wire
+    local = wire(["codex", "exec", "hi"], {}, "http://127.0.0.1:1", "s-1").added_args
+    remote = wire(["codex", "exec", "hi"], {}, "http://127.0.0.1:1", "s-1", remote_compaction=True).added_args
+    assert 'model_providers.ctxgate.name="ctxgate"' in local
+    assert 'model_providers.ctxgate.name="OpenAI"' in remote  # the name Codex's remote compaction requires

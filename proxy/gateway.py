@@ -87,9 +87,10 @@ class Gateway:
                                   sharing=lambda tenant: t.share_captured if (t := s.tenants.get(tenant)) else None)
         content = open_content_store(s.state, root)
         gw.shared_counts = open_shared_counts(s.state)
-        gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content)
+        gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content,
+                                   on_waste=gw.metrics.summary_wasted)
         gw.compactor = Compactor(on_step=gw._count_step, speculator=gw.speculator, content=content,
-                                 on_merge=gw.metrics.note_merges.inc)
+                                 on_merge=gw.metrics.note_merges.inc, on_waste=gw.metrics.summary_wasted)
         gw.data_dir.mkdir(parents=True, exist_ok=True)
         for name in gw.router.model_names():
             try:

@@ -119,7 +119,9 @@ def _speculation(history: list[Message], k: int, replacement: list[Message]) -> 
     return {"record": asdict(record), "collapse": {}, "breaker": {}, "working": {}}
 
 
-async def test_a_speculation_that_no_longer_leaves_room_is_not_adopted() -> None:
+async def test_a_speculation_that_no_longer_leaves_room_is_kept_and_compacted_on() -> None:
+    """Its span is still the client's history: it is applied (what it paid for is not thrown
+    away, tests/test_summary_waste.py) and what came since is compacted on top of it."""
     history = _near_trigger()
     grown = history + tool_turn(99, size=60)  # over the trigger
     state = SessionState("t", "s")
@@ -133,7 +135,8 @@ async def test_a_speculation_that_no_longer_leaves_room_is_not_adopted() -> None
 
     plan = await Compactor().prepare(state, _turn(grown, summarize))
     assert state.speculation_wasted == 1 and not state.speculative
-    assert plan.levels and not any("speculative" in h for h in plan.hints), "compacted afresh"
+    assert [e["level"] for e in state.compaction_log][:1] == ["speculative"], "applied first"
+    assert plan.levels and not any("speculative" in h for h in plan.hints), "then compacted on top"
     assert counter().count_messages(plan.messages) < counter().count_messages(grown)
 
 

@@ -75,6 +75,14 @@ class Metrics:
         self.note_merges = Counter("ctxgate_compaction_note_merges", "Compaction points that merged the earlier "
                                    "points' notes (over their cap) instead of adding theirs after them",
                                    registry=self.registry)
+        self.summaries_wasted = Counter("ctxgate_summaries_wasted", "Summaries paid for whose note was never sent, "
+                                        "by why (stale: a background summary whose span the history no longer "
+                                        "has; superseded: one that finished after the session compacted "
+                                        "otherwise; unused: one its compaction point did not keep)", ["reason"],
+                                        registry=self.registry)
+        self.summary_tokens_wasted = Counter("ctxgate_summary_tokens_wasted", "Tokens (prompt and reply, ctxgate's "
+                                             "count) of the summaries in ctxgate_summaries_wasted", ["reason"],
+                                             registry=self.registry)
         self.calibration_diff = Histogram("ctxgate_calibration_diff_tokens", "upstream prompt_tokens minus ctxgate's "
                                           "count", ["model"],
                                           buckets=(-1000, -100, -20, -5, -1, 0, 1, 5, 20, 100, 1000),
@@ -95,6 +103,10 @@ class Metrics:
                                       "read from the counts another replica left in Redis)", ["source"],
                                       registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}
+
+    def summary_wasted(self, reason: str, calls: int, tokens: int) -> None:
+        self.summaries_wasted.labels(reason).inc(calls)
+        self.summary_tokens_wasted.labels(reason).inc(tokens)
 
     def expanded(self, outcome: str, tokens: int) -> None:
         self.expansions.labels(outcome).inc()

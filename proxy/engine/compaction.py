@@ -7,6 +7,7 @@ docs/compaction.md (the loop guard and CONTEXT_EXHAUSTED).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -21,10 +22,13 @@ from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
 from .state import CompactionRecord, SessionState
+from .summary_cost import SummaryCost, Waste, costed, summary_kept
 from .turn_budget import Plan, Turn, budget_of, limit_of
 
 if TYPE_CHECKING:
     from .speculative import Speculator
+
+log = logging.getLogger("ctxgate.compaction")
 
 
 def _read_dialect(state: SessionState, turn: Turn) -> None:
@@ -49,10 +53,12 @@ def _set_guard(state: SessionState, turn: Turn) -> None:
 class Compactor:
     def __init__(self, on_step: Callable[[dict[str, Any]], None] | None = None,
                  speculator: "Speculator | None" = None, content: ContentStore | None = None,
-                 on_merge: Callable[[], None] | None = None) -> None:
+                 on_merge: Callable[[], None] | None = None, on_waste: Waste | None = None) -> None:
         self._on_step = on_step
         self._on_merge = on_merge
         """Called when a compaction point merged the earlier notes (a metric counts it)."""
+        self._on_waste = on_waste
+        """Told of summaries paid for that end in no note sent (`summary_cost.Waste`)."""
         self.speculator = speculator
         self.content: ContentStore = content or MemoryContentStore()
         """Where the originals a compaction cut are kept for expansion."""
@@ -81,9 +87,18 @@ class Compactor:
             return await self._exhausted(state, turn, view, decision)
         if self.speculator is not None:
             await self.speculator.settle(state)
-        adopted = self._adopt_speculative(state, turn)
-        if adopted is not None:
-            return adopted
+        taken = self._take_speculative(state, turn)
+        if taken is not None and taken.view is not None:
+            record = state.records[-1]
+            return Plan(messages=taken.view, tokens_out=taken.tokens - turn.count_offset,
+                        levels=list(dict.fromkeys(record.levels)),
+                        hints=["speculative: applied the compaction prepared in the background"])
+        if taken is not None:
+            # Its summary is kept, but it leaves too little room: what came since is compacted
+            # on top of it now, rather than its summary paid for nothing and the span summarised
+            # again. Speculating does not pay in a session that grows this fast: it stops.
+            state.speculation_wasted += 1
+            view = forwarded_view(state, turn)[0]
         return await self._compact(state, turn, compaction_view(state, turn), decision.target, "proactive", as_is=view)
 
     async def client_asked(self, state: SessionState, turn: Turn, target: int) -> Plan:
@@ -99,16 +114,18 @@ class Compactor:
         plan.degraded = True
         return plan
 
-    def _adopt_speculative(self, state: SessionState, turn: Turn) -> Plan | None:
-        """Promote the background compaction to a record if it still serves (`planner.adoption`)."""
+    def _take_speculative(self, state: SessionState, turn: Turn) -> planner.Adoption | None:
+        """The background compaction applied to the session as a record, if the client's history
+        still has the span it covers (`planner.adoption`: with its view when it also leaves the
+        room a speculation aims for); dropped, its summary counted as waste, only when that span
+        is gone. None: there was none, or it was dropped."""
         pending = state.speculative.get("record")
         if not pending:
             return None
         record = CompactionRecord.from_dict(pending)
         adopted = planner.adoption(turn, state, record)
-        if adopted.view is None:
-            state.speculative = {}
-            state.speculation_wasted += adopted.wasted
+        if adopted.view is None and not adopted.wasted:
+            self._drop_speculative(state, "stale")
             return None
         state.collapse, state.breaker = state.speculative["collapse"], state.speculative["breaker"]
         state.working = state.speculative["working"]
@@ -118,22 +135,37 @@ class Compactor:
                               **state.speculative.get("depth", {})})
         state.speculative = {}
         _set_guard(state, turn)  # a compaction was applied
-        return Plan(messages=adopted.view, tokens_out=adopted.tokens - turn.count_offset,
-                    levels=list(dict.fromkeys(record.levels)),
-                    hints=["speculative: applied the compaction prepared in the background"])
+        return adopted
+
+    def _drop_speculative(self, state: SessionState, why: str) -> None:
+        """The pending background compaction forgotten, its summary (if it made one) counted as waste."""
+        cost = SummaryCost.from_dict(state.speculative.get("summary"))
+        state.speculative = {}
+        self.wasted(state.session_id, why, cost)
+
+    def wasted(self, session_id: str, why: str, cost: SummaryCost) -> None:
+        if cost.calls:
+            log.info("session %s: %d summary call(s), %d tokens, paid for nothing (%s)", session_id, cost.calls,
+                     cost.tokens, why)
+            if self._on_waste is not None:
+                self._on_waste(why, cost.calls, cost.tokens)
 
     async def reactive(self, state: SessionState, turn: Turn, previous: Plan, upstream_message: str,
                        degraded: bool) -> tuple[Plan, bool]:
         """The upstream said the prompt is too long: compact once more, degrade, or give up."""
         _read_dialect(state, turn)
+        guard = state.has_attempted_reactive_compact
+        if self._take_speculative(state, turn) is not None:
+            # A background summary of this history is ready: the reactive point starts from it.
+            previous = Plan(messages=forwarded_view(state, turn)[0], tokens_out=previous.tokens_out,
+                            degraded=previous.degraded)
         if (limit := planner.limit_in_error(upstream_message, turn.max_input_tokens)) is not None:
             state.learned_max_input_tokens = limit
         if turn.count_offset < 0 or turn.count_scale < 1:
             # The provider counted more than the measured difference said: trust ctxgate's count.
             turn.count_offset = state.count_offset = 0
             turn.count_scale = state.count_scale = max(1.0, turn.count_scale)
-        decision = planner.after_refusal(turn, state, previous.counted_tokens(), state.has_attempted_reactive_compact,
-                                         degraded, upstream_message)
+        decision = planner.after_refusal(turn, state, previous.counted_tokens(), guard, degraded, upstream_message)
         if decision.action is Action.COMPACT:
             plan = await self._compact(state, turn, previous.messages, decision.target, "reactive")
         else:
@@ -173,7 +205,10 @@ class Compactor:
         """The planner's compaction point applied to the session. `as_is`: what the turn forwards
         if the point removes nothing (`view` with the expansion exchanges `compaction_view` left
         out; default `view`)."""
-        run = await planner.plan(turn, state, view, target, reason, as_is=as_is)
+        cost = SummaryCost()
+        run = await planner.plan(costed(turn, cost), state, view, target, reason, as_is=as_is)
+        if run.as_is or not summary_kept(view, run.record.messages):
+            self.wasted(state.session_id, "unused", cost)
         view = view if as_is is None else as_is
         if run.as_is:
             # Forwarded as it is, with no record and the loop guard untouched, so the upstream's
@@ -184,7 +219,8 @@ class Compactor:
                         hints=run.result.recovery_hints)
         _set_guard(state, turn)
         state.collapse, state.breaker, state.working = run.collapse, run.breaker, run.working
-        state.speculative = {}
+        if state.speculative:  # this point covers what it would have: its summary goes unused
+            self._drop_speculative(state, "superseded")
         state.add_record(run.record)
         expand = turn.config.expand
         await self.content.put(state.tenant, state.session_id, run.cuts, expand.store_max_bytes, expand.store_ttl_s)

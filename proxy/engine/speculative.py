@@ -4,8 +4,9 @@ When a session crosses the lower watermark (`autocompact.speculative_ratio`, 70%
 budget), the whole chain runs in a background task over the history as it is then, and
 its result is kept as a pending record. When the trigger (85%) is reached, the pending
 record is promoted if the client's history still starts with the messages it covers, so
-that turn pays no LLM latency and the summary is made once. A session that never reaches
-the trigger has paid for one summary it did not use.
+that turn pays no LLM latency and the summary is made once; it is dropped only when that
+span is gone (compaction.py), and a summary dropped is counted as waste (`summary_cost`). A
+session that never reaches the trigger has paid for one summary it did not use.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .content_store import ContentStore
 from .turn_budget import Turn
 from .session import Sessions
 from .state import SessionState
+from .summary_cost import SummaryCost, Waste, costed
 
 log = logging.getLogger("ctxgate.speculative")
 
@@ -38,13 +40,17 @@ class _Running:
     records_at_start: int
     expand: ExpandConfig
     """Where its originals are kept once it is (the turn's expansion settings)."""
+    cost: SummaryCost
+    """The summaries it paid for."""
 
 
 class Speculator:
     def __init__(self, sessions: Sessions,
                  on_done: Callable[[SessionState], Awaitable[None]] | None = None,
-                 content: ContentStore | None = None) -> None:
+                 content: ContentStore | None = None, on_waste: Waste | None = None) -> None:
         self._sessions = sessions
+        self._on_waste = on_waste
+        """Told of a finished background summary that is never kept (`summary_cost.Waste`)."""
         self._on_done = on_done
         """Called with the session locked once a speculation ended, kept or not (the WAL checkpoints it)."""
         self._content = content
@@ -64,7 +70,8 @@ class Speculator:
             return
         snapshot = SessionState(state.tenant, state.session_id, collapse=state.collapse, breaker=state.breaker,
                                 learned_max_input_tokens=state.learned_max_input_tokens)
-        running = _Running(asyncio.get_running_loop().create_future(), len(state.records), turn.config.expand)
+        running = _Running(asyncio.get_running_loop().create_future(), len(state.records), turn.config.expand,
+                           SummaryCost())
         self._chains[state.key] = running
         # In the WAL (a SPECULATION event): a restart while it is in flight starts it again.
         state.speculation = {"prefix_len": len(turn.messages), "prefix_hash": turn.prefix_hashes[-1],
@@ -107,7 +114,7 @@ class Speculator:
                 return
             if run is not None:  # it ran here
                 if run.result.steps:
-                    self._keep(state, _kept(run), running.records_at_start)
+                    self._keep(state, _kept(run, running.cost), running.records_at_start)
                 else:
                     state.speculation = {}  # nothing done
                 return
@@ -120,12 +127,17 @@ class Speculator:
             self._keep(state, result["speculative"], result["records"])
 
     def _keep(self, state: SessionState, speculative: dict[str, Any], records_at_start: int) -> None:
-        """The speculation ended: its result is kept as the pending record, unless stale."""
+        """The speculation ended: its result is kept as the pending record, unless the session
+        compacted meanwhile (its summary then goes unused: counted) or it is kept already."""
         state.speculation = {}
-        if len(state.records) != records_at_start or state.speculative:
-            return  # the session compacted meanwhile, or the result is kept already
-        state.speculative = speculative
         record = speculative["record"]
+        if state.speculative.get("record") == record or any(
+                r.prefix_hash == record["prefix_hash"] and r.created_at == record["created_at"] for r in state.records):
+            return  # kept already (by the turn that waited for it, or the task that ran it), or applied since
+        if len(state.records) != records_at_start or state.speculative:
+            self._wasted(state, SummaryCost.from_dict(speculative.get("summary")), "superseded")
+            return
+        state.speculative = speculative
         log.info("session %s: compaction prepared in the background (%s, %d -> %d tokens)", state.session_id,
                  ",".join(record["levels"]), record["tokens_before"], record["tokens_after"])
 
@@ -145,15 +157,16 @@ class Speculator:
                     return
                 # Started under the trigger: the request fits, and a point that would free
                 # too little defers here as it would at the trigger.
-                run = await planner.plan(turn, snapshot, view, target, "proactive", fits=True)
+                run = await planner.plan(costed(turn, running.cost), snapshot, view, target, "proactive", fits=True)
                 if run.result.steps:
                     await self._hand_over(tenant, session_id, run, running, turn.prefix_hashes[-1])
                 running.chain.set_result(run)
                 async with self._sessions.transaction(tenant, session_id) as tx:
                     if run.result.steps:
-                        self._keep(tx.state, _kept(run), running.records_at_start)
+                        self._keep(tx.state, _kept(run, running.cost), running.records_at_start)
                     else:
                         tx.state.speculation = {}
+                        self._wasted(tx.state, running.cost, "unused")
                     # Kept or dropped, the speculation ended: the log says so, or a restart would
                     # find it still in flight there and ask for its summary again.
                     tx.write_log = self._on_done
@@ -181,7 +194,14 @@ class Speculator:
             expand = running.expand
             await self._content.put(tenant, session_id, run.cuts, expand.store_max_bytes, expand.store_ttl_s)
         await self._sessions.store.publish_speculation(tenant, session_id, {
-            "prefix_hash": prefix_hash, "records": running.records_at_start, "speculative": _kept(run)})
+            "prefix_hash": prefix_hash, "records": running.records_at_start, "speculative": _kept(run, running.cost)})
+
+    def _wasted(self, state: SessionState, cost: SummaryCost, why: str) -> None:
+        if cost.calls:
+            log.info("session %s: a background summary (%d tokens) is not kept (%s)", state.session_id, cost.tokens,
+                     why)
+            if self._on_waste is not None:
+                self._on_waste(why, cost.calls, cost.tokens)
 
     async def _forget(self, tenant: str, session_id: str) -> None:
         try:
@@ -198,7 +218,8 @@ class Speculator:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
-def _kept(run: CompactionPlan) -> dict[str, Any]:
-    """What `SessionState.speculative` holds of a finished background compaction."""
+def _kept(run: CompactionPlan, cost: SummaryCost) -> dict[str, Any]:
+    """What `SessionState.speculative` holds of a finished background compaction (with what its
+    summary cost, counted as waste if it is dropped)."""
     return {"record": asdict(run.record), "collapse": run.collapse, "breaker": run.breaker, "working": run.working,
-            "depth": run.depth.log_fields() if run.depth else {}}
+            "depth": run.depth.log_fields() if run.depth else {}, "summary": cost.to_dict()}

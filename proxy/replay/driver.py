@@ -36,6 +36,7 @@ from ..engine.content_store import MemoryContentStore
 from ..engine.journal import Journal
 from ..engine.session import Sessions
 from ..engine.speculative import Speculator
+from ..engine.summary_cost import SummaryCost
 from ..engine.state import CompactionRecord, MemorySessionStore, SessionState
 from ..engine.turn_budget import Summarize, Turn, measured_calibration
 from ..errors import GatewayError
@@ -81,6 +82,9 @@ class Replay:
     summaries: int = 0
     summary_tokens: list[tuple[int, int]] = field(default_factory=list)
     """Each summary call's prompt and reply, in the replay's count."""
+    wasted: list[tuple[str, int, int]] = field(default_factory=list)
+    """Summaries paid for whose note was never sent: (why, summaries, their tokens), as the
+    gateway's metrics count them (`engine/summary_cost.Waste`)."""
 
     @property
     def forwarded(self) -> list[Forwarded]:
@@ -126,11 +130,15 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
     the next turn finds it ready)."""
     sessions = MemorySessionStore()
     content = MemoryContentStore()
-    speculator = Speculator(in_memory_sessions(sessions), content=content) if speculate else None
-    steps: list[dict[str, Any]] = []
-    compactor = Compactor(on_step=steps.append, speculator=speculator, content=content)
-    pipeline_config = config or PipelineConfig()
     out = Replay()
+
+    def wasted(why: str, calls: int, tokens: int) -> None:
+        out.wasted.append((why, calls, tokens))
+
+    speculator = Speculator(in_memory_sessions(sessions), content=content, on_waste=wasted) if speculate else None
+    steps: list[dict[str, Any]] = []
+    compactor = Compactor(on_step=steps.append, speculator=speculator, content=content, on_waste=wasted)
+    pipeline_config = config or PipelineConfig()
 
     async def counted_summary(prompt: list[Message]) -> str:
         out.summaries += 1
@@ -214,6 +222,10 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
             await asyncio.sleep(upstream_s if running and upstream_s else 0.005)  # a background compaction gets to run
             while wait_background and speculator is not None and speculator.running(TENANT, SESSION):
                 await asyncio.sleep(0.005)
+        # The recording ends: a background summary still pending was never needed.
+        pending = SummaryCost.from_dict((await load()).speculative.get("summary"))
+        if pending.calls:
+            wasted("unneeded", pending.calls, pending.tokens)
     finally:
         if speculator is not None:
             await speculator.close()

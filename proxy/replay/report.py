@@ -14,7 +14,12 @@ from typing import Any
 
 from .charts import file_name, plotly_figure, stable_spans, write_png
 from .results import CompactionPoint, SessionResult
-from .table import COLUMNS, levels_text, money, saved, stable_text, total_cost
+from .table import levels_text, money, saved, stable_text, total_cost, wasted_text
+
+HTML_COLUMNS = ("session", "turns", "limit", "tokens sent", "tokens forwarded", "saved", "levels fired @ turns",
+                "summaries", "summaries wasted", "prefix-stable", "cost without", "cost with", "refused",
+                "over limit")
+"""The terminal table's columns the page's table has, a cell each (`_totals`)."""
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 24px; color: #222; max-width: 1300px; }
@@ -54,8 +59,8 @@ def _totals(results: list[SessionResult]) -> str:
     for k, r in enumerate(results):
         rows.append(_row([f'<td><a href="#session-{k}">{html.escape(r.name)}</a></td>'] + [_cell(v) for v in (
             len(r.turns), r.limit, r.sent_total, r.forwarded_total, saved(r.sent_answered, r.forwarded_total),
-            levels_text(r), r.summaries, stable_text([r]), money(r.cost_without), money(r.cost_with),
-            r.refused_turns, len(r.over_limit_turns))]))
+            levels_text(r), r.summaries, wasted_text(r.summaries_wasted, r.wasted_summary_tokens), stable_text([r]),
+            money(r.cost_without), money(r.cost_with), r.refused_turns, len(r.over_limit_turns))]))
     if len(results) > 1:
         without, unpriced = total_cost(results, "cost_without")
         mark = "*" if unpriced else ""
@@ -63,11 +68,12 @@ def _totals(results: list[SessionResult]) -> str:
         rows.append('<tr class="total">' + "".join(_cell(v) for v in (
             "total", sum(len(r.turns) for r in results), "", sum(r.sent_total for r in results), forwarded,
             saved(sum(r.sent_answered for r in results), forwarded), "", sum(r.summaries for r in results),
+            wasted_text(sum(r.summaries_wasted for r in results), sum(r.wasted_summary_tokens for r in results)),
             stable_text(results), money(without) + mark, money(total_cost(results, "cost_with")[0]) + mark,
             sum(r.refused_turns for r in results), sum(len(r.over_limit_turns) for r in results))) + "</tr>")
     note = (f'<p class="note">* Left out of the cost totals: {unpriced} session(s) whose model has no price in '
             "litellm's cost map.</p>") if len(results) > 1 and unpriced else ""
-    return '<table id="totals">' + _row([f"<th>{h}</th>" for h in COLUMNS]) + "".join(rows) + "</table>" + note
+    return '<table id="totals">' + _row([f"<th>{h}</th>" for h in HTML_COLUMNS]) + "".join(rows) + "</table>" + note
 
 
 def _point(p: CompactionPoint) -> str:

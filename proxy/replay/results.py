@@ -96,6 +96,11 @@ class SessionResult:
     reactive: int = 0
     """Reactive compactions after the upstream refused a request (`--enforce-limit`)."""
     refused_by_upstream: int = 0
+    summaries_wasted: int = 0
+    """Of `summaries`, those paid for whose note was never sent (a background summary whose
+    span was gone, or one its point did not keep)."""
+    wasted_summary_tokens: int = 0
+    """Their tokens: prompt and reply, in the replay's count."""
 
     @property
     def sent_total(self) -> int:
@@ -294,4 +299,6 @@ def session_result(recording: Recording, run: Replay, counter: TokenCounter, set
         summarizer=setting.summarizer, prices=prices, cost_without=without, cost_with=with_ctxgate,
         cost_summaries=summaries, levels_fired=levels_fired(rows), probes=probe_means(recording, run, counter),
         reactive=sum(f.reactive for f in run.turns),
-        refused_by_upstream=sum(f.refused_by == UPSTREAM for f in run.turns))
+        refused_by_upstream=sum(f.refused_by == UPSTREAM for f in run.turns),
+        summaries_wasted=sum(calls for _, calls, _ in run.wasted),
+        wasted_summary_tokens=sum(tokens for _, _, tokens in run.wasted))

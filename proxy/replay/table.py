@@ -6,13 +6,19 @@ from rich.table import Table
 from .results import SessionResult
 
 COLUMNS = ("session", "turns", "limit", "tokens sent", "tokens forwarded", "saved", "levels fired @ turns",
-           "points / 100 turns", "summaries", "summaries / point", "prefix-stable", "cache read", "cache written",
+           "points / 100 turns", "summaries", "summaries / point", "summaries wasted", "prefix-stable",
+           "cache read", "cache written",
            "cost without", "cost with", "refused", "over limit", "reactive",
            "task/files/error/last 6")
 
 
 def money(value: float | None) -> str:
     return "n/a" if value is None else f"${value:,.4f}"
+
+
+def wasted_text(summaries: int, tokens: int) -> str:
+    """Summaries paid for whose note was never sent, and their tokens: `0`, or `1 (2,345 tokens)`."""
+    return f"{summaries} ({tokens:,} tokens)" if summaries else "0"
 
 
 def levels_text(result: SessionResult) -> str:
@@ -44,9 +50,11 @@ def results_table(results: list[SessionResult]) -> Table:
     for r in results:
         table.add_row(r.name, str(len(r.turns)), str(r.limit), str(r.sent_total), str(r.forwarded_total),
                       saved(r.sent_answered, r.forwarded_total), levels_text(r), f"{r.points_per_100_turns:.1f}",
-                      str(r.summaries), f"{r.summaries_per_point:.2f}", stable_text([r]), str(r.cache_read_tokens),
-                      str(r.cache_write_tokens), money(r.cost_without), money(r.cost_with), str(r.refused_turns),
-                      str(len(r.over_limit_turns)), str(r.reactive), r.probes_text)
+                      str(r.summaries), f"{r.summaries_per_point:.2f}",
+                      wasted_text(r.summaries_wasted, r.wasted_summary_tokens), stable_text([r]),
+                      str(r.cache_read_tokens), str(r.cache_write_tokens), money(r.cost_without),
+                      money(r.cost_with), str(r.refused_turns), str(len(r.over_limit_turns)), str(r.reactive),
+                      r.probes_text)
     unpriced = total_cost(results, "cost_with")[1]
     if len(results) > 1:
         points = sum(len(r.compactions) for r in results)
@@ -57,6 +65,8 @@ def results_table(results: list[SessionResult]) -> Table:
                       str(sum(r.forwarded_total for r in results)),
                       saved(sum(r.sent_answered for r in results), sum(r.forwarded_total for r in results)), "",
                       f"{100 * points / max(1, turns):.1f}", str(summaries), f"{summaries / max(1, points):.2f}",
+                      wasted_text(sum(r.summaries_wasted for r in results),
+                                  sum(r.wasted_summary_tokens for r in results)),
                       stable_text(results), str(sum(r.cache_read_tokens for r in results)),
                       str(sum(r.cache_write_tokens for r in results)),
                       money(total_cost(results, "cost_without")[0]) + mark,

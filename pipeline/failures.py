@@ -89,10 +89,17 @@ def is_passing_line(line: str) -> bool:
     return bool(_PASSING_UPPER.search(raw) or _PASSING.search(raw))
 
 
+_EXIT_REPORT = re.compile(r"^\W*[\w ]*?(?:exit(?:ed)?(?: with)? (?:code|status)|Exit code|returncode>)[:\s]*(-?\d+)"
+                          r"(?:</returncode>)?\W*$", re.I | re.M)
+"""A line that is an exit-status report and nothing else: the tool's own, not a program's
+output that mentions one ("child exited with code 2 after 3s")."""
+
+
 def exit_status_of(text: str) -> int | None:
-    """The exit status `text` reports (its last exit-status line), if it reports one."""
-    found = EXIT_LINE.findall(text)
-    return int(found[-1]) if found else None
+    """The exit status `text` reports: its first line that is an exit-status report (Codex's
+    header, OpenHands' footer, mini-swe-agent's `<returncode>`), if it has one."""
+    found = _EXIT_REPORT.search(text)
+    return int(found.group(1)) if found else None
 
 
 def key_error_line(text: str) -> str:

@@ -170,8 +170,10 @@ def test_the_key_line_of_an_output(output: str, key: str) -> None:
 
 def test_exit_statuses_in_each_agents_words() -> None:
     assert [exit_status_of(t) for t in (CODEX_FAILED, NODE_PASSED, "<returncode>2</returncode>\n<output>\n",
-                                        "[The command completed with exit code 0.]", "plain output")] == [
-        1, 0, 2, 0, None]
+                                        "[The command completed with exit code 0.]", "Exit code 1\nno such module",
+                                        "plain output")] == [1, 0, 2, 0, 1, None]
+    # A program's output that mentions an exit status is not the tool's report of the command's.
+    assert exit_status_of(NODE_PASSED + "worker 3 exited with code 2 after 3s\n") == 0
 
 
 def codex_step(cid: str, command: str, output: str) -> list[dict]:

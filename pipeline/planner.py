@@ -27,7 +27,7 @@ from .collapse import CollapseStore
 from .config import PipelineConfig
 from .conversation import Kind, read_conversation
 from .depth import Depth, anchored, chain_config, growth_per_turn, merge_due, plan_depth
-from .ledger import note_entries, within_share
+from .ledger import fit, note_entries, render
 from .notes import is_summary_note, merged_note, requoted, with_notice
 from .over_budget import OverBudget
 from .records import CompactionRecord
@@ -318,9 +318,10 @@ def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[Comp
     notes = request.messages[start:end]
     if request.cuts is None or any(is_summary_note(m) for m in notes):
         return request, 0
-    # Their step ledgers fold into ranges rather than go: every step number stays named.
-    ledger = within_share([e for m in notes for e in note_entries(m)], request.token_budget, request.counter,
-                          request.cuts.keep)
+    # Their step ledgers fold into one range rather than go: every step number stays named, and
+    # the range's reference gives their lines back (a larger fold was over the notes' cap again,
+    # and the next point paid a summary to merge it).
+    ledger = render(fit([e for m in notes for e in note_entries(m)], 0, request.counter, request.cuts.keep))
     folded = request.messages[:start] + [merged_note(len(notes), request.cuts.keep(render_span(notes)), ledger)] \
         + request.messages[end:]
     return replace(request.with_messages(folded), anchored=True), len(notes)

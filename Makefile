@@ -51,9 +51,10 @@ $(BENCH_PROXY_VENV)/bin/litellm:
 	$(BENCH_PROXY_VENV)/bin/pip install -q 'litellm[proxy]==1.108.7'
 
 bench: $(VENV)/.installed-bench $(BENCH_PROXY_VENV)/bin/litellm
-	CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm $(BIN)/python bench/run_all.py
-	CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm $(BIN)/python bench/throughput.py
-	$(BIN)/python bench/rss.py
+	@export CTXGATE_BENCH_LITELLM_PROXY=$(CURDIR)/$(BENCH_PROXY_VENV)/bin/litellm; failed=; \
+	for b in overhead dialects large_prompt prefix_stability wal cluster large_bodies memory_turn throughput rss; do \
+		echo "=== bench/$$b.py"; $(BIN)/python bench/$$b.py || failed="$$failed $$b"; done; \
+	test -z "$$failed" || { echo "failed:$$failed (each bench writes its own section of bench/RESULTS.md)"; exit 1; }
 
 clean:
 	rm -rf $(VENV) .ctxgate .pytest_cache .hypothesis

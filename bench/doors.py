@@ -129,51 +129,6 @@ def _chat_reply(raw: bytes) -> str:
     return orjson.loads(raw)["choices"][0]["message"]["content"]
 
 
-def _sse_data(raw: bytes) -> list[Any]:
-    """The parsed `data:` payloads of an SSE stream, in order (`[DONE]` as the string "[DONE]";
-    a payload that is not JSON as the string "<not JSON>", so a check on the text fails)."""
-    out: list[Any] = []
-    for line in raw.splitlines():
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
-        if data == b"[DONE]":
-            out.append("[DONE]")
-            continue
-        try:
-            out.append(orjson.loads(data))
-        except orjson.JSONDecodeError:
-            out.append("<not JSON>")
-    return out
-
-
-def _stream_text(raw: bytes, terminator: str, text_of: Callable[[dict[str, Any]], str]) -> str:
-    """A stream's text (`text_of` each event, in order), marked when its last event is not
-    `terminator` (an event type, or "[DONE]"), so the text check fails."""
-    events = _sse_data(raw)
-    text = "".join(text_of(e) if isinstance(e, dict) else e for e in events if e != "[DONE]")
-    if terminator != "[DONE]":  # the LiteLLM proxy 1.108.7 appends a [DONE] the Responses API does not send
-        events = [e for e in events if e != "[DONE]"]
-    last = events[-1] if events else None
-    done = last == terminator or (isinstance(last, dict) and last.get("type") == terminator)
-    return text if done else f"{text} [stream ended without {terminator}]"
-
-
-def _chat_stream_reply(raw: bytes) -> str:
-    return _stream_text(raw, "[DONE]", lambda e: "".join((c.get("delta") or {}).get("content") or ""
-                                                         for c in e.get("choices") or []))
-
-
-def _anthropic_stream_reply(raw: bytes) -> str:
-    return _stream_text(raw, "message_stop", lambda e: (e.get("delta") or {}).get("text", "")
-                        if e.get("type") == "content_block_delta" else "")
-
-
-def _responses_stream_reply(raw: bytes) -> str:
-    return _stream_text(raw, "response.completed",
-                        lambda e: e.get("delta", "") if e.get("type") == "response.output_text.delta" else "")
-
-
 def _anthropic_reply(raw: bytes) -> str:
     return "".join(b.get("text", "") for b in orjson.loads(raw)["content"] if b.get("type") == "text")
 
@@ -181,6 +136,40 @@ def _anthropic_reply(raw: bytes) -> str:
 def _responses_reply(raw: bytes) -> str:
     return "".join(c.get("text", "") for it in orjson.loads(raw)["output"] if it.get("type") == "message"
                    for c in it.get("content", []) if c.get("type") == "output_text")
+
+
+def _delta(event: dict[str, Any]) -> str:
+    """The text one SSE event adds, in whichever of the three APIs' shapes."""
+    kind = event.get("type")
+    if kind == "content_block_delta":
+        return (event.get("delta") or {}).get("text", "")
+    if kind == "response.output_text.delta":
+        return event.get("delta", "")
+    return "".join((c.get("delta") or {}).get("content") or "" for c in event.get("choices") or [])
+
+
+def _stream_reply(terminator: str) -> Callable[[bytes], str]:
+    """A stream's text, marked when its last event is not `terminator` (an event type, or
+    "[DONE]"), so the text check fails; a payload that is not JSON fails it too."""
+    def read(raw: bytes) -> str:
+        events: list[Any] = []
+        for line in raw.splitlines():
+            data = line[5:].strip() if line.startswith(b"data:") else None
+            if data == b"[DONE]":
+                events.append("[DONE]")
+            elif data is not None:
+                try:
+                    events.append(orjson.loads(data))
+                except orjson.JSONDecodeError:
+                    events.append("<not JSON>")
+        text = "".join(_delta(e) if isinstance(e, dict) else e for e in events if e != "[DONE]")
+        if terminator != "[DONE]":  # the LiteLLM proxy 1.108.7 appends a [DONE] the Responses API does not send
+            events = [e for e in events if e != "[DONE]"]
+        last = events[-1] if events else None
+        done = last == terminator or (isinstance(last, dict) and last.get("type") == terminator)
+        return text if done else f"{text} [stream ended without {terminator}]"
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -222,13 +211,15 @@ class Door:
 CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, lambda msgs: {"model": CHAT_MODEL, "messages": msgs},
             _chat_reply)
 CHAT_STREAM = Door("chat-stream", "/v1/chat/completions", CHAT_MODEL,
-                   lambda msgs: {"model": CHAT_MODEL, "messages": msgs, "stream": True}, _chat_stream_reply)
+                   lambda msgs: {"model": CHAT_MODEL, "messages": msgs, "stream": True}, _stream_reply("[DONE]"))
 MESSAGES = Door("messages", "/v1/messages", CLAUDE_MODEL, to_anthropic, _anthropic_reply, anthropic=True)
 MESSAGES_STREAM = Door("messages-stream", "/v1/messages", CLAUDE_MODEL,
-                       lambda msgs: {**to_anthropic(msgs), "stream": True}, _anthropic_stream_reply, anthropic=True)
+                       lambda msgs: {**to_anthropic(msgs), "stream": True}, _stream_reply("message_stop"),
+                       anthropic=True)
 RESPONSES = Door("responses", "/v1/responses", CHAT_MODEL, to_responses, _responses_reply)
 RESPONSES_STREAM = Door("responses-stream", "/v1/responses", CHAT_MODEL,
-                        lambda msgs: {**to_responses(msgs), "stream": True}, _responses_stream_reply)
+                        lambda msgs: {**to_responses(msgs), "stream": True},
+                        _stream_reply("response.completed"))
 DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM)}
 """`<door>-stream` is that door with `stream: true` (the bench upstream streams each API's SSE events);
 its reply parser also checks the stream ended on the API's terminator."""

@@ -1,12 +1,21 @@
 """The latency ctxgate adds over calling the same scripted upstream directly, per door.
 
-`ctxgate serve` twice (`forwarding: auto` and `forwarding: litellm`) and the LiteLLM proxy
-(when an environment with `litellm[proxy]` is given) in front of bench/upstream.py; this
-process sends one conversation (real trajectory messages, common.build_conversation) through
-every door (bench/doors.py, each also streamed) of every target in a shuffled order each
-iteration. Added = target − direct, paired
-per iteration. conv-<size>: a conversation never seen (every message prefixed anew);
-turn-<size>: the next turn of a session (nothing compacted: a 1,000,000-token limit).
+`ctxgate serve` twice (`forwarding: auto` and `forwarding: litellm`) and, when an environment
+with `litellm[proxy]` is given, the LiteLLM proxy (same `model_list`, plus the master key it
+refuses to start without; `make bench` makes `.bench-litellm-proxy/`) in front of
+`bench/upstream.py` (a fixed "ok" in each API's shape, no input `usage`; with `stream: true`,
+that API's SSE events), all on 127.0.0.1. Each iteration this process (one pooled aiohttp
+session) builds one conversation of real trajectory messages (common.build_conversation),
+writes it in each door's wire format (bench/doors.py; a `-stream` door's whole stream is read,
+to its terminator) and sends it through every (door, target) lane in a shuffled order;
+`direct` is a POST to the upstream's own endpoint for that door. *Added*: target − direct on
+the same door, paired per iteration (p50 / p95 of the differences). `X-Ctx-Overhead-Ms`:
+ctxgate's own report of its time, upstream excluded. conv-<size>: a conversation never seen
+(every message prefixed anew); turn-<size>: the next turn of a session. Routes: `gpt-4o` →
+`openai/gpt-4o` (chat, Responses), `claude-sonnet-4-5` → `anthropic/claude-sonnet-4-5`
+(Messages), `max_input_tokens` 1,000,000: nothing compacted (X-Ctx-Levels). `X-Ctx-Tokenizer`:
+how ctxgate counted (no local Claude tokenizer: the Messages door counts an estimate, UTF-8
+bytes / 3, where chat and Responses run tiktoken).
 
     .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
         [--small 40] [--mid 20] [--large 10] [--doors chat,messages,...] [--litellm-proxy PATH]
@@ -224,31 +233,8 @@ async def main_async(args: argparse.Namespace):
 def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None, proxy_why: str) -> None:
     by = {sc.name: stats for sc, _, stats in results}
     lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
-    lines.append(
-        "ctxgate (`.venv/bin/ctxgate serve`, one process each for `forwarding: auto` and `forwarding: litellm`) in "
-        "front of `bench/upstream.py` (a fixed 'ok' reply in each API's shape, no input `usage`; to "
-        "`stream: true` the same reply as that API's SSE events), all on 127.0.0.1. The client is this "
-        "script: one pooled aiohttp session; each iteration builds one "
-        "conversation, writes it in each door's wire format (`bench/doors.py`: chat `messages`; Anthropic "
-        "`system` + alternating turns with `tool_use`/`tool_result` blocks; Responses `instructions` + `message`/"
-        "`function_call`/`function_call_output` items; the `-stream` doors: the same body with `stream: true`, "
-        "the whole stream read, ending on its terminator) and sends it through every (door, target) lane in a "
-        "shuffled order. `direct` is a plain aiohttp POST to the upstream's own endpoint for that door. "
-        "*Added* is the per-iteration difference target − direct on the same door (p50 / p95 of those "
-        "differences). `X-Ctx-Overhead-Ms` is ctxgate's own report of its time, upstream excluded. Routes: "
-        f"`{doors.CHAT_MODEL}` → `openai/{doors.CHAT_MODEL}` (chat and Responses doors), `{doors.CLAUDE_MODEL}` → "
-        f"`anthropic/{doors.CLAUDE_MODEL}` (Messages door), both with `api_base` the bench upstream and "
-        "`max_input_tokens` 1,000,000, so no request was compacted (X-Ctx-Levels column). "
-        "`X-Ctx-Tokenizer` is how ctxgate counted: there is no local Claude tokenizer, so the Messages door "
-        "counts an estimate (UTF-8 bytes / 3; it would ask the provider's `count_tokens` only for a first turn "
-        "the estimate puts past the speculation watermark, which a 1,000,000-token limit never reaches here) "
-        "where the chat and Responses doors run tiktoken.\n")
-    if proxy:
-        lines.append(f"LiteLLM proxy: litellm {proxy} (`litellm[proxy]`), same `model_list` (plus the master key it "
-                     "refuses to start without), same doors, one process, from the environment given to "
-                     "`--litellm-proxy` (`make bench` makes `.bench-litellm-proxy/`; see the Makefile).\n")
-    else:
-        lines.append(f"LiteLLM proxy: **not run** — {proxy_why}.\n")
+    lines.append(common.about(__doc__) + "\n\nLiteLLM proxy: " + (f"litellm {proxy}.\n" if proxy else
+                                                                   f"**not run** — {proxy_why}.\n"))
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
     kinds = [("fresh", "a new conversation (conv-*)"), ("turn", "the steady-state next turn of a session (turn-*)")]

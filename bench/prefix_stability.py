@@ -1,11 +1,20 @@
 """Prefix stability of the forwarded requests over long replays, and what speculative
 Autocompact saves at the compaction points.
 
-One 200K-token session (common.build_conversation) and every recorded run of 10 agent turns
-or more, replayed through `ctxgate replay`'s driver at 50% and 25% of their final size: a
-pair of consecutive forwarded requests is *stable* when the second starts with the first; a
-break anywhere but at a compaction point would be a bug. Then the compaction turns' time with
-a summary that takes 300 ms, speculation on and off.
+One 200,000-token session (the recorded runs back to back, common.build_conversation) and
+every recorded run of 10 agent turns or more, replayed turn by turn through `ctxgate replay`'s
+driver (proxy/replay/driver.py: `Compactor.prepare` as the gateway runs it, session locked,
+state saved, loop guard reset after each reply, speculative Autocompact on) at budgets of 50%
+and 25% of their final size (o200k_base, tools schema included; the provider's count is
+ctxgate's). A pair of consecutive requests is *stable* when the second starts with the first
+byte for byte. A *compaction point* is a turn where the session's compaction records changed:
+the forwarded prefix changes there by design; a break anywhere else would be a bug. The summary
+is a fixed text returned at once. A run is replayed at a budget only when its system prompt,
+task and tools schema fit the compaction target (50% of the effective budget): otherwise every
+turn is a compaction point (most tau-bench runs: a 1,270-token policy prompt). Then the same
+replays at 50% with a summary that takes 300 ms and an upstream that takes 500 ms (slept only
+while a background compaction runs): time in `Compactor.prepare` per turn, speculation off
+(a compaction point waits for the summary) and on (made during an earlier turn's upstream time).
 
     .venv/bin/python bench/prefix_stability.py             # writes its section of RESULTS.md
 """
@@ -111,30 +120,12 @@ def results(out: str | None) -> int:
             adopted += sum(f.speculative for f in run.forwarded) if speculate else 0
 
     lines = [common.section_header("Prefix stability over long replays, and speculative Autocompact"), ""]
-    lines.append(
-        f"One {LONG_SESSION_TOKENS:,}-token session of {len(agent_turns(long_session))} agent turns (the recorded runs "
-        "back to back, bench/common.py: build_conversation) and every recorded run with "
-        f"≥ {MIN_TURNS} agent turns ({len(runs) - 1}: SWE-agent, OpenHands and tau-bench), replayed "
-        "turn by turn through `Compactor.prepare` as the gateway runs it (proxy/replay/driver.py: session locked, "
-        "state saved, loop guard reset after each reply, speculative Autocompact on), each at budgets of 50% and 25% "
-        "of its final size (o200k_base, tools schema included; the provider's count is ctxgate's). A pair of "
-        "consecutive requests is *stable* when the second starts with the first byte for byte. A *compaction point* "
-        "is a turn where the session's compaction records changed: the forwarded prefix changes there by design. "
-        "*Stable outside compaction points* is the issue's measure (byte-identical up to the last compaction point); "
-        "a break elsewhere would be a bug. The summary is a fixed text returned at once. A run is replayed at a "
-        "budget only when its system prompt, task and tools schema fit the compaction target (50% of the effective "
-        "budget); otherwise no compaction can bring it under the target and every turn is one (most tau-bench runs: "
-        "a 1,270-token policy prompt).\n")
+    lines.append(common.about(__doc__) + f"\n\nThe long session: {len(agent_turns(long_session))} agent turns.\n")
     lines.append(common.table(["replay", "budget", "replayed", "request pairs", "stable (strict)", "compaction points",
                                "stable outside compaction points", "breaks elsewhere", "summaries",
                                "requests over budget"], rows))
     lines.append("")
-    lines.append(
-        f"Speculative Autocompact, the same replays at 50% ({len(runs)}): "
-        f"the summary now takes {SUMMARY_S * 1000:.0f} ms, and the "
-        f"upstream {UPSTREAM_S * 1000:.0f} ms per reply (slept only while a background compaction runs). Time in "
-        "`Compactor.prepare` per turn, median ms; a compaction point with speculation off waits for the summary, "
-        "with it on the summary was made during an earlier turn's upstream time.\n")
+    lines.append(f"Speculative Autocompact, the same replays at 50% ({len(runs)}), median ms in `Compactor.prepare`:\n")
     lines.append(common.table(
         ["speculation", "compaction turns", "median ms at compaction turns", "p90 ms", "other turns, median ms"],
         [["off", len(latency[False]), _ms(latency[False]), f"{common.pct(latency[False], 0.9):.1f}",

@@ -1,11 +1,15 @@
 """ctxgate's resident memory (VmRSS of the server and its children) over long runs.
 
-One `ctxgate serve --workers 1` (the overhead bench's config, WAL on) per scenario in front of
-bench/upstream.py; C closed-loop clients. *turns*: `--turns` turns over `--sessions` steady
-sessions, each from a ~2K-token history growing by a reply and ~150 tokens of trajectory text
-a turn, starting over as a new session id past ~20K; *mixed*: `--requests` requests, every
-other one a new conversation. Issues 13 and 14 ask growth < 50 MB from the warm-up mark (10%
-of the requests) to the end; the section also lists RSS at every tenth of the run.
+`ctxgate serve --workers 1` (`forwarding: auto`, in-memory session state, WAL on,
+`max_input_tokens` 1,000,000 so nothing is compacted) in front of bench/upstream.py, a fresh
+process per scenario; C clients in a closed loop, one pooled aiohttp session. *turns*: turns
+over steady sessions, each from a ~2K-token history of trajectory messages growing by one pair
+(the reply, ~150 tokens of trajectory text) a turn, starting over as a new session id past
+~20K (turn sizes: the client's running o200k_base estimate); *mixed*: every other request a
+new conversation (no `X-Ctx-Session`, a first message never seen before). RSS is VmRSS from
+`/proc/<pid>/status`, peak is VmHWM; *after warm-up* is at 10% of the requests; *growth* is end
+− after warm-up (issues 13 and 14 ask < 50 MB); *idle* is `--settle` s after the last reply;
+*data dir*: the WAL and memory files at the end. RSS at every tenth of each run is listed.
 
     .venv/bin/python bench/rss.py [--scenarios turns,mixed] [--turns 10000] [--requests 100000]
         [--sessions 50] [--concurrency 20] [--door chat] [--out FILE]
@@ -189,17 +193,8 @@ async def main_async(args: argparse.Namespace, door: doors.Door) -> list[Result]
 
 
 def write_results(args: argparse.Namespace, results: list[Result], door: str) -> None:
-    lines = [common.section_header("RSS: ctxgate's memory over long runs"), "",
-             "`bench/rss.py`: `ctxgate serve --workers 1` (`forwarding: auto`, in-memory session state, WAL on, "
-             "`max_input_tokens` 1,000,000 so nothing is compacted) in front of `bench/upstream.py`, a fresh process "
-             f"per scenario; {args.concurrency} clients in a closed loop, {door} door, one pooled aiohttp session. "
-             "RSS is VmRSS from `/proc/<pid>/status`; *after warm-up* is at 10% of the requests; *growth* is end − "
-             f"after warm-up (issues 13 and 14 ask < 50 MB); *idle* is {args.settle:g} s after the last reply; peak "
-             "is VmHWM. Sessions start from a ~2K-token history of trajectory messages and grow by one pair (the "
-             "reply, ~150 tokens of user text) a turn; past ~20K tokens a session ends and a new session id starts "
-             "over from a fresh history (turn sizes: the client's running o200k_base estimate). Mixed: every other "
-             "request a new conversation (no `X-Ctx-Session`, a first message never seen before). *data dir*: the WAL "
-             "and memory files at the end.\n"]
+    lines = [common.section_header("RSS: ctxgate's memory over long runs"), "", common.about(__doc__)
+             + f"\n\n{args.concurrency} clients, {door} door, idle after {args.settle:g} s.\n"]
     rows = [[r.scenario, f"{r.requests:,}", f"{r.samples[0]:.1f}", f"{r.warm_mb:.1f}", f"{r.samples[-1]:.1f}",
              f"{r.samples[-1] - r.warm_mb:+.1f}", f"{r.settled_mb:.1f}", f"{r.peak_mb:.1f}", f"{r.sessions_used:,}",
              f"{r.new_conversations:,}", f"{min(r.sizes, default=0):,}–{max(r.sizes, default=0):,}",

@@ -1,11 +1,15 @@
 """Requests per second through ctxgate and the LiteLLM proxy at a fixed concurrency.
 
-`ctxgate serve --workers N` (N > 1 needs `--state redis://...`, or $CTXGATE_BENCH_STATE) and
-the LiteLLM proxy (`--num_workers N`) in front of bench/upstream.py; C closed-loop clients
-(common.closed_loop) through the chat door for `--seconds` after a one-second warm-up.
-`direct` (the upstream alone) is this harness's ceiling: client, upstream and target share
-the cores. turn-2K: each client its own session's next turn (common.turn); conv-100K: a
-100K-token conversation never seen before.
+The same number of workers for both: `ctxgate serve --workers N` (`forwarding: auto`,
+`max_input_tokens` 1,000,000, nothing compacted; N > 1 needs `--state redis://...`, or
+$CTXGATE_BENCH_STATE) and the LiteLLM proxy `--num_workers N`, in front of bench/upstream.py.
+C clients in a closed loop (each sends its next request when the previous is answered,
+common.closed_loop; one pooled aiohttp session) through the chat door, non-stream, for
+`--seconds` after a one-second warm-up, per (scenario, concurrency, target). `direct` (the
+upstream alone) is this harness's ceiling: the load generator, the upstream and the target
+share the cores. turn-2K: each client its own session's steady next turn of a 2K-token
+conversation (common.turn); conv-100K: every request a 100K-token conversation never seen
+before. Latency is per request, under that load.
 
     .venv/bin/python bench/throughput.py [--concurrency 20,100] [--seconds 8] [--workers 1]
         [--state redis://127.0.0.1:6379/0] [--scenarios turn-2K,conv-100K] [--litellm-proxy PATH]
@@ -31,7 +35,8 @@ class Load:
 
 async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, seconds: float,
                 http: aiohttp.ClientSession, run: str) -> dict:
-    """C clients in a closed loop for 1 s of warm-up + `seconds`; replies and latencies in the window."""
+    """C clients in a closed loop for 1 s of warm-up + `seconds`: replies and latencies in the
+    window, and every reply (`answered`)."""
     async def send(w: int, i: int) -> str | None:
         if scenario.startswith("turn"):
             msgs, sid = common.turn(base_msgs, i), f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
@@ -42,9 +47,9 @@ async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, se
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             return repr(e)
 
-    done, _, errors = await common.closed_loop(send, concurrency, seconds)
-    return {"rps": len(done) / seconds, "n": len(done), "p50": common.pct(done, 0.5), "p95": common.pct(done, 0.95),
-            "errors": len(errors), "first_error": errors[0] if errors else ""}
+    done, answered, errors = await common.closed_loop(send, concurrency, seconds)
+    return {"rps": len(done) / seconds, "n": len(done), "answered": answered, "p50": common.pct(done, 0.5),
+            "p95": common.pct(done, 0.95), "errors": len(errors), "first_error": errors[0] if errors else ""}
 
 
 async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
@@ -82,23 +87,11 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
 
 def write_results(args: argparse.Namespace, rows: list, proxy: str | None, why: str) -> None:
     concurrency = " and ".join(str(c) for c in args.concurrency)
-    n = args.workers
-    workers = f"{n} worker process{'es' if n > 1 else ''} each"
-    lines = [common.section_header(f"Throughput: requests per second at concurrency {concurrency}"), ""]
-    lines.append(
-        f"`bench/throughput.py`: {args.seconds:g} s measured (after 1 s of warm-up) per (scenario, concurrency, "
-        "target); C clients in a closed loop (each sends its next request when the previous is answered), one "
-        "pooled aiohttp session in the bench process; chat door (`/v1/chat/completions`, non-stream) to "
-        "`bench/upstream.py`. "
-        f"The same number of workers, {workers}: `ctxgate serve --workers {n}` (`forwarding: auto`, "
-        "`max_input_tokens` 1,000,000, so nothing is compacted"
-        + (f"; `ctxgate.state` {args.state}" if args.state and n > 1 else "")
-        + f") and the LiteLLM proxy `--num_workers {n}`"
-        + (f" (litellm {proxy}, from its own venv, see the overhead section)" if proxy else f" (**not run**: {why})")
-        + ". `direct` is the upstream alone: the ceiling of this harness, since the load generator, the upstream "
-        "and the target share the machine's cores. turn-2K: each client its own session, the steady next turn of "
-        "a 2K-token conversation; conv-100K: every request a 100K-token conversation never seen before. Latency "
-        "is per request, under that load.\n")
+    lines = [common.section_header(f"Throughput: requests per second at concurrency {concurrency}"), "",
+             common.about(__doc__) + f"\n\nWorkers: {args.workers}" + (f", `ctxgate.state` {args.state}"
+                                                                       if args.state and args.workers > 1 else "")
+             + f"; {args.seconds:g} s measured. LiteLLM proxy: " + (f"litellm {proxy}.\n" if proxy else
+                                                                      f"**not run** ({why}).\n")]
     table_rows = []
     for scenario, c, name, r in rows:
         table_rows.append([scenario, c, name, f"{r['rps']:.1f}", r["n"], f"{r['p50']:.1f}", f"{r['p95']:.1f}",

@@ -5,7 +5,9 @@ and through several compaction points, to its final answer.
 
 Each test checks the agent's exit status and answer (`DONE-N`: every step arrived whole;
 `LOST`: the newest step did not), that every request the upstream received was valid for its
-API and under the limit, and that compaction happened (the prompt shrank more than once).
+API and under the limit, that compaction happened (the prompt shrank more than once), and
+that in the last request every step the agent took is named in a note's step ledger or is
+still there verbatim (tests/ledger_checks.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import yaml
 from agent_steps import BULK_LINES, steps_of
 from ctxgate.pipeline.conversation import read_conversation
 from ctxgate.pipeline.turns import is_valid_sequence
+from ledger_checks import assert_every_step_named
 from real_agents import npm_agent, pypi_agent
 from recorder import Recorder, Sent
 from servers import KEYS, UPSTREAM_KEY, Gateway, _model, child_env, ctxgate_command, main_config, start_gateways
@@ -81,6 +84,7 @@ def _check_upstream(upstream: ScriptedUpstream, door: str, model: str = MODEL, l
     prompts = [r.prompt_tokens for r in received]
     assert all(p is not None and p <= limit for p in prompts), prompts  # never refused for its size
     assert _shrinks([p for p in prompts if p is not None]) >= 2, prompts  # several compaction points
+    assert_every_step_named(received)  # the step ledger: no step lost from the agent's picture
     return received
 
 

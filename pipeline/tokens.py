@@ -7,8 +7,10 @@ with no known tokenizer gets an estimate, a log warning and a metrics count.
 
 Message counts follow OpenAI's published formula: 3 tokens per message, the tokens of
 every string field (role, content, name, tool_call_id), 1 more when `name` is set, and 3
-to prime the reply. Counts are cached per message fingerprint, so a turn that resends a
-long history costs O(new messages).
+to prime the reply; each tool call its name and arguments and 3 more, and what else the
+provider reads of a turn (a Responses reasoning item's summary) as an item of its own.
+Counts are cached per message fingerprint, so a turn that resends a long history costs
+O(new messages).
 """
 from __future__ import annotations
 
@@ -286,6 +288,10 @@ class TokenCounter:
                 n += sum(self._count_part(part) for part in value)
             elif key == "tool_calls" and isinstance(value, list):
                 n += sum(self._count_tool_call(call) for call in value)
+            elif key == "function_call" and isinstance(value, dict):  # the legacy single call
+                n += self._count_tool_call({"function": value})
+            elif key == "items" and isinstance(value, list):
+                n += sum(self._count_reasoning(item) for item in value)
         if "name" in message:
             n += TOKENS_PER_NAME
         self._remember(fingerprint, n)
@@ -312,6 +318,15 @@ class TokenCounter:
             return (TOKENS_PER_TOOL_CALL + self.count(name if isinstance(name, str) else "")
                     + self.count(orjson.dumps(part.get("input")).decode()))
         return self.count(orjson.dumps(part).decode())
+
+    def _count_reasoning(self, item: Any) -> int:
+        """A Responses reasoning item an assistant turn carries (the wire items it came from,
+        `items`): the provider reads its summary, an item of its own, framed as a message is;
+        the turn's text and calls are counted from its content and tool_calls already."""
+        if not isinstance(item, dict) or item.get("type") != "reasoning" or not isinstance(item.get("summary"), list):
+            return 0
+        texts = [s.get("text") for s in item["summary"] if isinstance(s, dict)]
+        return TOKENS_PER_MESSAGE + TOKENS_PER_NAME + sum(self.count(t) for t in texts if isinstance(t, str))
 
     def _count_tool_call(self, call: Any) -> int:
         if not isinstance(call, dict):

@@ -245,3 +245,31 @@ def test_what_is_forwarded_is_counted_as_the_provider_counts_it(gw: Gateway, up:
         assert theirs is not None and ours >= theirs * (1 - margin / 2), (steps, ours, theirs)
         checked += 1
     assert checked >= 3, "the session was compacted on too few turns to compare"
+
+
+def test_a_responses_turn_is_counted_with_its_reasoning(gw: Gateway, up: ScriptedUpstream) -> None:
+    """Codex sends its reasoning items back (their summaries are input the provider counts):
+    ctxgate's count of the request is not below the provider's by more than the margin allows."""
+    items: list[Body] = [{"role": "user", "content": TASK}]
+    for i in range(6):
+        items += [{"type": "reasoning", "id": f"rs_{i}", "encrypted_content": "gAAAA" + "x" * 40,
+                   "summary": [{"type": "summary_text", "text": filler(150, 300 + i)}]},
+                  {"type": "function_call", "call_id": f"call_{i}", "name": "bash",
+                   "arguments": json.dumps({"command": f"check {i}"})},
+                  {"type": "function_call_output", "call_id": f"call_{i}", "output": output(i, 40)}]
+    body = {"model": "gpt-4o", "instructions": SYSTEM, "input": items}
+    since = len(up.log)
+    resp = post(gw, "responses", body, f"reasoning-{uuid.uuid4().hex[:8]}", 100_000)
+    assert resp.status_code == 200, resp.text[:500]
+    [sent] = forwarded(up, since, "responses", "gpt-4o")
+    ours, theirs = int(resp.headers["x-ctx-tokens-out"]), sent.prompt_tokens
+    margin = 1 - PipelineConfig().safety_ratio
+    assert theirs is not None and ours >= theirs * (1 - margin / 2), (ours, theirs)
+
+
+def test_a_legacy_function_call_is_counted() -> None:
+    """Chat's older single `function_call` (its name and arguments are read by the model)."""
+    arguments = json.dumps({"command": filler(80, 9)})
+    call = {"role": "assistant", "content": None, "function_call": {"name": "bash", "arguments": arguments}}
+    bare = {"role": "assistant", "content": None}
+    assert counter().count_structured(call) - counter().count_structured(bare) >= counter().count(arguments)

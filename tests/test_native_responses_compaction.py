@@ -193,3 +193,17 @@ def test_the_launcher_asks_codex_for_remote_compaction() -> None:
     remote = wire(["codex", "exec", "hi"], {}, "http://127.0.0.1:1", "s-1", remote_compaction=True).added_args
     assert 'model_providers.ctxgate.name="ctxgate"' in local
     assert 'model_providers.ctxgate.name="OpenAI"' in remote  # the name Codex's remote compaction requires
+
+
+def test_a_chain_continues_from_the_compaction_it_stored(gw: Gateway, up: ScriptedUpstream) -> None:
+    """The compaction item is in the stored reply: the next turn by previous_response_id is sent
+    the compacted conversation and the reply after it, not the history before it."""
+    cli, headers = client(gw), session()
+    first = cli.responses.create(model="gpt-4o", input=history("OSPREY"), extra_headers=headers,  # type: ignore[arg-type]
+                                 extra_body={"context_management": [{"type": "compaction", "compact_threshold": 1000}]})
+    assert first.output[0].type == "compaction"
+    start = len(up.log)
+    cli.responses.create(model="gpt-4o", previous_response_id=first.id, input="and now?", extra_headers=headers)
+    sent = forwarded(up, start)
+    assert "OSPREY" in sent and "and now?" in sent and "ctxs1." not in sent
+    assert sent.count("line 39: build output") < 8  # the old outputs stay compacted

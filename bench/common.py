@@ -1,6 +1,6 @@
 """What the benchmarks share: recorded runs as requests, conversations of a given size, the
-servers of a run (`ctxgate serve`, the scripted upstream, the LiteLLM proxy), a closed-loop
-client, and the RESULTS.md section (its header says the command, machine, code and load).
+servers of a run (`ctxgate serve`, the scripted upstream, the LiteLLM proxy) and the
+RESULTS.md section (its header says the command, machine, code and load).
 
 Nothing is downloaded: the trajectories are ../shared/trajectories (tests/trajectories.py).
 """
@@ -13,7 +13,6 @@ if os.environ.get("TIKTOKEN_CACHE_DIR"):  # the servers run in a temporary folde
     os.environ["TIKTOKEN_CACHE_DIR"] = os.path.abspath(os.environ["TIKTOKEN_CACHE_DIR"])
 
 import argparse  # noqa: E402
-import asyncio  # noqa: E402
 import copy  # noqa: E402
 import datetime as _dt  # noqa: E402
 import platform  # noqa: E402
@@ -29,7 +28,7 @@ import time  # noqa: E402
 import urllib.request  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Awaitable, Callable, Iterable  # noqa: E402
+from typing import Any, Iterable  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -394,31 +393,3 @@ def ctxgate_config(upstream: str, workdir: Path, forwarding: str = "auto", state
         ctx["state"] = state
     return {"model_list": doors.model_list(upstream, UPSTREAM_KEY, max_input_tokens=max_input_tokens),
             "ctxgate": ctx}
-
-
-async def closed_loop(send: Callable[[int, int], Awaitable[str | None]], concurrency: int, seconds: float
-                      ) -> tuple[list[float], int, list[str]]:
-    """`concurrency` clients each sending its next request (`send(client, i)`: None when
-    answered, else the error) as soon as the last is answered, for 1 s of warm-up and
-    `seconds` more: (latencies in ms in the measured window, replies in all, errors)."""
-    in_window: list[float] = []
-    answered, errors = [0], []
-    t0 = time.perf_counter()
-    window = (t0 + 1.0, t0 + 1.0 + seconds)
-
-    async def client(w: int) -> None:
-        i = 0
-        while time.perf_counter() < window[1]:
-            started = time.perf_counter()
-            error = await send(w, i)
-            end = time.perf_counter()
-            if error is None:
-                answered[0] += 1
-                if window[0] <= end <= window[1]:
-                    in_window.append((end - started) * 1000)
-            else:
-                errors.append(error)
-            i += 1
-
-    await asyncio.gather(*(client(w) for w in range(concurrency)))
-    return in_window, answered[0], errors

@@ -4,7 +4,7 @@ The same number of workers for both: `ctxgate serve --workers N` (`forwarding: a
 `max_input_tokens` 1,000,000, nothing compacted; N > 1 needs `--state redis://...`, or
 $CTXGATE_BENCH_STATE) and the LiteLLM proxy `--num_workers N`, in front of bench/upstream.py.
 C clients in a closed loop (each sends its next request when the previous is answered,
-common.closed_loop; one pooled aiohttp session) through the chat door, non-stream, for
+one pooled aiohttp session) through the chat door, non-stream, for
 `--seconds` after a one-second warm-up, per (scenario, concurrency, target). `direct` (the
 upstream alone) is this harness's ceiling: the load generator, the upstream and the target
 share the cores. turn-2K: each client its own session's steady next turn of a 2K-token
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import time
 
 import common
 import doors
@@ -35,21 +36,40 @@ class Load:
 
 async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, seconds: float,
                 http: aiohttp.ClientSession, run: str) -> dict:
-    """C clients in a closed loop for 1 s of warm-up + `seconds`: replies and latencies in the
-    window, and every reply (`answered`)."""
-    async def send(w: int, i: int) -> str | None:
-        if scenario.startswith("turn"):
-            msgs, sid = common.turn(base_msgs, i), f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
-        else:
-            msgs, sid = common.fresh(base_msgs, w * 1_000_000 + i), None
-        try:
-            return (await DOOR.post(http, load.base, msgs, load.api_key, sid if load.session_header else None))[0]
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            return repr(e)
+    """C clients each sending its next request as soon as the last is answered, for 1 s of
+    warm-up and `seconds` more: replies and latencies in the measured window, every reply
+    (`answered`) and the errors."""
+    in_window: list[float] = []
+    answered, errors = [0], []
+    t0 = time.perf_counter()
+    window = (t0 + 1.0, t0 + 1.0 + seconds)
 
-    done, answered, errors = await common.closed_loop(send, concurrency, seconds)
-    return {"rps": len(done) / seconds, "n": len(done), "answered": answered, "p50": common.pct(done, 0.5),
-            "p95": common.pct(done, 0.95), "errors": len(errors), "first_error": errors[0] if errors else ""}
+    async def client(w: int) -> None:
+        i = 0
+        while time.perf_counter() < window[1]:
+            if scenario.startswith("turn"):
+                msgs, sid = common.turn(base_msgs, i), f"{run}-{w}-{i // common.TURNS_PER_SESSION}"
+            else:
+                msgs, sid = common.fresh(base_msgs, w * 1_000_000 + i), None
+            started = time.perf_counter()
+            try:
+                error, ms, _ = await DOOR.post(http, load.base, msgs, load.api_key,
+                                               sid if load.session_header else None)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                error = repr(e)
+            end = time.perf_counter()
+            if error is None:
+                answered[0] += 1
+                if window[0] <= end <= window[1]:
+                    in_window.append((end - started) * 1000)
+            else:
+                errors.append(error)
+            i += 1
+
+    await asyncio.gather(*(client(w) for w in range(concurrency)))
+    return {"rps": len(in_window) / seconds, "n": len(in_window), "answered": answered[0],
+            "p50": common.pct(in_window, 0.5), "p95": common.pct(in_window, 0.95), "errors": len(errors),
+            "first_error": errors[0] if errors else ""}
 
 
 async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:

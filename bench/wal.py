@@ -170,7 +170,8 @@ async def send(http: aiohttp.ClientSession, url: str, messages: list[dict], sess
     return ms, float(headers["X-Ctx-Overhead-Ms"]), headers.get("X-Ctx-Levels")
 
 
-async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
+async def end_to_end(args: argparse.Namespace) -> str:
+    """The same requests through a gateway with the WAL on and one with it off, interleaved."""
     rng = random.Random(20261203)
     with common.Servers("ctxgate-bench-wal-") as servers:
         upstream = servers.upstream()
@@ -192,7 +193,7 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
                     s = await send(http, urls[name], common.turn(base, i), sid, None)
                     if i >= warm:
                         samples.setdefault(("turn-2K", name), []).append(s)
-            runs = [t for t in openhands()]
+            runs = openhands()
             common.progress(f"wal: {args.replays} replays of {len(runs)} OpenHands runs at budget {REPLAY_BUDGET} "
                             f"× 2 gateways")
             for rep in range(args.replays):
@@ -217,7 +218,7 @@ async def end_to_end(args: argparse.Namespace) -> tuple[list[list[str]], str]:
                      f"{on_hdr - off_hdr:+.2f}"])
         common.progress(f"  {kind}: wall {on_ms:.2f} vs {off_ms:.2f} ms, X-Ctx-Overhead-Ms {on_hdr:.2f} vs "
                         f"{off_hdr:.2f} ms")
-    return rows, common.table(
+    return common.table(
         ["turns", "n (on / off)", "wall p50 ms, WAL on", "WAL off", "ratio", "X-Ctx-Overhead-Ms p50, WAL on",
          "WAL off", "ratio", "difference ms"], rows, "lrrrrrrrr")
 
@@ -241,7 +242,7 @@ def main() -> None:
     common.publish("wal-backends", backends, args.out)
     if args.backends_only:
         return
-    _, e2e = asyncio.run(end_to_end(args))
+    e2e = asyncio.run(end_to_end(args))
     common.publish("wal", "\n".join([
         common.section_header("WAL: the cost of logging on the request path"),
         "`ctxgate serve` twice (`forwarding: auto`; the WAL on — the professional default — and "

@@ -20,6 +20,7 @@ from ctxgate.pipeline.context_edits import (CLEAR_THINKING, CLEAR_TOOL_USES, COM
 from ..context_settings import mode_for, vendor_applies
 from ..engine import client_compaction
 from ..engine.client_compaction import keep
+from ..engine.compaction import fingerprints_of
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..tenancy import Caller
@@ -108,7 +109,8 @@ def edited(gw: Gateway, caller: Caller, route: Route, body: dict[str, Any], chan
         raise GatewayError(ErrorKind.INVALID_REQUEST, str(e), param=e.param, code="invalid_request") from None
     counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
     messages = body["messages"]
-    tokens = counter.count_messages(conversation_of(body).neutral) + counter.count_tools(body.get("tools"))
+    neutral = conversation_of(body).neutral  # counted by fingerprint: the counter caches an earlier turn's
+    tokens = counter.count_messages(neutral, fingerprints_of(neutral)) + counter.count_tools(body.get("tools"))
     applied: list[Applied] = []
     for edit in edits:
         done: Applied | None = None

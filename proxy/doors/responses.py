@@ -17,6 +17,7 @@ import orjson
 from aiohttp import web
 
 from ..engine import client_compaction
+from ..engine.compaction import fingerprints_of
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
@@ -292,7 +293,9 @@ class Asked:
         if self.threshold is None:
             return False
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
-        return counter.count_messages(turn.messages) + counter.count_tools(turn.tools) > self.threshold
+        # By fingerprint: the counter's cache holds what an earlier turn of the session counted.
+        tokens = counter.count_messages(turn.messages, fingerprints_of(turn.messages))
+        return tokens + counter.count_tools(turn.tools) > self.threshold
 
 
 def _unknown(response_id: str) -> GatewayError:

@@ -207,3 +207,20 @@ def test_a_chain_continues_from_the_compaction_it_stored(gw: Gateway, up: Script
     sent = forwarded(up, start)
     assert "OSPREY" in sent and "and now?" in sent and "ctxs1." not in sent
     assert sent.count("line 39: build output") < 8  # the old outputs stay compacted
+
+
+def test_a_fallback_is_sent_the_expanded_conversation(upstream: ScriptedUpstream, up: ScriptedUpstream,
+                                                      tmp_path: Path) -> None:
+    from test_upstream_fallbacks import fallback_config
+    gateway = launch("native-fallback", tmp_path, fallback_config(upstream.url)).wait_ready()
+    try:
+        cli, headers = client(gateway), session()
+        item = cli.responses.compact(model="backup", input=history("HERON"), extra_headers=headers).output[-1]
+        start = len(up.log)
+        reply = cli.responses.create(model="primary", extra_headers=headers, input=[  # type: ignore[arg-type]
+            item.model_dump(exclude_none=True), {"role": "user", "content": "the word?"}])
+        assert reply.output_text
+        backup = [r for r in up.log[start:] if r.body.get("model") == "gpt-4o"]
+        assert backup and "HERON" in json.dumps(backup[-1].body) and "ctxs1." not in forwarded(up, start)
+    finally:
+        stop_all([gateway])

@@ -224,3 +224,10 @@ def test_a_fallback_is_sent_the_expanded_conversation(upstream: ScriptedUpstream
         assert backup and "HERON" in json.dumps(backup[-1].body) and "ctxs1." not in forwarded(up, start)
     finally:
         stop_all([gateway])
+
+
+def test_a_gateway_without_keys_makes_one_and_keeps_it(tmp_path: Path) -> None:
+    from ctxgate.proxy.engine.sealed import KEY_FILE, Reference, Sealer
+    token = Sealer.from_config([], tmp_path).seal("acme", Reference("s", "cmp-1", 1e12))
+    assert Sealer.from_config([], tmp_path).open("acme", token).ref == "cmp-1"  # a restart (or another worker)
+    assert (tmp_path / KEY_FILE).stat().st_mode & 0o077 == 0 and len(list(tmp_path.iterdir())) == 1

@@ -67,10 +67,19 @@ class Sealer:
             return cls(keys)
         path = data_dir / KEY_FILE
         if not path.exists():
+            # Written whole under another name, then linked in place: workers starting together
+            # all read the one key the first link made, never a half-written file.
             data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            draft = data_dir / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(32))
+            try:
+                os.link(draft, path)
+            except FileExistsError:
+                pass
+            finally:
+                draft.unlink()
         return cls([path.read_text().strip()])
 
     def seal(self, tenant: str, reference: Reference) -> str:

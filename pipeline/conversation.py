@@ -150,11 +150,13 @@ class Conversation:
                 start = min(start, steps[-min(window.steps, len(steps))].start)
         return next((u.start for u in self.units if u.start <= start < u.end), start)
 
-    def shape(self, pin_first_user: bool = True, window: RecentWindow | None = None, anchored: bool = False) -> Shape:
-        key = ("shape", pin_first_user, window or RecentWindow(), anchored)
+    def shape(self, pin_first_user: bool = True, window: RecentWindow | None = None, anchored: bool = False,
+              keep: frozenset[str] = frozenset()) -> Shape:
+        """`keep`: fingerprints of messages pinned too (`CompressionRequest.keep`)."""
+        key = ("shape", pin_first_user, window or RecentWindow(), anchored, keep)
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = self._shape(pin_first_user, window, anchored)
+            found = self._memo[key] = self._shape(pin_first_user, window, anchored, keep)
         return found
 
     def anchor(self, pin_first_user: bool = True) -> tuple[int, int]:
@@ -168,16 +170,22 @@ class Conversation:
             end += 1
         return start, end
 
-    def _shape(self, pin_first_user: bool, window: RecentWindow | None, anchored: bool) -> Shape:
+    def _shape(self, pin_first_user: bool, window: RecentWindow | None, anchored: bool,
+               keep: frozenset[str]) -> Shape:
         head, notes_end = self.anchor(pin_first_user)
         if anchored:
             head = notes_end
         tail = max(self.recent_start(window or RecentWindow()), head)
         pinned = set()
-        for index in (newest_user_index(self.messages), self.task if pin_first_user else None):
+        kept = [i for i in range(head, tail) if self.fingerprints[i] in keep] if keep else []
+        for index in (newest_user_index(self.messages), self.task if pin_first_user else None, *kept):
             if index is not None and head <= index < tail:
                 pinned.add(index)
-        return Shape(head=head, tail=tail, pinned=frozenset(pinned), units=tuple(self.units))
+        # A unit across the head (a reader pairing the instructions' last turn with the message
+        # after them) is split there: what follows the head is weighed as a unit of its own.
+        units = [part for u in self.units
+                 for part in ((Unit(u.start, head), Unit(head, u.end)) if u.start < head < u.end else (u,))]
+        return Shape(head=head, tail=tail, pinned=frozenset(pinned), units=tuple(units))
 
     def steps(self) -> Iterator[tuple[int, Action, Observation | None]]:
         """Every action, oldest first, with the observation that answers it (if any yet)."""

@@ -12,6 +12,7 @@ from .notes import is_summary_note
 from .policy import CONSERVATIVE_PRICES, Choice, Outlook, Prices, choose_target
 from .tokens import REPLY_PRIMING
 from .request import CompressionRequest
+from .tail import PROTECTED_TAIL
 from .types import RecentWindow
 from .budget import Turn
 
@@ -157,5 +158,7 @@ def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:
 
 def _windows(cfg: PipelineConfig) -> list[RecentWindow]:
     """The recent windows a point may keep, widest first: the configured one, then the newest
-    `recent_steps` complete steps down to the newest one."""
-    return [cfg.window()] + [RecentWindow(messages=1, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]
+    `recent_steps` complete steps down to the newest one, never fewer than the protected tail's
+    messages (`tail.PROTECTED_TAIL`; the configured window when that is narrower)."""
+    least = min(PROTECTED_TAIL.messages, cfg.recent_messages)
+    return [cfg.window()] + [RecentWindow(messages=least, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]

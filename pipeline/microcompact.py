@@ -24,10 +24,11 @@ from .fingerprint import message_fingerprint
 from .protocols.anthropic import map_result_texts
 from .refs import SIZING_REF, CutLog, content_ref
 from .strategy import Stopwatch, level_result
+from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .turns import newest_user_index
 from .request import CompressionRequest
-from .types import CompressionResult, Level, Message
+from .types import CompressionResult, Level, Message, RecentWindow
 
 SEPARATOR = "\n... [middle {n} tokens truncated] ...\n"
 SEPARATOR_WITH_REF = "\n... [middle {n} tokens truncated, ref {ref}] ...\n"
@@ -175,11 +176,14 @@ class RecentWindowCut:
     the recent window alone is over the budget. Its observations are cut oldest first, each
     to its tool's threshold or, when that is not enough, to what the budget leaves it,
     before anything newer is touched; the last message and the newest user message are
-    never changed."""
+    never changed, nor anything in `protect` (the protected tail, `tail.py`: in the chain,
+    the window's older observations give room, the tail only in the fallbacks, once the
+    notes and the restored state have given theirs)."""
     level = Level.MICROCOMPACT
 
-    def __init__(self, microcompact: MicrocompactStrategy) -> None:
+    def __init__(self, microcompact: MicrocompactStrategy, protect: RecentWindow | None = PROTECTED_TAIL) -> None:
         self.microcompact = microcompact
+        self.protect = protect
 
     async def compress(self, request: CompressionRequest) -> CompressionResult | None:
         watch = Stopwatch()
@@ -197,7 +201,8 @@ class RecentWindowCut:
         floor = self.microcompact.config.min_threshold
         newest = newest_user_index(out)  # the newest user message is never compressed
         protected = shape.pinned | ({newest} if newest is not None else set())
-        for i, tool_name, in_step in self.microcompact.candidates(conversation, shape.tail, last, protected):
+        end = last if self.protect is None else min(last, conversation.recent_start(self.protect))
+        for i, tool_name, in_step in self.microcompact.candidates(conversation, shape.tail, end, protected):
             if total <= goal:
                 break
             before = counter.count_structured(out[i])

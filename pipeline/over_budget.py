@@ -6,15 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .chain import CompressionPipeline
+from .chain import CompressionPipeline, restore_position
 from .config import PipelineConfig
-from .microcompact import LastObservationCut, MicrocompactStrategy
-from .notes import notice_tokens
-from .restore import shed_own_messages
+from .microcompact import LastObservationCut, MicrocompactStrategy, RecentWindowCut
+from .protocols.base import readable_text
+from .notes import (RESTORE, is_compaction_note, is_quoted, is_restore_block, kind_of, notice_message,
+                    notice_tokens)
+from .restore import ERROR_SECTION, ActiveRestore, shed_own_messages, state_block
 from .snip import SnipStrategy
+from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .request import CompressionRequest
-from .types import CompressionResult, RecentWindow
+from .types import CompressionResult, Message, RecentWindow
 from .depth import chain_config, with_window
 
 
@@ -31,6 +34,8 @@ class OverBudget:
     """The effective budget left for the messages."""
     limit: int
     """The context limit itself left for the messages (no safety margin)."""
+    restore: ActiveRestore | None = None
+    """What the point restores: its state's lines come back in the room the fallbacks leave."""
 
     async def fit(self, request: CompressionRequest, result: CompressionResult
                   ) -> tuple[CompressionRequest, CompressionResult]:
@@ -49,20 +54,69 @@ class OverBudget:
                 request, result = merging, merged
         if result.tokens_after <= hard:
             return request, result
+        # Still over: what the protected tail gives room with, before any of it is touched
+        # (`tail.py`): everything older, as deep as the levels go; then the rest of the restored
+        # state and the notes; then the oldest turns, whole, under a note that counts them.
         result = await self._turn_in_progress(request, result)
-        result = await self._last_observation(request, result)
-        # Still over: the rest of the restored state and the notes go too (the instructions take
-        # nearly all the room), rather than forward what the provider refuses.
         result = shed(result, self.counter, hard, everything=True)
-        return request, await self._oldest_turns(request, result)
+        if result.tokens_after > hard:  # not enough alone: they go all the same, before the tail gives any room
+            result = without_own_messages(result, self.counter)
+        result = await self._oldest_turns(request, result, PROTECTED_TAIL)
+        # The tail alone is over: its observations are cut oldest first, the newest last, and
+        # then older turns of it go, down to the last message; then what ctxgate added, up to
+        # the context limit itself rather than the budget's safety margin. Forwarding what the
+        # provider refuses would cost the turn.
+        result = await self._tail(request, result)
+        result = await self._last_observation(request, result)
+        # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
+        last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
+        result = await self._oldest_turns(unkept, result, last)
+        restored = self._restored(shed(result, self.counter, self.limit, everything=True))
+        error = self.restore.state.last_error if self.restore is not None else ""
+        shown = "\n".join(map(readable_text, restored.compressed_messages))
+        if error and error not in shown and restored.tokens_after <= hard:
+            # The last failure's line out of view and no room for it: worth more than the
+            # oldest turn of the tail (a step the agent took before it failed).
+            aim = hard - self._error_room(restored.compressed_messages)
+            trimmed = await self._oldest_turns(unkept, restored, last, aim)
+            restored = self._restored(trimmed) if trimmed is not restored else restored
+        return request, restored
+
+    def _error_room(self, messages: list[Message]) -> int:
+        """What the restored state's block takes with the last error's line alone (and the notice
+        its quote brings, when none is there yet): left free by the cuts of the newest outputs,
+        which may take that line out of view (`_restored` puts it back)."""
+        error = self.restore.state.last_error if self.restore is not None else ""
+        if not error:
+            return 0
+        notice = 0 if any(is_quoted(m) for m in messages) else self.counter.count_structured(notice_message())
+        return self.counter.count_structured(state_block([ERROR_SECTION + error])) + notice
+
+    def _restored(self, result: CompressionResult) -> CompressionResult:
+        """The restored state's block made again for what the fallbacks left, in the room they
+        left under the budget: a cut after the chain may have taken out of view what the block
+        did not repeat (the failure line in the middle of an output), and what was shed may fit
+        again. The blocks of files' contents stay as they are."""
+        if self.restore is None or result.tokens_after > self.hard:
+            return result
+        messages = [m for m in result.compressed_messages if kind_of(m) != RESTORE]
+        before = self.counter.count_messages(messages) + notice_tokens(self.counter, messages)
+        room = self.hard - before - (0 if any(is_quoted(m) for m in messages)
+                                     else self.counter.count_structured(notice_message()))
+        visible = [m for m in messages if not is_compaction_note(m)]
+        state = [b for b in self.restore.blocks(self.counter, room, visible, room=0) if kind_of(b) == RESTORE]
+        at = restore_position(messages, self.config.pin_first_user)
+        out = messages[:at] + state + messages[at:]
+        tokens = self.counter.count_messages(out) + notice_tokens(self.counter, out)
+        return result if tokens > self.hard else replace(result, compressed_messages=out, tokens_after=tokens)
 
     async def _turn_in_progress(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
-        """The recent window alone, cut as far as Microcompact goes, is over the budget: keeping
-        it verbatim would only forward a request the provider refuses. Only the turn in progress
-        is kept whole then. A summary asked for already is not asked for again over a wider
-        span: the cheap levels go on from what it left, with its note kept."""
+        """The recent window, with its older observations cut as far as Microcompact goes, is
+        over the budget: keeping it verbatim would only forward a request the provider refuses.
+        Only the protected tail is kept whole then. A summary asked for already is not asked for
+        again over a wider span: the cheap levels go on from what it left, with its note kept."""
         cfg = self.config
-        narrow = RecentWindow(messages=1, steps=0)
+        narrow = PROTECTED_TAIL
         again = replace(request, window=narrow)
         config = with_window(cfg, narrow)  # Snip keeps no more than the window either
         if not self.summaries():
@@ -82,30 +136,50 @@ class OverBudget:
             return result
         others = result.tokens_after - self.counter.count_structured(result.compressed_messages[-1])
         keep = cfg.microcompact.head_tokens + cfg.microcompact.tail_tokens
-        cut = await LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard)).compress(
-            replace(request, messages=result.compressed_messages,
-                    token_budget=min(hard, max(request.token_budget, others + keep))))
+        aim = min(hard - self._error_room(result.compressed_messages), max(request.token_budget, others + keep))
+        cutter = LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard))
+        cut = None
+        for _ in range(2):  # once more, lower by what the first cut landed over its aim (the notice, the separator)
+            tried = await cutter.compress(replace(request, messages=result.compressed_messages,
+                                                  token_budget=aim - (0 if cut is None else cut.tokens_after - aim)))
+            if tried is None:
+                break
+            cut = self._as_forwarded(tried)
+            if cut.tokens_after <= aim:
+                break
+        return result if cut is None else joined(result, cut)
+
+    async def _tail(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
+        """The protected tail alone is over the budget: its observations are cut oldest first,
+        each to its tool's threshold or to what the budget leaves it, the newest last; the last
+        message and the newest user message stay (`RecentWindowCut` with nothing protected)."""
+        cfg = self.config
+        if result.tokens_after <= self.hard or "microcompact" not in cfg.levels:
+            return result
+        cutter = RecentWindowCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, self.hard), protect=None)
+        cut = await cutter.compress(replace(request, messages=result.compressed_messages,
+                                            token_budget=self.hard - self._error_room(result.compressed_messages),
+                                            window=PROTECTED_TAIL, anchored=True))
         return result if cut is None else joined(result, self._as_forwarded(cut))
 
-    async def _oldest_turns(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
-        """Still over, in a conversation too short or with turns too small for Snip's minimums
-        (blocks of 5 in 10 messages): the oldest turns after the task go, under a note that only
-        counts them, down to the last message; then what ctxgate added, up to the context limit
-        itself rather than the budget's safety margin. Forwarding what the provider refuses
-        would cost the turn."""
+    async def _oldest_turns(self, request: CompressionRequest, result: CompressionResult,
+                            window: RecentWindow, budget: int | None = None) -> CompressionResult:
+        """Still over `budget` (default: the budget), in a conversation too short or with turns
+        too small for Snip's minimums (blocks of 5 in 10 messages): the oldest turns after the
+        task go, under a note that only counts them, down to `window`."""
         cfg = self.config
-        if result.tokens_after <= self.hard or "snip" not in cfg.levels:
+        budget = self.hard if budget is None else budget
+        if result.tokens_after <= budget or "snip" not in cfg.levels:
             return result
-        last = SnipStrategy(cfg.snip.model_copy(update={"keep_recent": 1, "min_block": 1, "min_messages": 1,
-                                                        "preview_chars": 0}), cfg.pin_first_user)
-        cut = await last.compress(replace(request, messages=result.compressed_messages, token_budget=self.hard,
-                                          window=RecentWindow(messages=1, steps=0), anchored=True))
+        last = SnipStrategy(cfg.snip.model_copy(update={"keep_recent": window.messages, "min_block": 1,
+                                                        "min_messages": 1, "preview_chars": 0}), cfg.pin_first_user)
+        cut = await last.compress(replace(request, messages=result.compressed_messages, token_budget=budget,
+                                          window=window, anchored=True))
         if cut is not None:
             cut = self._as_forwarded(cut)
             if cut.tokens_after < result.tokens_after:
                 result = joined(result, cut)
-        return shed(result, self.counter, self.limit, everything=True)
-
+        return result
 
     def _as_forwarded(self, result: CompressionResult) -> CompressionResult:
         """A level's result counted as the chain counts its own: with the notice its quoted notes bring."""
@@ -128,3 +202,12 @@ def shed(result: CompressionResult, counter: TokenCounter, limit: int, everythin
         return result
     return replace(result, compressed_messages=shed_messages,
                    tokens_after=counter.count_messages(shed_messages) + notice_tokens(counter, shed_messages))
+
+
+def without_own_messages(result: CompressionResult, counter: TokenCounter) -> CompressionResult:
+    """`result` without any of ctxgate's notes and restore blocks."""
+    kept = [m for m in result.compressed_messages if not (is_compaction_note(m) or is_restore_block(m))]
+    if len(kept) == len(result.compressed_messages):
+        return result
+    return replace(result, compressed_messages=kept,
+                   tokens_after=counter.count_messages(kept) + notice_tokens(counter, kept))

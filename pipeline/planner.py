@@ -33,7 +33,8 @@ from .over_budget import OverBudget
 from .records import CompactionRecord
 from .refs import REF_RE, CutLog, render_span
 from .request import CompressionRequest
-from .restore import extract_working_state
+from .restore import ActiveRestore, extract_working_state
+from .tail import kept_for_edits
 from .turns import leading_instructions, task_index
 from .types import CompressionResult, Reason
 from .views import SessionFacts, with_expanded
@@ -248,6 +249,7 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
     cuts = CutLog() if cfg.expand.enabled else None
     request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
                                  reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
+    request = replace(request, keep=kept_for_edits(request.conversation, turn.counter, budget - turn.outside_tokens()))
     depth = None
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
@@ -289,7 +291,8 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
     else:
         result = await pipeline.compact(request)
     fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - turn.outside_tokens(),
-                           context_limit(turn, facts.learned_max_input_tokens) - turn.outside_tokens())
+                           context_limit(turn, facts.learned_max_input_tokens) - turn.outside_tokens(),
+                           ActiveRestore(cfg.restore, working))
     request, result = await fallbacks.fit(request, result)
     record = CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],

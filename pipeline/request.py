@@ -28,6 +28,9 @@ class CompressionRequest:
     """Earlier compactions' notes right after the instructions and the task stay byte-identical:
     every level works after them, so the prefix up to the last note stays cached
     (docs/compaction.md, incremental compaction). False: they are part of what may be merged."""
+    keep: frozenset[str] = frozenset()
+    """Fingerprints of messages every level keeps verbatim, like the task statement: the text the
+    agent's edit format must match (`tail.kept_for_edits`)."""
 
     @cached_property
     def conversation(self) -> Conversation:
@@ -36,7 +39,7 @@ class CompressionRequest:
 
     def shape(self, pin_first_user: bool) -> Shape:
         """Where the levels may work on these messages (`Conversation.shape`)."""
-        return self.conversation.shape(pin_first_user, self.window, self.anchored)
+        return self.conversation.shape(pin_first_user, self.window, self.anchored, self.keep)
 
     def with_messages(self, messages: list[Message], token_budget: int | None = None) -> "CompressionRequest":
         """The same request settings over other messages."""

@@ -35,6 +35,7 @@ _OPEN_FILE = re.compile(r"\(Open file: ([^)\n]+)\)")
 STATE_SOURCE = "restored state"
 """The source of the block about the state: what ctxgate read from the agent's calls and their outputs."""
 _FILE_NAMES = "Current files: "
+ERROR_SECTION = "Last error a tool reported (it may since be fixed):\n"
 _FILE_CONTENT = "Latest content seen of "
 
 
@@ -211,7 +212,7 @@ class ActiveRestore:
                 parts.append(f"The last error a tool reported (it may since be fixed) is in the cut middle of an "
                              f"output still in view: ref {ref}.")
             else:
-                parts.append("Last error a tool reported (it may since be fixed):\n" + s.last_error
+                parts.append(ERROR_SECTION + s.last_error
                              + (f"\n(the output it is from: ref {ref})" if ref is not None else ""))
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))

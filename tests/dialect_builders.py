@@ -659,6 +659,11 @@ Window = tuple[int, int]
 """A recent window as (messages, complete steps): the issue's is (RECENT, 2); a compaction point
 with little room may keep a narrower one (`cost.min_turns`), which its log names."""
 WINDOW: Window = (RECENT, 2)
+RESTORED_ERROR = "Last error a tool reported"
+"""How the restored state names the last failure (pipeline/restore.py)."""
+TAIL: Window = (6, 1)
+"""The protected tail (pipeline/tail.py): at a point whose window is over its target, the window's
+older messages may give way; the newest six messages (and the newest step) are what it holds."""
 
 
 def window_start(messages: list[Message], kinds: tuple[str, ...], window: Window = WINDOW) -> int:
@@ -803,6 +808,8 @@ class WindowWatch:
         self.kept_from = 0
         """Where the window the session's last compaction point kept begins (it may be narrower
         than the issue's when the room is small)."""
+        self.held = 0
+        """Where the window a point held starts, when its oldest turns gave way to the last error."""
         self.cut_points = 0
         """Compaction points where the window was over the target (and what was cut in it)."""
         self.cut_messages = 0
@@ -845,6 +852,8 @@ class WindowWatch:
         # the instructions and the task, so they count against the target and the budget too.
         earlier = [m for m in forwarded if is_compaction_note(m) and any(same([m], [e]) for e in self.notes)]
         notes = counter().count_messages(earlier) if earlier else 0
+        if point and window[0] > TAIL[0] and self.over_target(request, reserved, offset, window, target, notes):
+            window = TAIL
         if point and self.beyond(request, reserved, offset, window, notes):
             self.since = self.exempt = n
             self.exempt_points += 1
@@ -855,10 +864,11 @@ class WindowWatch:
             return problems
         self.notes = [m for m in forwarded if is_compaction_note(m)]
         may_cut = point and self.over_target(request, reserved, offset, window, target, notes)
+        self.held = 0
         found, cut = self._window(request, forwarded, point, may_cut, window)
         if point:
             self.since = n
-            self.kept_from = max(self.kept_from, window_start(sent, kinds, window))
+            self.kept_from = max(self.kept_from, window_start(sent, kinds, window), self.held)
             fresh = {i: m for i, m in cut.items() if i not in self.cuts}
             self.cuts.update(fresh)
             if may_cut:
@@ -875,6 +885,12 @@ class WindowWatch:
         last, newest = n - 1, newest_user(sent)
         head = [i for i in range(start, n) if kinds[i] in HEAD_KINDS]
         rest = [i for i in range(start, n) if kinds[i] not in HEAD_KINDS]
+        if point and any(self.is_note(m) and RESTORED_ERROR in str(m.get("content")) for m in forwarded):
+            # The oldest turns of the window may give way to the last failure's line, when the
+            # window alone leaves no room for it (pipeline/over_budget.py): gone whole, never changed.
+            while rest and not any(same(m, sent[rest[0]]) or is_cut_of(m, sent[rest[0]]) for m in forwarded):
+                rest = rest[1:]
+            self.held = rest[0] if rest else n
         if len(forwarded) < len(head) + len(rest):
             return [f"only {len(forwarded)} messages forwarded, the recent window holds {len(head) + len(rest)}"], {}
         problems: list[str] = []

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import orjson
 import pexpect
+import yaml
 import pytest
 from pexpect.popen_spawn import PopenSpawn
 
@@ -109,6 +110,57 @@ def test_aider_runs_past_its_limit_to_its_answer(tmp_path: Path, provider: str) 
             assert said[0] == EXAMPLE and any(s.startswith(TASK) for s in said), said[:8]  # compaction kept both
         asked = [asked_step(_reply(r)) for r in received]
         assert [a for a in asked if a is not None] == list(range(1, STEPS + 1)), asked  # none lost, none re-run
+    finally:
+        if child.proc.poll() is None:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        upstream.stop()
+
+
+EDIT_LIMIT = 3_000
+CALC = "".join(f"def f{k}(x):\n    \"\"\"Step {k} of the pipeline.\"\"\"\n    return x + {k}\n\n\n" for k in range(8)) \
+    + "def total(*args):\n    return 0\n"
+"""calc.py: a few functions before the one the edit changes, so its text takes room."""
+NOTES = "".join(f"- note {k}: the pipeline's step {k} adds {k} to its input, as calc.py's f{k} does.\n"
+                for k in range(30))
+"""A read-only file (`--read`): aider's READ ONLY dump, which may give room before calc.py's text."""
+
+
+def test_aider_edits_the_file_in_the_chat_past_compaction(tmp_path: Path) -> None:
+    """aider at a 3,000-token limit, calc.py in the chat and a read-only file beside it, runs
+    commands past compaction, then makes a SEARCH/REPLACE edit that needs calc.py's current
+    text: the scripted model copies its SEARCH line from aider's files-in-chat message as it
+    received it (tests/agent_edit.py). That message reaches it verbatim, and the edit applies."""
+    aider = pypi_agent("aider-chat") / "aider"
+    model = "agent-edit-4"
+    (tmp_path / "calc.py").write_text(CALC)
+    (tmp_path / "notes.md").write_text(NOTES)
+    upstream, config = _limited(tmp_path, EDIT_LIMIT, model)
+    settings = yaml.safe_load(config.read_text())  # counted with o200k as the upstream counts, as agent-steps-* are
+    settings["ctxgate"]["tokenizers"].append({"pattern": "agent-edit-*", "tokenizer": "tiktoken:o200k_base"})
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    command, env = _launch(config, "aider-edit", [str(aider), "--model", f"openai/{model}", *AIDER_FLAGS,
+                                                  "--no-auto-lint", "--read", "notes.md", "calc.py"],
+                           tmp_path, SHELL="/bin/sh")
+    child = PopenSpawn(command, cwd=str(tmp_path), env=env, encoding="utf-8", timeout=PROMPT_TIMEOUT_S,
+                       preexec_fn=os.setsid)
+    try:
+        last = _drive(child, TASK, 4)
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        assert child.wait() == 0, last[-2000:]
+        received = [r for r in upstream.log if r.door == "chat" and isinstance(r.body, dict)
+                    and r.body.get("model") == model]
+        prompts = [r.prompt_tokens for r in received]
+        assert received and all(p is not None and p <= EDIT_LIMIT for p in prompts), (prompts, last[-3000:])
+        # the request the edit answered (aider may summarise its history afterwards, in a request of its own)
+        edit = next((r for r in reversed(received) if "<<<<<<< SEARCH" in _reply(r)), None)
+        assert edit is not None, [_reply(r) for r in received]
+        files = [text_of(m) for m in edit.body["messages"] if text_of(m).startswith("I have *added these files")]
+        assert len(files) == 1 and f"calc.py\n```\n{CALC}```" in files[0], files
+        # compacted before the edit: the first step's output, which aider still sends, is gone
+        said = "\n".join(text_of(m) for m in edit.body["messages"])
+        assert "STEP-4-OK\n1\n2\n" in said and "STEP-1-OK\n1\n2\n" not in said, said[-3000:]
+        assert (tmp_path / "calc.py").read_text() == CALC.replace("return 0", "return sum(args)")
     finally:
         if child.proc.poll() is None:
             os.killpg(child.proc.pid, signal.SIGKILL)

@@ -11,6 +11,8 @@ it receives:
 - `agent-steps-N`: a model for real agents, N steps of shell commands whose next one depends
   on the newest observation that reached it (tests/agent_steps.py), on chat and Responses;
   on chat without tools, a text reply whose ```bash block is the next step (aider's protocol);
+- `agent-edit-N`: N such steps, then a SEARCH/REPLACE edit of calc.py copied from aider's
+  files-in-chat message (tests/agent_edit.py);
 - `error-<status>`: that HTTP status with an OpenAI error object (a 429 with `retry-after: 1`);
 - `overflow`, or a prompt over the instance's `limit`: 400 `context_length_exceeded`;
 - a name containing `slow`: sleeps `slow_s` before answering, or between stream chunks;
@@ -51,6 +53,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from agent_edit import edit_choice, is_edit_model
 from agent_steps import chat_choice, is_steps_model, text_choice
 
 _spec = importlib.util.find_spec("litellm")
@@ -340,6 +343,8 @@ class ScriptedUpstream:
                                   "system_fingerprint": "fp_scripted", "choices": choices, "usage": usage})
 
     def _choice(self, body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
+        if is_edit_model(model):  # aider editing calc.py after N steps (tests/agent_edit.py)
+            return edit_choice(body, model, i)
         if is_steps_model(model):  # no tools but the gateway's (aider): a text reply, whose ```bash block it runs
             agents = [name for name in offered_tools(body) if name != EXPAND_TOOL]
             return chat_choice(body, model, i) if agents else text_choice(body, model, i)

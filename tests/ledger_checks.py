@@ -25,22 +25,31 @@ def chat_messages(received: Any) -> list[dict[str, Any]]:
     return list(body["messages"])
 
 
-def _ledger_numbers(messages: list[dict[str, Any]]) -> set[int]:
-    """The step numbers the ledgers of ctxgate's notes name (the upstream gets them untagged:
-    they are known by their marker)."""
-    covered: set[int] = set()
-    for m in messages:
+def _step_numbers(messages: list[dict[str, Any]], dialect: str) -> tuple[list[int], list[int]]:
+    """The step numbers the ledgers of ctxgate's notes name (the upstream gets the notes
+    untagged: they are known by their marker), and those of the actions still there, numbered
+    as ctxgate numbers them: on from the highest number the notes before each one name."""
+    named: list[int] = []
+    verbatim: list[int] = []
+    n = 0
+    read = read_conversation(messages, dialect)
+    for m, info in zip(read.messages, read.infos):
         text = text_of(m)
         if NOTE_MARK in text:
-            covered |= {n for e in parse(text) for n in range(e.first, e.last + 1)}
-    return covered
+            entries = parse(text)
+            named += [k for e in entries for k in range(e.first, e.last + 1)]
+            n = max([n, *(e.last for e in entries)])
+        for _ in info.actions:
+            n += 1
+            verbatim.append(n)
+    return named, verbatim
 
 
 def assert_every_step_named(received: list[Any]) -> tuple[int, int]:
     """Every action the upstream received over the run (each once: by its call id, else by its
-    message) is named in the last request's ledgers or still there: the ledgers name 1..N
-    without a gap, and the N + 1st step on are the actions left verbatim. Returns (named,
-    verbatim)."""
+    message) is in the last request: named once in a ledger line or range of ctxgate's notes, or
+    still there verbatim (an agent's few-shot example before the task stays verbatim ahead of
+    the notes). Returns (named, verbatim)."""
     last = chat_messages(received[-1])
     dialect = read_conversation(last).dialect
     seen: set[str] = set()
@@ -49,10 +58,7 @@ def assert_every_step_named(received: list[Any]) -> tuple[int, int]:
         for m, info in zip(read.messages, read.infos):
             for k, action in enumerate(info.actions):
                 seen.add(action.call_id or f"{message_fingerprint(m)}:{k}")
-    verbatim = sum(len(info.actions) for info in read_conversation(last, dialect).infos)
-    covered = _ledger_numbers(last)
-    named = max(covered, default=0)
-    assert covered == set(range(1, named + 1)), sorted(covered)
-    assert named + verbatim == len(seen), (named, verbatim, len(seen))
-    assert named > 0, "no step was ever cut: the check did not run"
-    return named, verbatim
+    named, verbatim = _step_numbers(last, dialect)
+    assert sorted(named + verbatim) == list(range(1, len(seen) + 1)), (named, verbatim, len(seen))
+    assert named, "no step was ever cut: the check did not run"
+    return len(named), len(verbatim)

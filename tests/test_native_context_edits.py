@@ -156,8 +156,9 @@ COMPACT = {"type": "compact_20260112", "trigger": {"type": "input_tokens", "valu
 def test_compact_paused_then_the_block_comes_back(gw: Gateway, up: ScriptedUpstream) -> None:
     cli = client(gw)
     start = len(up.log)
+    edit = {**COMPACT, "pause_after_compaction": True, "instructions": "Keep the SECRET-WORD-RULE."}
     reply = cli.beta.messages.create(model="gpt-4o", max_tokens=64, messages=long_session(),  # type: ignore[arg-type]
-                                     context_management={"edits": [{**COMPACT, "pause_after_compaction": True}]},  # type: ignore[list-item]
+                                     context_management={"edits": [edit]},  # type: ignore[list-item]
                                      betas=["compact-2026-01-12"])
     assert reply.stop_reason == "compaction" and [b.type for b in reply.content] == ["compaction"]
     block = reply.content[0]

@@ -132,7 +132,7 @@ async def compact_for(gw: Gateway, request: DoorRequest, conversation: Conversat
     forwarded turn's reply (`edits.injection`), or, with `pause_after_compaction`, is the reply."""
     turn = request.turn
     done = await client_compaction.compact(gw, request.caller, request.route, request.session_id, turn.messages,
-                                           turn.tools, trigger)
+                                           turn.tools, trigger, edit.get("instructions"))
     _, turns = render(conversation, done.messages)
     token = await keep(gw, request.caller, request.session_id, turns)
     block = compaction_block(summary_of(done, turn.messages), token)

@@ -68,16 +68,20 @@ def seal_ttl(gw: "Gateway", caller: Caller) -> float:
 
 
 async def compact(gw: "Gateway", caller: Caller, route: Route, session_id: str, messages: list[dict[str, Any]],
-                  tools: list[dict[str, Any]] | None, threshold: int | None) -> ClientCompaction:
+                  tools: list[dict[str, Any]] | None, threshold: int | None,
+                  instructions: str | None = None) -> ClientCompaction:
     """Compact `messages` now: to below `threshold` as the client set it (where ctxgate's
     trigger would stand, its target below in the same proportion), or, with no threshold,
-    to the configured target share of what it counts now."""
+    to the configured target share of what it counts now. `instructions`: the client's own
+    for the summary (Anthropic's `compact_20260112`), after ctxgate's prompt."""
     counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
     config = gw.pipeline_config(caller.profile, caller.tenant)
     usage = Usage()
     model = config.autocompact.model or route.model_name
 
     async def summarize(prompt: list[dict[str, Any]]) -> str:
+        if instructions:
+            prompt = [*prompt, {"role": "user", "content": f"Additional instructions for the summary: {instructions}"}]
         text = await gw.summarizer.complete(model, prompt)
         usage.calls += 1
         usage.input_tokens += counter.count_messages(prompt)

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import orjson
 
+from ctxgate.pipeline.boundaries import head_at_boundary
 from ctxgate.wal.paths import safe_name
 from .entries import REFERENCE_SUMMARY_TOKENS, Category
 from .short_term import Candidate
@@ -101,7 +102,7 @@ def capture(messages: list[dict[str, Any]], spans: Spans, truncate: Truncate,
 
 
 def _sourced(candidate: Candidate, source: str, span: str) -> Candidate:
-    candidate.source, candidate.span = source, span[:SPAN_CHARS]
+    candidate.source, candidate.span = source, head_at_boundary(span, SPAN_CHARS)
     return candidate
 
 
@@ -117,11 +118,11 @@ def _from_user(messages: list[dict[str, Any]], i: int, text: str, at: float) -> 
     correction = _CORRECTION.search(head)
     if correction and i > 0:
         previous = _previous_action(messages, i)
-        said = correction.group(0).strip()[:300]
+        said = head_at_boundary(correction.group(0).strip(), 300)
         kind = ("code_style" if _CODE_STYLE.search(said) else
                 "tool_choice" if _mentions_tool(said, messages, i) else
                 "approach" if _APPROACH.search(said) else "other")
-        snippet = [{"role": m.get("role"), "content": text_of(m.get("content"))[:300]}
+        snippet = [{"role": m.get("role"), "content": head_at_boundary(text_of(m.get("content")), 300)}
                    for m in messages[max(0, i - 6):i + 1]]
         out.append(Candidate(Category.FEEDBACK, f"Correction ({kind}): {said}", {
             "correction_type": kind, "original_action": previous, "corrected_action": said,
@@ -133,7 +134,7 @@ def _previous_action(messages: list[dict[str, Any]], i: int) -> str:
     for m in reversed(messages[:i]):
         if m.get("role") == "assistant":
             calls = [c.get("function", {}).get("name", "") for c in m.get("tool_calls") or [] if isinstance(c, dict)]
-            return ("called " + ", ".join(calls)) if calls else text_of(m.get("content"))[:300]
+            return ("called " + ", ".join(calls)) if calls else head_at_boundary(text_of(m.get("content")), 300)
     return ""
 
 
@@ -166,11 +167,11 @@ def _reference(text: str, args: dict[str, Any], truncate: Truncate, at: float) -
     if source is None:
         found = _URL.search(text)
         source = found.group(0) if found else "inline"
-    topic = next((ln.strip("# ").strip() for ln in text.splitlines() if ln.strip()), "")[:120]
+    topic = head_at_boundary(next((ln.strip("# ").strip() for ln in text.splitlines() if ln.strip()), ""), 120)
     summary = truncate(text, REFERENCE_SUMMARY_TOKENS)
     return Candidate(Category.REFERENCE, f"{topic}: {summary}", {
         "source": source, "topic": topic, "summary": summary, "original_length": len(text)}, at, "document",
-        text[:SPAN_CHARS])
+        head_at_boundary(text, SPAN_CHARS))
 
 
 def project_facts(text: str, at: float) -> list[Candidate]:

@@ -17,6 +17,8 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
+from ctxgate.pipeline.boundaries import head_at_boundary
+
 from .entries import MAX_PROVENANCE, SPAN_CHARS, Category, MemoryEntry, Provenance, Quarantine, feedback_expiry
 from .facts import merged_provenance, remember
 from .short_term import Candidate, SessionBuffer
@@ -88,11 +90,11 @@ class Consolidator:
 
     def _cut(self, text: str, room: int) -> str:
         """`text` shortened until its JSON fits `room`: by the consolidating route's counter,
-        at a line or word boundary (`head`), when there is one; else by characters."""
+        at a line or word boundary (`head`, else by characters, still at a boundary)."""
         tokens = room
         while text and self.tokens(orjson.dumps(text).decode()) + 2 > room:
             tokens = int(min(tokens, self.tokens(text)) * 0.8)
-            text = self.head(text, tokens) if self.head is not None else text[:int(len(text) * 0.8)]
+            text = self.head(text, tokens) if self.head is not None else head_at_boundary(text, int(len(text) * 0.8))
         return text
 
 
@@ -140,7 +142,7 @@ async def _classify(entries: list[Candidate], classify: Complete | None,
     unknown = [c for c in entries if c.category is None]
     labels: list[str] = []
     if unknown and classify is not None:
-        listing = "\n".join(f"{i + 1}. {head(c.content, CLASSIFY_TOKENS) if head else c.content[:500]}"
+        listing = "\n".join(f"{i + 1}. {head(c.content, CLASSIFY_TOKENS) if head else head_at_boundary(c.content, 500)}"
                             for i, c in enumerate(unknown))
         try:
             labels = orjson.loads(await classify([{"role": "system", "content": CLASSIFY_PROMPT},
@@ -238,7 +240,7 @@ def provenance_of(dream: Dream, candidate: Candidate) -> Provenance:
     buf = dream.buffer
     return Provenance(tenant=buf.tenant, user=buf.user, project=buf.project, session=dream.session,
                       turn=candidate.turn, door=candidate.door, source=candidate.source,  # type: ignore[arg-type]
-                      span=candidate.span[:SPAN_CHARS], at=candidate.captured_at)
+                      span=head_at_boundary(candidate.span, SPAN_CHARS), at=candidate.captured_at)
 
 
 def entry_of(dream: Dream, category: Category, content: str, data: dict[str, Any], at: float,

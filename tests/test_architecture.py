@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("proxy", "pipeline", "memory", "wal", "redis_backend")
 ALLOWED = {"pipeline": set(), "redis_backend": set(), "wal": {"redis_backend"},
-           "memory": {"wal", "redis_backend"}, "proxy": {"pipeline", "memory", "wal", "redis_backend"}}
+           "memory": {"pipeline", "wal", "redis_backend"}, "proxy": {"pipeline", "memory", "wal", "redis_backend"}}
 """What each top-level package may import besides itself: proxy uses the others; they never import proxy."""
 EDGE = ("proxy.doors", "proxy.admin", "proxy.replay", "proxy.app", "proxy.cli", "proxy.wal_cli", "proxy.launcher")
 """The edge: what parses and renders wire formats, serves the admin API, runs the CLI."""

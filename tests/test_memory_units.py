@@ -411,3 +411,17 @@ def test_short_term_buffers_that_hold_nothing_go_past_the_cap() -> None:
         assert store.unseen(("t", "s0"), ["fp-0"]) == {0}  # it comes back unseen
 
     asyncio.run(run())
+
+
+def test_a_long_correction_is_kept_to_a_whole_word() -> None:
+    """What memory stores of a long sentence stops at a word, never inside one (issue 36, item 3)."""
+    words = " ".join(f"word{i:03d}" for i in range(80))
+    messages = [{"role": "user", "content": "Fix the parser."},
+                {"role": "assistant", "content": "I will rewrite parser.py with regexes."},
+                {"role": "user", "content": f"No, use the tokenizer module instead of regexes, {words}"}]
+    found = capture(messages, message_spans(messages, set(range(len(messages)))), _cut, now=1000.0)
+    said = next(c.data["corrected_action"] for _, c in found if c.category is Category.FEEDBACK)
+    assert 200 < len(said) <= 300 and said in messages[2]["content"]
+    assert said.split()[-1] in words.split() or said.endswith(",")
+    follows = messages[2]["content"][len(said):len(said) + 1]
+    assert follows in (" ", ""), (said[-20:], follows)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .conversation import Conversation, Kind
-from .notes import is_compaction_note, quoted_text
+from .notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
 from .previews import call_text, output_body
 from .protocols.base import Action, Observation
 from .refs import SIZING_REF, clip, render_span
@@ -206,6 +206,17 @@ def ledger_room(conversation: Conversation, start: int, end: int, budget: int, c
 def within_share(entries: list[Entry], budget: int, counter: TokenCounter, keep: Keep | None) -> str:
     """`entries` as a note writes them, folded to fit their share of `budget`."""
     return render(fit(entries, max(40, int(budget * SHARE)) - heading_tokens(counter), counter, keep))
+
+
+def covering_note(notes: list[Message]) -> Message | None:
+    """What stands for compaction notes that must all go (a request with no room for them): one
+    line of ctxgate's own wording naming every step their ledgers named, as a range of tool
+    names, so the step numbers stay covered; None when they named no step."""
+    entries = [e for m in notes for e in note_entries(m)]
+    if not entries:
+        return None
+    return plain_note(SNIP, f"{SNIP_MARKER} Earlier compaction notes were dropped to fit the context budget.\n"
+                            + folded(entries, None, failures=False).text)
 
 
 def render(entries: list[Entry]) -> str:

@@ -20,6 +20,7 @@ import orjson
 
 from .config import RestoreConfig
 from .conversation import read_conversation
+from .ledger import covering_note
 from .protocols.base import readable_text
 from .notes import (RESTORE, RESTORE_FILE, TAG, context_note, is_compaction_note, is_ctxgate_message,
                     is_quoted, is_restore_block, kind_of, notice_message)
@@ -297,16 +298,19 @@ def shed_own_messages(messages: list[Message], counter: TokenCounter, limit: int
         names = len(_lighter_states(sections, names_only=True))
         steps += [(state, k) for k in range(names)]
     if everything:
-        for i, m in enumerate(messages):
-            if is_compaction_note(m):
-                forms[i] = [None]
-                steps.append((i, 0))
+        notes = [i for i, m in enumerate(messages) if is_compaction_note(m)]
+        cover = covering_note([messages[i] for i in notes])
+        for i in notes:  # the oldest first; the first stands for them all in one line before it goes
+            forms[i] = [None] if cover is None or i != notes[0] else [cover, None]
+            steps.append((i, 0))
         for i in range(len(messages) - 1, -1, -1):
             if is_restore_block(messages[i]) and i not in forms:
                 forms[i] = [None]
                 steps.append((i, 0))
         if state is not None:
             steps += [(state, k) for k in range(names, len(forms[state]))]
+        if cover is not None:
+            steps.append((notes[0], 1))
     # Counted as forwarded: ctxgate's notice comes with its quoted notes, and goes with the last of them.
     notice = counter.count_structured(notice_message())
     base = counter.count_messages([m for i, m in enumerate(messages) if i not in forms])

@@ -55,10 +55,10 @@ def _text(content: Any) -> str:
 def newest_step(observation: str | None, answered_before: bool) -> int | None:
     """The step the newest observation reports; 0 before any step; None when the newest
     observation reports none although steps were taken (it was lost or cut)."""
-    if not answered_before:
-        return 0
     found = re.findall(r"STEP-(\d+)-OK", observation or "")
-    return int(found[-1]) if found else None
+    if found:  # also with no call left before it: an agent's own compaction summary names its progress
+        return int(found[-1])
+    return None if answered_before else 0
 
 
 def command_after(step: int | None, total: int) -> str:
@@ -115,6 +115,16 @@ def chat_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
             "logprobs": None, "finish_reason": "tool_calls"}
 
 
+def summary_of(items: list[Any]) -> str:
+    """The reply to an agent's own summary request (no tools offered, its prompt last, as
+    Codex's local compaction asks): the newest step the outputs before it report, which the
+    agent carries into its compacted history."""
+    outputs = "\n".join(_text(it.get("output")) for it in items
+                        if isinstance(it, dict) and it.get("type") == "function_call_output")
+    found = re.findall(r"STEP-(\d+)-OK", outputs)
+    return f"Summary: steps run so far, the newest STEP-{found[-1]}-OK." if found else "Summary: no step run yet."
+
+
 def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict[str, Any]]:
     """A Responses output: a function call of the shell tool, or, once the finishing
     command's output is back, a message with the answer."""
@@ -125,6 +135,10 @@ def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict
     if (answer := _answer(observed)) is not None:
         return [{"type": "message", "id": f"msg_{suffix}", "status": "completed", "role": "assistant",
                  "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
+    if not body.get("tools") and last.get("role") == "user" and any(
+            isinstance(it, dict) and it.get("type") == "function_call_output" for it in items):
+        return [{"type": "message", "id": f"msg_{suffix}", "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": summary_of(items), "annotations": []}]}]
     offered = [(t.get("name", ""), t.get("parameters")) for t in body.get("tools") or []
                if isinstance(t, dict) and t.get("type") == "function"]
     name, arguments = _shell_call(offered, command_after(newest_step(observed, answered), steps_of(model)))

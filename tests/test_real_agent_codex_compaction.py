@@ -1,39 +1,74 @@
-"""Codex, unmodified, through `ctxgate run --codex-remote-compaction` on a Chat-Completions-only
-route (the scripted upstream): its own compaction, forced early by a low
-`model_auto_compact_token_limit`, is asked of ctxgate (`/responses/compact`, docs/native-context.md)
-and the run goes on past it to its answer."""
+"""Codex, unmodified, through `ctxgate run`, its own compaction forced early by a low
+`model_auto_compact_token_limit`, both ways (docs/native-context.md): with
+`--codex-remote-compaction` it asks ctxgate (`/responses/compact`); without, it compacts
+locally, by a summary request of its own that goes through ctxgate to the upstream. Either
+way the run goes on past it to its answer.
+
+Codex's manual compaction (`/compact`) is a command of its interactive TUI only: `codex exec`
+has no flag or subcommand for it (the app server's `thread/compact/start` is the only other
+way in), so it is not driven here."""
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from real_agents import npm_agent
 from servers import KEYS, child_env, ctxgate_command
 from test_real_agents import MODEL, STEPS, _limited
+from upstream import ScriptedUpstream
 
 
-def test_codex_asks_ctxgate_to_compact_and_finishes(tmp_path: Path) -> None:
+CHECKPOINT = "CONTEXT CHECKPOINT COMPACTION"
+"""Codex's own summary prompt (its local compaction)."""
+
+
+def _codex(tmp_path: Path, session: str, *launcher: str) -> tuple[subprocess.CompletedProcess[str], ScriptedUpstream]:
+    """Codex run to its end through `ctxgate run` (`launcher`: its options), compaction forced at 12K tokens."""
     codex = npm_agent("@openai/codex", "codex")
     upstream, config = _limited(tmp_path, 24_000, MODEL)
     home = tmp_path / "home"
     home.mkdir()
     try:
         done = subprocess.run(
-            [*ctxgate_command(), "run", "--config", str(config), "--session", "codex-remote",
-             "--codex-remote-compaction", "--", str(codex), "exec", "--skip-git-repo-check",
-             "--dangerously-bypass-approvals-and-sandbox", "--model", MODEL,
-             "-c", "model_auto_compact_token_limit=12000", "Run the steps you are given, one at a time."],
+            [*ctxgate_command(), "run", "--config", str(config), "--session", session, *launcher,
+             "--", str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
+             "--model", MODEL, "-c", "model_auto_compact_token_limit=12000",
+             "Run the steps you are given, one at a time."],
             cwd=tmp_path, capture_output=True, text=True, timeout=600,
             env={**child_env(), "HOME": str(home), "OPENAI_API_KEY": KEYS["acme"]})
     finally:
         upstream.stop()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
-    wal = tmp_path / ".ctxgate" / "wal" / "acme" / "wal_codex-remote.jsonl"
+    return done, upstream
+
+
+def _client_compactions(tmp_path: Path, session: str) -> list[dict[str, Any]]:
+    wal = tmp_path / ".ctxgate" / "wal" / "acme" / f"wal_{session}.jsonl"
     events = [orjson.loads(line) for line in wal.read_text().splitlines() if line.strip()]
-    asked = [e for e in events if e.get("reason") == "client" or (e.get("data") or {}).get("reason") == "client"]
-    assert asked, "Codex never asked ctxgate to compact"
+    return [e for e in events if e.get("reason") == "client" or (e.get("data") or {}).get("reason") == "client"]
+
+
+def _summary_requests(upstream: ScriptedUpstream) -> list[Any]:
+    return [r for r in upstream.log if isinstance(r.body, dict) and CHECKPOINT in json.dumps(r.body.get("input"))]
+
+
+def test_codex_compacts_locally_through_ctxgate_and_finishes(tmp_path: Path) -> None:
+    _, upstream = _codex(tmp_path, "codex-local")
+    summaries = _summary_requests(upstream)
+    assert summaries, "Codex's own summary request never reached the upstream"
+    for r in summaries:  # Codex asks for its summary with no tools: ctxgate adds none of its own
+        assert not r.body.get("tools") and "ctxgate_expand" not in r.raw.decode(errors="replace")
+    assert not _client_compactions(tmp_path, "codex-local")  # nothing asked of ctxgate's compaction
+
+
+def test_codex_asks_ctxgate_to_compact_and_finishes(tmp_path: Path) -> None:
+    _, upstream = _codex(tmp_path, "codex-remote", "--codex-remote-compaction")
+    assert _client_compactions(tmp_path, "codex-remote"), "Codex never asked ctxgate to compact"
+    assert not _summary_requests(upstream)  # it compacted on the server, not by a summary of its own
     assert not [r for r in upstream.log if "compaction" in r.raw.decode(errors="replace")
                 and "ctxs1." in r.raw.decode(errors="replace")]  # the sealed item never went upstream

@@ -72,7 +72,8 @@ class OverBudget:
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
-        restored = self._restored(shed(result, self.counter, self.limit, everything=True))
+        cuts = request.cuts.originals if request.cuts is not None else None
+        restored = self._restored(shed(result, self.counter, self.limit, everything=True), cuts)
         error = self.restore.state.last_error if self.restore is not None else ""
         shown = "\n".join(map(readable_text, restored.compressed_messages))
         if error and error not in shown and restored.tokens_after <= hard:
@@ -80,7 +81,7 @@ class OverBudget:
             # oldest turn of the tail (a step the agent took before it failed).
             aim = hard - self._error_room(restored.compressed_messages)
             trimmed = await self._oldest_turns(unkept, restored, last, aim)
-            restored = self._restored(trimmed) if trimmed is not restored else restored
+            restored = self._restored(trimmed, cuts) if trimmed is not restored else restored
         return request, restored
 
     def _error_room(self, messages: list[Message]) -> int:
@@ -93,11 +94,13 @@ class OverBudget:
         notice = 0 if any(is_quoted(m) for m in messages) else self.counter.count_structured(notice_message())
         return self.counter.count_structured(state_block([ERROR_SECTION + error])) + notice
 
-    def _restored(self, result: CompressionResult) -> CompressionResult:
+    def _restored(self, result: CompressionResult, cuts: dict[str, str] | None) -> CompressionResult:
         """The restored state's block made again for what the fallbacks left, in the room they
         left under the budget: a cut after the chain may have taken out of view what the block
         did not repeat (the failure line in the middle of an output), and what was shed may fit
-        again. The blocks of files' contents stay as they are."""
+        again. The blocks of files' contents stay as they are. With expansion on (`cuts`: what
+        the point kept by reference), a failure line in the cut middle of an output still in
+        view is pointed to by its reference, as the chain's block does, not quoted again."""
         if self.restore is None or result.tokens_after > self.hard:
             return result
         messages = [m for m in result.compressed_messages if kind_of(m) != RESTORE]
@@ -105,7 +108,8 @@ class OverBudget:
         room = self.hard - before - (0 if any(is_quoted(m) for m in messages)
                                      else self.counter.count_structured(notice_message()))
         visible = [m for m in messages if not is_compaction_note(m)]
-        state = [b for b in self.restore.blocks(self.counter, room, visible, room=0) if kind_of(b) == RESTORE]
+        state = [b for b in self.restore.blocks(self.counter, room, visible, room=0, cuts=cuts)
+                 if kind_of(b) == RESTORE]
         at = restore_position(messages, self.config.pin_first_user)
         out = messages[:at] + state + messages[at:]
         tokens = self.counter.count_messages(out) + notice_tokens(self.counter, out)

@@ -128,7 +128,8 @@ def summary_of(items: list[Any]) -> str:
 def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict[str, Any]]:
     """A Responses output: a function call of the shell tool, or, once the finishing
     command's output is back, a message with the answer."""
-    items = body.get("input") if isinstance(body.get("input"), list) else []
+    given = body.get("input")
+    items: list[Any] = given if isinstance(given, list) else []
     answered = any(isinstance(it, dict) and it.get("type") == "function_call" for it in items)
     last = items[-1] if items and isinstance(items[-1], dict) else {}
     observed = _text(last.get("output")) if last.get("type") == "function_call_output" else _text(last.get("content"))

@@ -12,7 +12,6 @@ from .microcompact import LastObservationCut, MicrocompactStrategy, RecentWindow
 from .protocols.base import readable_text
 from .notes import (RESTORE, is_compaction_note, is_quoted, is_restore_block, kind_of, notice_message,
                     notice_tokens)
-from .ledger import covering_note
 from .restore import ERROR_SECTION, ActiveRestore, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .tail import PROTECTED_TAIL
@@ -210,15 +209,8 @@ def shed(result: CompressionResult, counter: TokenCounter, limit: int, everythin
 
 
 def without_own_messages(result: CompressionResult, counter: TokenCounter) -> CompressionResult:
-    """`result` without any of ctxgate's notes and restore blocks, but for one line in the notes'
-    place that keeps naming the steps their ledgers named (`ledger.covering_note`)."""
-    messages = result.compressed_messages
-    notes = [i for i, m in enumerate(messages) if is_compaction_note(m)]
-    cover = covering_note([messages[i] for i in notes])
-    kept = [m for i, m in enumerate(messages) if not (is_compaction_note(m) or is_restore_block(m))
-            or (cover is not None and i == notes[0])]
-    if cover is not None:
-        kept[kept.index(messages[notes[0]])] = cover
+    """`result` without any of ctxgate's notes and restore blocks."""
+    kept = [m for m in result.compressed_messages if not (is_compaction_note(m) or is_restore_block(m))]
     if len(kept) == len(result.compressed_messages):
         return result
     return replace(result, compressed_messages=kept,

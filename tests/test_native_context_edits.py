@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import anthropic
@@ -184,3 +185,37 @@ def test_compact_goes_first_in_the_reply_whole_and_streamed(gw: Gateway, up: Scr
         final = stream.get_final_message()
     assert final.content[0].type == "compaction" and final.content[0].encrypted_content  # type: ignore[union-attr]
     assert final.content[1].type == "text"
+
+
+
+def talk_session() -> list[dict[str, Any]]:
+    """Past the trigger in talk alone: no tool output for microcompact to clear."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "Plan the migration. The secret word is PELICAN."}]
+    for i in range(24):
+        msgs.append({"role": "assistant", "content": f"Plan part {i}: " + " ".join(
+            f"phase {i}.{k} moves table t{i}_{k} after its readers, then checks the counts." for k in range(120))})
+        msgs.append({"role": "user", "content": f"Go on with part {i + 1}."})
+    return msgs
+
+
+def test_compact_summary_reads_the_edits_instructions(upstream: ScriptedUpstream, up: ScriptedUpstream,
+                                                     tmp_path: Path) -> None:
+    """A gateway whose only level cheaper than a summary is microcompact, on a session it
+    cannot shrink: Autocompact's summary runs, and the edit's `instructions` are in its prompt."""
+    config = main_config(upstream.url, "auto")
+    config["ctxgate"]["pipeline"]["levels"] = ["microcompact", "autocompact"]
+    summarizing = launch("native-summary", tmp_path, config).wait_ready()
+    try:
+        edit = {**COMPACT, "instructions": "Keep every table name that starts with ZEBRA-RULE."}
+        reply = client(summarizing).beta.messages.create(
+            model="gpt-4o", max_tokens=64, messages=talk_session(),  # type: ignore[arg-type]
+            context_management={"edits": [edit]}, betas=["compact-2026-01-12"])  # type: ignore[list-item]
+    finally:
+        stop_all([summarizing])
+    assert [b.type for b in reply.content][:2] == ["compaction", "text"]
+    summaries = [json.dumps(r.body) for r in up.log if r.body.get("model") == "summarizer"]
+    assert summaries, "the compaction ran no summary"
+    assert all("ZEBRA-RULE" in s for s in summaries)  # the client's instructions reach the summariser
+    turn = [json.dumps(r.body) for r in up.log if r.body.get("model") == "gpt-4o"]
+    assert len(turn) == 1 and "ZEBRA-RULE" not in turn[0]  # and only the summariser
+    assert reply.usage.iterations and reply.usage.iterations[0].input_tokens > 0  # its cost, the summary's

@@ -219,3 +219,20 @@ def test_compact_summary_reads_the_edits_instructions(upstream: ScriptedUpstream
     turn = [json.dumps(r.body) for r in up.log if r.body.get("model") == "gpt-4o"]
     assert len(turn) == 1 and "ZEBRA-RULE" not in turn[0]  # and only the summariser
     assert reply.usage.iterations and reply.usage.iterations[0].input_tokens > 0  # its cost, the summary's
+
+
+def test_count_tokens_reports_the_count_before_the_edits(gw: Gateway, up: ScriptedUpstream) -> None:
+    """Anthropic's count_tokens with context_management: `input_tokens` after the edits,
+    `context_management.original_input_tokens` before them."""
+    cli: Any = client(gw)
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 1000},
+            "keep": {"type": "tool_uses", "value": 2}}
+    start = len(up.log)
+    counted = cli.beta.messages.count_tokens(model="gpt-4o", messages=session(),
+                                             context_management={"edits": [edit]}, betas=BETA)
+    whole = cli.beta.messages.count_tokens(model="gpt-4o", messages=session(), betas=BETA)
+    assert whole.context_management is None  # no edits asked, none reported
+    assert counted.context_management.original_input_tokens > counted.input_tokens
+    assert abs(counted.context_management.original_input_tokens - whole.input_tokens) <= whole.input_tokens // 20
+    assert counted.input_tokens < whole.input_tokens * 0.6  # six of eight tool results cleared
+    assert len(up.log) == start  # counted by ctxgate: no model call

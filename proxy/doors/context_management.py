@@ -60,6 +60,11 @@ class Edited:
     def report(self) -> dict[str, Any]:
         return {"applied_edits": [a.to_dict() for a in self.applied]}
 
+    def counted(self, input_tokens: int) -> dict[str, Any]:
+        """count_tokens' `context_management`: the count before the edits, in the units of
+        `input_tokens` (the count after them), what they cleared added back."""
+        return {"original_input_tokens": input_tokens + sum(a.cleared_input_tokens for a in self.applied)}
+
     def reply(self, reply: Reply) -> Reply:
         if self.injection is not None:
             reply = self.injection.reply(reply)

@@ -165,8 +165,10 @@ class MessagesDoor:
         wire = MessagesWire(self.gw, conversation, await http.read() if edits is None else None, http, counting=True)
         tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, wire,
                                            headers)
-        return web.Response(body=orjson.dumps({"input_tokens": tokens}), content_type="application/json",
-                            headers=headers)
+        counted: dict[str, Any] = {"input_tokens": tokens}
+        if edits is not None and edits.asked:  # as Anthropic answers a count with context_management
+            counted["context_management"] = edits.counted(tokens)
+        return web.Response(body=orjson.dumps(counted), content_type="application/json", headers=headers)
 
 
 def add_routes(app: web.Application, gw: Gateway) -> None:

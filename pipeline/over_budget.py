@@ -63,16 +63,21 @@ class OverBudget:
             result = without_own_messages(result, self.counter)
         result = await self._oldest_turns(request, result, PROTECTED_TAIL)
         # The tail alone is over: its observations are cut oldest first, the newest last, and
-        # then older turns of it go, down to the last message; then what ctxgate added, up to
-        # the context limit itself rather than the budget's safety margin. Forwarding what the
-        # provider refuses would cost the turn.
+        # then older turns of it go, down to the last message; then what ctxgate added (below).
+        # Forwarding what the provider refuses would cost the turn.
         result = await self._tail(request, result)
         result = await self._last_observation(request, result)
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
+        # What ctxgate added goes next, to fit the budget (the engine refuses a plan over it:
+        # `Compactor.fitted`), else the context limit itself, the line where what no level
+        # removes is over the budget already.
         cuts = request.cuts.originals if request.cuts is not None else None
-        restored = self._restored(shed(result, self.counter, self.limit, everything=True), cuts)
+        fitted = shed(result, self.counter, hard, everything=True)
+        if fitted.tokens_after > hard:
+            fitted = shed(result, self.counter, self.limit, everything=True)
+        restored = self._restored(fitted, cuts)
         error = self.restore.state.last_error if self.restore is not None else ""
         shown = "\n".join(map(readable_text, restored.compressed_messages))
         if error and error not in shown and restored.tokens_after <= hard:

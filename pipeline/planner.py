@@ -283,8 +283,14 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
             return _deferred(facts, turn, view, working, started, depth)
         else:
             wide = replace(request, window=cfg.window())
+            paid = summaries
             result = await pipeline_of(chain_config(cfg, wide.window, merge_due(turn, wide))).compact(wide)
-            if size(result.compressed_messages) <= kept:
+            landed = size(result.compressed_messages)
+            # A summary paid for by the wide run is kept while its result fits the budget, even a
+            # little above the trial's: thrown away, it was paid for nothing (measured on
+            # tau-bench at a quarter of its size: 71 of 86 summaries never sent were these).
+            if landed <= kept or (summaries > paid and landed <= budget - turn.outside_tokens()
+                                  and _summarised(view, result.compressed_messages)):
                 request, depth = wide, replace(depth, window=wide.window, narrowed=False)
             else:
                 result, collapse = trial, trial_collapse
@@ -328,6 +334,12 @@ def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[Comp
     folded = request.messages[:start] + [merged_note(len(notes), request.cuts.keep(render_span(notes)), ledger)] \
         + request.messages[end:]
     return replace(request.with_messages(folded), anchored=True), len(notes)
+
+
+def _summarised(view: list[dict[str, Any]], out: list[dict[str, Any]]) -> bool:
+    """Whether `out` holds a summary note that `view` did not: the one this point paid for."""
+    before = {orjson.dumps(m) for m in view if is_summary_note(m)}
+    return any(is_summary_note(m) and orjson.dumps(m) not in before for m in out)
 
 
 def _deferred(facts: SessionFacts, turn: Turn, view: list[dict[str, Any]], working: Any, started: float,

@@ -140,8 +140,6 @@ def test_mini_swe_agent_text_protocol_gets_its_commands_read(limited: Any, tmp_p
     _reads_its_commands(upstream, "mini_swe_agent")
 
 
-
-
 AGENTS_SDK_PROGRAM = '''
 import subprocess, sys
 from agents import Agent, Runner, function_tool, set_tracing_disabled

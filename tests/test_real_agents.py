@@ -218,9 +218,11 @@ THINKING = "agent-steps-10-thinking"
 
 def _front(tmp_path: Path, route: str, limit: int) -> tuple[ScriptedUpstream, Gateway, Recorder]:
     """A gateway on a native route of `route`'s API to the scripted upstream, and a recorder in
-    front of it: what the agent sent, then what ctxgate forwarded."""
+    front of it: what the agent sent, then what ctxgate forwarded. The route is set native: at
+    a host not the vendor's own, `auto` has ctxgate emulate the providers' context management
+    (docs/native-context.md) and take Claude Code's `context_management` out of the body."""
     upstream = ScriptedUpstream(limit=limit).start()
-    config = main_config(upstream.url, "auto")
+    config = main_config(upstream.url, "auto", native_context={"routes": {THINKING: "native"}})
     config["model_list"].append({"model_name": THINKING, "litellm_params": {
         "model": f"{route}/{THINKING}", "api_base": upstream.url if route == "anthropic" else f"{upstream.url}/v1",
         "api_key": UPSTREAM_KEY}, "model_info": {"max_input_tokens": limit}})

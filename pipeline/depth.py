@@ -106,7 +106,7 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
 
     # The configured window, unless keeping it whole leaves room for fewer than
     # `cost.min_turns` turns of growth: then the newest complete steps that do (at least one).
-    windows = _windows(cfg)
+    windows = _windows(cfg, tight=floor_with(_tail(cfg)) - reserve >= profile)
     window = next((w for w in windows if trigger - floor_with(w) >= cfg.cost.min_turns * growth), windows[-1])
     if floor_with(window) >= profile:  # the window leaves no room at the profile's target
         narrower = windows[windows.index(window):]
@@ -156,9 +156,18 @@ def with_window(config: PipelineConfig, window: RecentWindow) -> PipelineConfig:
     return config.model_copy(update={"snip": config.snip.model_copy(update={"keep_recent": window.messages})})
 
 
-def _windows(cfg: PipelineConfig) -> list[RecentWindow]:
+def _tail(cfg: PipelineConfig) -> RecentWindow:
+    """The protected tail (`tail.PROTECTED_TAIL`), or the configured window when that is narrower."""
+    return RecentWindow(messages=min(PROTECTED_TAIL.messages, cfg.recent_messages), steps=1)
+
+
+def _windows(cfg: PipelineConfig, tight: bool) -> list[RecentWindow]:
     """The recent windows a point may keep, widest first: the configured one, then the newest
-    `recent_steps` complete steps down to the newest one, never fewer than the protected tail's
-    messages (`tail.PROTECTED_TAIL`; the configured window when that is narrower)."""
-    least = min(PROTECTED_TAIL.messages, cfg.recent_messages)
+    `recent_steps` complete steps down to the newest one. At a `tight` budget (the protected
+    tail and what no level removes reach the profile's target without the summary or the
+    restored state) never fewer than the tail's messages: older observations, the notes and
+    the restored state give room first.
+    Elsewhere the newest step alone may be kept: a window held at the tail there left Snip too
+    few messages to act on, and its points came every two or three turns, freeing little."""
+    least = _tail(cfg).messages if tight else 1
     return [cfg.window()] + [RecentWindow(messages=least, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]

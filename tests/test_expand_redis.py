@@ -11,7 +11,7 @@ from typing import Iterator
 import openai
 import pytest
 
-from test_expand_chat import MARKER, build_log
+from test_expand_chat import MARKER, TOOLS, build_log
 from servers import Gateway, RedisServer, _model, model_list, start_gateways, stop_all
 from upstream import EXPAND_TOOL, REPLY, ScriptedUpstream
 from ctxgate.proxy.engine.content_store import RedisContentStore
@@ -32,12 +32,13 @@ def replicas(upstream: ScriptedUpstream, redis_server: RedisServer,
 def test_a_replica_serves_what_another_cut(replicas: dict[str, Gateway], up: ScriptedUpstream) -> None:
     session = {"X-Ctx-Budget": "6000", "X-Ctx-Session": f"expr-{uuid.uuid4().hex[:12]}"}
     a, b = (openai.OpenAI(base_url=replicas[n].url, api_key="sk-x", max_retries=0) for n in ("replica-a", "replica-b"))
-    a.chat.completions.create(model="gpt-4o", messages=build_log(), extra_headers=session)  # compacts, on a
+    # With tools of its own: ctxgate offers its expansion tool only beside them (issue 36, item 10).
+    a.chat.completions.create(model="gpt-4o", messages=build_log(), tools=TOOLS, extra_headers=session)  # compacts on a
     up.reset()
-    reply = b.chat.completions.create(model="gpt-4o-expand", messages=build_log(), extra_headers=session)
+    reply = b.chat.completions.create(model="gpt-4o-expand", messages=build_log(), tools=TOOLS, extra_headers=session)
     assert reply.choices[0].message.content == REPLY and not reply.choices[0].message.tool_calls
     first, second, *_ = up.chats()
-    assert [t["function"]["name"] for t in first.body["tools"]] == [EXPAND_TOOL]
+    assert [t["function"]["name"] for t in first.body["tools"]] == ["bash", EXPAND_TOOL]
     assert MARKER in json.dumps(second.body["messages"][-1])
 
 

@@ -187,7 +187,12 @@ def test_a_session_shows_its_timeline_compactions_and_checkpoints(
         assert point["tokens_in"] > 0 and point["tokens_out"] > 0
     first = next(i for i, lv in enumerate(levels) if lv != "none")
     budget = timeline[first]["budget"]  # the limit less ctxgate's safety margin
-    assert BUDGET * 0.8 < budget < BUDGET and timeline[first]["tokens_out"] <= budget
+    # The budget is in the provider's count (Compactor.fitted: ctxgate's count with the measured
+    # calibration), and ctxgate's count now has the expansion tool sent from this point on
+    # (issue 36, item 8), which this upstream does not count: the provider's figure is held to it.
+    point = timeline[first]
+    assert BUDGET * 0.8 < budget < BUDGET and 0 < point["prompt_tokens"] <= budget
+    assert point["tokens_out"] < point["tokens_in"]
     assert {c["level"] for c in detail["compactions"]} >= set(levels[first].split(","))
     assert any(c["reason"] == "compaction" for c in detail["checkpoints"])
     assert all("state" not in c for c in detail["checkpoints"])

@@ -320,10 +320,21 @@ def test_retries_give_up_with_the_upstreams_error(gw: Gateway, up: ScriptedUpstr
 
 
 def test_a_context_too_long_error_is_compacted_not_retried(gw: Gateway, up: ScriptedUpstream) -> None:
-    with pytest.raises(openai.BadRequestError):
-        client(gw).chat.completions.create(model="overflow", messages=messages(),
+    """A history whose old build log the reactive compaction can cut to the half the refusal
+    names: compacted and sent once more, never retried as it was. (Where no compaction can
+    bring it under that limit, ctxgate answers at once: tests/test_proxy_errors.py.)"""
+    log = "\n".join(f"build step {i}: compiling module_{i}.c with the usual flags" for i in range(400))
+    history = [MESSAGES[0], {"role": "user", "content": "Build the project."},
+               {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                   "name": "bash", "arguments": json.dumps({"command": "make"})}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": log},
+               {"role": "assistant", "content": "It built."}, *messages()[-1:]]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(gw).chat.completions.create(model="overflow", messages=history,
                                            extra_headers={"X-Ctx-Session": session()})
-    assert len(chat_calls(up, "overflow")) == 2  # the first try and the one reactive compaction
+    assert "CONTEXT_EXHAUSTED" in str(caught.value)
+    first, second = chat_calls(up, "overflow")  # the first try and the one reactive compaction
+    assert second.body["messages"] != first.body["messages"] and len(second.raw) < len(first.raw) / 2
 
 
 def test_an_attempt_past_the_deployments_timeout_is_retried_then_504(gw: Gateway, up: ScriptedUpstream) -> None:

@@ -14,8 +14,10 @@ from .notes import (RESTORE, is_compaction_note, is_quoted, is_restore_block, ki
                     notice_tokens)
 from .restore import ERROR_SECTION, ActiveRestore, shed_own_messages, state_block
 from .snip import SnipStrategy
+from .ledger import covering_note
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
+from .turns import leading_instructions, task_index
 from .request import CompressionRequest
 from .types import CompressionResult, Message, RecentWindow
 from .depth import chain_config, with_window
@@ -59,9 +61,12 @@ class OverBudget:
         # state and the notes; then the oldest turns, whole, under a note that counts them.
         result = await self._turn_in_progress(request, result)
         result = shed(result, self.counter, hard, everything=True)
+        cover = None
         if result.tokens_after > hard:  # not enough alone: they go all the same, before the tail gives any room
-            result = without_own_messages(result, self.counter)
+            result, cover = without_own_messages(result, self.counter, hard, cfg.pin_first_user)
         result = await self._oldest_turns(request, result, PROTECTED_TAIL)
+        if cover is not None:  # the one line naming their steps, back in the room the oldest turns left
+            result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
         # The tail alone is over: its observations are cut oldest first, the newest last, and
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
@@ -70,6 +75,8 @@ class OverBudget:
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
+        if cover is not None:  # or in the room the cuts of the tail left (measured on Codex: 2K of 19K)
+            result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
         # What ctxgate added goes next, to fit the budget (the engine refuses a plan over it:
         # `Compactor.fitted`), else the context limit itself, the line where what no level
         # removes is over the budget already.
@@ -213,10 +220,32 @@ def shed(result: CompressionResult, counter: TokenCounter, limit: int, everythin
                    tokens_after=counter.count_messages(shed_messages) + notice_tokens(counter, shed_messages))
 
 
-def without_own_messages(result: CompressionResult, counter: TokenCounter) -> CompressionResult:
-    """`result` without any of ctxgate's notes and restore blocks."""
+def without_own_messages(result: CompressionResult, counter: TokenCounter, limit: int,
+                         pin_first_user: bool) -> tuple[CompressionResult, Message | None]:
+    """`result` without any of ctxgate's notes and restore blocks, but for the one line that
+    names the notes' steps (`ledger.covering_note`) where it fits under `limit`; with that line
+    when it was left out for want of room (`with_cover` puts it back when the oldest turns make
+    some), else None. Without it the steps the notes named are lost from the agent's picture."""
+    notes = [m for m in result.compressed_messages if is_compaction_note(m)]
     kept = [m for m in result.compressed_messages if not (is_compaction_note(m) or is_restore_block(m))]
     if len(kept) == len(result.compressed_messages):
-        return result
-    return replace(result, compressed_messages=kept,
+        return result, None
+    bare = replace(result, compressed_messages=kept,
                    tokens_after=counter.count_messages(kept) + notice_tokens(counter, kept))
+    cover = covering_note(notes)
+    if cover is None:
+        return bare, None
+    covered = with_cover(bare, cover, counter, limit, pin_first_user)
+    return covered, (None if covered is not bare else cover)
+
+
+def with_cover(result: CompressionResult, cover: Message, counter: TokenCounter, limit: int,
+               pin_first_user: bool) -> CompressionResult:
+    """`result` with `cover` before the notes after the task, if that fits under `limit`."""
+    messages = result.compressed_messages
+    at = leading_instructions(messages)
+    if pin_first_user and at < len(messages) and task_index(messages) == at:
+        at += 1
+    out = messages[:at] + [cover] + messages[at:]
+    tokens = counter.count_messages(out) + notice_tokens(counter, out)
+    return result if tokens > limit else replace(result, compressed_messages=out, tokens_after=tokens)

@@ -170,12 +170,14 @@ class Compactor:
             plan = await self._compact(state, turn, previous.messages, decision.target, "reactive")
         else:
             plan = await self._exhausted(state, turn, previous.messages, decision)
-        plan = await self.fitted(state, turn, plan)
+        plan = await self.fitted(state, turn, plan, "reactive")
         return plan, plan.degraded
 
-    async def fitted(self, state: SessionState, turn: Turn, plan: Plan) -> Plan:
-        """`plan`, if what it forwards is within the effective budget; else the profile's degraded
-        mode once (`on_exhausted: degrade`), and CONTEXT_EXHAUSTED if that is still over. Never
+    async def fitted(self, state: SessionState, turn: Turn, plan: Plan, reason: Reason = "proactive") -> Plan:
+        """`plan`, if what it forwards is within the effective budget; else, when it was compacted
+        this turn, compacted once more on top of itself (`reason`: the point's); else the
+        profile's degraded mode once (`on_exhausted: degrade`), and CONTEXT_EXHAUSTED if that is
+        still over. Never
         forward what the provider will refuse: the budget is in the provider's count (the
         calibration in), and its safety margin is what ctxgate's count may be off by, so a
         request over it is a call paid for a refusal (seen: 2,372 of a 2,280 budget forwarded
@@ -191,6 +193,18 @@ class Compactor:
             budget, line = limit_of(state, turn), "context limit"
             if plan.tokens_out + turn.count_offset <= budget:
                 return plan
+        elif plan.levels and not plan.degraded:
+            # Compacted this turn and still over, where the fixed part leaves room: once more on
+            # top of its own result, to the target (as a reactive point compacts what was
+            # refused), before the degraded mode or a refusal. A point that kept the newest
+            # messages whole, or planned before the expansion tool was reserved, lands there.
+            again = await self._compact(state, turn, plan.messages, turn.target(budget, turn.config.target_ratio),
+                                        reason)
+            again.levels = list(dict.fromkeys([*plan.levels, *again.levels]))
+            again.hints = [*plan.hints, *again.hints]
+            plan = again
+            if plan.counted_tokens() + turn.count_offset <= budget:
+                return plan
         if turn.config.on_exhausted == "degrade" and not plan.degraded:
             plan = await self._exhausted(state, turn, plan.messages, Decision(
                 Action.DEGRADE, turn.target(budget, turn.config.target_ratio)))
@@ -199,6 +213,14 @@ class Compactor:
         raise context_exhausted(f"the request needs {plan.counted_tokens() + turn.count_offset} tokens after "
                                 f"compaction{' and the degraded mode' if plan.degraded else ''}, over the {line} of "
                                 f"{budget}: the provider would refuse it, so it is not forwarded")
+
+    async def with_room(self, state: SessionState, turn: Turn, plan: Plan, extra: int) -> Plan:
+        """`plan` of the turn whose compaction point just began to send `extra` tokens more (the
+        expansion tool, offered from a session's first point on, planned before it was reserved
+        in `turn`), `fitted` with them."""
+        turn.reserved_tokens += extra
+        plan.tokens_out = plan.counted_tokens() + extra
+        return await self.fitted(state, turn, plan)
 
     async def _compact(self, state: SessionState, turn: Turn, view: list[dict[str, Any]], target: int | None,
                        reason: Reason, as_is: list[dict[str, Any]] | None = None) -> Plan:

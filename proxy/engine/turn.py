@@ -247,9 +247,7 @@ class TurnEngine:
         plan = await gw.compactor.prepare(state, turn)
         if offered and not reserved and state.records:
             # The session's first compaction point: the tool goes out with this very request.
-            turn.reserved_tokens += offered
-            plan.tokens_out = plan.counted_tokens() + offered
-            plan = await gw.compactor.fitted(state, turn, plan)
+            plan = await gw.compactor.with_room(state, turn, plan, offered)
         if not turn.tools and state.expanded:
             kept = without_exchanges(plan.messages, state.expanded)
             if plan.tokens_out is not None:

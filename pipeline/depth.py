@@ -106,7 +106,8 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
 
     # The configured window, unless keeping it whole leaves room for fewer than
     # `cost.min_turns` turns of growth: then the newest complete steps that do (at least one).
-    windows = _windows(cfg, tight=floor_with(_tail(cfg)) - reserve >= profile)
+    tail_floor = floor_with(_tail(cfg))
+    windows = _windows(cfg, tight=tail_floor - reserve >= profile and tail_floor - reserve < trigger)
     window = next((w for w in windows if trigger - floor_with(w) >= cfg.cost.min_turns * growth), windows[-1])
     if floor_with(window) >= profile:  # the window leaves no room at the profile's target
         narrower = windows[windows.index(window):]
@@ -166,7 +167,8 @@ def _windows(cfg: PipelineConfig, tight: bool) -> list[RecentWindow]:
     `recent_steps` complete steps down to the newest one. At a `tight` budget (the protected
     tail and what no level removes reach the profile's target without the summary or the
     restored state) never fewer than the tail's messages: older observations, the notes and
-    the restored state give room first.
+    the restored state give room first. Not when the tail and what stays already pass the
+    trigger: kept there, every turn would be a point, each landing where the last did.
     Elsewhere the newest step alone may be kept: a window held at the tail there left Snip too
     few messages to act on, and its points came every two or three turns, freeing little."""
     least = _tail(cfg).messages if tight else 1

@@ -106,8 +106,7 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
 
     # The configured window, unless keeping it whole leaves room for fewer than
     # `cost.min_turns` turns of growth: then the newest complete steps that do (at least one).
-    tail_floor = floor_with(_tail(cfg))
-    windows = _windows(cfg, tight=tail_floor - reserve >= profile and tail_floor - reserve < trigger)
+    windows = _windows(cfg, hold_tail=floor_with(_tail(cfg)) - reserve < trigger)
     window = next((w for w in windows if trigger - floor_with(w) >= cfg.cost.min_turns * growth), windows[-1])
     if floor_with(window) >= profile:  # the window leaves no room at the profile's target
         narrower = windows[windows.index(window):]
@@ -162,14 +161,11 @@ def _tail(cfg: PipelineConfig) -> RecentWindow:
     return RecentWindow(messages=min(PROTECTED_TAIL.messages, cfg.recent_messages), steps=1)
 
 
-def _windows(cfg: PipelineConfig, tight: bool) -> list[RecentWindow]:
+def _windows(cfg: PipelineConfig, hold_tail: bool) -> list[RecentWindow]:
     """The recent windows a point may keep, widest first: the configured one, then the newest
-    `recent_steps` complete steps down to the newest one. At a `tight` budget (the protected
-    tail and what no level removes reach the profile's target without the summary or the
-    restored state) never fewer than the tail's messages: older observations, the notes and
-    the restored state give room first. Not when the tail and what stays already pass the
-    trigger: kept there, every turn would be a point, each landing where the last did.
-    Elsewhere the newest step alone may be kept: a window held at the tail there left Snip too
-    few messages to act on, and its points came every two or three turns, freeing little."""
-    least = _tail(cfg).messages if tight else 1
+    `recent_steps` complete steps down to the newest one, never fewer than the protected
+    tail's messages while it is held (`hold_tail`): older observations, the notes and the
+    restored state give room first. It is not held where it and what no level removes already
+    pass the trigger: kept there, every turn would be a point, each landing where the last did."""
+    least = _tail(cfg).messages if hold_tail else 1
     return [cfg.window()] + [RecentWindow(messages=least, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from ctxgate.pipeline.tokens import TiktokenEncoder, TokenCounter, TokenizerRegistry
 from ctxgate.pipeline.conversation import split_units
+from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.types import RecentWindow
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions, newest_user_index
 
@@ -170,3 +172,13 @@ def real_histories(min_messages: int = 0) -> list[tuple[str, list[Message]]]:
         if len(msgs) >= min_messages:
             out.append((t.name, msgs))
     return out
+
+
+@dataclass
+class Facts:
+    """A session's earlier facts as the planner reads them (`planner.Facts`), in memory."""
+    records: list[CompactionRecord] = field(default_factory=list)
+    expanded: list[dict[str, Any]] = field(default_factory=list)
+    collapse: dict[str, Any] = field(default_factory=dict)
+    breaker: dict[str, Any] = field(default_factory=dict)
+    learned_max_input_tokens: int | None = None

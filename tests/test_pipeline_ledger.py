@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
@@ -17,21 +16,11 @@ from ctxgate.pipeline.ledger import Entry, fit, folded, note_entries, parse, ste
 from ctxgate.pipeline.notes import is_compaction_note, quoted_text
 from ctxgate.pipeline.planner import Action
 from ctxgate.pipeline.protocols.base import Action as Call, observation
-from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.refs import CutLog
 from ctxgate.pipeline.views import compaction_view, forwarded_view
-from pipeline_builders import Message, call, calls, counter, filler, system, tool, user
+from pipeline_builders import Facts, Message, call, calls, counter, filler, system, tool, user
 
 LIMIT = 4000
-
-
-@dataclass
-class Facts:
-    records: list[CompactionRecord] = field(default_factory=list)
-    expanded: list[dict[str, Any]] = field(default_factory=list)
-    collapse: dict[str, Any] = field(default_factory=dict)
-    breaker: dict[str, Any] = field(default_factory=dict)
-    learned_max_input_tokens: int | None = None
 
 
 async def _summarize(_: list[Message]) -> str:

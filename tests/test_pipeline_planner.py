@@ -3,8 +3,6 @@ point does, with no engine, no session store and no gateway; a session is a plai
 its facts."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
 
 from ctxgate.pipeline import planner
 from ctxgate.pipeline.budget import Turn, effective_budget
@@ -13,18 +11,9 @@ from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.pipeline.planner import Action
 from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.views import forwarded_view
-from pipeline_builders import Message, counter, filler, system, tool_turn, user
+from pipeline_builders import Facts, Message, counter, filler, system, tool_turn, user
 
 LIMIT = 4000
-
-
-@dataclass
-class Facts:
-    records: list[CompactionRecord] = field(default_factory=list)
-    expanded: list[dict[str, Any]] = field(default_factory=list)
-    collapse: dict[str, Any] = field(default_factory=dict)
-    breaker: dict[str, Any] = field(default_factory=dict)
-    learned_max_input_tokens: int | None = None
 
 
 async def _summarize(_: list[Message]) -> str:

@@ -2,7 +2,6 @@
 point gives up first at a tight budget, planned on plain data (pipeline/planner.py, no engine)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from ctxgate.pipeline import planner
@@ -11,18 +10,8 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.pipeline.microcompact import is_microcompacted
 from ctxgate.pipeline.notes import is_ctxgate_message, quoted_text
-from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.tail import PROTECTED_TAIL
-from pipeline_builders import Message, assistant, call, calls, counter, filler, system, tool, tool_turn, user
-
-
-@dataclass
-class Facts:
-    records: list[CompactionRecord] = field(default_factory=list)
-    expanded: list[dict[str, Any]] = field(default_factory=list)
-    collapse: dict[str, Any] = field(default_factory=dict)
-    breaker: dict[str, Any] = field(default_factory=dict)
-    learned_max_input_tokens: int | None = None
+from pipeline_builders import Facts, Message, assistant, call, calls, counter, filler, system, tool, tool_turn, user
 
 
 async def _summarize(_: list[Message]) -> str:

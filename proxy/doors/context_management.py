@@ -29,7 +29,7 @@ from ..upstream.routing import Route
 from .messages_compaction import BlockInjection, compaction_block, paused, paused_events, summary_of
 from .messages_model import Conversation, conversation_of, render
 from .respond import DoorRequest
-from .sse import event_data, with_data
+from .sse import rewrite_events, with_data
 
 FIELD = "context_management"
 
@@ -80,22 +80,14 @@ class Edited:
             return reply
         return replace(reply, body=orjson.dumps({**data, FIELD: self.report()}))
 
-    async def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        pending = b""
-        async for data in chunks:
-            pending += data.replace(b"\r\n", b"\n")
-            *events, pending = pending.split(b"\n\n")
-            out = []
-            for event in events:
-                found = event_data(event)
-                if found is not None and found.get("type") == "message_delta":
-                    out.append(with_data(event, {**found, FIELD: self.report()}))
-                else:
-                    out.append(event + b"\n\n")
-            if out:
-                yield b"".join(out)
-        if pending:
-            yield pending
+    def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """`applied_edits` in the `message_delta` event."""
+        def rewrite(event: bytes, found: dict[str, Any]) -> bytes:
+            if found.get("type") != "message_delta":
+                return event + b"\n\n"
+            return with_data(event, {**found, FIELD: self.report()})
+
+        return rewrite_events(chunks, rewrite)
 
 
 def emulated(gw: Gateway, caller: Caller, route: Route) -> bool:

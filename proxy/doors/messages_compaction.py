@@ -21,7 +21,7 @@ from ..engine.sealed import PREFIX
 from ..gateway import Gateway
 from ..tenancy import Caller
 from ..upstream.forwarders import Reply
-from .sse import event_data, with_data
+from .sse import rewrite_events, with_data
 
 COMPACTION = "compaction"
 
@@ -98,27 +98,20 @@ class BlockInjection:
             return reply
         return replace(reply, body=orjson.dumps(self.message(data)))
 
-    async def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        pending, inserted = b"", False
-        async for data in chunks:
-            pending += data.replace(b"\r\n", b"\n")
-            *events, pending = pending.split(b"\n\n")
-            out = []
-            for event in events:
-                found = event_data(event)
-                if found is None:
-                    out.append(event + b"\n\n")
-                    continue
-                if not inserted and found.get("type") != "message_start":
-                    inserted = True
-                    out.append(block_events(self.block, 0))
-                if inserted and isinstance(found.get("index"), int):
-                    found = {**found, "index": found["index"] + 1}
-                out.append(with_data(event, found))
-            if out:
-                yield b"".join(out)
-        if pending:
-            yield pending
+    def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The compaction block's events before the first content block, every later index moved up."""
+        inserted = False
+
+        def rewrite(event: bytes, found: dict[str, Any]) -> bytes:
+            nonlocal inserted
+            head = b""
+            if not inserted and found.get("type") != "message_start":
+                inserted, head = True, block_events(self.block, 0)
+            if inserted and isinstance(found.get("index"), int):
+                found = {**found, "index": found["index"] + 1}
+            return head + with_data(event, found)
+
+        return rewrite_events(chunks, rewrite)
 
 
 def compaction_block(summary: str, token: str) -> dict[str, Any]:

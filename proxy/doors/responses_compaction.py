@@ -28,7 +28,7 @@ from ..gateway import Gateway
 from ..tenancy import Caller
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
-from .sse import event_data, with_data
+from .sse import rewrite_events, with_data
 
 COMPACTION, TRIGGER = "compaction", "compaction_trigger"
 MIN_THRESHOLD, MAX_THRESHOLD = 1000, 100_000_000
@@ -184,29 +184,19 @@ class Injection:
             usage = {**usage, "compaction": cost}
         return {**response, "output": [self.item, *response.get("output", [])], "usage": usage}
 
-    async def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    def _stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """The upstream's events, the compaction item's two events before its first output item,
         every later output index and sequence number moved up."""
-        pending, shift = b"", 0
         inserted = False
-        async for data in chunks:
-            pending += data.replace(b"\r\n", b"\n")
-            *events, pending = pending.split(b"\n\n")
-            out = []
-            for event in events:
-                found = event_data(event)
-                if found is None:
-                    out.append(event + b"\n\n")
-                    continue
-                kind = found.get("type")
-                if not inserted and kind not in ("response.created", "response.in_progress"):
-                    inserted, shift = True, 2
-                    out.append(self._item_events(found.get("sequence_number")))
-                out.append(with_data(event, self._moved(found, shift if inserted else 0)))
-            if out:
-                yield b"".join(out)
-        if pending:
-            yield pending
+
+        def rewrite(event: bytes, found: dict[str, Any]) -> bytes:
+            nonlocal inserted
+            head = b""
+            if not inserted and found.get("type") not in ("response.created", "response.in_progress"):
+                inserted, head = True, self._item_events(found.get("sequence_number"))
+            return head + with_data(event, self._moved(found, 2 if inserted else 0))
+
+        return rewrite_events(chunks, rewrite)
 
     def _item_events(self, sequence: Any) -> bytes:
         start = sequence if isinstance(sequence, int) else 0

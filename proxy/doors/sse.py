@@ -2,10 +2,12 @@
 asked (an idempotent request's stored reply), whole lines across network chunks (a chunk
 may end mid-event), and whether the stream completed or carried an error. And `SseEvents`,
 the edge's check that what it relays is whole events of JSON; `event_data` and `with_data`,
-one event read and rewritten (the expansion loop takes its tool's calls out)."""
+one event read and rewritten (the expansion loop takes its tool's calls out); `rewrite_events`,
+a stream's JSON events each rewritten (the native context-management replies)."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -107,3 +109,21 @@ def with_data(event: bytes, data: dict[str, Any]) -> bytes:
     """The event with its data rewritten, its `event:` line kept."""
     lines = [line for line in event.split(b"\n") if line.startswith(b"event:")]
     return b"\n".join([*lines, b"data: " + orjson.dumps(data)]) + b"\n\n"
+
+
+async def rewrite_events(chunks: AsyncIterator[bytes],
+                         rewrite: Callable[[bytes, dict[str, Any]], bytes]) -> AsyncIterator[bytes]:
+    """`chunks` as whole events, each JSON event replaced by what `rewrite(event, data)` returns
+    (bytes ending in a blank line, or several events), the others relayed as they came."""
+    pending = b""
+    async for data in chunks:
+        pending += data.replace(b"\r\n", b"\n")
+        *events, pending = pending.split(b"\n\n")
+        out = []
+        for event in events:
+            found = event_data(event)
+            out.append(event + b"\n\n" if found is None else rewrite(event, found))
+        if out:
+            yield b"".join(out)
+    if pending:
+        yield pending

@@ -104,9 +104,15 @@ def plan_depth(turn: Turn, view: list[dict[str, Any]], budget: int, restore: int
     def floor_with(window: RecentWindow) -> int:
         return stable + reserve + sum(counts[max(end, conversation.recent_start(window)):])
 
+    tail_start = max(end, conversation.recent_start(_tail(cfg)))
+    # The protected tail is held while what lies before it can give room: the older messages
+    # free the least gain, and the tail with what no level removes stays under the trigger.
+    # Held where nothing older is worth a cut, the point would cut nothing, and again next turn.
+    older = sum(counts[end if keep_notes else start:tail_start])
+    hold_tail = older >= cfg.cost.least_gain(budget) and floor_with(_tail(cfg)) - reserve < trigger
     # The configured window, unless keeping it whole leaves room for fewer than
     # `cost.min_turns` turns of growth: then the newest complete steps that do (at least one).
-    windows = _windows(cfg, hold_tail=floor_with(_tail(cfg)) - reserve < trigger)
+    windows = _windows(cfg, hold_tail)
     window = next((w for w in windows if trigger - floor_with(w) >= cfg.cost.min_turns * growth), windows[-1])
     if floor_with(window) >= profile:  # the window leaves no room at the profile's target
         narrower = windows[windows.index(window):]
@@ -166,6 +172,7 @@ def _windows(cfg: PipelineConfig, hold_tail: bool) -> list[RecentWindow]:
     `recent_steps` complete steps down to the newest one, never fewer than the protected
     tail's messages while it is held (`hold_tail`): older observations, the notes and the
     restored state give room first. It is not held where it and what no level removes already
-    pass the trigger: kept there, every turn would be a point, each landing where the last did."""
+    pass the trigger, nor where nothing older frees the least gain: kept there, every turn
+    would be a point, each landing where the last did."""
     least = _tail(cfg).messages if hold_tail else 1
     return [cfg.window()] + [RecentWindow(messages=least, steps=k) for k in range(max(1, cfg.recent_steps), 0, -1)]

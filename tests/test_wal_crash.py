@@ -520,12 +520,13 @@ def test_a_kill_around_a_speculative_summary_changes_no_payload(upstream: Script
     upstream.reset()
     name = "python__mypy-15976_0"
     t = trajectory(name)
-    # Without Snip, which would free these spans alone with no summary to kill around.
-    levels = ["microcompact", "collapse", "autocompact"]
-    crash_cfg = gateway_config(upstream.url, CRASH_KEY, levels=levels,
-                               autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
-    control_cfg = gateway_config(upstream.url, CONTROL_KEY, levels=levels,
-                                 autocompact={"model": "slow-summarizer", "speculative_ratio": 0.7})
+    # Without Snip, which would free these spans alone with no summary to kill around; each
+    # point aims at the profile's target (the cost model may keep a point to the cheap levels,
+    # which pay no summary: nothing to kill around either).
+    pipeline = {"levels": ["microcompact", "collapse", "autocompact"], "cost": {"depth": "target"},
+                "autocompact": {"model": "slow-summarizer", "speculative_ratio": 0.7}}
+    crash_cfg = gateway_config(upstream.url, CRASH_KEY, **pipeline)
+    control_cfg = gateway_config(upstream.url, CONTROL_KEY, **pipeline)
     started = start_gateways({"crash": (tmp_path / "crash", crash_cfg), "control": (tmp_path / "control", control_cfg)})
     gws = dict(started)
     session = {gw: Replay(name, gw, turns_of(t), t.tools, stream=False) for gw in ("crash", "control")}

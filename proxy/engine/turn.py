@@ -39,6 +39,7 @@ from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definitio
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
 from .session import Transaction
+from .summary_reuse import reusing_summaries
 from .memory_turn import MemoryScope, block_tokens, forwarded, query_of
 from .state import SessionState
 from .wire import ReplyFacts, Wire
@@ -171,7 +172,8 @@ class TurnEngine:
         turn = Turn(messages=messages, fingerprints=index.fingerprints, tools=request.tools, counter=counter,
                     config=config, max_input_tokens=caller.budget or route.max_input_tokens,
                     prices=prices_of(config, route.prices),
-                    summarize=lambda msgs: gw.summarizer.complete(summarizer, msgs), index=index)
+                    summarize=reusing_summaries(gw.compactor.content, caller.tenant, session_id, summarizer,
+                                                config.expand, gw.summarizer.complete), index=index)
         headers["X-Ctx-Tokenizer"] = counter.name
         if counting is None:
             self._counted(caller, session_id, request, turn, headers)

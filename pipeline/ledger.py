@@ -18,10 +18,11 @@ step number stays named however many points came before.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .conversation import Conversation, Kind
+from .conversation import Conversation, Kind, Unit
 from .notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
 from .previews import call_text, output_body
 from .protocols.base import Action, Observation
@@ -143,13 +144,28 @@ def _answered(conversation: Conversation) -> dict[int, list[tuple[Action, Observ
     return found
 
 
+def _units_over(conversation: Conversation, chosen: set[int]) -> list[Unit]:
+    """The units holding any of `chosen`: only those between its first and last index are
+    looked at (Snip asks unit by unit; scanning every unit each time was quadratic)."""
+    if not chosen:
+        return []
+    memo = conversation.memo("ledger-units")
+    starts = memo.get("starts")
+    if starts is None:
+        starts = memo["starts"] = [u.start for u in conversation.units]
+    units = conversation.units
+    first = max(0, bisect_right(starts, min(chosen)) - 1)
+    last = bisect_right(starts, max(chosen))
+    return units[first:last]
+
+
 def span_entries(conversation: Conversation, indices: Iterable[int], keep: Keep | None) -> list[Entry]:
     """The ledger of the messages at `indices` (being removed): a line per step, each naming
     its unit's original (kept with `keep`), and the lines of the earlier notes among them."""
     chosen = set(indices)
     numbers, answered, messages = step_numbers(conversation), _answered(conversation), conversation.messages
     out: list[Entry] = []
-    for unit in conversation.units:
+    for unit in _units_over(conversation, chosen):
         members = [i for i in range(unit.start, unit.end) if i in chosen]
         ref: str | None = None
         for i in members:

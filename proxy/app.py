@@ -12,6 +12,8 @@ from aiohttp import web
 from .doors.chat import ChatDoor
 from .doors.errors import openai_response
 from .doors.respond import add_door_route
+from .doors.unknown import not_found
+from .doors import gemini as gemini_door
 from .doors import messages as messages_door
 from .doors import responses as responses_door
 from .errors import ErrorKind, GatewayError
@@ -49,9 +51,10 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
     except web.HTTPException as e:
         if e.status < 400:
             raise
+        if e.status == 404:  # no door here: the client is told which APIs ctxgate serves
+            return not_found(request)
         # aiohttp's own (no route, wrong method): its status as an upstream's would be.
-        return openai_response(GatewayError(ErrorKind.UPSTREAM, e.reason or "request failed", upstream_status=e.status,
-                                            code="not_found" if e.status == 404 else None))
+        return openai_response(GatewayError(ErrorKind.UPSTREAM, e.reason or "request failed", upstream_status=e.status))
     except (ConnectionResetError, OSError) as e:
         if request.transport is None or request.transport.is_closing():
             raise
@@ -175,6 +178,7 @@ def create_app(gw: Gateway) -> web.Application:
     MemoryApi(gw).add_routes(app)
     Dashboard(gw).add_routes(app)
     messages_door.add_routes(app, gw)
+    gemini_door.add_routes(app, gw)
     Eraser(gw, responses_door.add_routes(app, gw)).add_routes(app)
 
     async def _start(app: web.Application) -> None:

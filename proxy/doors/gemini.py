@@ -1,0 +1,164 @@
+"""POST /v1beta/models/{model}:generateContent, :streamGenerateContent and :countTokens: the
+Gemini door.
+
+Gemini CLI and the Google Gen AI SDKs speak this API. The door reads the body into the
+neutral model (`gemini_model`), lets the turn engine count, compact and forward it, renders
+the forwarded body back in Gemini's shape (`gemini_render`), sends it to the route as chat
+completions (`gemini_chat`: directly or through litellm) and answers in Gemini's shape, whole
+or streamed (`alt=sse`: SSE; else one JSON array written as it comes). The key comes as
+`x-goog-api-key` or `?key=` and selects the tenant as a bearer key does; every error leaves
+in Google's shape.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from ..engine.memory_turn import scope_of
+from ..engine.turn import TurnEngine, TurnInput
+from ..engine.wire import ReplyFacts
+from ..errors import ErrorKind, GatewayError
+from ..gateway import Gateway
+from ..tenancy import resolve_caller, resolve_session
+from ..upstream.forwarders import Reply
+from ..upstream.routing import Route
+from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream
+from .gemini_model import conversation_of, counted_body, validate_request
+from .gemini_render import render
+from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
+from .respond import DoorRequest, Handler, add_door_route, answer
+from .validation import read_json_body
+
+log = logging.getLogger("ctxgate.doors")
+PATHS = ("/v1beta/models/{target}", "/v1/models/{target}")
+"""Gemini CLI asks v1beta; the Google Gen AI SDKs v1 unless told otherwise: the same API."""
+METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+
+
+class GeminiWire:
+    name = "gemini"
+
+    def __init__(self, gw: Gateway, body: dict[str, Any], neutral: list[dict[str, Any]], model: str,
+                 sse: bool) -> None:
+        self._gw = gw
+        self._body = body
+        self._neutral = neutral
+        self._model = model
+        self._frames = Frames(sse)
+
+    def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
+        if messages is self._neutral:
+            return self._body
+        system, contents = render(self._body, messages)
+        payload = {k: v for k, v in self._body.items() if k not in ("systemInstruction", "contents")}
+        if system is not None:
+            payload["systemInstruction"] = system
+        payload["contents"] = contents
+        return payload
+
+    async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream)}
+        if route.direct and not route.demo:
+            reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key)
+        else:
+            reply = await self._gw.forwarder_for(route).send(route, chat, stream=stream, api_key=api_key)
+        if reply.chunks is None:
+            reply.body = gemini_reply(reply.body or b"", self._model)
+            reply.content_type = "application/json"
+            return reply
+        reply.chunks = gemini_stream(reply.chunks, self._frames, self._model, upstream_error)
+        reply.content_type = "text/event-stream" if self._frames.sse else "application/json"
+        return reply
+
+    def reply_facts(self, body: bytes) -> ReplyFacts:
+        return reply_facts(body)
+
+    def stream_watch(self, keep_all: bool) -> GeminiStream:
+        return GeminiStream(keep_all)
+
+    def error_event(self, error: GatewayError) -> bytes:
+        return self._frames.error(error_body(error))
+
+    async def upstream_count(self, route: Route, messages: list[dict[str, Any]], api_key: str | None) -> int | None:
+        return None  # the local tokenizer, calibrated, counts these routes
+
+    async def settled(self, tenant: str, facts: ReplyFacts) -> None:
+        return None
+
+
+def google_errors(handler: Handler) -> Handler:
+    """Every failure of this door in Google's shape, whatever raised it, with the error's headers."""
+    async def handle(http: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(http)
+        except GatewayError as e:
+            error = e
+        except ConnectionResetError:  # the client is gone: nobody to answer
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", http.method, http.path)
+            error = GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server")
+        return google_response(error)
+    return handle
+
+
+def with_key(http: web.Request) -> web.Request:
+    """Google's key (`x-goog-api-key`, or `?key=`) as the bearer key every door reads the tenant from."""
+    key = http.headers.get("x-goog-api-key") or http.query.get("key")
+    if not key or "Authorization" in http.headers or "x-api-key" in http.headers:
+        return http
+    headers = CIMultiDict(http.headers)
+    headers["Authorization"] = f"Bearer {key}"
+    return http.clone(headers=headers)
+
+
+class GeminiDoor:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.engine = TurnEngine(gw)
+
+    async def __call__(self, http: web.Request) -> web.StreamResponse:
+        model, _, method = http.match_info["target"].rpartition(":")
+        if not model or method not in METHODS:
+            raise GatewayError(ErrorKind.NOT_FOUND, f"ctxgate's Gemini door serves POST /v1beta/models/"
+                               f"{{model}}:{{{','.join(METHODS)}}}, not {http.path}", code="not_found")
+        http = with_key(http)
+        started = time.perf_counter()
+        caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
+        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        if method == "countTokens":
+            body = counted_body(body)
+        validate_request(body)
+        route = self.gw.router.resolve(model)
+        messages = conversation_of(body)
+        self.engine.refuse_hopeless(caller, route, messages)
+        session_id = resolve_session(caller.tenant, http.headers, messages)
+        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        stream = method == "streamGenerateContent"
+        turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None, stream=stream,
+                         memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
+                         body_bytes=len(await http.read()))
+        wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse")
+        if method == "countTokens":
+            return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
+        return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
+
+    async def _count(self, request: DoorRequest, wire: GeminiWire) -> web.Response:
+        """What the upstream would be sent now, after the stored compactions, the levels that
+        need no model call and the memory block; no state change."""
+        headers = {"X-Ctx-Session": request.session_id, "X-Ctx-Count": "after-compaction"}
+        tokens = await self.engine.preview(request.caller, request.route, request.session_id, request.turn, wire,
+                                           headers)
+        return web.Response(body=orjson.dumps({"totalTokens": tokens}), content_type="application/json",
+                            headers=headers)
+
+
+def add_routes(app: web.Application, gw: Gateway) -> None:
+    handler = google_errors(GeminiDoor(gw).__call__)
+    for path in PATHS:
+        add_door_route(app, "POST", path, handler)

@@ -1,0 +1,205 @@
+"""Gemini generateContent bodies: checked on the way in, read into the neutral model.
+
+The pipeline reads chat-completions messages, so `conversation_of` turns Gemini's `contents`
+into them, each message keeping under `ORIGIN` what it came from (rendering gives back what
+the pipeline left alone byte for byte, `gemini_render.py`):
+
+- `systemInstruction` -> a leading system message (its text);
+- a `model` turn -> ONE assistant message: its text, a tool call per `functionCall` part, and
+  the whole turn as sent (a turn with a `thoughtSignature` is kept whole or dropped whole);
+- a `user` turn -> a tool message per `functionResponse` part (the part as sent), then a user
+  message of its other parts, if any (their list as sent).
+
+A call without an `id` is named by where it stands (`gc<turn>_<k>`), so the same history
+reads the same every turn; a response takes the id of the call it answers (its own `id`,
+else the first call of its name in the turn before not answered yet).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .validation import validation_error
+from ..errors import ErrorKind, GatewayError
+
+Message = dict[str, Any]
+Part = dict[str, Any]
+ORIGIN = "gemini"
+"""The key under which a neutral message keeps the Gemini content or parts it came from."""
+_RESULT_KEYS = ("output", "result", "content")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class _Call(_Open):
+    name: str = Field(min_length=1)
+    args: dict[str, Any] | None = None
+    id: str | None = None
+
+
+class _Response(_Open):
+    name: str = Field(min_length=1)
+    response: dict[str, Any]
+    id: str | None = None
+
+
+class _Part(_Open):
+    text: str | None = None
+    thought: bool | None = None
+    thoughtSignature: str | None = None
+    functionCall: _Call | None = None
+    functionResponse: _Response | None = None
+    inlineData: dict[str, Any] | None = None
+    fileData: dict[str, Any] | None = None
+
+
+class _Content(_Open):
+    role: Literal["user", "model"] | None = None
+    parts: list[_Part] = Field(min_length=1)
+
+
+class _System(_Open):
+    role: str | None = None
+    parts: list[_Part]
+
+
+class _Declaration(_Open):
+    name: str = Field(min_length=1)
+
+
+class _Tool(_Open):
+    functionDeclarations: list[_Declaration] | None = None
+
+
+class _Request(_Open):
+    contents: list[_Content] = Field(min_length=1)
+    systemInstruction: _System | None = None
+    tools: list[_Tool] | None = None
+    toolConfig: dict[str, Any] | None = None
+    generationConfig: dict[str, Any] | None = None
+    safetySettings: list[dict[str, Any]] | None = None
+    cachedContent: str | None = None
+
+
+def validate_request(body: dict[str, Any]) -> None:
+    """A clear 400 naming the field for a body the door cannot read; other fields pass as they are
+    (how deep the body nests was checked as it was read: `read_json_body`)."""
+    try:
+        _Request.model_validate(body)
+    except ValidationError as e:
+        raise validation_error(e, 0) from None
+    for i, content in enumerate(body["contents"]):
+        if content.get("role") == "user" and any("functionCall" in p for p in content["parts"]):
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"contents.{i}.parts: a functionCall part belongs in a "
+                               "model turn", param=f"contents.{i}.parts", code="invalid_request")
+        if content.get("role") == "model" and any("functionResponse" in p for p in content["parts"]):
+            raise GatewayError(ErrorKind.INVALID_REQUEST, f"contents.{i}.parts: a functionResponse part belongs in "
+                               "a user turn", param=f"contents.{i}.parts", code="invalid_request")
+
+
+def counted_body(body: dict[str, Any]) -> dict[str, Any]:
+    """countTokens takes `contents` (and tools, systemInstruction) or a whole `generateContentRequest`."""
+    inner = body.get("generateContentRequest")
+    if inner is None:
+        return body
+    if not isinstance(inner, dict):
+        raise GatewayError(ErrorKind.INVALID_REQUEST, "generateContentRequest: must be an object",
+                           param="generateContentRequest", code="invalid_request")
+    return inner
+
+
+def system_text(system: dict[str, Any]) -> str:
+    return "\n".join(p["text"] for p in system.get("parts") or [] if isinstance(p.get("text"), str))
+
+
+def conversation_of(body: dict[str, Any]) -> list[Message]:
+    """The body's system instruction and contents in the neutral model."""
+    out: list[Message] = []
+    system = body.get("systemInstruction")
+    if system and system_text(system):
+        out.append({"role": "system", "content": system_text(system), ORIGIN: system})
+    calls: list[tuple[str, str]] = []  # the turn before's calls not answered yet: (id, name)
+    for i, content in enumerate(body["contents"]):
+        if content.get("role") == "model":
+            message = assistant_message(content, i)
+            calls = [(c["id"], c["function"]["name"]) for c in message.get("tool_calls", [])]
+            out.append(message)
+            continue
+        rest = []
+        for k, part in enumerate(content["parts"]):
+            if "functionResponse" not in part:
+                rest.append(part)
+                continue
+            response = part["functionResponse"]
+            call_id = _answered(calls, response.get("id"), response["name"]) or f"gr{i}_{k}"
+            out.append({"role": "tool", "tool_call_id": call_id, "content": result_text(response["response"]),
+                        ORIGIN: part})
+        calls = []
+        if rest:
+            out.append({"role": "user", "content": user_content(rest), ORIGIN: rest})
+    return out
+
+
+def _answered(calls: list[tuple[str, str]], own_id: Any, name: str) -> str | None:
+    for j, (call_id, call_name) in enumerate(calls):
+        if (own_id is not None and call_id == own_id) or (own_id is None and call_name == name):
+            del calls[j]
+            return call_id
+    return None
+
+
+def assistant_message(content: dict[str, Any], i: int) -> Message:
+    text, calls = assistant_view(content, i)
+    message: Message = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = calls
+    message[ORIGIN] = content
+    return message
+
+
+def assistant_view(content: dict[str, Any], i: int) -> tuple[str | None, list[dict[str, Any]]]:
+    """A model turn's visible text (its thoughts left out) and its calls, as chat has them."""
+    parts = content["parts"]
+    text = "".join(p["text"] for p in parts if isinstance(p.get("text"), str) and not p.get("thought"))
+    calls = []
+    for k, part in enumerate(p for p in parts if "functionCall" in p):
+        call = part["functionCall"]
+        calls.append({"id": call.get("id") or f"gc{i}_{k}", "type": "function",
+                      "function": {"name": call["name"], "arguments": orjson.dumps(call.get("args") or {}).decode()}})
+    return text or None, calls
+
+
+def result_text(response: dict[str, Any]) -> str:
+    """A functionResponse's result as the pipeline reads an observation: the text of the usual
+    `{"output": "..."}`, else the JSON."""
+    if len(response) == 1 and isinstance(value := next(iter(response.values())), str) \
+            and next(iter(response)) in _RESULT_KEYS:
+        return value
+    return orjson.dumps(response).decode()
+
+
+def user_content(parts: list[Part]) -> str | list[dict[str, Any]]:
+    """A user turn's parts as chat content: its text, images as data URLs, other media named."""
+    if all(isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if isinstance(p.get("text"), str):
+            out.append({"type": "text", "text": p["text"]})
+        elif isinstance(blob := p.get("inlineData"), dict) and str(blob.get("mimeType", "")).startswith("image/"):
+            url = f"data:{blob['mimeType']};base64,{blob.get('data')}"
+            out.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            media = p.get("fileData") or p.get("inlineData") or {}
+            named = media.get("fileUri") or media.get("mimeType") or "part"
+            out.append({"type": "text", "text": f"[{next(iter(p), 'part')} {named}]"})
+    return out
+
+
+def signed(content: dict[str, Any]) -> bool:
+    """A model turn one of whose parts carries a thought signature: never edited."""
+    return any("thoughtSignature" in p or "thought_signature" in p for p in content.get("parts") or [])

@@ -1,0 +1,215 @@
+"""The Gemini door, driven by the official `google-genai` SDK over real sockets: a real
+`ctxgate serve` in front of the scripted upstream (which speaks chat completions, so every
+turn goes through the door's translation both ways); and the rendering rules on their own."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from google import genai
+from google.genai import errors as genai_errors
+from google.genai import types
+
+from servers import KEYS, Gateway, launch, main_config, stop_all
+from upstream import REPLY, ScriptedUpstream
+
+KEY = KEYS["acme"]
+TOOL = {"functionDeclarations": [{"name": "run_shell_command", "description": "Run a shell command.",
+                                  "parametersJsonSchema": {"type": "object",
+                                                           "properties": {"command": {"type": "string"}},
+                                                           "required": ["command"]}}]}
+
+
+@pytest.fixture(scope="module")
+def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gateway = launch("gemini", Path(tmp_path_factory.mktemp("gemini-door")),
+                     main_config(upstream.url, "auto")).wait_ready()
+    yield gateway
+    stop_all([gateway])
+
+
+def session() -> dict[str, str]:
+    return {"X-Ctx-Session": f"gem-{uuid.uuid4().hex[:12]}"}
+
+
+_CLIENTS: list[genai.Client] = []
+"""The SDK closes its connection pool when a Client is collected: `client(gw).models...` would not outlive it."""
+
+
+def client(gw: Gateway, headers: dict[str, str] | None = None, key: str = KEY, base: str = "") -> genai.Client:
+    made = genai.Client(api_key=key, http_options=types.HttpOptions(base_url=base or gw.base,
+                                                                     headers=session() if headers is None else headers))
+    _CLIENTS.append(made)
+    return made
+
+
+def chats(up: ScriptedUpstream) -> list[Any]:
+    return [r for r in up.log if r.door == "chat" and r.path.endswith("/chat/completions")]
+
+
+def post(gw: Gateway, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(gw.base + path, data=data, method="POST",
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+# -- the SDK against the door ---------------------------------------------------------------
+def test_generate_content_answers_in_geminis_shape(gw: Gateway, up: ScriptedUpstream) -> None:
+    headers = session()
+    raw = client(gw, headers).models.generate_content(
+        model="gpt-4o", contents="hello there",
+        config=types.GenerateContentConfig(system_instruction="You are terse.", temperature=0.2,
+                                           max_output_tokens=32))
+    assert raw.text == REPLY
+    assert raw.candidates and raw.candidates[0].finish_reason == types.FinishReason.STOP
+    assert raw.usage_metadata and raw.usage_metadata.prompt_token_count and raw.usage_metadata.total_token_count
+    [entry] = chats(up)
+    assert entry.body["messages"] == [{"role": "system", "content": "You are terse."},
+                                      {"role": "user", "content": "hello there"}]
+    assert entry.body["temperature"] == 0.2 and entry.body["max_tokens"] == 32
+    assert entry.headers["authorization"] != f"Bearer {KEY}"  # the route's own key, not the tenant's
+    status, summary = gw.get(f"/v1/ctx/sessions/{headers['X-Ctx-Session']}", {"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and summary["turns"] == 1 and summary["answered_turns"] == 1
+
+
+def test_a_function_call_and_its_response_round_trip(gw: Gateway, up: ScriptedUpstream) -> None:
+    cli, headers = client(gw), session()
+    asked = cli.models.generate_content(model="gpt-4o-tools", contents="list the files",
+                                        config=types.GenerateContentConfig(tools=[types.Tool(**_snake(TOOL))]))
+    assert asked.function_calls and asked.function_calls[0].name == "run_shell_command"
+    call = asked.function_calls[0]
+    assert call.args == {"path": "a.py"} and call.id
+    assert chats(up)[-1].body["tools"][0]["function"]["name"] == "run_shell_command"
+    contents = [types.Content(role="user", parts=[types.Part(text="list the files")]),
+                asked.candidates[0].content,  # type: ignore[index]
+                types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
+                    id=call.id, name=call.name, response={"output": "a.py b.py"}))])]
+    cli = client(gw, headers)
+    answer = cli.models.generate_content(model="gpt-4o", contents=contents)  # type: ignore[arg-type]
+    assert answer.text == REPLY
+    sent = chats(up)[-1].body["messages"]
+    assert sent[1]["tool_calls"][0]["id"] == call.id and sent[1]["tool_calls"][0]["function"]["name"] == call.name
+    assert sent[2] == {"role": "tool", "tool_call_id": call.id, "content": "a.py b.py"}
+
+
+def _snake(tool: dict[str, Any]) -> dict[str, Any]:
+    [fn] = tool["functionDeclarations"]
+    return {"function_declarations": [{"name": fn["name"], "description": fn["description"],
+                                       "parameters_json_schema": fn["parametersJsonSchema"]}]}
+
+
+def test_generate_content_stream_over_sse(gw: Gateway, up: ScriptedUpstream) -> None:
+    headers = session()
+    chunks = list(client(gw, headers).models.generate_content_stream(model="gpt-4o", contents="stream please"))
+    assert "".join(c.text or "" for c in chunks) == REPLY
+    last = chunks[-1]
+    assert last.candidates and last.candidates[0].finish_reason == types.FinishReason.STOP
+    assert last.usage_metadata and last.usage_metadata.prompt_token_count
+    assert chats(up)[-1].body["stream"] is True
+    status, summary = gw.get(f"/v1/ctx/sessions/{headers['X-Ctx-Session']}", {"Authorization": f"Bearer {KEY}"})
+    assert summary["answered_turns"] == 1
+
+
+def test_streamed_function_call(gw: Gateway, up: ScriptedUpstream) -> None:
+    config = types.GenerateContentConfig(tools=[types.Tool(**_snake(TOOL))])
+    chunks = list(client(gw).models.generate_content_stream(model="gpt-4o-tools", contents="go", config=config))
+    calls = [c for chunk in chunks for c in chunk.function_calls or []]
+    assert [(c.name, c.args) for c in calls] == [("run_shell_command", {"path": "a.py"})]
+
+
+def test_stream_without_alt_sse_is_one_json_array(gw: Gateway, up: ScriptedUpstream) -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    status, headers, raw = post(gw, "/v1beta/models/gpt-4o:streamGenerateContent", body,
+                                {"x-goog-api-key": KEY, **session()})
+    assert status == 200 and headers["X-Ctx-Levels"] == "none"
+    chunks = json.loads(raw)
+    assert isinstance(chunks, list) and chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+    assert "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"]) == REPLY
+
+
+def test_count_tokens_and_the_key_in_the_query(gw: Gateway, up: ScriptedUpstream) -> None:
+    counted = client(gw).models.count_tokens(model="gpt-4o", contents="how many tokens is this")
+    assert counted.total_tokens and counted.total_tokens > 0
+    body = {"contents": [{"role": "user", "parts": [{"text": "how many tokens is this"}]}]}
+    status, headers, raw = post(gw, f"/v1beta/models/gpt-4o:countTokens?key={KEY}", body, session())
+    assert status == 200 and json.loads(raw)["totalTokens"] == counted.total_tokens
+    assert headers["X-Ctx-Count"] == "after-compaction"
+    status, _, raw = post(gw, f"/s/{uuid.uuid4().hex[:8]}/v1beta/models/gpt-4o:countTokens",
+                          {"generateContentRequest": body}, {"x-goog-api-key": KEY})
+    assert status == 200 and json.loads(raw)["totalTokens"] == counted.total_tokens
+    assert not chats(up)  # counting calls no model
+
+
+def test_the_session_in_the_path(gw: Gateway, up: ScriptedUpstream) -> None:
+    name = f"gem-path-{uuid.uuid4().hex[:8]}"
+    cli = client(gw, {}, base=f"{gw.base}/s/{name}")
+    assert cli.models.generate_content(model="gpt-4o", contents="hi").text == REPLY
+    status, summary = gw.get(f"/v1/ctx/sessions/{name}", {"Authorization": f"Bearer {KEY}"})
+    assert status == 200 and summary["turns"] == 1
+
+
+# -- errors in Google's shape ---------------------------------------------------------------
+@pytest.mark.parametrize("body, field", [
+    ({}, "contents"),
+    ({"contents": []}, "contents"),
+    ({"contents": [{"role": "user"}]}, "contents.0.parts"),
+    ({"contents": [{"role": "assistant", "parts": [{"text": "x"}]}]}, "contents.0.role"),
+    ({"contents": [{"role": "user", "parts": [{"text": 5}]}]}, "contents.0.parts.0.text"),
+    ({"contents": [{"role": "model", "parts": [{"functionCall": {"args": {}}}]}]},
+     "contents.0.parts.0.functionCall.name"),
+    ({"contents": [{"role": "user", "parts": [{"text": "x"}]}], "tools": [{"functionDeclarations": [{}]}]},
+     "tools.0.functionDeclarations.0.name"),
+])
+def test_a_malformed_body_is_a_400_naming_the_field(gw: Gateway, up: ScriptedUpstream, body: Any,
+                                                     field: str) -> None:
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, {"x-goog-api-key": KEY})
+    error = json.loads(raw)["error"]
+    assert status == 400 and error["code"] == 400 and error["status"] == "INVALID_ARGUMENT"
+    assert error["message"].startswith(field)
+    assert not chats(up)  # nothing forwarded
+
+
+def test_the_sdk_reads_a_bad_request_as_googles_error(gw: Gateway, up: ScriptedUpstream) -> None:
+    contents = [types.Content(role="assistant", parts=[types.Part(text="hi")])]
+    with pytest.raises(genai_errors.ClientError) as e:
+        client(gw).models.generate_content(model="gpt-4o", contents=contents)  # type: ignore[arg-type]
+    assert e.value.code == 400 and e.value.status == "INVALID_ARGUMENT"
+    assert e.value.message and e.value.message.startswith("contents.0.role")
+    assert not chats(up)
+
+
+def test_not_json_and_a_wrong_key(gw: Gateway, up: ScriptedUpstream) -> None:
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", b"{not json", {"x-goog-api-key": KEY})
+    assert status == 400 and json.loads(raw)["error"]["status"] == "INVALID_ARGUMENT"
+    with pytest.raises(genai_errors.ClientError) as e:
+        client(gw, key="sk-wrong").models.generate_content(model="gpt-4o", contents="hi")
+    assert e.value.code == 401 and e.value.status == "UNAUTHENTICATED"
+    assert not chats(up)
+
+
+def test_an_upstream_error_keeps_its_status(gw: Gateway, up: ScriptedUpstream) -> None:
+    with pytest.raises(genai_errors.ClientError) as e:
+        client(gw).models.generate_content(model="error-429", contents="hi")
+    assert e.value.code == 429 and e.value.status == "RESOURCE_EXHAUSTED"
+
+
+def test_unknown_paths_name_the_apis_served(gw: Gateway) -> None:
+    status, _, raw = post(gw, "/v1/v1beta/models/gpt-4o:generateContent", {"contents": []}, {"x-goog-api-key": KEY})
+    error = json.loads(raw)["error"]
+    assert status == 404 and error["status"] == "NOT_FOUND" and "without /v1" in error["message"]
+    assert "/v1/messages" in error["message"] and ":generateContent" in error["message"]
+    status, _, raw = post(gw, "/v1/completions", {"prompt": "x"})
+    error = json.loads(raw)["error"]
+    assert status == 404 and error["code"] == "not_found" and "/v1/chat/completions" in error["message"]
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:embedContent", {}, {"x-goog-api-key": KEY})
+    assert status == 404 and json.loads(raw)["error"]["status"] == "NOT_FOUND"

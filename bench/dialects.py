@@ -1,9 +1,23 @@
 """Recoverability per dialect: every recorded run (tests/trajectories.py: every_dialect)
-replayed turn by turn through `ctxgate replay`'s driver with the limit enforced (50% and 25%
-of the run's final size), ctxgate with a scripted stand-in summary and with an empty one,
-beside drop-oldest and middle-out (proxy/replay/baselines.py); scored by proxy/replay/scores.py
-(probes, prefix stability, cache-aware cost). Each source's runs are also joined into one long
-session. The section's text says what each column means; docs/replay.md describes the driver.
+replayed through `ctxgate replay`'s driver, ctxgate beside drop-oldest and middle-out
+(proxy/replay/baselines.py); each source's runs also joined into one long session.
+
+Every run is replayed turn by turn as its agent sent it, at limits of 50% and 25% of its final size
+(messages + tools schema, o200k): the upstream refuses a request over the limit and otherwise
+answers with the recorded reply. ctxgate runs in process as the gateway does (prepare under the
+session lock, max_input_tokens = the limit, one reactive compaction and retry on a refusal, the loop
+guard reset by an answered turn only, speculation on). **The summaries are scripted, not an LLM**:
+*stand-in* quotes the span's task, tools, last remark, last error line and file paths; *empty* is
+the six headings with nothing under them (what the machinery alone keeps). Scores are means over
+each run's turns, then over the dialect's runs (*(runs)*: runs where the probe applies); a refused
+turn scores 0 on every probe. *prefix-stable*: pairs of consecutive answered turns whose second
+request starts with the first; after the slash, leaving out the pairs at ctxgate's compaction
+points. *cost*: cached prefixes (≥ 1,024 tokens, whole messages, against the previous answered
+request) at the cache-read price, the rest at the cache-write price (OpenAI ratios: 0.1 / 1;
+Anthropic: 0.1 / 1.25), summary calls priced in and out, refused turns priced as if processed,
+relative to sending the whole history every turn with the same caching. *compaction points / 100
+turns* and *summary calls / point* over the dialect's runs. Definitions: `bench/dialects.py`,
+`proxy/replay/` (the driver `ctxgate replay` runs, with the limit enforced).
 
     .venv/bin/python bench/dialects.py                        # writes its section of RESULTS.md
     .venv/bin/python bench/dialects.py --only "OpenHands text" --limit 2 --out /tmp/x.md
@@ -16,7 +30,7 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,10 +38,9 @@ import orjson
 
 import common
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.tokens import TokenCounter
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
 from ctxgate.proxy.replay.baselines import BASELINES, baseline_replay
-from ctxgate.proxy.replay.driver import Replay, agent_turns, replay
+from ctxgate.proxy.replay.driver import agent_turns, replay
 from ctxgate.proxy.replay.probes import ERROR_MARKERS, PATH_RE, PROBES, floor_of, needs_of, squash
 from ctxgate.proxy.replay.scores import PRICES, RunScore, pooled, score_run, whole_history_cost
 from ctxgate.proxy.replay.upstream import ProviderCount
@@ -35,12 +48,11 @@ from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of
 
 Message = dict[str, Any]
 RATIOS = (0.50, 0.25)
-TAU_BENCH_EVERY = 1
 EMPTY_SUMMARY = ("1. Goal:\n2. Completed steps:\n3. Key decisions:\n4. Open problems:\n5. Current files:\n"
                  "6. Tool context:")
 
 
-def scripted_summary_text(prompt: list[Message]) -> str:
+async def stand_in_summary(prompt: list[Message]) -> str:
     """A deterministic six-field summary of the span Autocompact sends: its first user
     message, the tools called, the last assistant remark, the last error line, every path."""
     text = (prompt[-1].get("content") or "").split("Conversation history:", 1)[-1]
@@ -63,20 +75,13 @@ def scripted_summary_text(prompt: list[Message]) -> str:
     ])
 
 
+async def empty_summary(_: list[Message]) -> str:
+    return EMPTY_SUMMARY
+
+
 STAND_IN, EMPTY = "ctxgate, stand-in summary", "ctxgate, empty summary"
 METHODS = (STAND_IN, EMPTY, *BASELINES)
-SUMMARIES: dict[str, Callable[[list[Message]], str]] = {STAND_IN: scripted_summary_text,
-                                                       EMPTY: lambda _: EMPTY_SUMMARY}
-
-
-def ctxgate_replay(messages: list[Message], tools: list[dict[str, Any]] | None, limit: int,
-                   summary: Callable[[list[Message]], str], counter: TokenCounter, provider: ProviderCount,
-                   loop: asyncio.AbstractEventLoop) -> Replay:
-    async def summarize(prompt: list[Message]) -> str:
-        return summary(prompt)
-
-    return loop.run_until_complete(replay(messages, tools, limit, counter=counter, summarize=summarize,
-                                          provider_count=provider, wait_background=True, enforce_limit=True))
+SUMMARIES: dict[str, Callable[[list[Message]], Awaitable[str]]] = {STAND_IN: stand_in_summary, EMPTY: empty_summary}
 
 
 @dataclass
@@ -93,16 +98,14 @@ class RunResult:
     least_points_at_limit: dict[float, int]
 
 
-def runs(only: str | None, limit: int | None, tau_every: int) -> list[tuple[str, Trajectory, str, list[Message]]]:
+def runs(only: str | None, limit: int | None) -> list[tuple[str, Trajectory, str, list[Message]]]:
     """(name, trajectory, dialect, request-ready messages) of the chosen runs."""
     out: list[tuple[str, Trajectory, str, list[Message]]] = []
     per_dialect: collections.Counter[str] = collections.Counter()
-    tau = 0
     for name, t, msgs in common.named_trajectories(every=True):
-        tau += t.source == "tau-bench"
         dialect = dialect_of(t)
-        if (t.source == "tau-bench" and (tau - 1) % tau_every) or (only and slug(only) != slug(dialect)) \
-                or not agent_turns(msgs) or (limit is not None and per_dialect[dialect] >= limit):
+        if (only and slug(only) != slug(dialect)) or not agent_turns(msgs) \
+                or (limit is not None and per_dialect[dialect] >= limit):
             continue
         per_dialect[dialect] += 1
         out.append((name, t, dialect, msgs))
@@ -156,10 +159,13 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
             continue
         scores = {}
         for method in METHODS:
-            run = (ctxgate_replay(messages, t.tools, limit, SUMMARIES[method], counter, provider, loop)
+            run = (loop.run_until_complete(replay(messages, t.tools, limit, counter=counter, provider_count=provider,
+                                                  summarize=SUMMARIES[method], wait_background=True,
+                                                  enforce_limit=True))
                    if method in SUMMARIES else baseline_replay(messages, limit, BASELINES[method], provider))
             scores[method] = score_run(run, needs, limit, provider, messages, reference)
         out[ratio] = scores
+
     def fewest(trigger: float) -> int:
         over = sum(needs[i].tokens > trigger for i in agent_turns(messages))  # at most a point per such turn
         return min(over, math.ceil(max(0.0, final - trigger) / max(1.0, trigger - floor)))
@@ -279,18 +285,23 @@ def versus(scored: list[dict[str, RunScore]]) -> dict[str, tuple[float, float, i
     return out
 
 
+def cells(results: list[RunResult]) -> Iterator[tuple[float, str, list[tuple[RunResult, dict[str, RunScore]]]]]:
+    """(ratio, dialect, its feasible runs with their scores) of every table's rows that have runs."""
+    for ratio in RATIOS:
+        for d in DIALECTS:
+            if ok := feasible(results, d, ratio):
+                yield ratio, d, ok
+
+
 def scoreboard(results: list[RunResult]) -> str:
     """ctxgate (stand-in) against the best baseline on every probe, per dialect and ratio."""
     rows = []
     marks = {1: "ahead", 0: "=", -1: "**behind**"}
-    for ratio in RATIOS:
-        for d in DIALECTS:
-            scored = [s for _, s in feasible(results, d, ratio)]
-            if scored:
-                cells = versus(scored)
-                rows.append([f"{d} at {ratio:.0%} ({len(scored)})"] + [
-                    "n/a" if c is None else f"{fmt(c[0])} vs {fmt(c[1])} {marks[c[2]]}"
-                    for c in (cells[key] for key, _, _ in SCOREBOARD)])
+    for ratio, d, ok in cells(results):
+        versus_best = versus([s for _, s in ok])
+        rows.append([f"{d} at {ratio:.0%} ({len(ok)})"] + [
+            "n/a" if c is None else f"{fmt(c[0])} vs {fmt(c[1])} {marks[c[2]]}"
+            for c in (versus_best[key] for key, _, _ in SCOREBOARD)])
     return common.table(["dialect at limit (runs)", *(label for _, label, _ in SCOREBOARD)], rows)
 
 
@@ -298,18 +309,14 @@ def aims(results: list[RunResult]) -> str:
     """The issue's aims, checked: ahead of the best baseline on every probe in every
     dialect; at 50%, task, files and last error at 0.95 or more."""
     behind, low = [], []
-    for ratio in RATIOS:
-        for d in DIALECTS:
-            scored = [s for _, s in feasible(results, d, ratio)]
-            if not scored:
-                continue
-            cells = versus(scored)
-            for key, label, _ in SCOREBOARD:
-                c = cells[key]
-                if c is not None and c[2] < 0:
-                    behind.append(f"{d} {ratio:.0%} {label}")
-                if c is not None and ratio == 0.50 and key in ("task", "files", "error") and c[0] < 0.95:
-                    low.append(f"{d} {label} {fmt(c[0])}")
+    for ratio, d, ok in cells(results):
+        versus_best = versus([s for _, s in ok])
+        for key, label, _ in SCOREBOARD:
+            c = versus_best[key]
+            if c is not None and c[2] < 0:
+                behind.append(f"{d} {ratio:.0%} {label}")
+            if c is not None and ratio == 0.50 and key in ("task", "files", "error") and c[0] < 0.95:
+                low.append(f"{d} {label} {fmt(c[0])}")
     return ("Against the issue's aims (ctxgate with the stand-in summary): behind the best baseline in "
             + (f"{len(behind)} dialect × limit × probe cells: {'; '.join(behind)}" if behind else "no cell")
             + ". At 50%, task / files / last error under 0.95: " + ("; ".join(low) if low else "none") + ".\n")
@@ -321,28 +328,24 @@ def cost_targets(results: list[RunResult]) -> str:
         return "" if ok else " **missed**"
 
     rows = []
-    for ratio in RATIOS:
-        for d in DIALECTS:
-            ok = feasible(results, d, ratio)
-            scored = [s for _, s in ok]
-            if not scored:
-                continue
-            f = pooled([s[STAND_IN] for s in scored])
-            drop = pooled([s["drop-oldest"] for s in scored])
-            turns = max(1, sum(s[STAND_IN].turns for s in scored))
-            least = 100 * sum(r.least_points[ratio] for r, _ in ok) / turns
-            at_limit = 100 * sum(r.least_points_at_limit[ratio] for r, _ in ok) / turns
-            points, per_point, per_100 = f["points"] or 0.0, f["per_point"] or 0.0, f["summaries_per_100"] or 0.0
-            stable, openai, anthropic = f["stable"] or 0.0, f["cost_OpenAI"] or 0.0, f["cost_Anthropic"] or 0.0
-            if ratio == 0.50:
-                cells = [f"{points:.1f}{mark(points <= 12.5)}", f"{per_point:.2f}{mark(per_point <= 1.0)}",
-                         f"{per_100:.1f}", f"{pct(stable)}{mark(stable >= 0.85)}",
-                         f"{openai:.3f}{mark(openai <= 0.8)}", f"{anthropic:.3f}{mark(anthropic <= 1.0)}"]
-            else:
-                cells = [f"{points:.1f}", f"{per_point:.2f}", f"{per_100:.1f}{mark(per_100 <= 20)}",
-                         f"{pct(stable)} vs {pct(drop['stable'])}{mark(stable > (drop['stable'] or 0.0))}",
-                         f"{openai:.3f}{mark(openai <= 0.55)}", f"{anthropic:.3f}"]
-            rows.append([f"{d} at {ratio:.0%} ({len(scored)})", f"{least:.1f}", f"{at_limit:.1f}", *cells])
+    for ratio, d, ok in cells(results):
+        scored = [s for _, s in ok]
+        f = pooled([s[STAND_IN] for s in scored])
+        drop = pooled([s["drop-oldest"] for s in scored])
+        turns = max(1, sum(s[STAND_IN].turns for s in scored))
+        least = 100 * sum(r.least_points[ratio] for r, _ in ok) / turns
+        at_limit = 100 * sum(r.least_points_at_limit[ratio] for r, _ in ok) / turns
+        points, per_point, per_100 = f["points"] or 0.0, f["per_point"] or 0.0, f["summaries_per_100"] or 0.0
+        stable, openai, anthropic = f["stable"] or 0.0, f["cost_OpenAI"] or 0.0, f["cost_Anthropic"] or 0.0
+        if ratio == 0.50:
+            figures = [f"{points:.1f}{mark(points <= 12.5)}", f"{per_point:.2f}{mark(per_point <= 1.0)}",
+                     f"{per_100:.1f}", f"{pct(stable)}{mark(stable >= 0.85)}",
+                     f"{openai:.3f}{mark(openai <= 0.8)}", f"{anthropic:.3f}{mark(anthropic <= 1.0)}"]
+        else:
+            figures = [f"{points:.1f}", f"{per_point:.2f}", f"{per_100:.1f}{mark(per_100 <= 20)}",
+                     f"{pct(stable)} vs {pct(drop['stable'])}{mark(stable > (drop['stable'] or 0.0))}",
+                     f"{openai:.3f}{mark(openai <= 0.55)}", f"{anthropic:.3f}"]
+        rows.append([f"{d} at {ratio:.0%} ({len(scored)})", f"{least:.1f}", f"{at_limit:.1f}", *figures])
     return ("### Compaction cost: the targets\n\nAt 50%: ≤ 12.5 points / 100 turns, ≤ 1 summary / point, prefix-stable "
             "≥ 85%, cost ≤ 0.8 (OpenAI) and ≤ 1.0 (Anthropic). At 25%: ≤ 20 summaries / 100 turns, prefix-stable "
             "ahead of drop-oldest, cost ≤ 0.55 (OpenAI). **missed** marks a target not met. *At best*: the fewest "
@@ -387,29 +390,12 @@ def long_section(results: list[RunResult]) -> str:
                            rows) + "\n")
 
 
-def report(results: list[RunResult], long: list[RunResult], elapsed: float, note: str, tau_every: int) -> str:
+def report(results: list[RunResult], long: list[RunResult], elapsed: float, note: str) -> str:
     header = common.section_header("Recoverability per dialect: multi-turn replay, the upstream enforcing the limit")
     out = [header.rstrip("\n") + f"\n- wall time {elapsed:.0f}s{note}\n"]
-    out.append(
-        "Every run is replayed turn by turn as its agent sent it, at limits of 50% and 25% of its final size "
-        "(messages + tools schema, o200k): the upstream refuses a request over the limit and otherwise answers "
-        "with the recorded reply. ctxgate runs in process as the gateway does (prepare under the session lock, "
-        "max_input_tokens = the limit, one reactive compaction and retry on a refusal, the loop guard reset by an "
-        "answered turn only, speculation on). **The summaries are scripted, not an LLM**: *stand-in* quotes the "
-        "span's task, tools, last remark, last error line and file paths; *empty* is the six headings with nothing "
-        "under them (what the machinery alone keeps). Scores are means over each run's turns, then over the "
-        "dialect's runs (*(runs)*: runs where the probe applies); a refused turn scores 0 on every probe. "
-        "*prefix-stable*: pairs of consecutive answered turns whose second request starts with the first; after "
-        "the slash, leaving out the pairs at ctxgate's compaction points. *cost*: cached prefixes (≥ 1,024 tokens, "
-        "whole messages, against the previous answered request) at the cache-read price, the rest at the "
-        "cache-write price (OpenAI ratios: 0.1 / 1; Anthropic: 0.1 / 1.25), summary calls priced in and out, "
-        "refused turns priced as if processed, relative to sending the whole history every turn with the same "
-        "caching. *compaction points / 100 turns* and *summary calls / point* over the dialect's runs. Definitions: "
-        "`bench/dialects.py`, `proxy/replay/` (the driver `ctxgate replay` runs, with the limit enforced).\n")
+    out.append(" ".join(common.about(__doc__).split()) + "\n")
     count = collections.Counter(r.dialect for r in results)
-    out.append("Runs: " + ", ".join(f"{d} {count[d]}" for d in DIALECTS if count[d])
-               + (f" (tau-bench: every {tau_every}th of its 200 runs, by position in the file)" if tau_every > 1
-                  else "") + ".\n")
+    out.append("Runs: " + ", ".join(f"{d} {count[d]}" for d in DIALECTS if count[d]) + ".\n")
     out.append("### ctxgate (stand-in summary) against the best baseline, per probe\n")
     out.append(scoreboard(results) + "\n")
     out.append(aims(results))
@@ -427,11 +413,10 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="at most N runs per dialect")
     p.add_argument("--only", default=None, help="one dialect: 'tool calls', 'OpenHands text', 'SWE-agent text' or "
                                                 "'mini-swe-agent' (case and dashes ignored)")
-    p.add_argument("--tau-every", type=int, default=TAU_BENCH_EVERY, help="every Nth tau-bench run (1: all 200)")
     args = p.parse_args()
 
     counter = common.gpt4o_counter()
-    chosen = runs(args.only, args.limit, max(1, args.tau_every))
+    chosen = runs(args.only, args.limit)
     if not chosen:
         sys.exit(f"no runs for --only {args.only!r} (dialects: {', '.join(DIALECTS)})")
     loop = asyncio.new_event_loop()
@@ -453,9 +438,9 @@ def main() -> None:
         long.append(evaluate(name, t, dialect, msgs, counter, loop))
         print(f"[long] {name} ({len(agent_turns(msgs))} turns, {time.perf_counter() - t0:.1f}s)", file=sys.stderr,
               flush=True)
-    note = "" if args.limit is None and args.only is None and args.tau_every == TAU_BENCH_EVERY else (
-        f" (a partial run: --limit {args.limit}, --only {args.only}, --tau-every {args.tau_every})")
-    markdown = report(results, long, time.perf_counter() - started, note, max(1, args.tau_every))
+    note = "" if args.limit is None and args.only is None else (
+        f" (a partial run: --limit {args.limit}, --only {args.only})")
+    markdown = report(results, long, time.perf_counter() - started, note)
     common.publish("dialects", markdown, args.out)
 
 

@@ -28,11 +28,9 @@ import doors
 import aiohttp
 import orjson
 
-from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
 from ctxgate.proxy.engine.journal import Journal
 from ctxgate.proxy.engine.state import SessionState
-from ctxgate.proxy.engine.turn_budget import Turn
+from ctxgate.proxy.replay.driver import replay
 from ctxgate.proxy.replay.summaries import offline_summary
 from ctxgate.wal.config import WalConfig
 from servers import RedisServer, redis_server_binary
@@ -50,24 +48,16 @@ def p50_p99(values: list[float]) -> tuple[float, float]:
 
 
 def replay_state(name: str, budget: int) -> SessionState:
-    """A session after replaying an OpenHands run turn by turn at `budget` tokens, as the
-    gateway's compactor leaves it (records, collapse store, working state)."""
+    """A session as `ctxgate replay`'s driver leaves it after an OpenHands run replayed turn by
+    turn at `budget` tokens (records, collapse store, working state), speculation off."""
     async def summarize(prompt: list[dict]) -> str:
         return offline_summary(prompt)
 
     t = next(x for x in openhands() if x.name == name)
-    state, compactor = SessionState("bench", "replay", profile="professional"), Compactor()
-    loop = asyncio.new_event_loop()
-    for i in [i for i, m in enumerate(t.messages) if i >= 2 and m["role"] == "assistant"]:
-        msgs = t.messages[:i]
-        loop.run_until_complete(compactor.prepare(state, Turn(
-            messages=msgs, fingerprints=fingerprints_of(msgs), tools=t.tools, counter=common.gpt4o_counter(),
-            config=PipelineConfig(autocompact={"speculative_ratio": None}), max_input_tokens=budget,
-            summarize=summarize)))
-        state.turns += 1
-        state.has_attempted_reactive_compact = False  # the reply came
-    loop.close()
-    return state
+    run = asyncio.run(replay(t.messages, t.tools, budget, counter=common.gpt4o_counter(), summarize=summarize,
+                             speculate=False))
+    assert run.state is not None
+    return run.state
 
 
 REDIS_MODES = {"no persistence": (), "AOF everysec": ("--appendonly", "yes", "--appendfsync", "everysec"),

@@ -85,6 +85,8 @@ class Replay:
     wasted: list[tuple[str, int, int]] = field(default_factory=list)
     """Summaries paid for whose note was never sent: (why, summaries, their tokens), as the
     gateway's metrics count them (`engine/summary_cost.Waste`)."""
+    state: SessionState | None = None
+    """The session as the replay left it (its records, collapse store, working state)."""
 
     @property
     def forwarded(self) -> list[Forwarded]:
@@ -222,8 +224,9 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
             await asyncio.sleep(upstream_s if running and upstream_s else 0.005)  # a background compaction gets to run
             while wait_background and speculator is not None and speculator.running(TENANT, SESSION):
                 await asyncio.sleep(0.005)
+        out.state = await load()
         # The recording ends: a background summary still pending was never needed.
-        pending = SummaryCost.from_dict((await load()).speculative.get("summary"))
+        pending = SummaryCost.from_dict(out.state.speculative.get("summary"))
         if pending.calls:
             wasted("unneeded", pending.calls, pending.tokens)
     finally:

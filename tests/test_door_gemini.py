@@ -213,3 +213,71 @@ def test_unknown_paths_name_the_apis_served(gw: Gateway) -> None:
     assert status == 404 and error["code"] == "not_found" and "/v1/chat/completions" in error["message"]
     status, _, raw = post(gw, "/v1beta/models/gpt-4o:embedContent", {}, {"x-goog-api-key": KEY})
     assert status == 404 and json.loads(raw)["error"]["status"] == "NOT_FOUND"
+
+
+# -- a long Gemini-CLI-shaped session, past the budget --------------------------------------
+OUTPUT = "collected 12 items; test_core.py::test_app FAILED at line {i}; traceback follows " * 12
+TASK = "Fix the failing test in pkg/core/app.py. Task id UNIQUE-TASK-3939."
+
+
+def _step(i: int, signed: bool) -> list[dict[str, Any]]:
+    call: dict[str, Any] = {"functionCall": {"name": "run_shell_command", "args": {"command": f"pytest -x  # {i}"}}}
+    if signed:
+        call["thoughtSignature"] = f"c2lnLXtp{i:04d}"  # opaque bytes, base64 on the wire
+    return [{"role": "model", "parts": [{"text": f"Step {i}: checking the build."}, call]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                                                             "response": {"output": OUTPUT.format(i=i)}}}]}]
+
+
+def _valid_chat(messages: list[dict[str, Any]]) -> None:
+    """What the chat upstream was sent keeps every tool result right after its call."""
+    asked: set[str] = set()
+    for m in messages:
+        if m["role"] == "tool":
+            assert m["tool_call_id"] in asked
+        else:
+            asked = {c["id"] for c in m.get("tool_calls") or []}
+
+
+def test_long_session_past_the_budget_is_compacted(gw: Gateway, up: ScriptedUpstream) -> None:
+    budget = 6000
+    headers = {**session(), "X-Ctx-Budget": str(budget), "x-goog-api-key": KEY}
+    body: dict[str, Any] = {"systemInstruction": {"parts": [{"text": "You are Gemini CLI, a coding agent."}]},
+                            "tools": [TOOL], "contents": [{"role": "user", "parts": [{"text": TASK}]}]}
+    for i in range(32):
+        body["contents"] += _step(i, signed=i % 2 == 0)
+    counts, levels = [], []
+    for turn in range(6):
+        body["contents"] += _step(32 + turn, signed=True)
+        status, _, raw = post(gw, "/v1beta/models/gpt-4o:countTokens", body, headers)
+        assert status == 200
+        counts.append(json.loads(raw)["totalTokens"])
+        status, answered, raw = post(gw, "/v1beta/models/gpt-4o:streamGenerateContent?alt=sse", body, headers)
+        assert status == 200 and raw.rstrip().endswith(b"}") and b'"finishReason":"STOP"' in raw
+        levels.append(answered["X-Ctx-Levels"])
+        assert int(answered["X-Ctx-Tokens-Out"]) < int(answered["X-Ctx-Tokens-In"])
+        entry = chats(up)[-1]
+        assert entry.prompt_tokens <= budget
+        sent = entry.body["messages"]
+        _valid_chat(sent)
+        assert sent[-1]["role"] == "tool" and sent[-1]["content"] == OUTPUT.format(i=32 + turn)  # the newest, as sent
+        call = json.loads(sent[-2]["tool_calls"][0]["function"]["arguments"])
+        assert call == {"command": f"pytest -x  # {32 + turn}"}
+        assert "UNIQUE-TASK-3939" in json.dumps(sent)
+    assert levels[0] != "none"  # the first turn over the budget compacted
+    assert counts[0] < budget  # countTokens said what would be sent, after compaction
+
+
+def test_the_sdk_sees_a_compacted_turn_answered(gw: Gateway, up: ScriptedUpstream) -> None:
+    headers = {**session(), "X-Ctx-Budget": "6000"}
+    contents: list[Any] = [{"role": "user", "parts": [{"text": TASK}]}]
+    for i in range(40):
+        contents += _step(i, signed=False)
+    cli = client(gw, headers)
+    counted = cli.models.count_tokens(model="gpt-4o", contents=contents)
+    chunks = list(cli.models.generate_content_stream(model="gpt-4o", contents=contents))
+    assert "".join(c.text or "" for c in chunks) == REPLY
+    http = chunks[0].sdk_http_response
+    assert http and http.headers and http.headers["x-ctx-levels"] != "none"
+    assert int(http.headers["x-ctx-tokens-out"]) <= 6000 < int(http.headers["x-ctx-tokens-in"])
+    assert counted.total_tokens and counted.total_tokens <= 6000 and chats(up)[-1].prompt_tokens <= 6000

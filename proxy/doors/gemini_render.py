@@ -13,6 +13,7 @@ dropped whole: its signature covers it as sent.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -41,7 +42,22 @@ def render(body: dict[str, Any], neutral: list[Message]) -> tuple[dict[str, Any]
         if m.get("role") != "system" and (content := _content_of(m, len(turns))) is not None:
             turns.append(content)
     newest = next((id(t) for t in reversed(turns) if t["role"] == "user" and _NOTE not in t), None)
-    return system, [{k: v for k, v in t.items() if k != _NOTE} for t in _valid(turns, newest)]
+    return system, _as_sent(body["contents"], _valid(turns, newest))
+
+
+def _as_sent(sent: list[Content], turns: list[Content]) -> list[Content]:
+    """Each rendered turn that holds exactly the parts of one of the client's turns, as that
+    turn (a user turn was read as several messages, and is put together again)."""
+    owner = {id(p): c for c in sent for p in c["parts"]}
+    out = []
+    for t in turns:
+        found = owner.get(id(t["parts"][0])) if t["parts"] else None
+        if found is not None and len(found["parts"]) == len(t["parts"]) \
+                and all(a is b for a, b in zip(found["parts"], t["parts"])):
+            out.append(found)
+        else:
+            out.append({k: v for k, v in t.items() if k != _NOTE} if _NOTE in t else t)
+    return out
 
 
 def _content_of(m: Message, at: int) -> Content | None:
@@ -147,9 +163,9 @@ def _alternating(turns: list[Content], newest: int | None) -> list[Content]:
     return out
 
 
-def _keys(parts: list[Part], kind: str) -> list[str]:
-    """The names of a turn's calls or responses: Gemini pairs them by name (and order)."""
-    return [str(p[kind].get("name")) for p in parts if kind in p]
+def _names(turn: Content | None, kind: str) -> Counter[str]:
+    """How many calls (or responses) of each name a turn holds: Gemini pairs them by name and order."""
+    return Counter(str(p[kind].get("name")) for p in (turn or {}).get("parts", []) if kind in p)
 
 
 def _responses(turn: Content) -> bool:
@@ -162,11 +178,11 @@ def _paired(turns: list[Content]) -> list[Content]:
         before = turns[i - 1] if i > 0 else None
         after = turns[i + 1] if i + 1 < len(turns) else None
         if t["role"] == "user" and _responses(t):
-            asked = set(_keys(before["parts"], "functionCall")) if before and before["role"] == "model" else set()
+            asked = _names(before, "functionCall") if before and before["role"] == "model" else Counter()
             t = _textified(t, "functionResponse", asked)
         elif t["role"] == "model" and after is not None:
-            answered = set(_keys(after["parts"], "functionResponse")) if after["role"] == "user" else set()
-            if set(_keys(t["parts"], "functionCall")) - answered:
+            answered = _names(after, "functionResponse") if after["role"] == "user" else Counter()
+            if _names(t, "functionCall") - answered:
                 if signed(t):
                     continue
                 t = _textified(t, "functionCall", answered)
@@ -174,13 +190,17 @@ def _paired(turns: list[Content]) -> list[Content]:
     return out
 
 
-def _textified(turn: Content, kind: str, partners: set[str]) -> Content:
-    """The turn with its `kind` parts whose partner is missing as text; the same object when none is."""
-    orphans = [p for p in turn["parts"] if kind in p and str(p[kind].get("name")) not in partners]
-    if not orphans:
-        return turn
-    parts = [_as_text(p, kind) if any(p is o for o in orphans) else p for p in turn["parts"]]
-    return {**turn, "parts": parts}
+def _textified(turn: Content, kind: str, partners: Counter[str]) -> Content:
+    """The turn with its `kind` parts that have no partner left (in order) as text; the same
+    object when every one has."""
+    left, parts, changed = Counter(partners), [], False
+    for p in turn["parts"]:
+        if kind in p and left[name := str(p[kind].get("name"))] > 0:
+            left[name] -= 1
+        elif kind in p:
+            p, changed = _as_text(p, kind), True
+        parts.append(p)
+    return {**turn, "parts": parts} if changed else turn
 
 
 def _as_text(part: Part, kind: str) -> Part:

@@ -1,0 +1,132 @@
+"""The Gemini door's reading and rendering rules on their own: what compaction leaves is
+rendered back as the Gemini API accepts it, and what it left alone goes back as sent."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+
+from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
+from ctxgate.proxy.doors.gemini_chat import chat_body
+from ctxgate.proxy.doors.gemini_model import conversation_of
+from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
+
+
+def _step(i: int, signed: bool = False) -> list[dict[str, Any]]:
+    call: dict[str, Any] = {"functionCall": {"name": "run_shell_command", "args": {"command": f"ls {i}"}}}
+    if signed:
+        call["thoughtSignature"] = f"sig{i}"
+    return [{"role": "model", "parts": [{"text": f"step {i}", "thought": True}, {"text": f"Step {i}."}, call]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                                                             "response": {"output": f"out {i}"}}}]}]
+
+
+def _body(steps: int = 6, signed: bool = True) -> dict[str, Any]:
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "the task"}]}]
+    for i in range(steps):
+        contents += _step(i, signed)
+    return {"systemInstruction": {"parts": [{"text": "You are an agent."}]}, "contents": contents}
+
+
+def _check_valid(contents: list[dict[str, Any]]) -> None:
+    assert contents[0]["role"] == "user"
+    assert all(a["role"] != b["role"] for a, b in zip(contents, contents[1:]))
+    for i, turn in enumerate(contents):
+        calls = [p["functionCall"]["name"] for p in turn["parts"] if "functionCall" in p]
+        answers = [p["functionResponse"]["name"] for p in turn["parts"] if "functionResponse" in p]
+        if answers:
+            before = contents[i - 1]["parts"]
+            assert sorted(answers) == sorted(p["functionCall"]["name"] for p in before if "functionCall" in p)
+        if calls and i + 1 < len(contents):
+            after = contents[i + 1]["parts"]
+            assert sorted(calls) == sorted(p["functionResponse"]["name"] for p in after if "functionResponse" in p)
+
+
+def test_reading_the_conversation() -> None:
+    body = _body(2)
+    neutral = conversation_of(body)
+    assert [m["role"] for m in neutral] == ["system", "user", "assistant", "tool", "assistant", "tool"]
+    assert neutral[2]["content"] == "Step 0." and neutral[2]["tool_calls"][0]["id"] == "gc1_0"  # thoughts left out
+    assert neutral[3]["tool_call_id"] == "gc1_0" and neutral[3]["content"] == "out 0"
+
+
+def test_an_untouched_conversation_goes_back_as_sent() -> None:
+    body = _body()
+    neutral = conversation_of(body)
+    system, contents = render(body, list(neutral))
+    assert system is body["systemInstruction"] and contents == body["contents"]
+    assert all(a is b for a, b in zip(contents[1::2], body["contents"][1::2]))  # the model turns, the same objects
+
+
+def test_a_compacted_conversation_stays_valid_and_keeps_signed_turns_byte_for_byte() -> None:
+    body = _body(8)
+    original = copy.deepcopy(body)
+    neutral = conversation_of(body)
+    # What the pipeline makes of it: the notice at system level, the first steps cut for a note.
+    note = context_note(SNIP, "compaction: snip", "[ctxgate: context snipped] 6 messages")
+    compacted = [neutral[0], notice_message(), neutral[1], note, *neutral[8:]]
+    system, contents = render(body, compacted)
+    assert body == original  # the client's body is never changed
+    assert system == {"parts": [{"text": "You are an agent."}, {"text": NOTICE}]}
+    _check_valid(contents)
+    assert contents[0]["parts"][0] == {"text": "the task"} and "snipped" in contents[0]["parts"][1]["text"]
+    kept = [t for t in contents if t["role"] == "model"]
+    assert kept and all(any(t is c for c in body["contents"]) for t in kept)
+
+
+def test_an_edited_signed_turn_goes_whole_with_its_answer() -> None:
+    body = _body(3)
+    neutral = conversation_of(body)
+    edited = [*neutral[:4], {**neutral[4], "content": "shortened"}, *neutral[5:]]
+    system, contents = render(body, edited)
+    _check_valid(contents)
+    assert orjson.dumps(contents).count(b"sig1") == 0  # dropped, not re-signed
+    assert all(any(t is c for c in body["contents"]) for t in contents if t["role"] == "model")
+    assert {"text": "[tool result run_shell_command]\nout 1"} in contents[2]["parts"]  # its answer made text
+
+
+def test_an_unsigned_turn_is_edited_and_a_shortened_result_keeps_its_call() -> None:
+    body = _body(3, signed=False)
+    neutral = conversation_of(body)
+    edited = [*neutral[:4], {**neutral[4], "content": "shortened"}, {**neutral[5], "content": "[output cleared]"},
+              *neutral[6:]]
+    _, contents = render(body, edited)
+    _check_valid(contents)
+    assert contents[3]["parts"][0] == {"text": "shortened"} and "functionCall" in contents[3]["parts"][1]
+    assert contents[4]["parts"][0]["functionResponse"] == {"name": "run_shell_command",
+                                                           "response": {"output": "[output cleared]"}}
+
+
+def test_a_note_before_the_newest_turn_is_not_merged_into_it() -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "first"}]}, {"role": "model", "parts": [{"text": "a"}]},
+                         {"role": "user", "parts": [{"text": "newest"}]}]}
+    neutral = conversation_of(body)
+    note = context_note(SNIP, "memory", "remembered")
+    _, contents = render(body, [note, *neutral[2:]])
+    assert [t["role"] for t in contents] == ["user", "model", "user"]
+    assert contents[1]["parts"] == [{"text": CONTEXT_ACK}] and contents[2] is body["contents"][2]
+
+
+def test_a_conversation_cut_to_a_model_turn_opens_with_the_user() -> None:
+    body = _body(2, signed=False)
+    neutral = conversation_of(body)
+    _, contents = render(body, [neutral[0], *neutral[4:]])
+    _check_valid(contents)
+    assert contents[0]["parts"] == [{"text": COMPACTED_OPENING}]
+
+
+def test_the_chat_body_a_route_is_sent() -> None:
+    body = {**_body(1), "tools": [{"functionDeclarations": [{"name": "f", "parameters": {
+        "type": "OBJECT", "properties": {"x": {"type": "STRING"}}}}]}],
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},
+        "generationConfig": {"temperature": 0.1, "maxOutputTokens": 9, "stopSequences": ["z"],
+                             "thinkingConfig": {"thinkingBudget": 0}}}
+    chat = chat_body(body, "m", stream=True)
+    assert chat["tools"] == [{"type": "function", "function": {"name": "f", "description": "", "parameters": {
+        "type": "object", "properties": {"x": {"type": "string"}}}}}]
+    assert chat["tool_choice"] == "required" and chat["stream_options"] == {"include_usage": True}
+    assert (chat["temperature"], chat["max_tokens"], chat["stop"]) == (0.1, 9, ["z"])
+    assert chat["messages"][2] == {"role": "assistant", "content": "Step 0.", "tool_calls": [
+        {"id": "gc1_0", "type": "function",
+         "function": {"name": "run_shell_command", "arguments": '{"command":"ls 0"}'}}]}

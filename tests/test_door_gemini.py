@@ -281,3 +281,15 @@ def test_the_sdk_sees_a_compacted_turn_answered(gw: Gateway, up: ScriptedUpstrea
     assert http and http.headers and http.headers["x-ctx-levels"] != "none"
     assert int(http.headers["x-ctx-tokens-out"]) <= 6000 < int(http.headers["x-ctx-tokens-in"])
     assert counted.total_tokens and counted.total_tokens <= 6000 and chats(up)[-1].prompt_tokens <= 6000
+
+
+def test_a_conversation_past_any_compaction_is_resource_exhausted(gw: Gateway, up: ScriptedUpstream) -> None:
+    contents: list[Any] = [{"role": "user", "parts": [{"text": TASK}]}]
+    for i in range(20):
+        contents += _step(i, signed=False)
+    with pytest.raises(genai_errors.ClientError) as e:  # this model refuses any prompt, however compacted
+        client(gw).models.generate_content(model="overflow", contents=contents)
+    assert e.value.code == 400 and e.value.status == "RESOURCE_EXHAUSTED"
+    assert e.value.message and e.value.message.startswith("CONTEXT_EXHAUSTED")
+    refused = chats(up)
+    assert len(refused) >= 2 and refused[-1].prompt_tokens < refused[0].prompt_tokens  # compacted, then refused again

@@ -15,6 +15,11 @@ it as any other command and answers with its output.
 A chat request that offers no tools (aider's: it runs the ```bash blocks of a reply, when
 the user agrees, and adds their output to the chat as a user turn) gets a text reply
 (`text_reply`): the next step as a ```bash block, then the answer itself as plain text.
+
+An agent's own summary request (its local compaction: no tools offered, its prompt a user
+turn after the tool results it summarises) gets a summary naming the newest step those
+results report (`summary_of`), in either API: the agent carries it into its compacted
+history, and the next turn resumes from the step it names.
 """
 from __future__ import annotations
 
@@ -115,14 +120,18 @@ def chat_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
             "logprobs": None, "finish_reason": "tool_calls"}
 
 
-def summary_of(items: list[Any]) -> str:
-    """The reply to an agent's own summary request (no tools offered, its prompt last, as
-    Codex's local compaction asks): the newest step the outputs before it report, which the
-    agent carries into its compacted history."""
-    outputs = "\n".join(_text(it.get("output")) for it in items
-                        if isinstance(it, dict) and it.get("type") == "function_call_output")
-    found = re.findall(r"STEP-(\d+)-OK", outputs)
+def summary_of(outputs: list[str]) -> str:
+    """The reply to an agent's own summary request: the newest step the tool outputs before
+    its prompt report."""
+    found = re.findall(r"STEP-(\d+)-OK", "\n".join(outputs))
     return f"Summary: steps run so far, the newest STEP-{found[-1]}-OK." if found else "Summary: no step run yet."
+
+
+def summary_request(outputs: list[str], last: dict[str, Any]) -> bool:
+    """Whether a request that offers no tools asks for the agent's own summary: it ends with a
+    user turn after tool results (`outputs`). A step's request offers the tool to take it; the
+    text protocol's (no tools) has no tool results."""
+    return last.get("role") == "user" and bool(outputs)
 
 
 def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict[str, Any]]:
@@ -136,10 +145,11 @@ def responses_output(body: dict[str, Any], model: str, suffix: str) -> list[dict
     if (answer := _answer(observed)) is not None:
         return [{"type": "message", "id": f"msg_{suffix}", "status": "completed", "role": "assistant",
                  "content": [{"type": "output_text", "text": answer, "annotations": []}]}]
-    if not body.get("tools") and last.get("role") == "user" and any(
-            isinstance(it, dict) and it.get("type") == "function_call_output" for it in items):
+    outputs = [_text(it.get("output")) for it in items
+               if isinstance(it, dict) and it.get("type") == "function_call_output"]
+    if not body.get("tools") and summary_request(outputs, last):
         return [{"type": "message", "id": f"msg_{suffix}", "status": "completed", "role": "assistant",
-                 "content": [{"type": "output_text", "text": summary_of(items), "annotations": []}]}]
+                 "content": [{"type": "output_text", "text": summary_of(outputs), "annotations": []}]}]
     offered = [(t.get("name", ""), t.get("parameters")) for t in body.get("tools") or []
                if isinstance(t, dict) and t.get("type") == "function"]
     name, arguments = _shell_call(offered, command_after(newest_step(observed, answered), steps_of(model)))
@@ -220,7 +230,13 @@ def text_reply(messages: list[Any], total: int) -> str:
 
 
 def text_choice(body: dict[str, Any], model: str, i: int) -> dict[str, Any]:
-    """A Chat Completions choice of the text protocol, for a request that offers no tools."""
-    content = text_reply(body.get("messages") or [], steps_of(model))
+    """A Chat Completions choice for a request that offers no tools (but the gateway's): the
+    agent's own summary when it asks for one, else the text protocol's reply."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    outputs = [_text(m.get("content")) for m in messages if m.get("role") == "tool"]
+    if summary_request(outputs, messages[-1] if messages else {}):
+        content = summary_of(outputs)
+    else:
+        content = text_reply(messages, steps_of(model))
     return {"index": i, "message": {"role": "assistant", "content": content}, "logprobs": None,
             "finish_reason": "stop"}

@@ -174,6 +174,28 @@ def test_native_routes_pass_the_fields_through_unless_the_tenant_says_emulate(
         stop_all([gateway])
 
 
+def test_on_a_native_route_the_compact_endpoint_is_still_ctxgates(
+        upstream: ScriptedUpstream, up: ScriptedUpstream, tmp_path: Path) -> None:
+    """docs/native-context.md, what is not done: `/responses/compact` never reaches the vendor,
+    so there an item the vendor made (which its `/responses` reads) is refused."""
+    config = main_config(upstream.url, "auto", native_context={"routes": {"gpt-4o": "native"}})
+    gateway = launch("native-compact", tmp_path, config).wait_ready()
+    vendors = {"type": "compaction", "encrypted_content": "gAAAA-made-by-the-vendor"}
+    try:
+        cli, start = client(gateway), len(up.log)
+        item = cli.responses.compact(model="gpt-4o", input=history(), extra_headers=session()).output[-1]
+        assert item.encrypted_content.startswith("ctxs1.")  # type: ignore[union-attr]
+        assert not [r for r in up.log[start:] if r.door != "chat" or r.body.get("model") != "summarizer"]
+        with pytest.raises(openai.BadRequestError) as e:
+            cli.responses.compact(model="gpt-4o", input=[vendors, *history()], extra_headers=session())  # type: ignore[list-item]
+        assert e.value.code == "invalid_encrypted_content" and e.value.param == "input.0.encrypted_content"
+        start = len(up.log)
+        cli.responses.create(model="gpt-4o", input=[vendors, *history()], extra_headers=session())  # type: ignore[list-item]
+        assert [r.body["input"][0] for r in up.log[start:]] == [vendors]  # the vendor's to read
+    finally:
+        stop_all([gateway])
+
+
 def test_auto_is_native_only_at_the_vendors_own_host() -> None:
     from ctxgate.proxy.context_settings import NativeContextChoice, NativeContextSettings, mode_for, vendor_applies
     assert vendor_applies("auto", "openai_compaction", "openai", None)

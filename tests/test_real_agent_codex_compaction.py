@@ -2,7 +2,9 @@
 `model_auto_compact_token_limit`, both ways (docs/native-context.md): with
 `--codex-remote-compaction` it asks ctxgate (`/responses/compact`); without, it compacts
 locally, by a summary request of its own that goes through ctxgate to the upstream. Either
-way the run goes on past it to its answer.
+way the run goes on past it to its answer, on each of two routes (ROUTES): one that speaks
+the Responses API, and one that speaks Chat Completions only, where ctxgate answers Codex's
+compaction all the same and the upstream sees nothing but chats.
 
 Codex's manual compaction (`/compact`) is a command of its interactive TUI only: `codex exec`
 has no flag or subcommand for it (the app server's `thread/compact/start` is the only other
@@ -15,21 +17,41 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
+import yaml
 
 from real_agents import npm_agent
 from servers import KEYS, child_env, ctxgate_command
-from test_real_agents import MODEL, STEPS, _limited
+from test_real_agents import LIMIT, MODEL, STEPS, _limited
 from upstream import ScriptedUpstream
+
+ROUTES = ("openai", "chat")
+"""`openai`: an OpenAI-compatible route, to which ctxgate forwards `/responses` as they are;
+`chat`: a provider with no Responses API (`deepseek/`), to which litellm's bridge speaks Chat
+Completions, so every turn and Codex's own summary request reach the model as chats."""
 
 
 CHECKPOINT = "CONTEXT CHECKPOINT COMPACTION"
 """Codex's own summary prompt (its local compaction)."""
 
 
-def _codex(tmp_path: Path, session: str, *launcher: str) -> tuple[subprocess.CompletedProcess[str], ScriptedUpstream]:
-    """Codex run to its end through `ctxgate run` (`launcher`: its options), compaction forced at 12K tokens."""
+def _route(tmp_path: Path, route: str) -> tuple[ScriptedUpstream, Path]:
+    """The scripted upstream and ctxgate's config, `MODEL` routed as `route` (ROUTES) says."""
+    upstream, path = _limited(tmp_path, LIMIT, MODEL)
+    if route == "chat":
+        config = yaml.safe_load(path.read_text())
+        entry = next(e for e in config["model_list"] if e["model_name"] == MODEL)
+        entry["litellm_params"]["model"] = f"deepseek/{MODEL}"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return upstream, path
+
+
+def _codex(tmp_path: Path, session: str, route: str, *launcher: str) -> tuple[subprocess.CompletedProcess[str],
+                                                                              ScriptedUpstream]:
+    """Codex run to its end through `ctxgate run` (`launcher`: its options) on `route`,
+    compaction forced at 12K tokens."""
     codex = npm_agent("@openai/codex", "codex")
-    upstream, config = _limited(tmp_path, 24_000, MODEL)
+    upstream, config = _route(tmp_path, route)
     home = tmp_path / "home"
     home.mkdir()
     try:
@@ -44,6 +66,8 @@ def _codex(tmp_path: Path, session: str, *launcher: str) -> tuple[subprocess.Com
         upstream.stop()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
+    served = {r.door for r in upstream.log if r.body and r.body.get("model") == MODEL}
+    assert served == ({"responses"} if route == "openai" else {"chat"}), served
     return done, upstream
 
 
@@ -54,11 +78,14 @@ def _client_compactions(tmp_path: Path, session: str) -> list[dict[str, Any]]:
 
 
 def _summary_requests(upstream: ScriptedUpstream) -> list[Any]:
-    return [r for r in upstream.log if isinstance(r.body, dict) and CHECKPOINT in json.dumps(r.body.get("input"))]
+    """The requests carrying Codex's summary prompt: Responses `input`, or the chat `messages` of the bridge."""
+    return [r for r in upstream.log if isinstance(r.body, dict)
+            and CHECKPOINT in json.dumps(r.body.get("input") or r.body.get("messages"))]
 
 
-def test_codex_compacts_locally_through_ctxgate_and_finishes(tmp_path: Path) -> None:
-    _, upstream = _codex(tmp_path, "codex-local")
+@pytest.mark.parametrize("route", ROUTES)
+def test_codex_compacts_locally_through_ctxgate_and_finishes(tmp_path: Path, route: str) -> None:
+    _, upstream = _codex(tmp_path, "codex-local", route)
     summaries = _summary_requests(upstream)
     assert summaries, "Codex's own summary request never reached the upstream"
     for r in summaries:  # Codex asks for its summary with no tools: ctxgate adds none of its own
@@ -66,8 +93,9 @@ def test_codex_compacts_locally_through_ctxgate_and_finishes(tmp_path: Path) -> 
     assert not _client_compactions(tmp_path, "codex-local")  # nothing asked of ctxgate's compaction
 
 
-def test_codex_asks_ctxgate_to_compact_and_finishes(tmp_path: Path) -> None:
-    _, upstream = _codex(tmp_path, "codex-remote", "--codex-remote-compaction")
+@pytest.mark.parametrize("route", ROUTES)
+def test_codex_asks_ctxgate_to_compact_and_finishes(tmp_path: Path, route: str) -> None:
+    _, upstream = _codex(tmp_path, "codex-remote", route, "--codex-remote-compaction")
     assert _client_compactions(tmp_path, "codex-remote"), "Codex never asked ctxgate to compact"
     assert not _summary_requests(upstream)  # it compacted on the server, not by a summary of its own
     assert not [r for r in upstream.log if "compaction" in r.raw.decode(errors="replace")

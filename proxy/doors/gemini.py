@@ -27,6 +27,7 @@ from ..gateway import Gateway
 from ..tenancy import resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
+from .gemini_expand import GeminiExpansion
 from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream
 from .gemini_model import conversation_of, counted_body, validate_request
 from .gemini_render import render
@@ -40,7 +41,7 @@ PATHS = ("/v1beta/models/{target}", "/v1/models/{target}")
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 
 
-class GeminiWire:
+class GeminiWire(GeminiExpansion):
     name = "gemini"
 
     def __init__(self, gw: Gateway, body: dict[str, Any], neutral: list[dict[str, Any]], model: str,
@@ -49,6 +50,7 @@ class GeminiWire:
         self._body = body
         self._neutral = neutral
         self._model = model
+        self._sse = sse
         self._frames = Frames(sse)
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
@@ -71,6 +73,7 @@ class GeminiWire:
             reply.body = gemini_reply(reply.body or b"", self._model)
             reply.content_type = "application/json"
             return reply
+        self._frames = Frames(self._sse)  # an expansion's follow-up is a stream of its own, sent instead
         reply.chunks = gemini_stream(reply.chunks, self._frames, self._model, upstream_error)
         reply.content_type = "text/event-stream" if self._frames.sse else "application/json"
         return reply

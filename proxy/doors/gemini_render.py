@@ -110,7 +110,8 @@ def _index_of(origin: Content, m: Message) -> int:
 def _response_part(m: Message, origin: Part | None) -> Part:
     if origin is not None and m.get("content") == result_text(origin["functionResponse"]["response"]):
         return origin
-    response: dict[str, Any] = dict(origin["functionResponse"]) if origin is not None else {"name": "tool"}
+    response: dict[str, Any] = dict(origin["functionResponse"]) if origin is not None \
+        else {"name": str(m.get("name") or "tool")}  # ctxgate's own (the expansion's answers) are named
     response["response"] = {"output": _plain(m.get("content"))}
     if origin is None and not str(m.get("tool_call_id", "")).startswith(("gc", "gr")):
         response["id"] = m.get("tool_call_id")

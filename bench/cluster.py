@@ -13,6 +13,7 @@ import asyncio
 import os
 
 import common
+import doors
 import throughput
 
 import aiohttp
@@ -51,7 +52,7 @@ async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
                                              f"ctxgate-{len(servers.procs)}", workers)
                         try:
                             before = commands(ports)
-                            r = await throughput.drive(throughput.Load(name, gw.url, common.UPSTREAM_KEY, True),
+                            r = await throughput.drive(doors.Target(name, gw.url, common.UPSTREAM_KEY, True),
                                                        "turn-2K", messages, args.concurrency, args.seconds, http,
                                                        f"cl-{os.urandom(4).hex()}")
                             r["commands"] = (commands(ports) - before) / max(1, r["answered"])

@@ -35,6 +35,8 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "RESULTS.md"
 sys.path.insert(0, str(ROOT / "tests"))
 
+import doors  # noqa: E402
+import yaml  # noqa: E402
 from ctxgate.pipeline.conversation import split_units  # noqa: E402
 from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry  # noqa: E402
 from ctxgate.pipeline.turns import is_valid_sequence  # noqa: E402
@@ -73,7 +75,8 @@ def request_ready(messages: list[Message]) -> list[Message]:
 def named_trajectories(every: bool = False) -> list[tuple[str, Trajectory, list[Message]]]:
     """(unique name, trajectory, request-ready messages) of every valid run: the tool-call and
     SWE-agent ones, or with `every` every dialect's (tau-bench's ids repeat over trials: `#k`)."""
-    out, seen = [], {}
+    out: list[tuple[str, Trajectory, list[Message]]] = []
+    seen: dict[str, int] = {}
     for t in (every_dialect() if every else all_trajectories()):
         k = seen.get(t.name, 0)
         seen[t.name] = k + 1
@@ -141,13 +144,11 @@ def turn(base: list[Message], i: int) -> list[Message]:
 
 
 def pct(values: Iterable[float], q: float) -> float:
-    vals = sorted(values)
+    """The q-quantile (q in hundredths), linear between the closest ranks."""
+    vals = list(values)
     if len(vals) < 2:
         return vals[0] if vals else float("nan")
-    pos = (len(vals) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(vals) - 1)
-    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+    return statistics.quantiles(vals, n=100, method="inclusive")[round(q * 100) - 1]
 
 
 def median(values: Iterable[float]) -> float:
@@ -358,36 +359,61 @@ class Servers:
 
     def ctxgate(self, config: dict[str, Any], name: str = "ctxgate", workers: int | None = None,
                 env: dict[str, str] | None = None) -> Proc:
-        import yaml
-
         port, path = free_port(), self.workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         argv = [str(VENV_BIN / "ctxgate"), "serve", "--config", str(path), "--port", str(port),
                 "--log-level", "WARNING"] + (["--workers", str(workers)] if workers else [])
         return self.start(name, argv, port, env={**SERVER_ENV, **(env or {})})
 
-    def litellm_proxy(self, argv: list[str], upstream: str, version: str, workers: int | None = None
-                      ) -> tuple[Proc, str]:
-        """The LiteLLM proxy on the bench's routes; (the process, its master key)."""
-        import doors
-        import yaml
-
-        port, path, master = free_port(), self.workdir / "litellm-proxy.yaml", f"sk-bench-{os.urandom(16).hex()}"
-        path.write_text(yaml.safe_dump({"model_list": doors.model_list(upstream, UPSTREAM_KEY),
-                                        "general_settings": {"master_key": master}}))
+    def litellm_proxy(self, path: str | None, upstream: str, workers: int | None = None) -> doors.Target | str:
+        """The LiteLLM proxy on the bench's routes, as a target with its master key, or why it
+        did not start (see `litellm_proxy_command`)."""
+        argv, version = litellm_proxy_command(path)
+        if argv is None:
+            return version
+        port, path, master = free_port(), str(self.workdir / "litellm-proxy.yaml"), f"sk-bench-{os.urandom(16).hex()}"
+        Path(path).write_text(yaml.safe_dump({"model_list": doors.model_list(upstream, UPSTREAM_KEY),
+                                              "general_settings": {"master_key": master}}))
         extra = ["--num_workers", str(workers)] if workers else []
-        proc = self.start("litellm-proxy", [*argv, "--config", str(path), "--port", str(port), *extra], port,
+        proc = self.start("litellm-proxy", [*argv, "--config", path, "--port", str(port), *extra], port,
                           "/health/liveliness", SERVER_ENV, timeout=180)
-        proc.name = f"LiteLLM proxy {version}"
-        return proc, master
+        return doors.Target(f"LiteLLM proxy {version}", proc.url, master)
+
+
+def proxy_note(proxy: doors.Target | str) -> str:
+    """A section's word on the LiteLLM proxy: its version, or why it did not run."""
+    return f"litellm {proxy.name.split()[-1]}." if isinstance(proxy, doors.Target) else f"**not run** ({proxy})."
+
+
+def litellm_proxy_command(path: str | None) -> tuple[list[str] | None, str]:
+    """How to start the LiteLLM proxy and its litellm version, or (None, why not).
+
+    `path` (--litellm-proxy, else $CTXGATE_BENCH_LITELLM_PROXY) is the `litellm` script of an
+    environment with `litellm[proxy]`, or that environment's python; without it, .venv's own
+    `litellm` if `litellm.proxy.proxy_server` imports there."""
+    path = path or os.environ.get("CTXGATE_BENCH_LITELLM_PROXY")
+    if path:
+        exe = Path(path).absolute()  # the servers start in a temporary folder
+        if not exe.exists():
+            return None, f"{path} does not exist"
+        is_python = exe.name.startswith("python")
+        python = exe if is_python else exe.parent / "python"
+        argv = [str(exe), "-m", "litellm.proxy.proxy_cli"] if is_python else [str(exe)]
+    else:
+        python, argv = VENV_BIN / "python", [str(VENV_BIN / "litellm")]
+    r = subprocess.run([str(python), "-c", "import importlib.metadata as m, litellm.proxy.proxy_server; "
+                        "print(m.version('litellm'))"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, **SERVER_ENV})
+    if r.returncode != 0:
+        return None, f"`import litellm.proxy.proxy_server` fails with {python}: " \
+                     f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
+    return argv, r.stdout.strip().splitlines()[-1]
 
 
 def ctxgate_config(upstream: str, workdir: Path, forwarding: str = "auto", state: str | None = None,
                    max_input_tokens: int = 1_000_000, **settings: Any) -> dict[str, Any]:
     """The bench's routes on `upstream` (nothing compacted at 1,000,000), its own data folder;
     `state`: a redis:// URL; `settings`: more of the `ctxgate` section."""
-    import doors
-
     ctx: dict[str, Any] = {"forwarding": forwarding, "data_dir": str(workdir / f"data-{forwarding}"), **settings}
     if state:
         ctx["state"] = state

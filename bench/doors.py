@@ -10,16 +10,13 @@ body each API takes, and its reply read back as text.
 - `<door>-stream`: the same with `stream: true`; a stream not ending on its API's terminator
   (`[DONE]`, `message_stop`, `response.completed`) fails the reply check.
 
-Also the bench's routes (`model_list`) and how to start the LiteLLM proxy.
+Also the bench's routes (`model_list`) and a server it sends to (`Target`).
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import orjson
@@ -56,7 +53,6 @@ def _arguments(raw: Any) -> dict[str, Any]:
     except orjson.JSONDecodeError:
         return {"raw": raw}
     return parsed if isinstance(parsed, dict) else {"value": parsed}
-
 
 
 def to_anthropic(messages: list[Message], model: str = CLAUDE_MODEL) -> dict[str, Any]:
@@ -238,28 +234,16 @@ def model_list(upstream: str, api_key: str, max_input_tokens: int | None = None)
     ]
 
 
+@dataclass(frozen=True)
+class Target:
+    """A server the bench sends to, with the session header or without (a new conversation
+    gets none: ctxgate derives one)."""
+    name: str
+    base: str
+    api_key: str
+    session_header: bool = False
 
-def litellm_proxy_command(path: str | None, venv_bin: Path) -> tuple[list[str] | None, str]:
-    """How to start the LiteLLM proxy and its litellm version, or (None, why not).
-
-    `path` (--litellm-proxy, else $CTXGATE_BENCH_LITELLM_PROXY) is the `litellm` script of an
-    environment with `litellm[proxy]`, or that environment's python; without it, .venv's own
-    `litellm` if `litellm.proxy.proxy_server` imports there."""
-    path = path or os.environ.get("CTXGATE_BENCH_LITELLM_PROXY")
-    if path:
-        exe = Path(path).absolute()  # the servers start in a temporary folder
-        if not exe.exists():
-            return None, f"{path} does not exist"
-        is_python = exe.name.startswith("python")
-        python = exe if is_python else exe.parent / "python"
-        argv = [str(exe), "-m", "litellm.proxy.proxy_cli"] if is_python else [str(exe)]
-    else:
-        python, argv = venv_bin / "python", [str(venv_bin / "litellm")]
-    r = subprocess.run([str(python), "-c", "import importlib.metadata as m, litellm.proxy.proxy_server; "
-                        "print(m.version('litellm'))"], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"})
-    if r.returncode != 0:
-        return None, f"`import litellm.proxy.proxy_server` fails with {python}: " \
-                     f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
-    return argv, r.stdout.strip().splitlines()[-1]
-
+    async def post(self, http: Any, door: Door, messages: list[Message], session: str | None,
+                   body: bytes | None = None) -> tuple[str | None, float, Any]:
+        return await door.post(http, self.base, messages, self.api_key, session if self.session_header else None,
+                               body)

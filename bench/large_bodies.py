@@ -26,7 +26,8 @@ async def probe(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, out:
         await asyncio.sleep(0.01)
 
 
-async def run(url: str, args: argparse.Namespace) -> dict[str, object]:
+async def run(url: str, args: argparse.Namespace) -> tuple[list[float], list[float], list[int], list[float], float]:
+    """/healthz ms idle and under load, the large requests' statuses and ms, a body's MB."""
     text = "word " * int(args.mb * 1024 * 1024 / 5)
     body = orjson.dumps({"model": "small", "messages": [{"role": "user", "content": text}]})
     baseline: list[float] = []
@@ -57,8 +58,7 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, object]:
             await asyncio.gather(*(large() for _ in range(args.large)))
             stop.set()
             await task
-    return {"baseline": baseline, "loaded": loaded, "statuses": statuses, "large_ms": large_ms,
-            "body_mb": len(body) / 1024 / 1024}
+    return baseline, loaded, statuses, large_ms, len(body) / 1024 / 1024
 
 
 def main() -> None:
@@ -74,17 +74,14 @@ def main() -> None:
                 "model": "openai/gpt-4o", "api_base": f"{upstream}/v1", "api_key": common.UPSTREAM_KEY}}],
             "ctxgate": {"data_dir": str(servers.workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}})
         common.progress(f"large bodies: {args.large} × {args.mb} MB at once, {args.rounds} rounds")
-        got = asyncio.run(run(server.url, args))
-    base, loaded = got["baseline"], got["loaded"]
-    assert isinstance(base, list) and isinstance(loaded, list)
+        base, loaded, statuses, large_ms, body_mb = asyncio.run(run(server.url, args))
     rows = [[name, len(xs), f"{common.pct(xs, 0.5):.2f}", f"{common.pct(xs, 0.95):.2f}", f"{max(xs):.2f}"]
             for name, xs in (("idle", base), (f"{args.large} large requests in flight", loaded))]
     text = common.section_header("Large bodies: /healthz while huge requests are processed")
-    text += (f"\n{args.large} requests of {got['body_mb']:.1f} MB (one user message) sent at once, {args.rounds} "
+    text += (f"\n{args.large} requests of {body_mb:.1f} MB (one user message) sent at once, {args.rounds} "
              "rounds, to a model whose limit is 8,000 tokens; a probe asks `/healthz` every 10 ms on its own "
-             f"connection. Large requests answered: statuses {sorted(set(got['statuses']))} "  # type: ignore[arg-type]
-             f"(CONTEXT_EXHAUSTED is a 400), each in {common.pct(got['large_ms'], 0.5):.0f} ms p50 "  # type: ignore[arg-type]
-             f"({max(got['large_ms']):.0f} ms max).\n\n")  # type: ignore[arg-type]
+             f"connection. Large requests answered: statuses {sorted(set(statuses))} (CONTEXT_EXHAUSTED is a 400), "
+             f"each in {common.pct(large_ms, 0.5):.0f} ms p50 ({max(large_ms):.0f} ms max).\n\n")
     text += common.table(["/healthz", "probes", "p50 ms", "p95 ms", "max ms"], rows) + "\n"
     common.publish("large-bodies", text, args.out)
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
 import doors
+from ctxgate.pipeline.tokens import TokenCounter
 
 import aiohttp
 
@@ -83,30 +84,23 @@ class Sample:
     tokenizer: str | None = None
 
 
-class Target:
-    """A server at `base`, sent the session header or not (a new conversation gets none: ctxgate derives one)."""
-
-    def __init__(self, name: str, base: str, session_header: bool = False, api_key: str = UPSTREAM_KEY) -> None:
-        self.name, self.base, self.session_header, self.api_key = name, base, session_header, api_key
-
-    async def send(self, http: aiohttp.ClientSession, door: doors.Door, messages: list[dict[str, Any]], body: bytes,
-                   session: str | None) -> Sample:
-        error, ms, headers = await door.post(http, self.base, messages, self.api_key,
-                                             session if self.session_header else None, body)
-        if error:
-            raise RuntimeError(f"{self.name} ({door.name}): {error}")
-        over = headers.get("X-Ctx-Overhead-Ms")
-        return Sample(ms, float(over) if over else None, headers.get("X-Ctx-Levels"), headers.get("X-Ctx-Tokenizer"))
+async def send(target: doors.Target, http: aiohttp.ClientSession, door: doors.Door, messages: list[dict[str, Any]],
+               body: bytes, session: str | None) -> Sample:
+    error, ms, headers = await target.post(http, door, messages, session, body)
+    if error:
+        raise RuntimeError(f"{target.name} ({door.name}): {error}")
+    over = headers.get("X-Ctx-Overhead-Ms")
+    return Sample(ms, float(over) if over else None, headers.get("X-Ctx-Levels"), headers.get("X-Ctx-Tokenizer"))
 
 
-Lane = tuple[doors.Door, Target]
+Lane = tuple[doors.Door, doors.Target]
 
 
-def key(door: doors.Door, t: Target) -> str:
+def key(door: doors.Door, t: doors.Target) -> str:
     return f"{door.name}|{t.name}"
 
 
-async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSession, counter,
+async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSession, counter: TokenCounter,
                        rng: random.Random) -> dict[str, list[Sample]]:
     """Every iteration: one conversation, in each door's format, through every lane, shuffled."""
     samples: dict[str, list[Sample]] = {key(d, t): [] for d, t in lanes}
@@ -126,8 +120,8 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
         rng.shuffle(order)
         for door, t in order:
             sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // common.TURNS_PER_SESSION}-{door.name}-{t.name}")
-            s = await t.send(http, door, conversations[door.name], bodies[door.name],
-                             sid if sc.kind == "turn" else None)
+            s = await send(t, http, door, conversations[door.name], bodies[door.name],
+                           sid if sc.kind == "turn" else None)
             if i >= sc.warmup:
                 samples[key(door, t)].append(s)
             elif i == 0:
@@ -139,31 +133,37 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
     return samples
 
 
-
 def fmt(x: float, digits: int = 2) -> str:
     return "n/a" if x != x else f"{x:.{digits}f}"
 
 
-def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]]) -> tuple[str, dict[str, dict]]:
+def ratio(a: float, b: float, digits: int) -> str:
+    return f"{a / b:.{digits}f}×" if b > 0 else "n/a"
+
+
+Stats = dict[str, float]
+"""A lane's figures in one scenario: p50, p95, added_p50, added_p95, hdr_p50, hdr_p95, cold (ms)."""
+Result = tuple[Scenario, str, dict[str, Stats]]
+"""A scenario, its section and each lane's figures (by `key`)."""
+
+
+def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]]) -> tuple[str, dict[str, Stats]]:
     rows, stats = [], {}
     for door, t in lanes:
         k, direct = key(door, t), samples[f"{door.name}|{DIRECT}"]
-        d50 = common.pct([s.ms for s in direct], 0.5)
         ms = [s.ms for s in samples[k]]
-        p50, p95 = common.pct(ms, 0.5), common.pct(ms, 0.95)
         paired = [a.ms - b.ms for a, b in zip(samples[k], direct)]
         over = [s.overhead_ms for s in samples[k] if s.overhead_ms is not None]
         levels = {s.levels for s in samples[k] if s.levels}
         tokenizers = {s.tokenizer for s in samples[k] if s.tokenizer}
-        st = {"p50": p50, "p95": p95, "added_p50": common.pct(paired, 0.5), "added_p95": common.pct(paired, 0.95),
-              "hdr_p50": common.pct(over, 0.5) if over else float("nan"),
-              "hdr_p95": common.pct(over, 0.95) if over else float("nan"), "levels": levels,
-              "cold": samples.get(f"_cold|{k}", [Sample(float("nan"))])[0].ms}
-        stats[k] = st
+        st = stats[k] = {"p50": common.pct(ms, 0.5), "p95": common.pct(ms, 0.95),
+                         "added_p50": common.pct(paired, 0.5), "added_p95": common.pct(paired, 0.95),
+                         "hdr_p50": common.pct(over, 0.5), "hdr_p95": common.pct(over, 0.95),
+                         "cold": samples.get(f"_cold|{k}", [Sample(float("nan"))])[0].ms}
         added = "—" if t.name == DIRECT else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}"
-        ratio = "1.00×" if t.name == DIRECT else f"{p50 / d50:.2f}×"
         hdr = f"{fmt(st['hdr_p50'])} / {fmt(st['hdr_p95'])}" if over else "—"
-        rows.append([door.name, t.name, fmt(p50), fmt(p95), added, ratio, hdr, fmt(st["cold"], 1),
+        rows.append([door.name, t.name, fmt(st["p50"]), fmt(st["p95"]), added,
+                     ratio(st["p50"], common.pct([s.ms for s in direct], 0.5), 2), hdr, fmt(st["cold"], 1),
                      ",".join(sorted(levels)) if levels else "—", ",".join(sorted(tokenizers)) or "—"])
     lo, hi = min(sc.tokens), max(sc.tokens)
     toks = f"{lo:,}" if lo == hi else f"{lo:,}–{hi:,}"
@@ -177,7 +177,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
     return text, stats
 
 
-async def main_async(args: argparse.Namespace):
+async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lane], list[Result], doors.Target | str]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
     counter = common.gpt4o_counter()
     common.progress("overhead: building conversations from trajectories")
@@ -192,8 +192,6 @@ async def main_async(args: argparse.Namespace):
         if "turn" in args.kinds:
             scenarios.append(Scenario(f"turn-{label}", f"steady-state next turn of a {label}-token session", "turn",
                                       base, n, warm, size=size))
-    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, common.VENV_BIN)
-    common.progress(f"overhead: LiteLLM proxy: {proxy_argv and f'litellm {proxy_version}' or proxy_version}")
     active = [doors.DOORS[n] for n in args.doors.split(",")]
     with common.Servers("ctxgate-bench-") as servers:
         upstream = servers.upstream()
@@ -201,19 +199,17 @@ async def main_async(args: argparse.Namespace):
                for fwd in ("auto", "litellm")}
         common.progress(f"overhead: upstream {upstream.url}, ctxgate auto {gws['auto'].url}, "
                         f"ctxgate litellm {gws['litellm'].url}")
-        targets = [
-            Target(DIRECT, upstream.url),
-            Target("ctxgate forwarding=auto", gws["auto"].url, session_header=True),
-            Target("ctxgate forwarding=litellm", gws["litellm"].url, session_header=True),
-        ]
-        if proxy_argv:
-            proxy, master = servers.litellm_proxy(proxy_argv, upstream.url, proxy_version)
-            targets.append(Target(proxy.name, proxy.url, api_key=master))
+        targets = [doors.Target(DIRECT, upstream.url, UPSTREAM_KEY)] + [
+            doors.Target(f"ctxgate forwarding={fwd}", gw.url, UPSTREAM_KEY, session_header=True)
+            for fwd, gw in gws.items()]
+        proxy = servers.litellm_proxy(args.litellm_proxy, upstream.url)
+        common.progress(f"overhead: LiteLLM proxy: {common.proxy_note(proxy)}")
+        targets += [] if isinstance(proxy, str) else [proxy]
         lanes: list[Lane] = [(d, t) for d in active for t in targets]
         rng = random.Random(20240601)
         connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=600)
-        results: list[tuple[Scenario, str, dict[str, dict]]] = []
+        results: list[Result] = []
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             for sc in scenarios:
                 common.progress(f"overhead: {sc.name} ({sc.what}), {sc.warmup}+{sc.iterations} iterations × "
@@ -226,15 +222,14 @@ async def main_async(args: argparse.Namespace):
                         st, d = stats[key(door, t)], stats[f"{door.name}|{DIRECT}"]["p50"]
                         common.progress(f"    {door.name:9s} {t.name:34s} p50 {st['p50']:8.2f} ms  (direct "
                                         f"{d:7.2f} ms, added p50 {st['added_p50']:7.2f} ms)")
-    proxy = proxy_version if proxy_argv else None
-    return scenarios, lanes, results, proxy, proxy_version
+    return scenarios, lanes, results, proxy
 
 
-def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None, proxy_why: str) -> None:
+def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: list[Lane],
+                  results: list[Result], proxy: doors.Target | str) -> None:
     by = {sc.name: stats for sc, _, stats in results}
     lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
-    lines.append(common.about(__doc__) + "\n\nLiteLLM proxy: " + (f"litellm {proxy}.\n" if proxy else
-                                                                   f"**not run** — {proxy_why}.\n"))
+    lines.append(common.about(__doc__) + f"\n\nLiteLLM proxy: {common.proxy_note(proxy)}\n")
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
     kinds = [("fresh", "a new conversation (conv-*)"), ("turn", "the steady-state next turn of a session (turn-*)")]
@@ -258,11 +253,8 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
                 pk = f"{door.name}|{proxy_name}"
                 if pk not in by[scs[0].name]:
                     continue
-                row = [door.name]
-                for sc in scs:
-                    a, b = by[sc.name][f"{door.name}|ctxgate forwarding=auto"], by[sc.name][pk]
-                    row.append(f"{a['added_p50'] / b['added_p50']:.2f}×" if b["added_p50"] > 0 else "n/a")
-                rows.append(row)
+                rows.append([door.name, *(ratio(by[sc.name][f"{door.name}|ctxgate forwarding=auto"]["added_p50"],
+                                                by[sc.name][pk]["added_p50"], 2) for sc in scs)])
             lines.append(f"**ctxgate (forwarding=auto) added p50 ÷ LiteLLM proxy added p50 — {what}** "
                          "(issue 13's aim: ≤ 0.5×):\n")
             lines.append(common.table(["door", *[sc.name for sc in scs]], rows) + "\n")
@@ -273,13 +265,12 @@ def write_results(args, scenarios, lanes: list[Lane], results, proxy: str | None
         ratio_rows = []
         for door in dict.fromkeys(d for d, _ in lanes):
             for name in ("ctxgate forwarding=auto", "ctxgate forwarding=litellm"):
-                a, b = by[big.name].get(f"{door.name}|{name}"), by[small.name].get(f"{door.name}|{name}")
-                if a is None or b is None:
-                    continue
-                ratio_rows.append([door.name, name, fmt(a["added_p50"]), fmt(b["added_p50"]),
-                                   f"{a['added_p50'] / b['added_p50']:.1f}×" if b["added_p50"] > 0 else "n/a",
-                                   fmt(a["hdr_p50"]), fmt(b["hdr_p50"]),
-                                   f"{a['hdr_p50'] / b['hdr_p50']:.1f}×" if b["hdr_p50"] > 0 else "n/a"])
+                k = f"{door.name}|{name}"
+                if k in by[big.name] and k in by[small.name]:
+                    a, b = by[big.name][k], by[small.name][k]
+                    ratio_rows.append([door.name, name, fmt(a["added_p50"]), fmt(b["added_p50"]),
+                                       ratio(a["added_p50"], b["added_p50"], 1), fmt(a["hdr_p50"]), fmt(b["hdr_p50"]),
+                                       ratio(a["hdr_p50"], b["hdr_p50"], 1)])
         lines.append(f"**Steady-state turn, {big.name} vs {small.name}** (aim for 200K vs 2K: ≤ 1.5×):\n")
         lines.append(common.table(["door", "", f"added p50, {big.name}", f"added p50, {small.name}", "ratio",
                                    f"X-Ctx-Overhead-Ms p50, {big.name}", f"… {small.name}", "ratio"], ratio_rows,
@@ -302,8 +293,7 @@ def main() -> None:
     p.add_argument("--doors", default=",".join(doors.DOORS),
                    help="comma-separated doors to measure")
     args = p.parse_args()
-    scenarios, lanes, results, proxy, proxy_why = asyncio.run(main_async(args))
-    write_results(args, scenarios, lanes, results, proxy, proxy_why)
+    write_results(args, *asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ while a background compaction runs): time in `Compactor.prepare` per turn, specu
 (a compaction point waits for the summary) and on (made during an earlier turn's upstream time).
 
     .venv/bin/python bench/prefix_stability.py             # writes its section of RESULTS.md
+    .venv/bin/python bench/prefix_stability.py --session-tokens 20000 --runs 2 --out /tmp/x.md
 """
 from __future__ import annotations
 
@@ -45,8 +46,7 @@ SUMMARY = """1. User goal: fix the failing behaviour described in the task.
 
 
 async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, budget: int, *,
-                 provider_count: Any = None, speculate: bool = True, summary_s: float = 0.0,
-                 upstream_s: float = 0.0) -> Replay:
+                 speculate: bool = True, summary_s: float = 0.0, upstream_s: float = 0.0) -> Replay:
     """`ctxgate replay`'s driver with the gpt-4o tokenizer and a scripted summary that takes `summary_s`."""
     async def summarize(_: list[Message]) -> str:
         if summary_s:
@@ -54,10 +54,14 @@ async def replay(messages: list[Message], tools: list[dict[str, Any]] | None, bu
         return SUMMARY
 
     return await replay_session(messages, tools, budget, counter=common.gpt4o_counter(), summarize=summarize,
-                                provider_count=provider_count, speculate=speculate, upstream_s=upstream_s)
+                                speculate=speculate, upstream_s=upstream_s)
 
 
-def _long_runs() -> list[tuple[str, list[Message], list[dict[str, Any]] | None]]:
+Run = tuple[str, list[Message], list[dict[str, Any]] | None]
+"""(name, request-ready messages, tools schema)."""
+
+
+def _long_runs() -> list[Run]:
     runs = [(name, msgs, t.tools) for name, t, msgs in common.named_trajectories()
             if len(agent_turns(msgs)) >= MIN_TURNS]
     return sorted(runs, key=lambda r: -len(agent_turns(r[1])))
@@ -76,12 +80,13 @@ def _ms(values: list[float]) -> str:
     return f"{statistics.median(values):.1f}" if values else "—"
 
 
-def results(out: str | None) -> int:
+def results(out: str | None, session_tokens: int, most: int | None) -> int:
     counter = common.gpt4o_counter()
-    long_session = common.build_conversation(LONG_SESSION_TOKENS, counter)
-    runs = _long_runs()
-    groups = [(f"one {LONG_SESSION_TOKENS // 1000}K-token session", [("long session", long_session, None)]),
-              (f"{len(runs)} recorded runs", runs)]
+    long_session = common.build_conversation(session_tokens, counter)
+    runs = _long_runs()[:most]
+    groups: list[tuple[str, list[Run]]] = [(f"one {session_tokens // 1000}K-token session",
+                                            [("long session", long_session, None)]),
+                                           (f"{len(runs)} recorded runs", runs)]
     common.progress(f"prefix stability: a {len(agent_turns(long_session))}-turn session and {len(runs)} runs with "
                     f"≥ {MIN_TURNS} agent turns × {len(RATIOS)} budgets")
     rows = []
@@ -109,7 +114,8 @@ def results(out: str | None) -> int:
 
     common.progress(f"speculation: compaction turns with a {SUMMARY_S * 1000:.0f} ms summary, on and off")
     latency: dict[bool, list[float]] = {True: [], False: []}
-    adopted, others = 0, {True: [], False: []}
+    others: dict[bool, list[float]] = {True: [], False: []}
+    adopted = 0
     for name, msgs, tools in runs:
         budget = int(counter.count_request(msgs, tools) * RATIOS[0])
         for speculate in (False, True):
@@ -139,9 +145,12 @@ def results(out: str | None) -> int:
 
 
 def main() -> int:
-    args = common.parser(__doc__, wait=600.0).parse_args()
+    p = common.parser(__doc__, wait=600.0)
+    p.add_argument("--session-tokens", type=int, default=LONG_SESSION_TOKENS, help="the long session's size")
+    p.add_argument("--runs", type=int, default=None, help="only the N longest recorded runs (a quick run)")
+    args = p.parse_args()
     common.wait_for_quiet(max_wait_s=args.max_wait)
-    return results(args.out)
+    return results(args.out, args.session_tokens, args.runs)
 
 
 if __name__ == "__main__":

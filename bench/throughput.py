@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import time
+from typing import Any
 
 import common
 import doors
@@ -27,15 +28,12 @@ import doors
 import aiohttp
 
 DOOR = doors.CHAT
+Row = tuple[str, int, str, dict[str, Any]]
+"""(scenario, concurrency, target, what `drive` measured)."""
 
 
-class Load:
-    def __init__(self, name: str, base: str, api_key: str, session_header: bool) -> None:
-        self.name, self.base, self.api_key, self.session_header = name, base, api_key, session_header
-
-
-async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, seconds: float,
-                http: aiohttp.ClientSession, run: str) -> dict:
+async def drive(load: doors.Target, scenario: str, base_msgs: list[doors.Message], concurrency: int,
+                seconds: float, http: aiohttp.ClientSession, run: str) -> dict[str, Any]:
     """C clients each sending its next request as soon as the last is answered, for 1 s of
     warm-up and `seconds` more: replies and latencies in the measured window, every reply
     (`answered`) and the errors."""
@@ -53,8 +51,7 @@ async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, se
                 msgs, sid = common.fresh(base_msgs, w * 1_000_000 + i), None
             started = time.perf_counter()
             try:
-                error, ms, _ = await DOOR.post(http, load.base, msgs, load.api_key,
-                                               sid if load.session_header else None)
+                error, _, _ = await load.post(http, DOOR, msgs, sid)
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 error = repr(e)
             end = time.perf_counter()
@@ -72,24 +69,21 @@ async def drive(load: Load, scenario: str, base_msgs: list, concurrency: int, se
             "first_error": errors[0] if errors else ""}
 
 
-async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
+async def main_async(args: argparse.Namespace) -> tuple[list[Row], doors.Target | str]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
     counter = common.gpt4o_counter()
     sizes = {"turn-2K": 2_000, "conv-100K": 100_000}
     bases = {name: common.build_conversation(sizes[name], counter) for name in args.scenarios}
-    proxy_argv, proxy_version = doors.litellm_proxy_command(args.litellm_proxy, common.VENV_BIN)
     rows = []
     with common.Servers("ctxgate-throughput-") as servers:
         upstream = servers.upstream()
         gw = servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir, state=args.state),
                              workers=args.workers)
-        loads = [Load("direct", upstream.url, common.UPSTREAM_KEY, False),
-                 Load("ctxgate forwarding=auto", gw.url, common.UPSTREAM_KEY, True)]
-        if proxy_argv:
-            proxy, master = servers.litellm_proxy(proxy_argv, upstream.url, proxy_version, args.workers)
-            loads.append(Load(proxy.name, proxy.url, master, False))
-        else:
-            common.progress(f"throughput: no LiteLLM proxy: {proxy_version}")
+        loads = [doors.Target("direct", upstream.url, common.UPSTREAM_KEY),
+                 doors.Target("ctxgate forwarding=auto", gw.url, common.UPSTREAM_KEY, session_header=True)]
+        proxy = servers.litellm_proxy(args.litellm_proxy, upstream.url, args.workers)
+        common.progress(f"throughput: LiteLLM proxy: {common.proxy_note(proxy)}")
+        loads += [] if isinstance(proxy, str) else [proxy]
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
             for scenario in args.scenarios:
@@ -102,23 +96,22 @@ async def main_async(args: argparse.Namespace) -> tuple[list, str | None, str]:
                                         f"p50 {r['p50']:8.1f} ms  p95 {r['p95']:8.1f} ms  errors {r['errors']}"
                                         + (f" ({r['first_error'][:120]})" if r["errors"] else ""))
                         await asyncio.sleep(1.0)
-    return rows, proxy_version if proxy_argv else None, proxy_version
+    return rows, proxy
 
 
-def write_results(args: argparse.Namespace, rows: list, proxy: str | None, why: str) -> None:
+def write_results(args: argparse.Namespace, rows: list[Row], proxy: doors.Target | str) -> None:
     concurrency = " and ".join(str(c) for c in args.concurrency)
     lines = [common.section_header(f"Throughput: requests per second at concurrency {concurrency}"), "",
              common.about(__doc__) + f"\n\nWorkers: {args.workers}" + (f", `ctxgate.state` {args.state}"
                                                                        if args.state and args.workers > 1 else "")
-             + f"; {args.seconds:g} s measured. LiteLLM proxy: " + (f"litellm {proxy}.\n" if proxy else
-                                                                      f"**not run** ({why}).\n")]
+             + f"; {args.seconds:g} s measured. LiteLLM proxy: {common.proxy_note(proxy)}\n"]
     table_rows = []
     for scenario, c, name, r in rows:
         table_rows.append([scenario, c, name, f"{r['rps']:.1f}", r["n"], f"{r['p50']:.1f}", f"{r['p95']:.1f}",
                            r["errors"]])
     lines.append(common.table(["scenario", "concurrency", "target", "req/s", "replies", "p50 ms", "p95 ms",
                                "errors"], table_rows, "lrlrrrrr") + "\n")
-    if proxy:
+    if not isinstance(proxy, str):
         by = {(s, c, n): r for s, c, n, r in rows}
         ratio_rows = []
         for scenario in args.scenarios:
@@ -152,8 +145,7 @@ def main() -> None:
         p.error(f"--workers {args.workers}: ctxgate needs a shared state backend for more than one worker; "
                 "give --state redis://HOST:PORT/DB (or set $CTXGATE_BENCH_STATE)")
     common.use_uvloop()
-    rows, proxy, why = asyncio.run(main_async(args))
-    write_results(args, rows, proxy, why)
+    write_results(args, *asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

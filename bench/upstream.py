@@ -69,15 +69,15 @@ def _responses_frames(body: dict[str, Any], response: dict[str, Any]) -> list[by
     item = response["output"][0]
     part = item["content"][0]
     ids = {"item_id": item["id"], "output_index": 0, "content_index": 0}
-    events = [("response.created", {"response": {**response, "status": "in_progress", "output": []}}),
-              ("response.output_item.added", {"output_index": 0,
-                                              "item": {**item, "status": "in_progress", "content": []}}),
-              ("response.content_part.added", {**ids, "part": {**part, "text": ""}}),
-              ("response.output_text.delta", {**ids, "delta": REPLY}),
-              ("response.output_text.done", {**ids, "text": REPLY}),
-              ("response.content_part.done", {**ids, "part": part}),
-              ("response.output_item.done", {"output_index": 0, "item": item}),
-              ("response.completed", {"response": response})]
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": {**response, "status": "in_progress", "output": []}}),
+        ("response.output_item.added", {"output_index": 0, "item": {**item, "status": "in_progress", "content": []}}),
+        ("response.content_part.added", {**ids, "part": {**part, "text": ""}}),
+        ("response.output_text.delta", {**ids, "delta": REPLY}),
+        ("response.output_text.done", {**ids, "text": REPLY}),
+        ("response.content_part.done", {**ids, "part": part}),
+        ("response.output_item.done", {"output_index": 0, "item": item}),
+        ("response.completed", {"response": response})]
     return [_event(kind, {**data, "sequence_number": n}) for n, (kind, data) in enumerate(events)]
 
 

@@ -37,6 +37,8 @@ Sharing = Callable[[str], list[Shareable] | None]
 ReadSpans = Callable[[set[int]], Spans]
 """The given messages of a turn, split by source (`pipeline.provenance.message_spans`)."""
 _TRIGGER_C_MIN = 5
+_INLINE_CAPTURE = 1_000
+"""New messages a turn's capture reads on the event loop; more are read in a thread."""
 
 
 class MemoryManager:
@@ -82,7 +84,11 @@ class MemoryManager:
         if previous is not None:  # a session's turns are captured in order
             await asyncio.gather(previous, return_exceptions=True)
         now = self._clock()
-        found = capture(messages, spans(self.short_term.unseen(key, fingerprints)), truncate, now)
+        unseen = self.short_term.unseen(key, fingerprints)
+        if len(unseen) > _INLINE_CAPTURE:  # a long new history: read off the event loop
+            found = await asyncio.to_thread(lambda: capture(messages, spans(unseen), truncate, now))
+        else:
+            found = capture(messages, spans(unseen), truncate, now)
         for _, candidate in found:
             candidate.turn, candidate.door = scope.turn, scope.door
         added = await self.short_term.add(key, scope, fingerprints, found, now)

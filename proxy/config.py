@@ -66,6 +66,13 @@ class TenantConfig(_Strict):
     """Send the tenant's own bearer key upstream instead of the configured upstream key."""
     max_body_bytes: int | None = Field(default=None, gt=0)
     """This tenant's request bodies: at most this (a 413 past it); unset: ctxgate.max_body_bytes."""
+    max_messages: int = Field(default=100_000, gt=0)
+    """Messages (or Responses input items, Gemini contents) in one request: a 400 past it."""
+    max_content_parts: int = Field(default=1_000_000, gt=0)
+    """Content parts (blocks) of all the messages of one request together: a 400 past it."""
+    heavy_concurrency: int = Field(default=1, gt=0)
+    """This tenant's large requests whose CPU work (validation, counting, planning) runs at once,
+    off the event loop; more wait for their turn behind this tenant's own (proxy/heavy.py)."""
     pipeline: dict[str, Any] = Field(default_factory=dict)
     share_captured: list[Shareable] | None = None
     """Captured memory categories every user of this tenant sees; unset: `ctxgate.memory.share_captured`."""

@@ -29,6 +29,7 @@ from .engine.session import Sessions
 from .engine.open_store import open_store
 from .engine.state import SessionState
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
+from .heavy import HeavyWork
 from .large_json import JsonParser
 from .upstream.retry import Retrier
 from .upstream.summarizer import Summarizer
@@ -58,6 +59,8 @@ class Gateway:
     shared_counts: SharedCounts | None = None
     """The sessions' token counts in Redis, for a turn this process has not seen the history of."""
     json_parser: JsonParser = field(default_factory=JsonParser)
+    heavy: HeavyWork = field(default_factory=HeavyWork)
+    """Large requests' CPU work, off the event loop, a few at a time per tenant."""
     summarizer: Summarizer = field(init=False)
     """ctxgate's own LLM calls (Autocompact, memory's consolidation); set by `build`."""
 

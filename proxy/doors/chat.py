@@ -6,7 +6,7 @@ is validation and rendering is putting the compacted list back in the body.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
@@ -14,13 +14,15 @@ from aiohttp import web
 from ctxgate.pipeline.notes import strip_tag
 from ctxgate.pipeline.tokens import json_bound
 from ..engine.memory_turn import scope_of
+from ..engine.history import KnownPrefix
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import GatewayError
 from ..gateway import Gateway
-from ..tenancy import resolve_caller, resolve_session
+from ..tenancy import Caller, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
+from .caps import check_caps
 from .errors import openai_body
 from .chat_expand import ChatExpansion
 from .chat_replies import SseReply, reply_facts
@@ -74,18 +76,28 @@ class ChatDoor:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        check_caps(caller.tenant_config, body.get("messages"), "messages")
+        raw = await http.read()
+        route, session_id, known, bound = await self.gw.heavy.run(
+            caller.tenant, caller.tenant_config.heavy_concurrency, len(raw),
+            lambda: self._read(caller, http.headers, body, raw))
+        messages = body["messages"]
+        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
+                         memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
+                         known=known, body_bytes=len(raw), count_bound=bound)
+        request = DoorRequest(http, caller, route, session_id, turn, body, started)
+        return await answer(self.engine, request, ChatWire(self.gw, body, raw))
+
+    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], raw: bytes
+              ) -> tuple[Route, str, KnownPrefix, int | None]:
+        """The request checked and placed: its route, session, what of it the session knew, and
+        its count's bound (only a new conversation is bounded). In a thread when large (`HeavyWork`)."""
         validate_chat_request(body)
         messages = body["messages"]
         route = self.gw.router.resolve(body["model"])
         self.engine.refuse_hopeless(caller, route, messages)
-        session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
+        session_id = resolve_session(caller.tenant, headers, messages, body.get("prompt_cache_key"))
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_chat_messages(messages, known.length)
-        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        raw = await http.read()
-        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
-                         memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         known=known, body_bytes=len(raw),
-                         count_bound=json_bound(raw) if known.length == 0 else None)  # only a new one is bounded
-        request = DoorRequest(http, caller, route, session_id, turn, body, started)
-        return await answer(self.engine, request, ChatWire(self.gw, body, raw))
+        return route, session_id, known, json_bound(raw) if known.length == 0 else None

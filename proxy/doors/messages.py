@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
 
 from ..engine.memory_turn import scope_of
+from ..engine.history import KnownPrefix
 from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
-from ..tenancy import resolve_caller, resolve_session
+from ..tenancy import Caller, resolve_caller, resolve_session
 from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_native
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
+from .caps import check_caps
 from .errors import http_status
 from .context_management import Edited, compact_for, edited, emulated
 from .messages_compaction import expanded as expanded_blocks
@@ -127,24 +129,39 @@ class MessagesDoor:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
-        validate_messages_request(body, counting=counting)
+        system = body.get("system")
+        check_caps(caller.tenant_config, body.get("messages"), "messages",
+                   extra_parts=len(system) if isinstance(system, list) else 0)
+        size = len(await http.read())
+        heavy = self.gw.heavy
+        slots = caller.tenant_config.heavy_concurrency
+        await heavy.run(caller.tenant, slots, size, lambda: validate_messages_request(body, counting=counting))
         route = self.gw.router.resolve(body["model"])
         found = await expanded_blocks(self.gw, caller, body["messages"], emulated(self.gw, caller, route))
+        conversation, edits, session_id, known = await heavy.run(
+            caller.tenant, slots, size, lambda: self._placed(caller, http.headers, route, body, found))
+        messages = conversation.neutral
+        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        user = (body.get("metadata") or {}).get("user_id")
+        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
+                         memory_scope=scope_of(http.headers, user, messages) if memory_on else None,
+                         known=known, body_bytes=size)
+        return DoorRequest(http, caller, route, session_id, turn, body, started), conversation, edits
+
+    def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],
+                found: list[dict[str, Any]]) -> tuple[Conversation, Edited | None, str, KnownPrefix]:
+        """The request read into the neutral model (its context edits applied), checked, and
+        placed in its session. In a thread when large (`HeavyWork`)."""
         edits = edited(self.gw, caller, route, {**body, "messages": found} if found is not body["messages"] else body,
                        changed=found is not body["messages"])
         conversation = conversation_of(edits.body if edits is not None else body)
         messages = conversation.neutral
         self.engine.refuse_hopeless(caller, route, messages)
-        session_id = resolve_session(caller.tenant, http.headers, messages)
+        session_id = resolve_session(caller.tenant, headers, messages)
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_messages(conversation.body["messages"],
                           max(0, known.length - (len(messages) - len(conversation.body["messages"]))))
-        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        user = (body.get("metadata") or {}).get("user_id")
-        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
-                         memory_scope=scope_of(http.headers, user, messages) if memory_on else None,
-                         known=known, body_bytes=len(await http.read()))
-        return DoorRequest(http, caller, route, session_id, turn, body, started), conversation, edits
+        return conversation, edits, session_id, known
 
     async def messages(self, http: web.Request) -> web.StreamResponse:
         request, conversation, edits = await self.read(http, counting=False)

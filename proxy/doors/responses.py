@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
@@ -34,6 +34,7 @@ from .responses_expand import ResponsesExpansion
 from .response_store import ResponseStore, StoredResponse, open_response_store
 from .responses_model import (Converted, checked_items, convert, input_items, to_request,
                               validate_responses_request)
+from .caps import check_caps
 from .validation import read_json_body
 
 _FINAL_EVENTS = ("response.completed", "response.failed", "response.incomplete")
@@ -225,13 +226,19 @@ class ResponsesDoor:
                     ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str, Asked]:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        check_caps(caller.tenant_config, body.get("input"), "input")
+        size = len(await http.read())
+        heavy, slots = self.gw.heavy, caller.tenant_config.heavy_concurrency
         named = named_session(http.headers, body.get("prompt_cache_key"))
         # The session's last request as this door read it: a steady turn checks and converts only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
         last = last if isinstance(last, Converted) else None
         previous = body.get("previous_response_id")
-        known = checked_items(last, body.get("instructions"), body.get("input")) if not previous else 0
-        validate_responses_request(body, input_required=input_required, start=known)
+
+        def validated() -> None:
+            known = checked_items(last, body.get("instructions"), body.get("input")) if not previous else 0
+            validate_responses_request(body, input_required=input_required, start=known)
+        await heavy.run(caller.tenant, slots, size, validated)
         route = self.gw.router.resolve(body["model"])
         history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
         asked = Asked(emulated(self.gw, caller, route) or compacting)
@@ -243,7 +250,7 @@ class ResponsesDoor:
         asked.changed = asked.changed or asked.trigger or found is not items
         if found is not items:
             last = None  # the conversation is not the request's input as sent
-        converted = convert(body.get("instructions"), found, last)
+        converted = await heavy.run(caller.tenant, slots, size, lambda: convert(body.get("instructions"), found, last))
         if not previous and not asked.changed:  # every item is the request's own input, checked above
             converted = replace(converted, checked=len(converted.items))
         messages = converted.messages
@@ -251,8 +258,8 @@ class ResponsesDoor:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                "the conversation is empty: give `input` or `instructions`", param="input",
                            code="invalid_request")
-        self.engine.refuse_hopeless(caller, route, messages)
-        session_id = resolve_session(caller.tenant, http.headers, messages, body.get("prompt_cache_key"))
+        session_id = await heavy.run(caller.tenant, slots, size, lambda: self._placed(caller, http.headers, route, body,
+                                                                                     messages))
         if chained_session is not None and session_id.startswith("fp-") and "X-Ctx-Session" not in http.headers:
             # A fingerprint names the conversation by its start, and instructions are not
             # inherited along a chain: the chain's own session is the better name.
@@ -260,8 +267,14 @@ class ResponsesDoor:
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         door_state=converted, body_bytes=len(await http.read()))
+                         door_state=converted, body_bytes=size)
         return caller, body, route, turn, session_id, asked
+
+    def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],
+                messages: list[dict[str, Any]]) -> str:
+        """The conversation's session, once it is known not to be hopeless. In a thread when large."""
+        self.engine.refuse_hopeless(caller, route, messages)
+        return resolve_session(caller.tenant, headers, messages, body.get("prompt_cache_key"))
 
     async def retrieve(self, http: web.Request) -> web.Response:
         caller = resolve_caller(self.gw.config, http.headers)

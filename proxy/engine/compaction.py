@@ -21,6 +21,7 @@ from ctxgate.pipeline.types import Reason
 from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
+from .off_loop import run_planner, run_sync
 from .state import CompactionRecord, SessionState
 from .summary_cost import SummaryCost, Waste, costed, summary_kept
 from .turn_budget import Plan, Turn, budget_of, limit_of
@@ -72,13 +73,14 @@ class Compactor:
         return await self.fitted(state, turn, plan) if fit else plan
 
     async def _planned(self, state: SessionState, turn: Turn) -> Plan:
-        view, tokens = forwarded_view(state, turn)
+        view, tokens = await run_sync(turn, lambda: forwarded_view(state, turn))
         if state.speculation or planner.may_compact(turn, state, tokens):
-            _read_dialect(state, turn)  # only a turn that may compact reads the conversation
+            # Only a turn that may compact reads the conversation.
+            await run_sync(turn, lambda: _read_dialect(state, turn))
         if state.speculation and self.speculator is not None:
             self.speculator.resume(state, turn, lambda then: compaction_view(state, then))
-        decision = planner.decide(turn, state, tokens, state.has_attempted_reactive_compact,
-                                  self.speculator is not None)
+        guard, speculating = state.has_attempted_reactive_compact, self.speculator is not None
+        decision = await run_sync(turn, lambda: planner.decide(turn, state, tokens, guard, speculating))
         if decision.action is Action.FORWARD:
             if decision.speculate and self.speculator is not None:
                 self.speculator.start(state, turn, compaction_view(state, turn), decision.target)
@@ -228,7 +230,7 @@ class Compactor:
         if the point removes nothing (`view` with the expansion exchanges `compaction_view` left
         out; default `view`)."""
         cost = SummaryCost()
-        run = await planner.plan(costed(turn, cost), state, view, target, reason, as_is=as_is)
+        run = await run_planner(costed(turn, cost), lambda t: planner.plan(t, state, view, target, reason, as_is=as_is))
         if run.as_is or not summary_kept(view, run.record.messages):
             self.wasted(state.session_id, "unused", cost)
         view = view if as_is is None else as_is

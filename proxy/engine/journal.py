@@ -27,12 +27,15 @@ from ctxgate.wal.mirror import DB_NAME, SqliteMirror
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import Recovery, find_checkpoint, recover
 from ctxgate.wal.records import REF, record_key, resolved
+from .off_loop import run_sync
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import lease_lost
 from .state import SessionState
 
 log = logging.getLogger("ctxgate.wal")
+INLINE_EVENTS = 256
+"""Events an append encodes on the event loop; more are encoded and written in a thread."""
 APPEND_FENCE: ContextVar[Fence | None] = ContextVar("append_fence", default=None)
 """The session lock of the transaction committing now (`Sessions._commit` sets it): every
 append the commit makes is fenced by it, wherever in the journal the append is made."""
@@ -109,7 +112,7 @@ class Journal:
         if not self.enabled(state.profile):
             return
         before = (state.wal_logged, state.wal_logged_hash)
-        events = self._message_events(state, turn)
+        events = await run_sync(turn, lambda: self._message_events(state, turn))
         events += [_compression(step) for step in steps if step["level"] != "chain"]
         logged_speculation = bool(state.speculation.get("logged"))
         if state.speculation and not logged_speculation:
@@ -174,7 +177,8 @@ class Journal:
             return
         fence = APPEND_FENCE.get()
         try:
-            if checkpoint or self._remote:  # an fsync or a round trip: off the event loop
+            if checkpoint or self._remote or len(events) > INLINE_EVENTS:  # an fsync, a round trip, or
+                # many events to encode: off the event loop
                 appended = await asyncio.to_thread(self.writer.append, state.tenant, state.session_id, events,
                                                    state.wal_seq, checkpoint, fence)
             else:

@@ -150,7 +150,9 @@ class TurnEngine:
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
         known = request.known or gw.histories.match(caller.tenant, session_id, messages)
         bound = request.count_bound
-        index = (known.index or HistoryIndex.build([], counter)).extend(messages, known.length, counter, count=False)
+        index = await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, request.body_bytes,
+                                   lambda: (known.index or HistoryIndex.build([], counter)).extend(
+                                       messages, known.length, counter, count=False))
         mine = len(index.cumulative_tokens) - 1
         if mine == 0 and messages and gw.shared_counts is not None:
             index = await self._shared_counts(caller.tenant, session_id, index)

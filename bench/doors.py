@@ -244,6 +244,25 @@ class Target:
     session_header: bool = False
 
     async def post(self, http: Any, door: Door, messages: list[Message], session: str | None,
-                   body: bytes | None = None) -> tuple[str | None, float, Any]:
+                   body: bytes | None = None, extra: dict[str, str] | None = None) -> tuple[str | None, float, Any]:
         return await door.post(http, self.base, messages, self.api_key, session if self.session_header else None,
-                               body)
+                               body, extra)
+
+    async def sample(self, http: Any, door: Door, messages: list[Message], session: str | None,
+                     body: bytes | None = None, extra: dict[str, str] | None = None) -> Sample:
+        """One request that must be answered: its time and ctxgate's own headers."""
+        error, ms, headers = await self.post(http, door, messages, session, body, extra)
+        if error:
+            raise RuntimeError(f"{self.name} ({door.name}): {error}")
+        over = headers.get("X-Ctx-Overhead-Ms")
+        return Sample(ms, float(over) if over else None, headers.get("X-Ctx-Levels"), headers.get("X-Ctx-Tokenizer"))
+
+
+@dataclass
+class Sample:
+    ms: float
+    """To the reply's last byte."""
+    overhead_ms: float | None = None
+    """`X-Ctx-Overhead-Ms`: ctxgate's own time, upstream excluded (None from another server)."""
+    levels: str | None = None
+    tokenizer: str | None = None

@@ -76,23 +76,6 @@ def iterations_for(size: int, args: argparse.Namespace) -> tuple[int, int]:
     return args.large, 2
 
 
-@dataclass
-class Sample:
-    ms: float
-    overhead_ms: float | None = None
-    levels: str | None = None
-    tokenizer: str | None = None
-
-
-async def send(target: doors.Target, http: aiohttp.ClientSession, door: doors.Door, messages: list[dict[str, Any]],
-               body: bytes, session: str | None) -> Sample:
-    error, ms, headers = await target.post(http, door, messages, session, body)
-    if error:
-        raise RuntimeError(f"{target.name} ({door.name}): {error}")
-    over = headers.get("X-Ctx-Overhead-Ms")
-    return Sample(ms, float(over) if over else None, headers.get("X-Ctx-Levels"), headers.get("X-Ctx-Tokenizer"))
-
-
 Lane = tuple[doors.Door, doors.Target]
 
 
@@ -101,10 +84,10 @@ def key(door: doors.Door, t: doors.Target) -> str:
 
 
 async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSession, counter: TokenCounter,
-                       rng: random.Random) -> dict[str, list[Sample]]:
+                       rng: random.Random) -> dict[str, list[doors.Sample]]:
     """Every iteration: one conversation, in each door's format, through every lane, shuffled."""
-    samples: dict[str, list[Sample]] = {key(d, t): [] for d, t in lanes}
-    cold: dict[str, Sample] = {}
+    samples: dict[str, list[doors.Sample]] = {key(d, t): [] for d, t in lanes}
+    cold: dict[str, doors.Sample] = {}
     run_id = f"{sc.name}-{rng.randrange(1 << 30):x}"
     total = sc.warmup + sc.iterations
     used = list(dict.fromkeys(d for d, _ in lanes))
@@ -120,8 +103,8 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
         rng.shuffle(order)
         for door, t in order:
             sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // common.TURNS_PER_SESSION}-{door.name}-{t.name}")
-            s = await send(t, http, door, conversations[door.name], bodies[door.name],
-                           sid if sc.kind == "turn" else None)
+            s = await t.sample(http, door, conversations[door.name], sid if sc.kind == "turn" else None,
+                               bodies[door.name])
             if i >= sc.warmup:
                 samples[key(door, t)].append(s)
             elif i == 0:
@@ -147,7 +130,7 @@ Result = tuple[Scenario, str, dict[str, Stats]]
 """A scenario, its section and each lane's figures (by `key`)."""
 
 
-def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]]) -> tuple[str, dict[str, Stats]]:
+def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[doors.Sample]]) -> tuple[str, dict[str, Stats]]:
     rows, stats = [], {}
     for door, t in lanes:
         k, direct = key(door, t), samples[f"{door.name}|{DIRECT}"]
@@ -159,7 +142,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[Sample]])
         st = stats[k] = {"p50": common.pct(ms, 0.5), "p95": common.pct(ms, 0.95),
                          "added_p50": common.pct(paired, 0.5), "added_p95": common.pct(paired, 0.95),
                          "hdr_p50": common.pct(over, 0.5), "hdr_p95": common.pct(over, 0.95),
-                         "cold": samples.get(f"_cold|{k}", [Sample(float("nan"))])[0].ms}
+                         "cold": samples.get(f"_cold|{k}", [doors.Sample(float("nan"))])[0].ms}
         added = "—" if t.name == DIRECT else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}"
         hdr = f"{fmt(st['hdr_p50'])} / {fmt(st['hdr_p95'])}" if over else "—"
         rows.append([door.name, t.name, fmt(st["p50"]), fmt(st["p95"]), added,

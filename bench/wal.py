@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
 import doors
@@ -149,15 +150,12 @@ def _redis_version() -> str:
 
 
 
-async def send(http: aiohttp.ClientSession, url: str, messages: list[dict], session: str, budget: int | None,
-               tools: list | None = None) -> tuple[float, float, str | None]:
-    """(wall ms, X-Ctx-Overhead-Ms, X-Ctx-Levels) of one chat request."""
+async def send(http: aiohttp.ClientSession, gateway: doors.Target, messages: list[dict[str, Any]], session: str,
+               budget: int | None, tools: list[dict[str, Any]] | None = None) -> doors.Sample:
+    """One chat request (with its tools, at `X-Ctx-Budget: budget`)."""
     body = orjson.dumps({"model": doors.CHAT_MODEL, "messages": messages, **({"tools": tools} if tools else {})})
-    error, ms, headers = await doors.CHAT.post(http, url, messages, common.UPSTREAM_KEY, session, body,
-                                               {"X-Ctx-Budget": str(budget)} if budget else None)
-    if error:
-        raise RuntimeError(f"{url}: {error}")
-    return ms, float(headers["X-Ctx-Overhead-Ms"]), headers.get("X-Ctx-Levels")
+    return await gateway.sample(http, doors.CHAT, messages, session, body,
+                                {"X-Ctx-Budget": str(budget)} if budget else None)
 
 
 async def end_to_end(args: argparse.Namespace) -> str:
@@ -165,22 +163,22 @@ async def end_to_end(args: argparse.Namespace) -> str:
     rng = random.Random(20261203)
     with common.Servers("ctxgate-bench-wal-") as servers:
         upstream = servers.upstream()
-        urls = {}
+        gateways: dict[str, doors.Target] = {}
         for name, wal in (("wal-on", True), ("wal-off", False)):
             cfg = common.ctxgate_config(upstream.url, servers.workdir, data_dir=str(servers.workdir / f"data-{name}"),
                                         wal={"enabled": wal}, tenants={"default": {"allow_overrides": ["budget"]}},
                                         pipeline={"autocompact": {"speculative_ratio": None}})
-            urls[name] = servers.ctxgate(cfg, f"ctxgate-{name}").url
-        samples: dict[tuple[str, str], list[tuple[float, float, str | None]]] = {}
+            gateways[name] = doors.Target(name, servers.ctxgate(cfg, f"ctxgate-{name}").url, common.UPSTREAM_KEY, True)
+        samples: dict[tuple[str, str], list[doors.Sample]] = {}
         counter = common.gpt4o_counter()
         base = common.build_conversation(2_000, counter)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
             warm = 10
             common.progress(f"wal: steady-state turns of a 2K-token session, {warm}+{args.turns} × 2 gateways")
             for i in range(warm + args.turns):
-                for name in rng.sample(list(urls), 2):
+                for name in rng.sample(list(gateways), 2):
                     sid = f"turn-{i // common.TURNS_PER_SESSION}-{name}"
-                    s = await send(http, urls[name], common.turn(base, i), sid, None)
+                    s = await send(http, gateways[name], common.turn(base, i), sid, None)
                     if i >= warm:
                         samples.setdefault(("turn-2K", name), []).append(s)
             runs = openhands()
@@ -192,17 +190,18 @@ async def end_to_end(args: argparse.Namespace) -> str:
                         if i < 2 or m["role"] != "assistant":
                             continue
                         sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{t.name}-{rep}")
-                        for name in rng.sample(list(urls), 2):
-                            s = await send(http, urls[name], t.messages[:i], f"{sid}-{name}", REPLAY_BUDGET, t.tools)
+                        for name in rng.sample(list(gateways), 2):
+                            s = await send(http, gateways[name], t.messages[:i], f"{sid}-{name}", REPLAY_BUDGET,
+                                           t.tools)
                             if rep:  # the first replay warms the token cache of every message
-                                kind = "replay, compaction turns" if s[2] not in (None, "none") else \
+                                kind = "replay, compaction turns" if s.levels not in (None, "none") else \
                                     "replay, other turns"
                                 samples.setdefault((kind, name), []).append(s)
     rows = []
     for kind in ("turn-2K", "replay, other turns", "replay, compaction turns"):
         on, off = samples[(kind, "wal-on")], samples[(kind, "wal-off")]
-        on_ms, off_ms = common.median(s[0] for s in on), common.median(s[0] for s in off)
-        on_hdr, off_hdr = common.median(s[1] for s in on), common.median(s[1] for s in off)
+        on_ms, off_ms = (common.median(s.ms for s in x) for x in (on, off))
+        on_hdr, off_hdr = (common.median(s.overhead_ms or 0.0 for s in x) for x in (on, off))
         rows.append([kind, f"{len(on)} / {len(off)}", f"{on_ms:.2f}", f"{off_ms:.2f}", f"{on_ms / off_ms:.2f}×",
                      f"{on_hdr:.2f}", f"{off_hdr:.2f}", f"{on_hdr / off_hdr:.2f}×" if off_hdr > 0 else "n/a",
                      f"{on_hdr - off_hdr:+.2f}"])

@@ -27,21 +27,27 @@ from .types import CompressionResult, Level, Message
 __all__ = ["SnipNote", "SnipStrategy", "preview"]
 
 NOTE_SHARE = 0.05
-"""The note (its ledger, then its previews) takes at most this share of the budget: the
-ledger folds its oldest lines into ranges to fit, the previews beyond it are counted."""
+"""The note's header and previews take at most this share of the budget; the previews beyond
+it are counted."""
+LEDGER_SHARE = 0.05
+"""The note's step ledger takes at most this share of the budget besides: it folds its oldest
+lines into ranges to fit. Its own share, since each of its lines names a command the agent
+ran, and the previews are what gives way (a shared allowance folded a four-step ledger at a
+4,000-token budget into "steps 7–8: bash ×2", naming neither command)."""
 SOURCE = "compaction: snip previews"
 
 
 class SnipNote:
     """The note that takes the cut messages' place, built one dropped unit at a time so Snip
     can count what the note costs while it decides how much to cut: the step ledger of what
-    it removed (`pipeline/ledger.py`), then a preview of each other message while they fit
-    its allowance (the ledger first: it folds its oldest lines into ranges to fit)."""
+    it removed (`pipeline/ledger.py`) within its own allowance (it folds its oldest lines into
+    ranges to fit), then a preview of each other message while they fit the note's."""
 
     def __init__(self, counter: TokenCounter, budget: int, preview_chars: int, with_ref: bool = False) -> None:
         self.counter = counter
         self.preview_chars = preview_chars
         self.allowance = max(40, int(budget * NOTE_SHARE))
+        self.ledger_allowance = max(40, int(budget * LEDGER_SHARE))
         self.entries: list[Entry] = []
         self.ledger_used = 0
         self.lines: list[tuple[str, int]] = []
@@ -84,17 +90,17 @@ class SnipNote:
             message = conversation.messages[i]
             line = f"- {message.get('role')}: {preview(message, self.preview_chars)}"
             cost = self.counter.count(line) + 1
-            if self.used + self.ledger_used + sum(c for _, c in self.lines) + cost <= self.allowance:
+            if self.used + sum(c for _, c in self.lines) + cost <= self.allowance:
                 self.lines.append((line, cost))
 
     @property
     def tokens(self) -> int:
         """What the note will count as a message: a little over, never under (line joins
         can only merge tokens), plus the "... and N more" line, the ledger's heading and
-        folded range (the ledger within the allowance, or its one range) and the header's number."""
+        folded range (the ledger within its allowance, or its one range) and the header's number."""
         ledger = 0
-        if self.entries:  # within what the allowance leaves, or one range (which may overrun it)
-            room = max(0, self.allowance - self.used)
+        if self.entries:  # within its allowance, or folded to it (one range may overrun it)
+            room = self.ledger_allowance
             folded = max(room, 48) + 8
             ledger = heading_tokens(self.counter) + (self.ledger_used if self.ledger_used <= room else folded)
         more = 8 if len(self.lines) < self.previewed else 0
@@ -109,8 +115,8 @@ class SnipNote:
                 lines = "\n".join(e.text for e in self.entries)
                 header += "\n" + folded(self.entries, self.keep(lines) if self.keep else None, failures=False).text
             return plain_note(SNIP, header)
-        entries = fit(self.entries, max(0, self.allowance - self.used), self.counter, self.keep)
-        room = self.allowance - self.used - size(entries, self.counter)
+        entries = fit(self.entries, self.ledger_allowance, self.counter, self.keep)
+        room = self.allowance - self.used
         shown: list[str] = []
         for line, cost in self.lines:
             if cost > room:

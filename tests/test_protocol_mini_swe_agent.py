@@ -138,12 +138,17 @@ def test_its_turns_are_evidence_for_mini_swe_agent_not_a_tie() -> None:
         assert detect_dialect(h[:end], 1) == "mini_swe_agent", end
 
 
-def test_without_the_system_prompt_naming_it_an_unknown_fence_is_no_command() -> None:
-    """The fence is learnt, not known: a conversation whose instructions show no such fence
-    does not get its blocks read as mini-swe-agent's commands."""
-    h = [system("You are a helpful assistant."), *conversation_2x()[1:4]]
+def test_without_the_system_prompt_showing_it_the_fence_is_learnt_from_the_agents_turns() -> None:
+    """Instructions that describe the format in words ("one bash block") and show no block:
+    the agent's own turns show its fence. A block whose language names a command is its
+    command; one in a language that names none (a code example) is not."""
+    h = [system("Reply with a THOUGHT and exactly one bash block in triple backticks."), *conversation_2x()[1:4],
+         assistant("THOUGHT: the fix.\n\n```python\nlimit = 15\n```"),
+         user("<returncode>0</returncode>\n<output>\n</output>")]
+    assert detect_dialect(h, 1) == "mini_swe_agent"
     c = read_conversation(h, "mini_swe_agent")
-    assert not c.infos[2].actions
+    assert [a.command for a in c.infos[2].actions] == ["grep -rn 'def store' src/cpu.py"]
+    assert not c.infos[4].actions
 
 
 def test_the_command_is_the_block_in_its_fence_not_a_code_block_after_it() -> None:

@@ -6,7 +6,8 @@ Which fence holds the command is the agent's configuration, and its system promp
 1.x writes ```` ```bash ````, 2.x ```` ```mswea_bash_command ````, and a user's config may name
 another. The reader learns the fence from the instructions (`learn`): a fenced block there
 whose language names a shell or a command; a turn's command is its last block in a learnt
-language, else in a known one (bash, sh, shell, none).
+language, else in a known one (bash, sh, shell, none), else in any whose language names a
+command (instructions that only describe the format: the agent's turns show it).
 """
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ def command_fences(instructions: str) -> tuple[str, ...]:
     name has a shell's or a command's word in it (`mswea_bash_command`, `console`), the known
     ones left out (they are read anyway)."""
     shown = Counter(lang for lang, _ in _FENCE.findall(instructions)
-                    if lang not in KNOWN_FENCES and _COMMAND_WORDS & set(re.split(r"[_.+\-]", lang.lower())))
+                    if lang not in KNOWN_FENCES and _names_command(lang))
     return tuple(lang for lang, _ in shown.most_common())
+
+
+def _names_command(lang: str) -> bool:
+    """Whether a fence's language names a shell or a command (`mswea_bash_command`, `console`)."""
+    return bool(_COMMAND_WORDS & set(re.split(r"[_.+\-]", lang.lower())))
 
 
 class MiniSweAgentReader:
@@ -47,10 +53,13 @@ class MiniSweAgentReader:
         return MiniSweAgentReader(fences) if fences != self.fences else self
 
     def command(self, text: str) -> str | None:
-        """The command a turn's text gives: its last block in a learnt fence, else in a known one."""
+        """The command a turn's text gives: its last block in a learnt fence, else in a known one,
+        else in one whose language names a command (instructions that describe the format in
+        words and show no block: the agent's own turns show it)."""
         found = _FENCE.findall(text)
-        for tier in (self.fences, KNOWN_FENCES):
-            blocks = [body for lang, body in found if lang in tier]
+        for blocks in ([body for lang, body in found if lang in self.fences],
+                       [body for lang, body in found if lang in KNOWN_FENCES],
+                       [body for lang, body in found if _names_command(lang)]):
             if blocks:
                 return blocks[-1]
         return None
@@ -61,7 +70,8 @@ class MiniSweAgentReader:
 
     def signals(self, text: str, role: str) -> bool:
         if role == "assistant":
-            return any(f"```{fence}\n" in text for fence in self.fences) or ("THOUGHT:" in text and "```bash" in text)
+            return any(f"```{fence}\n" in text for fence in self.fences) or (
+                "THOUGHT:" in text and any(lang == "bash" or _names_command(lang) for lang, _ in _FENCE.findall(text)))
         return _RETURN_CODE.match(_LEADING_EXCEPTION.sub("", text.lstrip())) is not None
 
     def observation(self, text: str, tool: str | None) -> Observation:

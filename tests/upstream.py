@@ -231,9 +231,11 @@ class ScriptedUpstream:
     # -- lifecycle ---------------------------------------------------------------------
     def app(self) -> web.Application:
         from upstream_doors import Doors  # built on this module: imported once it is complete
+        from upstream_gemini import GeminiUpstream
 
         app = web.Application(client_max_size=512 * 1024 * 1024)
         Doors(self).add_routes(app)
+        GeminiUpstream(self).add_routes(app)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)

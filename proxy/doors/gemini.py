@@ -3,9 +3,10 @@ Gemini door.
 
 Gemini CLI and the Google Gen AI SDKs speak this API. The door reads the body into the
 neutral model (`gemini_model`), lets the turn engine count, compact and forward it, renders
-the forwarded body back in Gemini's shape (`gemini_render`), sends it to the route as chat
-completions (`gemini_chat`: directly or through litellm) and answers in Gemini's shape, whole
-or streamed (`alt=sse`: SSE; else one JSON array written as it comes). The key comes as
+the forwarded body back in Gemini's shape (`gemini_render`), sends it natively to a `gemini/`
+route (`upstream/gemini.py`), or as chat completions to any other (`gemini_chat`: directly or
+through litellm), and answers in Gemini's shape, whole or streamed (`alt=sse`: SSE; else one
+JSON array written as it comes). The key comes as
 `x-goog-api-key` or `?key=` and selects the tenant as a bearer key does; every error leaves
 in Google's shape.
 """
@@ -26,9 +27,10 @@ from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
 from ..tenancy import resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
+from ..upstream.gemini import send_native
 from ..upstream.routing import Route
 from .gemini_expand import GeminiExpansion
-from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream
+from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream, reframed
 from .gemini_model import conversation_of, counted_body, validate_request
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
@@ -45,9 +47,11 @@ class GeminiWire(GeminiExpansion):
     name = "gemini"
 
     def __init__(self, gw: Gateway, body: dict[str, Any], neutral: list[dict[str, Any]], model: str,
-                 sse: bool) -> None:
+                 sse: bool, raw: bytes | None = None) -> None:
         self._gw = gw
         self._body = body
+        self._raw = raw
+        """The client's request bytes: what a native route is sent when nothing changed."""
         self._neutral = neutral
         self._model = model
         self._sse = sse
@@ -64,6 +68,14 @@ class GeminiWire(GeminiExpansion):
         return payload
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None) -> Reply:
+        if route.provider == "gemini":
+            raw = self._raw if payload is self._body else None
+            reply = await send_native(self._gw.direct, route, payload, raw, stream=stream, api_key=api_key)
+            if reply.chunks is not None and not self._sse:
+                self._frames = Frames(self._sse)
+                reply.chunks = reframed(reply.chunks, self._frames)
+                reply.content_type = "application/json"
+            return reply
         chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream)}
         if route.direct and not route.demo:
             reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key)
@@ -146,7 +158,8 @@ class GeminiDoor:
         turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None, stream=stream,
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
                          body_bytes=len(await http.read()))
-        wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse")
+        raw = await http.read()
+        wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse", raw)
         if method == "countTokens":
             return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
         return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)

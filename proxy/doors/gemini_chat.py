@@ -136,6 +136,19 @@ class Frames:
         return (b"," if self.opened else b"[") + orjson.dumps(body) + b"]"
 
 
+async def reframed(chunks: AsyncIterator[bytes], frames: Frames) -> AsyncIterator[bytes]:
+    """A native Gemini SSE stream framed as the client asked: its events' JSON as they are."""
+    pending = b""
+    async for data in chunks:
+        pending += data.replace(b"\r\n", b"\n")
+        *events, pending = pending.split(b"\n\n")
+        out = [frames.frame(orjson.loads(raw)) for e in events
+               if (raw := b"\n".join(line[5:].strip() for line in e.split(b"\n") if line.startswith(b"data:")))]
+        if out:
+            yield b"".join(out)
+    yield frames.close()
+
+
 async def gemini_stream(chunks: AsyncIterator[bytes], frames: Frames, model: str,
                         error: Any) -> AsyncIterator[bytes]:
     """Chat-completion SSE as Gemini chunks: a chunk per text delta, then one with the calls

@@ -11,7 +11,8 @@ from ..errors import ErrorKind, GatewayError, upstream_error_object
 BAD_REPLY = "upstream_bad_reply"
 """The code of an upstream success whose body is not the API's reply (a 502)."""
 _CONTEXT_MARKERS = ("context_length_exceeded", "maximum context length", "context window", "prompt is too long",
-                    "too many tokens", "reduce the length", "input is too long")
+                    "too many tokens", "reduce the length", "input is too long",
+                    "exceeds the maximum number of tokens")  # Gemini's "The input token count (N) exceeds ..."
 
 
 # What a client needs of the upstream's own headers: when to retry, its rate-limit state, the

@@ -293,3 +293,21 @@ def test_a_conversation_past_any_compaction_is_resource_exhausted(gw: Gateway, u
     assert e.value.message and e.value.message.startswith("CONTEXT_EXHAUSTED")
     refused = chats(up)
     assert len(refused) >= 2 and refused[-1].prompt_tokens < refused[0].prompt_tokens  # compacted, then refused again
+
+
+def test_a_steady_turn_checks_its_new_turns(gw: Gateway, up: ScriptedUpstream) -> None:
+    """What the session's last request had was checked then; a new turn is checked, and named by
+    its place in the whole conversation."""
+    headers = {**session(), "x-goog-api-key": KEY}
+    body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": "first"}]},
+                                         {"role": "model", "parts": [{"text": "ok"}]},
+                                         {"role": "user", "parts": [{"text": "second"}]}]}
+    assert post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)[0] == 200
+    body["contents"] += [{"role": "model", "parts": [{"text": "ok"}]}, {"role": "user", "parts": [{"text": 7}]}]
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)
+    assert status == 400 and json.loads(raw)["error"]["message"].startswith("contents.4.parts.0.text")
+    body["contents"][0]["parts"][0]["text"] = 8  # a changed history is not the one checked: checked again
+    body["contents"][4]["parts"][0]["text"] = "third"
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)
+    assert status == 400 and json.loads(raw)["error"]["message"].startswith("contents.0.parts.0.text")
+    assert len(chats(up)) == 1

@@ -25,13 +25,13 @@ from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
-from ..tenancy import resolve_caller, resolve_session
+from ..tenancy import named_session, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.gemini import send_native
 from ..upstream.routing import Route
 from .gemini_expand import GeminiExpansion
 from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream, reframed
-from .gemini_model import conversation_of, counted_body, validate_request
+from .gemini_model import CheckedContents, checked_count, conversation_of, counted_body, validate_request
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer
@@ -148,7 +148,10 @@ class GeminiDoor:
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         if method == "countTokens":
             body = counted_body(body)
-        validate_request(body)
+        named = named_session(http.headers)
+        # The session's last request as this door checked it: a steady turn checks only what is new.
+        last = self.gw.histories.door_state(caller.tenant, named) if named else None
+        validate_request(body, checked_count(last, body["contents"]) if isinstance(body.get("contents"), list) else 0)
         route = self.gw.router.resolve(model)
         messages = conversation_of(body)
         self.engine.refuse_hopeless(caller, route, messages)
@@ -157,7 +160,7 @@ class GeminiDoor:
         stream = method == "streamGenerateContent"
         turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None, stream=stream,
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
-                         body_bytes=len(await http.read()))
+                         body_bytes=len(await http.read()), door_state=CheckedContents(body["contents"]))
         raw = await http.read()
         wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse", raw)
         if method == "countTokens":

@@ -26,7 +26,7 @@ _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none"}
 
 
 def chat_body(payload: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
-    messages = [{k: v for k, v in m.items() if k not in (ORIGIN, TAG)} for m in conversation_of(payload)]
+    messages = [_plain_message(m) for m in conversation_of(payload)]
     body: dict[str, Any] = {"model": model, "messages": messages}
     config = payload.get("generationConfig") or {}
     body.update({theirs: config[ours] for ours, theirs in _CONFIG.items() if ours in config})
@@ -41,6 +41,15 @@ def chat_body(payload: dict[str, Any], model: str, stream: bool) -> dict[str, An
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     return body
+
+
+def _plain_message(m: dict[str, Any]) -> dict[str, Any]:
+    """A neutral message as chat takes it: no keys of ctxgate's; a model turn of thoughts only
+    (no visible text, no call) as an empty text, which every chat API accepts."""
+    out = {k: v for k, v in m.items() if k not in (ORIGIN, TAG)}
+    if out["role"] == "assistant" and out.get("content") is None and not out.get("tool_calls"):
+        out["content"] = ""
+    return out
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]]:

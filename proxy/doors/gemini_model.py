@@ -16,10 +16,11 @@ else the first call of its name in the turn before not answered yet).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .validation import validation_error
 from ..errors import ErrorKind, GatewayError
@@ -76,7 +77,8 @@ class _Tool(_Open):
 
 
 class _Request(_Open):
-    contents: list[_Content] = Field(min_length=1)
+    contents: list[Any] = Field(min_length=1)
+    """Each a `_Content`, checked from the first new one on (`validate_request`)."""
     systemInstruction: _System | None = None
     tools: list[_Tool] | None = None
     toolConfig: dict[str, Any] | None = None
@@ -85,14 +87,36 @@ class _Request(_Open):
     cachedContent: str | None = None
 
 
-def validate_request(body: dict[str, Any]) -> None:
+_CONTENTS = TypeAdapter(list[_Content])
+
+
+@dataclass(frozen=True)
+class CheckedContents:
+    """A session's last `contents`, checked: the next request's same first turns are not checked again."""
+    contents: list[Any]
+
+
+def checked_count(last: Any, contents: list[Any]) -> int:
+    """How many leading turns of `contents` the session's last request had, checked."""
+    if not isinstance(last, CheckedContents) or not isinstance(contents, list):
+        return 0
+    n = len(last.contents)
+    return n if len(contents) >= n and contents[:n] == last.contents else 0
+
+
+def validate_request(body: dict[str, Any], start: int = 0) -> None:
     """A clear 400 naming the field for a body the door cannot read; other fields pass as they are
-    (how deep the body nests was checked as it was read: `read_json_body`)."""
+    (how deep the body nests was checked as it was read: `read_json_body`). Turns before
+    `start` were checked when they arrived."""
     try:
         _Request.model_validate(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
-    for i, content in enumerate(body["contents"]):
+    try:
+        _CONTENTS.validate_python(body["contents"][start:])
+    except ValidationError as e:
+        raise validation_error(e, start, "contents") from None
+    for i, content in enumerate(body["contents"][start:], start):
         if content.get("role") == "user" and any("functionCall" in p for p in content["parts"]):
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"contents.{i}.parts: a functionCall part belongs in a "
                                "model turn", param=f"contents.{i}.parts", code="invalid_request")

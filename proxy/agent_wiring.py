@@ -19,6 +19,8 @@ session in the base URLs. An agent that reads none of them gets what it does rea
   ctxgate.
 - **Claude Code** and programs on the OpenAI or Anthropic SDKs read the variables every
   agent gets.
+- **Gemini CLI** reads none of them: it gets its own base URL, headers, auth and workspace
+  trust (`gemini_wiring.py`), its settings files untouched.
 """
 from __future__ import annotations
 
@@ -26,7 +28,10 @@ import json
 import os
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
+
+from .gemini_wiring import SHOWN as GEMINI_SHOWN, gemini_env
 
 CODEX_PROVIDER = "ctxgate"
 """The model provider `ctxgate run` gives Codex."""
@@ -35,9 +40,11 @@ CODEX_OPENAI_NAME = "OpenAI"
 OPENHANDS_ENV_FLAG = "--override-with-envs"
 """What makes OpenHands take `LLM_BASE_URL` (and `LLM_MODEL`, `LLM_API_KEY`) over its saved settings."""
 SHOWN_VARIABLES = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_BASE",
-                   "ANTHROPIC_CUSTOM_HEADERS", "LLM_BASE_URL", "CTXGATE_URL", "CTXGATE_SESSION", "NO_PROXY")
+                   "ANTHROPIC_CUSTOM_HEADERS", "LLM_BASE_URL", *GEMINI_SHOWN, "CTXGATE_URL", "CTXGATE_SESSION",
+                   "NO_PROXY")
 AGENTS = {"claude": "Claude Code", "codex": "Codex", "aider": "aider", "mini": "mini-swe-agent",
-          "mini-extra": "mini-swe-agent", "mini-swe-agent": "mini-swe-agent", "openhands": "OpenHands"}
+          "mini-extra": "mini-swe-agent", "mini-swe-agent": "mini-swe-agent", "openhands": "OpenHands",
+          "gemini": "Gemini CLI"}
 """The agents recognised by their command's name."""
 
 
@@ -48,12 +55,16 @@ class Wiring:
     env: dict[str, str]
     added_args: list[str] = field(default_factory=list)
     agent: str = "generic"
+    files: dict[Path, str] = field(default_factory=dict)
+    """Files to write before the agent starts (Gemini CLI's settings of ctxgate's)."""
 
     def explain(self) -> str:
         lines = [f"ctxgate run: agent recognised as {self.agent}", "  variables set:"]
         lines += [f"    {name}={shlex.quote(self.env[name])}" for name in SHOWN_VARIABLES if name in self.env]
         if self.added_args:
             lines += ["  arguments added:", "    " + shlex.join(self.added_args)]
+        lines += [f"  file written: {path} (API-key auth selected; the user's settings untouched)"
+                  for path in self.files]
         return "\n".join(lines)
 
 
@@ -73,6 +84,10 @@ def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str,
         env["LLM_BASE_URL"] = env["ANTHROPIC_BASE_URL"] if anthropic else env["OPENAI_BASE_URL"]
         added = [] if OPENHANDS_ENV_FLAG in argv else [OPENHANDS_ENV_FLAG]
         return Wiring([argv[0], *added, *argv[1:]], env, added, agent)  # before any subcommand
+    if agent == "Gemini CLI":
+        own, files = gemini_env(environ, base, session)
+        env.update(own)
+        return Wiring(list(argv), env, agent=agent, files=files)
     return Wiring(list(argv), env, agent=agent)
 
 

@@ -97,6 +97,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 base = served.base
                 where = f"listening on {base} (session {session}; its log: {served.log})"
             wired = wire(args.agent, os.environ, base, session, args.codex_remote_compaction)
+            for path, text in wired.files.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text, encoding="utf-8")
             print(f"ctxgate: {where}; running: {shlex.join(wired.argv)}", file=sys.stderr, flush=True)
             if args.explain:
                 print(wired.explain(), file=sys.stderr, flush=True)

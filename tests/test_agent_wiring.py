@@ -2,6 +2,9 @@
 own tests start a gateway and a Codex stand-in; these check every agent's wiring alone."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from ctxgate.proxy.agent_wiring import wire
@@ -45,3 +48,25 @@ def test_codex_gets_overrides_and_an_unknown_agent_none() -> None:
     assert "-c" in wire(["codex", "exec", "hi"], {}, BASE, "s-1").added_args
     generic = wire(["my-agent"], {}, BASE, "s-1")
     assert generic.added_args == [] and "arguments added" not in generic.explain()
+
+
+def test_gemini_cli_gets_its_own_base_url_headers_auth_and_trust(tmp_path: Path) -> None:
+    system = tmp_path / "system.json"
+    system.write_text(json.dumps({"general": {"vimMode": True}, "security": {"auth": {"useExternal": False}}}))
+    user = {"GEMINI_API_KEY": "sk-tenant", "GEMINI_CLI_CUSTOM_HEADERS": "X-Team: red, X-Ctx-Session: old",
+            "GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(system)}
+    wired = wire(["gemini", "-p", "hi"], user, BASE, "s-1")
+    assert wired.agent == "Gemini CLI" and wired.argv == ["gemini", "-p", "hi"]
+    env = wired.env
+    assert env["GOOGLE_GEMINI_BASE_URL"] == OWN  # no /v1: the CLI adds /v1beta
+    assert env["GEMINI_CLI_CUSTOM_HEADERS"] == "X-Team: red, X-Ctx-Session: s-1"
+    assert env["GEMINI_API_KEY"] == "sk-tenant" and env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+    [(path, text)] = wired.files.items()
+    assert env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"] == str(path) != str(system)
+    assert json.loads(text) == {"general": {"vimMode": True},
+                                "security": {"auth": {"useExternal": False, "selectedType": "gemini-api-key"}}}
+    assert json.loads(system.read_text())["security"]["auth"] == {"useExternal": False}  # the user's, untouched
+    assert f"GOOGLE_GEMINI_BASE_URL={OWN}" in wired.explain() and f"file written: {path}" in wired.explain()
+    own = wire(["gemini"], {"GEMINI_CLI_TRUST_WORKSPACE": "false"}, BASE, "s-1").env
+    assert own["GEMINI_CLI_TRUST_WORKSPACE"] == "false" and own["GEMINI_API_KEY"]  # the user's choice kept
+    assert not wire(["claude"], {}, BASE, "s-1").files

@@ -14,6 +14,7 @@ import os
 
 import common
 import doors
+import processes
 import throughput
 
 import aiohttp
@@ -35,24 +36,24 @@ async def main_async(args: argparse.Namespace) -> list[tuple[str, int, dict]]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
     messages = common.build_conversation(2_000, common.gpt4o_counter())
     rows = []
-    with common.Servers("ctxgate-cluster-") as servers:
+    with processes.Servers("ctxgate-cluster-") as servers:
         node = RedisServer.start(servers.workdir / "node", aof=True)
         cluster = RedisClusterNodes.start(servers.workdir / "cluster")
         backends = {"one node": (node.url, [node.port]),
                     "cluster, 3 masters": (cluster.url, [n.port for n in cluster.nodes])}
         try:
             upstream = servers.upstream()
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=processes.CLIENT_KEEPALIVE_S)
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
                 for workers in args.workers:
                     for name, (url, ports) in backends.items():  # side by side at each worker count
                         own = servers.workdir / f"{workers}-{len(servers.procs)}"
                         own.mkdir()
-                        gw = servers.ctxgate(common.ctxgate_config(upstream.url, own, state=url),
+                        gw = servers.ctxgate(processes.ctxgate_config(upstream.url, own, state=url),
                                              f"ctxgate-{len(servers.procs)}", workers)
                         try:
                             before = commands(ports)
-                            r = await throughput.drive(doors.Target(name, gw.url, common.UPSTREAM_KEY, True),
+                            r = await throughput.drive(doors.Target(name, gw.url, processes.UPSTREAM_KEY, True),
                                                        "turn-2K", messages, args.concurrency, args.seconds, http,
                                                        f"cl-{os.urandom(4).hex()}")
                             r["commands"] = (commands(ports) - before) / max(1, r["answered"])

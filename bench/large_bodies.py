@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
+import processes
 
 
 async def probe(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, out: list[float]) -> None:
@@ -47,7 +48,7 @@ async def run(url: str, args: argparse.Namespace) -> tuple[list[float], list[flo
             started = time.perf_counter()
             async with http.post(url + "/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {common.UPSTREAM_KEY}"}) as r:
+                                          "Authorization": f"Bearer {processes.UPSTREAM_KEY}"}) as r:
                 await r.read()
                 statuses.append(r.status)
             large_ms.append((time.perf_counter() - started) * 1000)
@@ -67,11 +68,11 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=3, help="large requests sent at once")
     parser.add_argument("--rounds", type=int, default=3, help="how many times")
     args = parser.parse_args()
-    with common.Servers("ctxgate-large-") as servers:
+    with processes.Servers("ctxgate-large-") as servers:
         upstream = servers.upstream().url
         server = servers.ctxgate({
             "model_list": [{"model_name": "small", "model_info": {"max_input_tokens": 8000}, "litellm_params": {
-                "model": "openai/gpt-4o", "api_base": f"{upstream}/v1", "api_key": common.UPSTREAM_KEY}}],
+                "model": "openai/gpt-4o", "api_base": f"{upstream}/v1", "api_key": processes.UPSTREAM_KEY}}],
             "ctxgate": {"data_dir": str(servers.workdir / "data"), "max_body_bytes": 64 * 1024 * 1024}})
         common.progress(f"large bodies: {args.large} × {args.mb} MB at once, {args.rounds} rounds")
         base, loaded, statuses, large_ms, body_mb = asyncio.run(run(server.url, args))

@@ -32,12 +32,13 @@ from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
 import doors
+import processes
 from ctxgate.pipeline.tokens import TokenCounter
 
 import aiohttp
 
 DIRECT = "direct"
-UPSTREAM_KEY = common.UPSTREAM_KEY
+UPSTREAM_KEY = processes.UPSTREAM_KEY
 
 
 @dataclass
@@ -176,9 +177,9 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
             scenarios.append(Scenario(f"turn-{label}", f"steady-state next turn of a {label}-token session", "turn",
                                       base, n, warm, size=size))
     active = [doors.DOORS[n] for n in args.doors.split(",")]
-    with common.Servers("ctxgate-bench-") as servers:
+    with processes.Servers("ctxgate-bench-") as servers:
         upstream = servers.upstream()
-        gws = {fwd: servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir, fwd), f"ctxgate-{fwd}")
+        gws = {fwd: servers.ctxgate(processes.ctxgate_config(upstream.url, servers.workdir, fwd), f"ctxgate-{fwd}")
                for fwd in ("auto", "litellm")}
         common.progress(f"overhead: upstream {upstream.url}, ctxgate auto {gws['auto'].url}, "
                         f"ctxgate litellm {gws['litellm'].url}")
@@ -186,11 +187,11 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
             doors.Target(f"ctxgate forwarding={fwd}", gw.url, UPSTREAM_KEY, session_header=True)
             for fwd, gw in gws.items()]
         proxy = servers.litellm_proxy(args.litellm_proxy, upstream.url)
-        common.progress(f"overhead: LiteLLM proxy: {common.proxy_note(proxy)}")
+        common.progress(f"overhead: LiteLLM proxy: {processes.proxy_note(proxy)}")
         targets += [] if isinstance(proxy, str) else [proxy]
         lanes: list[Lane] = [(d, t) for d in active for t in targets]
         rng = random.Random(20240601)
-        connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
+        connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=processes.CLIENT_KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=600)
         results: list[Result] = []
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
@@ -212,7 +213,7 @@ def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: li
                   results: list[Result], proxy: doors.Target | str) -> None:
     by = {sc.name: stats for sc, _, stats in results}
     lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
-    lines.append(common.about(__doc__) + f"\n\nLiteLLM proxy: {common.proxy_note(proxy)}\n")
+    lines.append(common.about(__doc__) + f"\n\nLiteLLM proxy: {processes.proxy_note(proxy)}\n")
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
     kinds = [("fresh", "a new conversation (conv-*)"), ("turn", "the steady-state next turn of a session (turn-*)")]

@@ -26,6 +26,7 @@ from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
 import doors
+import processes
 
 import aiohttp
 
@@ -107,7 +108,7 @@ async def drive(res: Result, args: argparse.Namespace, door: doors.Door, base: s
 
     async def send(messages: list[Message], sid: str | None) -> bool:
         try:
-            error = (await door.post(http, base, messages, common.UPSTREAM_KEY, sid))[0]
+            error = (await door.post(http, base, messages, processes.UPSTREAM_KEY, sid))[0]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as e:  # a reply not in its shape
             error = f"{type(e).__name__}: {e}"
         if error:
@@ -170,9 +171,9 @@ async def main_async(args: argparse.Namespace, door: doors.Door) -> list[Result]
         res = Result(scenario, f"{total:,} turns over {args.sessions} steady sessions" if scenario == "turns" else
                      f"{total:,} requests: every other one a new conversation, the rest turns of {args.sessions} "
                      "sessions", total)
-        with common.Servers("ctxgate-rss-") as servers:  # a fresh ctxgate per scenario: an empty process
+        with processes.Servers("ctxgate-rss-") as servers:  # a fresh ctxgate per scenario: an empty process
             upstream = servers.upstream()
-            gw = servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir), workers=1)
+            gw = servers.ctxgate(processes.ctxgate_config(upstream.url, servers.workdir), workers=1)
             common.progress(f"rss: {scenario}: ctxgate pid {gw.popen.pid} at {gw.url}, {total:,} requests, "
                             f"concurrency {args.concurrency}, door {door.name}")
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)

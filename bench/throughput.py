@@ -24,6 +24,7 @@ from typing import Any
 
 import common
 import doors
+import processes
 
 import aiohttp
 
@@ -75,16 +76,16 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Row], doors.Target 
     sizes = {"turn-2K": 2_000, "conv-100K": 100_000}
     bases = {name: common.build_conversation(sizes[name], counter) for name in args.scenarios}
     rows = []
-    with common.Servers("ctxgate-throughput-") as servers:
+    with processes.Servers("ctxgate-throughput-") as servers:
         upstream = servers.upstream()
-        gw = servers.ctxgate(common.ctxgate_config(upstream.url, servers.workdir, state=args.state),
+        gw = servers.ctxgate(processes.ctxgate_config(upstream.url, servers.workdir, state=args.state),
                              workers=args.workers)
-        loads = [doors.Target("direct", upstream.url, common.UPSTREAM_KEY),
-                 doors.Target("ctxgate forwarding=auto", gw.url, common.UPSTREAM_KEY, session_header=True)]
+        loads = [doors.Target("direct", upstream.url, processes.UPSTREAM_KEY),
+                 doors.Target("ctxgate forwarding=auto", gw.url, processes.UPSTREAM_KEY, session_header=True)]
         proxy = servers.litellm_proxy(args.litellm_proxy, upstream.url, args.workers)
-        common.progress(f"throughput: LiteLLM proxy: {common.proxy_note(proxy)}")
+        common.progress(f"throughput: LiteLLM proxy: {processes.proxy_note(proxy)}")
         loads += [] if isinstance(proxy, str) else [proxy]
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=common.CLIENT_KEEPALIVE_S)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=processes.CLIENT_KEEPALIVE_S)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as http:
             for scenario in args.scenarios:
                 for c in args.concurrency:
@@ -104,7 +105,7 @@ def write_results(args: argparse.Namespace, rows: list[Row], proxy: doors.Target
     lines = [common.section_header(f"Throughput: requests per second at concurrency {concurrency}"), "",
              common.about(__doc__) + f"\n\nWorkers: {args.workers}" + (f", `ctxgate.state` {args.state}"
                                                                        if args.state and args.workers > 1 else "")
-             + f"; {args.seconds:g} s measured. LiteLLM proxy: {common.proxy_note(proxy)}\n"]
+             + f"; {args.seconds:g} s measured. LiteLLM proxy: {processes.proxy_note(proxy)}\n"]
     table_rows = []
     for scenario, c, name, r in rows:
         table_rows.append([scenario, c, name, f"{r['rps']:.1f}", r["n"], f"{r['p50']:.1f}", f"{r['p95']:.1f}",

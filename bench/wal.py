@@ -25,6 +25,7 @@ from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
 import doors
+import processes
 
 import aiohttp
 import orjson
@@ -161,14 +162,16 @@ async def send(http: aiohttp.ClientSession, gateway: doors.Target, messages: lis
 async def end_to_end(args: argparse.Namespace) -> str:
     """The same requests through a gateway with the WAL on and one with it off, interleaved."""
     rng = random.Random(20261203)
-    with common.Servers("ctxgate-bench-wal-") as servers:
+    with processes.Servers("ctxgate-bench-wal-") as servers:
         upstream = servers.upstream()
         gateways: dict[str, doors.Target] = {}
         for name, wal in (("wal-on", True), ("wal-off", False)):
-            cfg = common.ctxgate_config(upstream.url, servers.workdir, data_dir=str(servers.workdir / f"data-{name}"),
-                                        wal={"enabled": wal}, tenants={"default": {"allow_overrides": ["budget"]}},
-                                        pipeline={"autocompact": {"speculative_ratio": None}})
-            gateways[name] = doors.Target(name, servers.ctxgate(cfg, f"ctxgate-{name}").url, common.UPSTREAM_KEY, True)
+            cfg = processes.ctxgate_config(upstream.url, servers.workdir,
+                                           data_dir=str(servers.workdir / f"data-{name}"), wal={"enabled": wal},
+                                           tenants={"default": {"allow_overrides": ["budget"]}},
+                                           pipeline={"autocompact": {"speculative_ratio": None}})
+            url = servers.ctxgate(cfg, f"ctxgate-{name}").url
+            gateways[name] = doors.Target(name, url, processes.UPSTREAM_KEY, session_header=True)
         samples: dict[tuple[str, str], list[doors.Sample]] = {}
         counter = common.gpt4o_counter()
         base = common.build_conversation(2_000, counter)

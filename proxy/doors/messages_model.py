@@ -25,7 +25,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ctxgate.pipeline.notes import TAG, is_ctxgate_message
-from .validation import check_nesting, refuse_reserved, require_objects, validation_error
+from .validation import check_nesting, refuse_reserved, require_objects, validate_slices, validation_error
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -78,10 +78,7 @@ def validate_messages(messages: list[dict[str, Any]], start: int = 0) -> None:
     """The messages from `start` on: those before it were checked when they arrived (see `HistoryCache`)."""
     check_nesting(messages[start:], 2)
     refuse_reserved(messages, start)
-    try:
-        _MESSAGES.validate_python(messages[start:])
-    except ValidationError as e:
-        raise validation_error(e, start, "messages") from None
+    validate_slices(_MESSAGES, messages[start:], start, "messages")
 
 
 @dataclass

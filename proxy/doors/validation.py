@@ -61,6 +61,8 @@ class _ChatRequest(_Open):
 
 
 _MESSAGES = TypeAdapter(list[_Message])
+VALIDATION_SLICE = 2_000
+"""Messages checked by one pydantic call (a few milliseconds): between calls the GIL may change hands."""
 MAX_NESTING = 200
 """Objects and arrays inside one another in a request body, the body itself the first."""
 
@@ -138,10 +140,7 @@ def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> No
     new = messages[start:]
     check_nesting(new, 2)
     refuse_reserved(messages, start)
-    try:
-        _MESSAGES.validate_python(new)
-    except ValidationError as e:
-        raise validation_error(e, start, "messages") from None
+    validate_slices(_MESSAGES, new, start, "messages")
     for i, m in enumerate(new, start):
         for j, part in enumerate(m["content"] if isinstance(m.get("content"), list) else []):
             if part.get("type") == "text" and not isinstance(part.get("text"), str):
@@ -154,6 +153,17 @@ def validate_chat_messages(messages: list[dict[str, Any]], start: int = 0) -> No
         if m["role"] == "tool" and not m.get("tool_call_id"):
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"messages.{i}.tool_call_id: required for a tool message",
                            param=f"messages.{i}.tool_call_id", code="invalid_request")
+
+
+def validate_slices(adapter: TypeAdapter[Any], items: list[Any], offset: int, prefix: str) -> None:
+    """`items` (the list `prefix` from index `offset` on) checked by `adapter` a slice at a time:
+    pydantic holds the GIL for a whole call, so a list of 400,000 messages in one call would
+    hold the event loop for seconds even from a thread (`proxy/heavy.py`)."""
+    for at in range(0, len(items), VALIDATION_SLICE):
+        try:
+            adapter.validate_python(items[at:at + VALIDATION_SLICE])
+        except ValidationError as e:
+            raise validation_error(e, offset + at, prefix) from None
 
 
 def validation_error(e: ValidationError, offset: int, prefix: str = "") -> GatewayError:

@@ -231,7 +231,7 @@ class Compactor:
         out; default `view`)."""
         cost = SummaryCost()
         run = await run_planner(costed(turn, cost), lambda t: planner.plan(t, state, view, target, reason, as_is=as_is))
-        if run.as_is or not summary_kept(view, run.record.messages):
+        if run.as_is or not await run_sync(turn, lambda: summary_kept(view, run.record.messages)):
             self.wasted(state.session_id, "unused", cost)
         view = view if as_is is None else as_is
         if run.as_is:

@@ -57,14 +57,18 @@ class Wiring:
     agent: str = "generic"
     files: dict[Path, str] = field(default_factory=dict)
     """Files to write before the agent starts (Gemini CLI's settings of ctxgate's)."""
+    links: dict[Path, Path] = field(default_factory=dict)
+    """Links to make before it starts (link -> target: the rest of Gemini CLI's own folder)."""
 
     def explain(self) -> str:
         lines = [f"ctxgate run: agent recognised as {self.agent}", "  variables set:"]
         lines += [f"    {name}={shlex.quote(self.env[name])}" for name in SHOWN_VARIABLES if name in self.env]
         if self.added_args:
             lines += ["  arguments added:", "    " + shlex.join(self.added_args)]
-        lines += [f"  file written: {path} (API-key auth selected; the user's settings untouched)"
+        lines += [f"  file written: {path} (the user's settings with API-key auth; theirs untouched)"
                   for path in self.files]
+        if self.links:
+            lines.append(f"  {len(self.links)} links beside it to the user's own entries")
         return "\n".join(lines)
 
 
@@ -85,9 +89,9 @@ def wire(argv: list[str], environ: Mapping[str, str], base: str, session: str,
         added = [] if OPENHANDS_ENV_FLAG in argv else [OPENHANDS_ENV_FLAG]
         return Wiring([argv[0], *added, *argv[1:]], env, added, agent)  # before any subcommand
     if agent == "Gemini CLI":
-        own, files = gemini_env(environ, base, session)
+        own, files, links = gemini_env(environ, base, session)
         env.update(own)
-        return Wiring(list(argv), env, agent=agent, files=files)
+        return Wiring(list(argv), env, agent=agent, files=files, links=links)
     return Wiring(list(argv), env, agent=agent)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Iterator
 
-from .agent_wiring import wire
+from .agent_wiring import Wiring, wire
 from .config import Config
 from .ids import InvalidId, validate_id
 
@@ -97,9 +97,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
                 base = served.base
                 where = f"listening on {base} (session {session}; its log: {served.log})"
             wired = wire(args.agent, os.environ, base, session, args.codex_remote_compaction)
-            for path, text in wired.files.items():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text, encoding="utf-8")
+            _prepare(wired)
             print(f"ctxgate: {where}; running: {shlex.join(wired.argv)}", file=sys.stderr, flush=True)
             if args.explain:
                 print(wired.explain(), file=sys.stderr, flush=True)
@@ -113,6 +111,17 @@ def run(args: argparse.Namespace, config: Config) -> int:
             signals.launching = False  # a signal during the stop below must not cut it short
             if served is not None:
                 served.stop()
+
+
+def _prepare(wired: Wiring) -> None:
+    """The files and links the agent's wiring needs, made anew."""
+    for path, text in wired.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    for link, target in wired.links.items():
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target, target_is_directory=target.is_dir())
 
 
 def _gateway_root(url: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 AGENTS_DIR = Path(os.environ.get("CTXGATE_AGENTS_DIR") or Path.home() / ".cache" / "ctxgate" / "agents")
 PYPI_AGENTS = {"mini-swe-agent": "2.4.6", "openai-agents": "0.24.0", "aider-chat": "0.86.2",
                "openhands": "1.16.0"}
-NPM_AGENTS = {"@openai/codex": "0.171.0", "@anthropic-ai/claude-code": "2.1.332"}
+NPM_AGENTS = {"@openai/codex": "0.171.0", "@anthropic-ai/claude-code": "2.1.332", "@google/gemini-cli": "0.61.0"}
 """Pinned: a new release is taken on purpose, with the tests run against it."""
 PYTHONS = {"openhands": "3.12"}
 """Agents that install only on another Python than the tests' own (OpenHands: 3.12 alone)."""

@@ -51,22 +51,27 @@ def test_codex_gets_overrides_and_an_unknown_agent_none() -> None:
 
 
 def test_gemini_cli_gets_its_own_base_url_headers_auth_and_trust(tmp_path: Path) -> None:
-    system = tmp_path / "system.json"
-    system.write_text(json.dumps({"general": {"vimMode": True}, "security": {"auth": {"useExternal": False}}}))
-    user = {"GEMINI_API_KEY": "sk-tenant", "GEMINI_CLI_CUSTOM_HEADERS": "X-Team: red, X-Ctx-Session: old",
-            "GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(system)}
+    own = tmp_path / ".gemini"
+    (own / "history").mkdir(parents=True)
+    (own / "GEMINI.md").write_text("my memory")
+    (own / "settings.json").write_text(json.dumps({"general": {"vimMode": True},
+                                                   "security": {"auth": {"selectedType": "oauth-personal"}}}))
+    user = {"HOME": str(tmp_path), "GEMINI_API_KEY": "sk-tenant",
+            "GEMINI_CLI_CUSTOM_HEADERS": "X-Team: red, X-Ctx-Session: old"}
     wired = wire(["gemini", "-p", "hi"], user, BASE, "s-1")
     assert wired.agent == "Gemini CLI" and wired.argv == ["gemini", "-p", "hi"]
     env = wired.env
     assert env["GOOGLE_GEMINI_BASE_URL"] == OWN  # no /v1: the CLI adds /v1beta
     assert env["GEMINI_CLI_CUSTOM_HEADERS"] == "X-Team: red, X-Ctx-Session: s-1"
     assert env["GEMINI_API_KEY"] == "sk-tenant" and env["GEMINI_CLI_TRUST_WORKSPACE"] == "true"
+    home = Path(env["GEMINI_CLI_HOME"])
+    assert home != tmp_path
     [(path, text)] = wired.files.items()
-    assert env["GEMINI_CLI_SYSTEM_SETTINGS_PATH"] == str(path) != str(system)
-    assert json.loads(text) == {"general": {"vimMode": True},
-                                "security": {"auth": {"useExternal": False, "selectedType": "gemini-api-key"}}}
-    assert json.loads(system.read_text())["security"]["auth"] == {"useExternal": False}  # the user's, untouched
-    assert f"GOOGLE_GEMINI_BASE_URL={OWN}" in wired.explain() and f"file written: {path}" in wired.explain()
-    own = wire(["gemini"], {"GEMINI_CLI_TRUST_WORKSPACE": "false"}, BASE, "s-1").env
-    assert own["GEMINI_CLI_TRUST_WORKSPACE"] == "false" and own["GEMINI_API_KEY"]  # the user's choice kept
+    assert path == home / ".gemini" / "settings.json"
+    assert json.loads(text) == {"general": {"vimMode": True}, "security": {"auth": {"selectedType": "gemini-api-key"}}}
+    assert wired.links == {home / ".gemini" / "GEMINI.md": own / "GEMINI.md",
+                           home / ".gemini" / "history": own / "history"}  # the rest of the user's folder
+    assert "GEMINI_CLI_HOME=" in wired.explain() and f"file written: {path}" in wired.explain()
+    mine = wire(["gemini"], {"GEMINI_CLI_TRUST_WORKSPACE": "false"}, BASE, "s-1").env
+    assert mine["GEMINI_CLI_TRUST_WORKSPACE"] == "false" and mine["GEMINI_API_KEY"]  # the user's choice kept
     assert not wire(["claude"], {}, BASE, "s-1").files

@@ -215,6 +215,23 @@ def test_claude_code_runs_past_its_limit_to_its_answer(tmp_path: Path) -> None:
         upstream.stop()
 
 
+def test_gemini_cli_runs_past_its_limit_to_its_answer(limited: Any, tmp_path: Path) -> None:
+    """Gemini CLI speaks Gemini's generateContent: ctxgate's Gemini door, the route's chat
+    upstream behind it; its settings untouched (`ctxgate run` gives it a home of its own)."""
+    upstream, config = limited
+    gemini = npm_agent("@google/gemini-cli", "gemini")
+    own = tmp_path / "home" / ".gemini"
+    own.mkdir(parents=True)
+    (own / "settings.json").write_text('{"general": {"vimMode": false}}')
+    done = _run(config, "gemini-1", [str(gemini), "-p", "Run the steps you are given, one at a time.", "--yolo",
+                                     "-m", MODEL], tmp_path, GEMINI_API_KEY=KEYS["acme"])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"DONE-{STEPS}" in done.stdout, done.stdout[-3000:]
+    for r in _check_upstream(upstream, "chat"):
+        assert is_valid_sequence(r.body["messages"]), r.body["messages"]
+    assert (own / "settings.json").read_text() == '{"general": {"vimMode": false}}'
+
+
 # -- what agents send, byte for byte below the trigger ---------------------------------------
 
 THINKING = "agent-steps-10-thinking"

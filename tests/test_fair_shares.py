@@ -49,6 +49,7 @@ def _counted_messages(gw: Gateway) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+@pytest.mark.timeout(1200)  # a million messages read, counted and compacted on a loaded 2-core machine: minutes
 def test_a_huge_request_holds_neither_healthz_nor_another_tenant(fgw: Gateway, up: ScriptedUpstream) -> None:
     big = {"model": "gpt-4o", "messages": [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"}
                                            for i in range(BIG)]}

@@ -15,7 +15,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from servers import KEYS, Gateway, launch, main_config, stop_all
+from servers import KEYS, Gateway, _model, launch, main_config, stop_all
 from upstream import REPLY, ScriptedUpstream
 
 KEY = KEYS["acme"]
@@ -27,8 +27,10 @@ TOOL = {"functionDeclarations": [{"name": "run_shell_command", "description": "R
 
 @pytest.fixture(scope="module")
 def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    gateway = launch("gemini", Path(tmp_path_factory.mktemp("gemini-door")),
-                     main_config(upstream.url, "auto")).wait_ready()
+    config = main_config(upstream.url, "auto")
+    config["model_list"] += [_model(name, f"{upstream.url}/v1", max_input_tokens=100_000)
+                             for name in ("fault-shape", "fault-brokensse", "fault-unterminated")]
+    gateway = launch("gemini", Path(tmp_path_factory.mktemp("gemini-door")), config).wait_ready()
     yield gateway
     stop_all([gateway])
 
@@ -311,3 +313,18 @@ def test_a_steady_turn_checks_its_new_turns(gw: Gateway, up: ScriptedUpstream) -
     status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)
     assert status == 400 and json.loads(raw)["error"]["message"].startswith("contents.0.parts.0.text")
     assert len(chats(up)) == 1
+
+
+def test_a_broken_upstream_reply_is_an_error_in_googles_shape(gw: Gateway, up: ScriptedUpstream) -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    headers = {**session(), "x-goog-api-key": KEY}
+    status, _, raw = post(gw, "/v1beta/models/fault-shape:generateContent", body, headers)
+    assert status == 502 and json.loads(raw)["error"]["status"] == "UNAVAILABLE"
+    status, _, raw = post(gw, "/v1beta/models/fault-brokensse:streamGenerateContent?alt=sse", body, headers)
+    last = [line for line in raw.split(b"\n") if line.startswith(b"data:")][-1]
+    assert status == 200 and json.loads(last[5:])["error"]["status"] == "UNAVAILABLE"  # after the headers went
+    status, _, raw = post(gw, "/v1beta/models/fault-unterminated:streamGenerateContent", body, headers)
+    elements = json.loads(raw)  # still one JSON array, its last element the error
+    assert status == 200 and elements[-1]["error"]["code"] == 502 and "before its last event" in raw.decode()
+    status, summary = gw.get(f"/v1/ctx/sessions/{headers['X-Ctx-Session']}", {"Authorization": f"Bearer {KEY}"})
+    assert summary["answered_turns"] == 0  # none of them settled as an answer

@@ -171,7 +171,9 @@ class Journal:
         checkpoint = force_checkpoint or since >= self.config.checkpoint_every
         full: list[str] = []
         if checkpoint:
-            event, full = self._checkpoint_event(state, reason, tokens_out, budget)
+            # A copy of the whole state (its records, the collapse store): off the event loop,
+            # as the checkpoint's fsync is.
+            event, full = await asyncio.to_thread(self._checkpoint_event, state, reason, tokens_out, budget)
             events = events + [event]
         if not events:
             return

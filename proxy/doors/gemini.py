@@ -76,7 +76,8 @@ class GeminiWire(GeminiExpansion):
                 reply.chunks = reframed(reply.chunks, self._frames)
                 reply.content_type = "application/json"
             return reply
-        chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream)}
+        read = self._neutral if payload is self._body else None  # read once already
+        chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream, read)}
         if route.direct and not route.demo:
             reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key)
         else:

@@ -25,8 +25,10 @@ _CONFIG = {"temperature": "temperature", "topP": "top_p", "maxOutputTokens": "ma
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none"}
 
 
-def chat_body(payload: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
-    messages = [_plain_message(m) for m in conversation_of(payload)]
+def chat_body(payload: dict[str, Any], model: str, stream: bool,
+              read: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`read`: `payload`'s conversation already in the neutral model (the client's body, unchanged)."""
+    messages = [_plain_message(m) for m in (read if read is not None else conversation_of(payload))]
     body: dict[str, Any] = {"model": model, "messages": messages}
     config = payload.get("generationConfig") or {}
     body.update({theirs: config[ours] for ours, theirs in _CONFIG.items() if ours in config})

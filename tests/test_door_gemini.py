@@ -30,6 +30,7 @@ def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> 
     config = main_config(upstream.url, "auto")
     config["model_list"] += [_model(name, f"{upstream.url}/v1", max_input_tokens=100_000)
                              for name in ("fault-shape", "fault-brokensse", "fault-unterminated")]
+    config["ctxgate"]["tenants"]["capped"] = {"api_keys": ["sk-capped"], "max_messages": 3, "max_content_parts": 4}
     gateway = launch("gemini", Path(tmp_path_factory.mktemp("gemini-door")), config).wait_ready()
     yield gateway
     stop_all([gateway])
@@ -328,3 +329,14 @@ def test_a_broken_upstream_reply_is_an_error_in_googles_shape(gw: Gateway, up: S
     assert status == 200 and elements[-1]["error"]["code"] == 502 and "before its last event" in raw.decode()
     status, summary = gw.get(f"/v1/ctx/sessions/{headers['X-Ctx-Session']}", {"Authorization": f"Bearer {KEY}"})
     assert summary["answered_turns"] == 0  # none of them settled as an answer
+
+
+def test_a_tenants_caps_count_turns_and_parts(gw: Gateway, up: ScriptedUpstream) -> None:
+    turn = {"role": "user", "parts": [{"text": "a"}, {"text": "b"}]}
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", {"contents": [turn] * 4},
+                          {"x-goog-api-key": "sk-capped"})
+    assert status == 400 and "max_messages" in json.loads(raw)["error"]["message"]
+    body = {"systemInstruction": {"parts": [{"text": "s"}]}, "contents": [turn, turn]}
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:countTokens", body, {"x-goog-api-key": "sk-capped"})
+    assert status == 400 and "max_content_parts" in json.loads(raw)["error"]["message"]
+    assert not chats(up)

@@ -29,6 +29,7 @@ from ..tenancy import named_session, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.gemini import send_native
 from ..upstream.routing import Route
+from .caps import check_caps
 from .gemini_expand import GeminiExpansion
 from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream, reframed
 from .gemini_model import CheckedContents, checked_count, conversation_of, counted_body, validate_request
@@ -149,6 +150,10 @@ class GeminiDoor:
         body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
         if method == "countTokens":
             body = counted_body(body)
+        system = body.get("systemInstruction")
+        system_parts = system.get("parts") if isinstance(system, dict) else None
+        check_caps(caller.tenant_config, body.get("contents"), "contents", parts_key="parts",
+                   extra_parts=len(system_parts) if isinstance(system_parts, list) else 0)
         named = named_session(http.headers)
         # The session's last request as this door checked it: a steady turn checks only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None

@@ -340,3 +340,15 @@ def test_a_tenants_caps_count_turns_and_parts(gw: Gateway, up: ScriptedUpstream)
     status, _, raw = post(gw, "/v1beta/models/gpt-4o:countTokens", body, {"x-goog-api-key": "sk-capped"})
     assert status == 400 and "max_content_parts" in json.loads(raw)["error"]["message"]
     assert not chats(up)
+
+
+def test_a_large_body_is_read_off_the_event_loop_alike(gw: Gateway, up: ScriptedUpstream) -> None:
+    """A body past HeavyWork's size is checked and read in a thread: the same answers."""
+    big = [{"role": "user", "parts": [{"text": "x" * 3500}]}, {"role": "model", "parts": [{"text": "ok"}]}] * 80
+    body = {"contents": [*big, {"role": "user", "parts": [{"text": "last"}]}]}
+    assert len(json.dumps(body)) > 256 * 1024
+    status, headers, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, {"x-goog-api-key": KEY})
+    assert status == 200 and json.loads(raw)["candidates"][0]["content"]["parts"] == [{"text": REPLY}]
+    body["contents"][-1]["parts"][0]["text"] = 5
+    status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, {"x-goog-api-key": KEY})
+    assert status == 400 and json.loads(raw)["error"]["message"].startswith("contents.160.parts.0.text")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
@@ -25,7 +25,7 @@ from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
-from ..tenancy import named_session, resolve_caller, resolve_session
+from ..tenancy import Caller, named_session, resolve_caller, resolve_session
 from ..upstream.forwarders import Reply
 from ..upstream.gemini import send_native
 from ..upstream.routing import Route
@@ -154,24 +154,32 @@ class GeminiDoor:
         system_parts = system.get("parts") if isinstance(system, dict) else None
         check_caps(caller.tenant_config, body.get("contents"), "contents", parts_key="parts",
                    extra_parts=len(system_parts) if isinstance(system_parts, list) else 0)
-        named = named_session(http.headers)
+        raw = await http.read()
+        route, messages, session_id = await self.gw.heavy.run(
+            caller.tenant, caller.tenant_config.heavy_concurrency, len(raw),
+            lambda: self._read(caller, http.headers, body, model))
+        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None,
+                         stream=method == "streamGenerateContent",
+                         memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
+                         body_bytes=len(raw), door_state=CheckedContents(body["contents"]))
+        wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse", raw)
+        if method == "countTokens":
+            return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
+        return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
+
+    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], model: str
+              ) -> tuple[Route, list[dict[str, Any]], str]:
+        """The request checked, read into the neutral model and placed: its route, conversation
+        and session. In a thread when large (`HeavyWork`)."""
+        named = named_session(headers)
         # The session's last request as this door checked it: a steady turn checks only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
         validate_request(body, checked_count(last, body["contents"]) if isinstance(body.get("contents"), list) else 0)
         route = self.gw.router.resolve(model)
         messages = conversation_of(body)
         self.engine.refuse_hopeless(caller, route, messages)
-        session_id = resolve_session(caller.tenant, http.headers, messages)
-        memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        stream = method == "streamGenerateContent"
-        turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None, stream=stream,
-                         memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
-                         body_bytes=len(await http.read()), door_state=CheckedContents(body["contents"]))
-        raw = await http.read()
-        wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse", raw)
-        if method == "countTokens":
-            return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
-        return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
+        return route, messages, resolve_session(caller.tenant, headers, messages)
 
     async def _count(self, request: DoorRequest, wire: GeminiWire) -> web.Response:
         """What the upstream would be sent now, after the stored compactions, the levels that

@@ -35,7 +35,7 @@ from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_str
 from .gemini_model import CheckedContents, checked_count, conversation_of, counted_body, validate_request
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
-from .respond import DoorRequest, Handler, add_door_route, answer
+from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
 from .validation import read_json_body
 
 log = logging.getLogger("ctxgate.doors")
@@ -109,19 +109,8 @@ class GeminiWire(GeminiExpansion):
 
 
 def google_errors(handler: Handler) -> Handler:
-    """Every failure of this door in Google's shape, whatever raised it, with the error's headers."""
-    async def handle(http: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(http)
-        except GatewayError as e:
-            error = e
-        except ConnectionResetError:  # the client is gone: nobody to answer
-            raise
-        except Exception:
-            log.exception("internal error on %s %s", http.method, http.path)
-            error = GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server")
-        return google_response(error)
-    return handle
+    """Every failure of this door in Google's shape."""
+    return shaped_errors(handler, google_response)
 
 
 def with_key(http: web.Request) -> web.Request:

@@ -30,7 +30,7 @@ from .messages_compaction import expanded as expanded_blocks
 from .messages_expand import MessagesExpansion
 from .messages_model import Conversation, conversation_of, render, validate_messages, validate_messages_request
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
-from .respond import DoorRequest, Handler, add_door_route, answer
+from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
 from .validation import read_json_body
 
 log = logging.getLogger("ctxgate.doors")
@@ -103,21 +103,10 @@ class MessagesWire(MessagesExpansion):
 
 
 def anthropic_errors(handler: Handler) -> Handler:
-    """Every failure of this door in Anthropic's shape, whatever raised it (the caller,
-    the body, the route, the engine), with the error's own headers."""
-    async def handle(http: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(http)
-        except GatewayError as e:
-            error = e
-        except ConnectionResetError:  # the client is gone: nobody to answer
-            raise
-        except Exception:
-            log.exception("internal error on %s %s", http.method, http.path)
-            error = GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server")
-        return web.Response(status=http_status(error), body=orjson.dumps(error_body(error)),
-                            content_type="application/json", headers=error.headers)
-    return handle
+    """Every failure of this door in Anthropic's shape."""
+    return shaped_errors(handler, lambda error: web.Response(
+        status=http_status(error), body=orjson.dumps(error_body(error)), content_type="application/json",
+        headers=error.headers))
 
 
 class MessagesDoor:

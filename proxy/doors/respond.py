@@ -31,6 +31,23 @@ session this way (`ctxgate run` does)."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def shaped_errors(handler: Handler, render: Callable[[GatewayError], web.StreamResponse]) -> Handler:
+    """`handler` with every failure, whatever raised it (the caller, the body, the route, the
+    engine), answered by `render` in its door's error shape, with the error's own headers."""
+    async def handle(http: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(http)
+        except GatewayError as e:
+            error = e
+        except ConnectionResetError:  # the client is gone: nobody to answer
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", http.method, http.path)
+            error = GatewayError(ErrorKind.INTERNAL, "internal error in ctxgate; it is logged on the server")
+        return render(error)
+    return handle
+
+
 def add_door_route(app: web.Application, method: str, path: str, handler: Handler) -> None:
     """`path`, and the same under `SESSION_PREFIX`, where the path's session is the request's
     `X-Ctx-Session` unless the request names one itself."""

@@ -298,6 +298,22 @@ def test_a_conversation_past_any_compaction_is_resource_exhausted(gw: Gateway, u
     assert len(refused) >= 2 and refused[-1].prompt_tokens < refused[0].prompt_tokens  # compacted, then refused again
 
 
+def test_a_turn_nested_past_the_limit_is_refused_in_the_contents_and_beside_them(gw: Gateway,
+                                                                                  up: ScriptedUpstream) -> None:
+    """The contents' nesting is checked by the door, in its new turns only; a field beside them
+    as the body is read. Either way a 400 in Google's shape, nothing forwarded."""
+    deep: Any = "x"
+    for _ in range(300):
+        deep = {"a": deep}
+    turn = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": deep}}]}
+    for body in ({"contents": [{"role": "user", "parts": [{"text": "hi"}]}, turn]},
+                 {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": deep}):
+        status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, {"x-goog-api-key": KEY})
+        error = json.loads(raw)["error"]
+        assert status == 400 and error["status"] == "INVALID_ARGUMENT" and "nests" in error["message"], raw
+    assert not chats(up)
+
+
 def test_a_steady_turn_checks_its_new_turns(gw: Gateway, up: ScriptedUpstream) -> None:
     """What the session's last request had was checked then; a new turn is checked, and named by
     its place in the whole conversation."""

@@ -136,7 +136,7 @@ class GeminiDoor:
         http = with_key(http)
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes, "contents")
         if method == "countTokens":
             body = counted_body(body)
         system = body.get("systemInstruction")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .validation import validation_error
+from .validation import check_nesting, validation_error
 from ..errors import ErrorKind, GatewayError
 
 Message = dict[str, Any]
@@ -106,12 +106,13 @@ def checked_count(last: Any, contents: list[Any]) -> int:
 
 def validate_request(body: dict[str, Any], start: int = 0) -> None:
     """A clear 400 naming the field for a body the door cannot read; other fields pass as they are
-    (how deep the body nests was checked as it was read: `read_json_body`). Turns before
+    (how deep they nest was checked as the body was read: `read_json_body`). Turns before
     `start` were checked when they arrived."""
     try:
         _Request.model_validate(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
+    check_nesting(body["contents"][start:], 2)
     try:
         _CONTENTS.validate_python(body["contents"][start:])
     except ValidationError as e:

@@ -67,9 +67,11 @@ MAX_NESTING = 200
 """Objects and arrays inside one another in a request body, the body itself the first."""
 
 
-async def read_json_body(request: web.Request, parser: JsonParser, limit: int | None = None) -> dict[str, Any]:
+async def read_json_body(request: web.Request, parser: JsonParser, limit: int | None = None,
+                         history: str = "messages") -> dict[str, Any]:
     """The body as a JSON object (a large one parsed off the event loop, `JsonParser`);
-    `limit`: the caller's own body limit (a tenant's), below the gateway's."""
+    `limit`: the caller's own body limit (a tenant's), below the gateway's; `history`: the
+    field holding the conversation, whose nesting the door checks itself, only in what is new."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -89,7 +91,7 @@ async def read_json_body(request: web.Request, parser: JsonParser, limit: int | 
                            f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(ErrorKind.INVALID_REQUEST, "request body must be a JSON object", code="invalid_json")
-    check_nesting({k: v for k, v in body.items() if k != "messages"})  # the messages: as each door checks them
+    check_nesting({k: v for k, v in body.items() if k != history})
     return body
 
 

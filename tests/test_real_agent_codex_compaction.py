@@ -6,9 +6,8 @@ way the run goes on past it to its answer, on each of two routes (ROUTES): one t
 the Responses API, and one that speaks Chat Completions only, where ctxgate answers Codex's
 compaction all the same and the upstream sees nothing but chats.
 
-Codex's manual compaction (`/compact`) is a command of its interactive TUI only: `codex exec`
-has no flag or subcommand for it (the app server's `thread/compact/start` is the only other
-way in), so it is not driven here."""
+Codex's manual compaction (`/compact`) is not a command of `codex exec`: its app server's
+`thread/compact/start` drives it in tests/test_real_agent_codex_manual_compaction.py."""
 from __future__ import annotations
 
 import json

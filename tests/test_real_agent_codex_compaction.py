@@ -1,6 +1,6 @@
 """Codex, unmodified, through `ctxgate run`, its own compaction forced early by a low
 `model_auto_compact_token_limit`, both ways (docs/native-context.md): with
-`--codex-remote-compaction` it asks ctxgate (`/responses/compact`); without, it compacts
+`--codex-remote-compaction` it asks ctxgate (WAL reason `client`); without, it compacts
 locally, by a summary request of its own that goes through ctxgate to the upstream. Either
 way the run goes on past it to its answer, on each of two routes (ROUTES): one that speaks
 the Responses API, and one that speaks Chat Completions only, where ctxgate answers Codex's

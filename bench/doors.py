@@ -1,5 +1,5 @@
-"""The bench's three front doors (each also streamed): a chat-completions conversation as the
-body each API takes, and its reply read back as text.
+"""The bench's front doors (the first three also streamed): a chat-completions conversation as
+the body each API takes, and its reply read back as text.
 
 - chat: `{"model", "messages"}` as is;
 - messages (Anthropic): system messages in `system`, tool results as `tool_result` blocks in
@@ -7,6 +7,10 @@ body each API takes, and its reply read back as text.
   every tool used, `max_tokens` 1024;
 - responses: system messages in `instructions`, `message` / `function_call` /
   `function_call_output` items, `store: false` (as Codex sends it);
+- gemini (Google's `generateContent`, key in `x-goog-api-key`): system messages in
+  `systemInstruction`, `contents` alternating `user` / `model` from the user, tool calls as
+  `functionCall` parts, tool results as `functionResponse` parts (`{"output": text}`) of the
+  user turn after them, `tools[0].functionDeclarations` naming every tool used;
 - `<door>-stream`: the same with `stream: true`; a stream not ending on its API's terminator
   (`[DONE]`, `message_stop`, `response.completed`) fails the reply check.
 
@@ -121,6 +125,49 @@ def to_responses(messages: list[Message], model: str = CHAT_MODEL) -> dict[str, 
     return body
 
 
+def to_gemini(messages: list[Message]) -> dict[str, Any]:
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    tools: dict[str, None] = {}
+    names: dict[str, str] = {}  # tool_call_id -> the name its functionResponse must carry
+
+    def add(role: str, parts: list[dict[str, Any]]) -> None:
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["parts"].extend(parts)
+        else:
+            turns.append({"role": role, "parts": parts})
+
+    for m in messages:
+        role, text = m.get("role"), _text(m.get("content"))
+        if role in ("system", "developer"):
+            system.append(text)
+        elif role == "user":
+            add("user", [{"text": text or "(empty)"}])
+        elif role == "tool":
+            call_id = str(m.get("tool_call_id"))
+            add("user", [{"functionResponse": {"id": call_id, "name": names.get(call_id, "tool"),
+                                               "response": {"output": text}}}])
+        elif role == "assistant":
+            parts: list[dict[str, Any]] = [{"text": text}] if text.strip() else []
+            for tc in m.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                name = fn.get("name") or "tool"
+                tools[name], names[str(tc.get("id"))] = None, name
+                parts.append({"functionCall": {"id": str(tc.get("id")), "name": name,
+                                               "args": _arguments(fn.get("arguments"))}})
+            add("model", parts or [{"text": "(empty)"}])
+    if turns and turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "parts": [{"text": "(start)"}]})
+    body: dict[str, Any] = {"contents": turns}
+    if system:
+        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    if tools:
+        body["tools"] = [{"functionDeclarations": [
+            {"name": name, "description": f"the {name} tool", "parametersJsonSchema": {"type": "object"}}
+            for name in tools]}]
+    return body
+
+
 def _chat_reply(raw: bytes) -> str:
     return orjson.loads(raw)["choices"][0]["message"]["content"]
 
@@ -132,6 +179,11 @@ def _anthropic_reply(raw: bytes) -> str:
 def _responses_reply(raw: bytes) -> str:
     return "".join(c.get("text", "") for it in orjson.loads(raw)["output"] if it.get("type") == "message"
                    for c in it.get("content", []) if c.get("type") == "output_text")
+
+
+def _gemini_reply(raw: bytes) -> str:
+    return "".join(p.get("text", "") for c in orjson.loads(raw)["candidates"]
+                   for p in (c.get("content") or {}).get("parts", []))
 
 
 def _delta(event: dict[str, Any]) -> str:
@@ -177,6 +229,7 @@ class Door:
     body: Callable[[list[Message]], dict[str, Any]]
     reply_text: Callable[[bytes], str]
     anthropic: bool = False
+    google: bool = False
 
     def payload(self, messages: list[Message]) -> bytes:
         return orjson.dumps(self.body(messages))
@@ -185,6 +238,8 @@ class Door:
         h = {"Content-Type": "application/json"}
         if self.anthropic:
             h.update({"x-api-key": api_key, "anthropic-version": ANTHROPIC_VERSION})
+        elif self.google:
+            h["x-goog-api-key"] = api_key
         else:
             h["Authorization"] = f"Bearer {api_key}"
         return h
@@ -216,7 +271,9 @@ RESPONSES = Door("responses", "/v1/responses", CHAT_MODEL, to_responses, _respon
 RESPONSES_STREAM = Door("responses-stream", "/v1/responses", CHAT_MODEL,
                         lambda msgs: {**to_responses(msgs), "stream": True},
                         _stream_reply("response.completed"))
-DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM)}
+GEMINI = Door("gemini", f"/v1beta/models/{CHAT_MODEL}:generateContent", CHAT_MODEL, to_gemini, _gemini_reply,
+              google=True)
+DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM, GEMINI)}
 """`<door>-stream` is that door with `stream: true` (the bench upstream streams each API's SSE events);
 its reply parser also checks the stream ended on the API's terminator."""
 

@@ -12,8 +12,10 @@ to its terminator) and sends it through every (door, target) lane in a shuffled 
 the same door, paired per iteration (p50 / p95 of the differences). `X-Ctx-Overhead-Ms`:
 ctxgate's own report of its time, upstream excluded. conv-<size>: a conversation never seen
 (every message prefixed anew); turn-<size>: the next turn of a session. Routes: `gpt-4o` →
-`openai/gpt-4o` (chat, Responses), `claude-sonnet-4-5` → `anthropic/claude-sonnet-4-5`
-(Messages), `max_input_tokens` 1,000,000: nothing compacted (X-Ctx-Levels). `X-Ctx-Tokenizer`:
+`openai/gpt-4o` (chat, Responses, and Gemini's generateContent, which ctxgate sends on as a chat
+completion and renders back; its `direct` is the upstream's own generateContent; the LiteLLM
+proxy is not sent it), `claude-sonnet-4-5` → `anthropic/claude-sonnet-4-5` (Messages),
+`max_input_tokens` 1,000,000: nothing compacted (X-Ctx-Levels). `X-Ctx-Tokenizer`:
 how ctxgate counted (no local Claude tokenizer: the Messages door counts an estimate, UTF-8
 bytes / 3, where chat and Responses run tiktoken).
 
@@ -126,7 +128,7 @@ def ratio(a: float, b: float, digits: int) -> str:
 
 
 Stats = dict[str, float]
-"""A lane's figures in one scenario: p50, p95, added_p50, added_p95, hdr_p50, hdr_p95, cold (ms)."""
+"""A lane's figures in one scenario: p50, p95, added_p50, added_p95, added_p99, hdr_p50, hdr_p95, cold (ms)."""
 Result = tuple[Scenario, str, dict[str, Stats]]
 """A scenario, its section and each lane's figures (by `key`)."""
 
@@ -142,6 +144,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[doors.Sam
         tokenizers = {s.tokenizer for s in samples[k] if s.tokenizer}
         st = stats[k] = {"p50": common.pct(ms, 0.5), "p95": common.pct(ms, 0.95),
                          "added_p50": common.pct(paired, 0.5), "added_p95": common.pct(paired, 0.95),
+                         "added_p99": common.pct(paired, 0.99),
                          "hdr_p50": common.pct(over, 0.5), "hdr_p95": common.pct(over, 0.95),
                          "cold": samples.get(f"_cold|{k}", [doors.Sample(float("nan"))])[0].ms}
         added = "—" if t.name == DIRECT else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}"
@@ -189,7 +192,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
         proxy = servers.litellm_proxy(args.litellm_proxy, upstream.url)
         common.progress(f"overhead: LiteLLM proxy: {processes.proxy_note(proxy)}")
         targets += [] if isinstance(proxy, str) else [proxy]
-        lanes: list[Lane] = [(d, t) for d in active for t in targets]
+        lanes: list[Lane] = [(d, t) for d in active for t in targets if not (d.google and t is proxy)]
         rng = random.Random(20240601)
         connector = aiohttp.TCPConnector(limit=32, keepalive_timeout=processes.CLIENT_KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=600)
@@ -212,7 +215,9 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
 def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: list[Lane],
                   results: list[Result], proxy: doors.Target | str) -> None:
     by = {sc.name: stats for sc, _, stats in results}
-    lines = [common.section_header("Overhead: latency added over a direct call, per door"), ""]
+    every = args.doors == ",".join(doors.DOORS)  # a run of some doors has its own section: the full one stays
+    lines = [common.section_header("Overhead: latency added over a direct call, per door"
+                                   + ("" if every else f" ({args.doors.replace(',', ', ')})")), ""]
     lines.append(common.about(__doc__) + f"\n\nLiteLLM proxy: {processes.proxy_note(proxy)}\n")
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
@@ -242,6 +247,7 @@ def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: li
             lines.append(f"**ctxgate (forwarding=auto) added p50 ÷ LiteLLM proxy added p50 — {what}** "
                          "(issue 13's aim: ≤ 0.5×):\n")
             lines.append(common.table(["door", *[sc.name for sc in scs]], rows) + "\n")
+    lines += gemini_vs_chat(scenarios, lanes, by)
     turns = sorted((sc for sc in scenarios if sc.kind == "turn"), key=lambda sc: sc.size)
     big = next((sc for sc in turns if sc.size == 200_000), turns[-1] if turns else None)
     if big is not None and turns and big is not turns[0]:
@@ -261,7 +267,23 @@ def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: li
                                   "ll" + "r" * 6) + "\n")
     for _, text, _ in results:
         lines.append(text)
-    common.publish("overhead", "\n".join(lines), args.out)
+    common.publish("overhead" if every else f"overhead-{args.doors.replace(',', '-')}", "\n".join(lines), args.out)
+
+
+def gemini_vs_chat(scenarios: list[Scenario], lanes: list[Lane], by: dict[str, dict[str, Stats]]) -> list[str]:
+    """Issue 39's aim, side by side: the Gemini door adds no more than the Chat door at the same size."""
+    name = "ctxgate forwarding=auto"
+    chat, gemini = f"{doors.CHAT.name}|{name}", f"{doors.GEMINI.name}|{name}"
+    if not any(d is doors.GEMINI for d, _ in lanes) or not any(d is doors.CHAT for d, _ in lanes):
+        return []
+    rows = [[sc.name, f"{fmt(by[sc.name][chat]['added_p50'])} / {fmt(by[sc.name][chat]['added_p99'])}",
+             f"{fmt(by[sc.name][gemini]['added_p50'])} / {fmt(by[sc.name][gemini]['added_p99'])}",
+             ratio(by[sc.name][gemini]["added_p50"], by[sc.name][chat]["added_p50"], 2),
+             f"{fmt(by[sc.name][chat]['hdr_p50'])} / {fmt(by[sc.name][gemini]['hdr_p50'])}"] for sc in scenarios]
+    return [f"**Gemini door vs Chat door, {name}: added latency over a direct call, p50 / p99 ms** (issue 39's aim: "
+            "Gemini ÷ Chat ≤ 1×; with few iterations p99 is about the slowest one):\n",
+            common.table(["scenario", "chat added p50 / p99", "gemini added p50 / p99", "gemini ÷ chat, p50",
+                          "X-Ctx-Overhead-Ms p50, chat / gemini"], rows) + "\n"]
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
 """The benches' scripted upstream: a fixed "ok" from `POST /v1/chat/completions`,
 `/v1/messages` and `/v1/responses`, each in its API's shape and, with `stream: true`, as its
-API's SSE events (those tests/upstream_doors.py scripts). No input `usage`: counting the
-tokens would add upstream time and spread (the suite's tests/upstream.py, which counts them,
-answered a 100K-token chat in 73 ms p50 and a 400K one in 303 ms, this one in 9 and 16 ms),
-and a guess would steer ctxgate, which anchors its budget on the provider's count.
+API's SSE events (those tests/upstream_doors.py scripts), and from Gemini's
+`/v1beta/models/{model}:generateContent` (whole only: the bench's direct call on that door).
+No input `usage`: counting the tokens would add upstream time and spread (the suite's
+tests/upstream.py, which counts them, answered a 100K-token chat in 73 ms p50 and a 400K one
+in 303 ms, this one in 9 and 16 ms), and a guess would steer ctxgate, which anchors its budget on the provider's count.
 
     .venv/bin/python bench/upstream.py --port 8999
 """
@@ -83,6 +84,20 @@ def _responses_frames(body: dict[str, Any], response: dict[str, Any]) -> list[by
 
 OPENAI_ERROR = {"error": {"message": "invalid JSON", "type": "invalid_request_error", "param": None, "code": None}}
 ANTHROPIC_ERROR = {"type": "error", "error": {"type": "invalid_request_error", "message": "invalid JSON"}}
+GOOGLE_ERROR = {"error": {"code": 400, "message": "invalid JSON", "status": "INVALID_ARGUMENT"}}
+
+
+async def gemini(request: web.Request) -> web.Response:
+    """The bench's gemini door calls this directly; through ctxgate that door's `gpt-4o` route
+    is sent a chat completion instead."""
+    try:
+        orjson.loads(await request.read())
+    except orjson.JSONDecodeError:
+        return web.json_response(GOOGLE_ERROR, status=400)
+    model = request.match_info["call"].split(":")[0]
+    return web.Response(body=orjson.dumps({
+        "candidates": [{"content": {"role": "model", "parts": [{"text": REPLY}]}, "finishReason": "STOP", "index": 0}],
+        "modelVersion": model, "responseId": "bench"}), content_type="application/json")
 
 
 def door(reply: Callable[[dict[str, Any]], dict[str, Any]], frames: Frames, error: dict[str, Any]
@@ -116,6 +131,7 @@ def make_app() -> web.Application:
                           ("/responses", responses), ("/v1/messages", door(_messages, _messages_frames,
                                                                            ANTHROPIC_ERROR))):
         app.router.add_post(path, handler)
+    app.router.add_post("/v1beta/models/{call}", gemini)
     app.router.add_get("/healthz", healthz)
     return app
 

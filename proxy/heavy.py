@@ -2,9 +2,9 @@
 
 Validating, reading and planning a conversation of hundreds of thousands of messages takes
 seconds of Python. On the event loop it would hold every other request (and `/healthz`)
-for all of it; in a thread the loop gets the GIL back every switch interval (5 ms), so it
-keeps answering while the work goes on. A small request stays inline: a thread hop costs
-more than its work.
+for all of it; in a thread the loop gets the GIL back every switch interval (`serve` sets
+it to 1 ms), so it keeps answering while the work goes on. A small request stays inline: a
+thread hop costs more than its work.
 
 Each tenant runs at most `heavy_concurrency` such jobs at once (`TenantConfig`): its next
 large request waits behind its own, while other tenants' work goes on.

@@ -71,7 +71,7 @@ class MiniSweAgentReader:
     def signals(self, text: str, role: str) -> bool:
         if role == "assistant":
             return any(f"```{fence}\n" in text for fence in self.fences) or (
-                "THOUGHT:" in text and any(lang == "bash" or _names_command(lang) for lang, _ in _FENCE.findall(text)))
+                "THOUGHT:" in text and any(_names_command(lang) for lang, _ in _FENCE.findall(text)))
         return _RETURN_CODE.match(_LEADING_EXCEPTION.sub("", text.lstrip())) is not None
 
     def observation(self, text: str, tool: str | None) -> Observation:

@@ -11,6 +11,7 @@ from aiohttp import web
 from ..engine.wire import ReplyFacts
 from ..errors import GatewayError
 from .errors import http_status
+from .sse import SseWatch
 
 STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
           409: "ABORTED", 413: "INVALID_ARGUMENT", 422: "FAILED_PRECONDITION", 429: "RESOURCE_EXHAUSTED",
@@ -65,27 +66,15 @@ def reply_facts(body: bytes) -> ReplyFacts:
     return _facts(data)
 
 
-class GeminiStream:
+class GeminiStream(SseWatch):
     """Watches a Gemini stream go by, SSE or a JSON array cut into whole elements: the chunk
     with a `finishReason` completes it, an `error` element fails it."""
 
     def __init__(self, keep_all: bool) -> None:
-        self._all: bytearray | None = bytearray() if keep_all else None
+        super().__init__(keep_all)
         self._pending = b""
-        self._done = False
-        self._failed = False
+        """What follows the last blank line: an event or array element not yet whole."""
         self._facts = ReplyFacts()
-
-    @property
-    def complete(self) -> bool:
-        return self._done
-
-    @property
-    def failed(self) -> bool:
-        return self._failed
-
-    def body(self) -> bytes:
-        return bytes(self._all) if self._all is not None else b""
 
     def facts(self) -> ReplyFacts:
         return self._facts

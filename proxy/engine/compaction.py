@@ -179,10 +179,9 @@ class Compactor:
         """`plan`, if what it forwards is within the effective budget; else, when it was compacted
         this turn, compacted once more on top of itself (`reason`: the point's); else the
         profile's degraded mode once (`on_exhausted: degrade`), and CONTEXT_EXHAUSTED if that is
-        still over. Never
-        forward what the provider will refuse: the budget is in the provider's count (the
-        calibration in), and its safety margin is what ctxgate's count may be off by, so a
-        request over it is a call paid for a refusal (seen: 2,372 of a 2,280 budget forwarded
+        still over. Never forward what the provider will refuse: the budget is in the provider's
+        count (the calibration in), and its safety margin is what ctxgate's count may be off by,
+        so a request over it is a call paid for a refusal (seen: 2,372 of a 2,280 budget forwarded
         at a 2,400-token limit, counted 2,486 by the provider). Where what no level removes (the
         instructions, the task, the tools) is over the budget already, the margin cannot be had
         and the line is the context limit itself, as the planner's last fallback aims (refusing

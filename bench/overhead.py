@@ -1,10 +1,12 @@
 """The latency ctxgate adds over calling the same scripted upstream directly, per door.
 
-`ctxgate serve` twice (`forwarding: auto` and `forwarding: litellm`) and, when an environment
-with `litellm[proxy]` is given, the LiteLLM proxy (same `model_list`, plus the master key it
-refuses to start without; `make bench` makes `.bench-litellm-proxy/`) in front of
-`bench/upstream.py` (a fixed "ok" in each API's shape, no input `usage`; with `stream: true`,
-that API's SSE events), all on 127.0.0.1. Each iteration this process (one pooled aiohttp
+`ctxgate serve` twice (`forwarding: auto` and `forwarding: litellm`), the bare relay
+(bench/relay.py: an aiohttp server that forwards the bytes and nothing else, the floor of any
+proxy on aiohttp) and, when an environment with `litellm[proxy]` is given, the LiteLLM proxy
+(same `model_list`, plus the master key it refuses to start without; `make bench` makes
+`.bench-litellm-proxy/`) in front of `bench/upstream.py` (a fixed "ok" in each API's shape, no
+input `usage`; with `stream: true`, that API's SSE events; `--delay-ms 0,200`: the whole run
+once per delay, the upstream answering that late), all on 127.0.0.1. Each iteration this process (one pooled aiohttp
 session) builds one conversation of real trajectory messages (common.build_conversation),
 writes it in each door's wire format (bench/doors.py; a `-stream` door's whole stream is read,
 to its terminator) and sends it through every (door, target) lane in a shuffled order;
@@ -21,6 +23,7 @@ bytes / 3, where chat and Responses run tiktoken).
 
     .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
         [--small 40] [--mid 20] [--large 10] [--doors chat,messages,...] [--litellm-proxy PATH]
+        [--forwarding auto,litellm] [--delay-ms 0,200]
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from ctxgate.pipeline.tokens import TokenCounter
 import aiohttp
 
 DIRECT = "direct"
+RELAY = "bare relay"
 UPSTREAM_KEY = processes.UPSTREAM_KEY
 
 
@@ -133,6 +137,16 @@ Result = tuple[Scenario, str, dict[str, Stats]]
 """A scenario, its section and each lane's figures (by `key`)."""
 
 
+@dataclass
+class Run:
+    """Every scenario through every lane with the upstream answering `delay` ms late."""
+    delay: float
+    scenarios: list[Scenario]
+    lanes: list[Lane]
+    results: list[Result]
+    proxy: doors.Target | str
+
+
 def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[doors.Sample]]) -> tuple[str, dict[str, Stats]]:
     rows, stats = [], {}
     for door, t in lanes:
@@ -164,7 +178,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[doors.Sam
     return text, stats
 
 
-async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lane], list[Result], doors.Target | str]:
+async def main_async(args: argparse.Namespace) -> list[Run]:
     common.wait_for_quiet(max_wait_s=args.max_wait)
     counter = common.gpt4o_counter()
     common.progress("overhead: building conversations from trajectories")
@@ -179,16 +193,22 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
         if "turn" in args.kinds:
             scenarios.append(Scenario(f"turn-{label}", f"steady-state next turn of a {label}-token session", "turn",
                                       base, n, warm, size=size))
+    return [await run_delay(args, scenarios, counter, delay) for delay in args.delay_ms]
+
+
+async def run_delay(args: argparse.Namespace, scenarios: list[Scenario], counter: TokenCounter, delay: float) -> Run:
+    """Every scenario through every lane, the upstream answering `delay` ms late."""
     active = [doors.DOORS[n] for n in args.doors.split(",")]
     with processes.Servers("ctxgate-bench-") as servers:
-        upstream = servers.upstream()
+        upstream = servers.upstream(delay)
         gws = {fwd: servers.ctxgate(processes.ctxgate_config(upstream.url, servers.workdir, fwd), f"ctxgate-{fwd}")
-               for fwd in ("auto", "litellm")}
-        common.progress(f"overhead: upstream {upstream.url}, ctxgate auto {gws['auto'].url}, "
-                        f"ctxgate litellm {gws['litellm'].url}")
-        targets = [doors.Target(DIRECT, upstream.url, UPSTREAM_KEY)] + [
-            doors.Target(f"ctxgate forwarding={fwd}", gw.url, UPSTREAM_KEY, session_header=True)
-            for fwd, gw in gws.items()]
+               for fwd in args.forwarding.split(",")}
+        relay = servers.relay(upstream.url)
+        common.progress(f"overhead: upstream {upstream.url} (answers {delay:g} ms late), relay {relay.url}, "
+                        + ", ".join(f"ctxgate {fwd} {gw.url}" for fwd, gw in gws.items()))
+        targets = [doors.Target(DIRECT, upstream.url, UPSTREAM_KEY), doors.Target(RELAY, relay.url, UPSTREAM_KEY)]
+        targets += [doors.Target(f"ctxgate forwarding={fwd}", gw.url, UPSTREAM_KEY, session_header=True)
+                    for fwd, gw in gws.items()]
         proxy = servers.litellm_proxy(args.litellm_proxy, upstream.url)
         common.progress(f"overhead: LiteLLM proxy: {processes.proxy_note(proxy)}")
         targets += [] if isinstance(proxy, str) else [proxy]
@@ -199,6 +219,7 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
         results: list[Result] = []
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             for sc in scenarios:
+                sc.tokens = []
                 common.progress(f"overhead: {sc.name} ({sc.what}), {sc.warmup}+{sc.iterations} iterations × "
                                 f"{len(lanes)} (door, target) lanes")
                 samples = await run_scenario(sc, lanes, http, counter, rng)
@@ -209,16 +230,59 @@ async def main_async(args: argparse.Namespace) -> tuple[list[Scenario], list[Lan
                         st, d = stats[key(door, t)], stats[f"{door.name}|{DIRECT}"]["p50"]
                         common.progress(f"    {door.name:9s} {t.name:34s} p50 {st['p50']:8.2f} ms  (direct "
                                         f"{d:7.2f} ms, added p50 {st['added_p50']:7.2f} ms)")
-    return scenarios, lanes, results, proxy
+    return Run(delay, scenarios, lanes, results, proxy)
 
 
-def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: list[Lane],
-                  results: list[Result], proxy: doors.Target | str) -> None:
-    by = {sc.name: stats for sc, _, stats in results}
+def write_results(args: argparse.Namespace, runs: list[Run]) -> None:
     every = args.doors == ",".join(doors.DOORS)  # a run of some doors has its own section: the full one stays
+    late = [r.delay for r in runs if r.delay]
+    what = ("" if every else args.doors.replace(",", ", ")) + \
+        (f"; upstream answering {' and '.join(f'{r.delay:g}' for r in runs)} ms late" if late else "")
     lines = [common.section_header("Overhead: latency added over a direct call, per door"
-                                   + ("" if every else f" ({args.doors.replace(',', ', ')})")), ""]
-    lines.append(common.about(__doc__) + f"\n\nLiteLLM proxy: {processes.proxy_note(proxy)}\n")
+                                   + (f" ({what.strip('; ')})" if what else "")), ""]
+    lines.append(common.about(__doc__) + f"\n\nLiteLLM proxy: {processes.proxy_note(runs[0].proxy)}\n")
+    lines += against_relay(runs)
+    for run in runs:
+        if len(runs) > 1:
+            lines.append(f"### The upstream answering {run.delay:g} ms late\n")
+        lines += run_lines(run)
+    name = "overhead" if every else f"overhead-{args.doors.replace(',', '-')}"
+    delays = "-".join(f"{r.delay:g}" for r in runs)
+    common.publish(name + (f"-delay-{delays}ms" if late else ""), "\n".join(lines), args.out)
+
+
+def against_relay(runs: list[Run]) -> list[str]:
+    """Issue 38's aim, side by side: a new conversation through ctxgate adds no more than the
+    LiteLLM proxy with an upstream that answers at once, and at most 2 ms more than the bare
+    relay with one that takes 200 ms."""
+    rows = []
+    for run in runs:
+        proxy = run.proxy.name if isinstance(run.proxy, doors.Target) else None
+        for sc, _, stats in run.results:
+            for door in dict.fromkeys(d for d, _ in run.lanes):
+                ctx, relay = stats.get(f"{door.name}|ctxgate forwarding=auto"), stats.get(f"{door.name}|{RELAY}")
+                if ctx is None or relay is None:
+                    continue
+                px = stats.get(f"{door.name}|{proxy}") if proxy else None
+                rows.append([f"{run.delay:g}", sc.name, door.name, fmt(ctx["added_p50"]), fmt(relay["added_p50"]),
+                             fmt(px["added_p50"]) if px else "—", fmt(ctx["added_p50"] - relay["added_p50"]),
+                             ratio(ctx["added_p50"], px["added_p50"], 2) if px else "—", fmt(ctx["hdr_p50"])])
+    if not rows:
+        return []
+    return ["**ctxgate (forwarding=auto) beside the bare relay and the LiteLLM proxy: added latency over a direct "
+            "call, p50 ms** (issue 38's aims for a new conversation: ctxgate ÷ proxy ≤ 1× with an upstream that "
+            "answers at once; ctxgate − relay ≤ 2 ms with one that answers 200 ms late):\n",
+            common.table(["upstream delay ms", "scenario", "door", "ctxgate", "bare relay", "LiteLLM proxy",
+                          "ctxgate − relay", "ctxgate ÷ proxy", "X-Ctx-Overhead-Ms p50"], rows, "lll" + "r" * 6)
+            + "\n"]
+
+
+def run_lines(run: Run) -> list[str]:
+    """The tables of one run: added latency per lane, ctxgate against the proxy, Gemini against
+    Chat, the steady turn's growth with size, then each scenario's own table."""
+    scenarios, lanes, results = run.scenarios, run.lanes, run.results
+    by = {sc.name: stats for sc, _, stats in results}
+    lines: list[str] = []
     names = [t.name for t in dict.fromkeys(t for _, t in lanes) if t.name != DIRECT]
     proxy_name = next((n for n in names if n.startswith("LiteLLM proxy")), None)
     kinds = [("fresh", "a new conversation (conv-*)"), ("turn", "the steady-state next turn of a session (turn-*)")]
@@ -267,7 +331,7 @@ def write_results(args: argparse.Namespace, scenarios: list[Scenario], lanes: li
                                   "ll" + "r" * 6) + "\n")
     for _, text, _ in results:
         lines.append(text)
-    common.publish("overhead" if every else f"overhead-{args.doors.replace(',', '-')}", "\n".join(lines), args.out)
+    return lines
 
 
 def gemini_vs_chat(scenarios: list[Scenario], lanes: list[Lane], by: dict[str, dict[str, Stats]]) -> list[str]:
@@ -298,8 +362,11 @@ def main() -> None:
     p.add_argument("--large", type=int, default=10, help="measured iterations for sizes above 100K")
     p.add_argument("--doors", default=",".join(doors.DOORS),
                    help="comma-separated doors to measure")
+    p.add_argument("--forwarding", default="auto,litellm", help="ctxgate's forwarding modes, one lane each")
+    p.add_argument("--delay-ms", type=lambda v: [float(x) for x in v.split(",")], default=[0.0],
+                   help="comma-separated upstream answer delays (ms): a run of every lane for each")
     args = p.parse_args()
-    write_results(args, *asyncio.run(main_async(args)))
+    write_results(args, asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

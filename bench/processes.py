@@ -1,5 +1,6 @@
 """The servers of a bench run, each its own process in one temporary folder: `ctxgate serve`,
-the scripted upstream (bench/upstream.py) and the LiteLLM proxy, with the bench's routes.
+the scripted upstream (bench/upstream.py), the bare relay (bench/relay.py) and the LiteLLM
+proxy, with the bench's routes.
 """
 from __future__ import annotations
 
@@ -84,9 +85,17 @@ class Servers:
                 raise RuntimeError(f"{name} did not become healthy in {timeout}s:\n{log.read_text()[-3000:]}")
             time.sleep(0.1)
 
-    def upstream(self) -> Proc:
+    def upstream(self, delay_ms: float = 0.0) -> Proc:
+        """bench/upstream.py, each reply `delay_ms` late."""
         port = free_port()
-        return self.start("upstream", [sys.executable, str(BENCH / "upstream.py"), "--port", str(port)], port)
+        return self.start("upstream", [sys.executable, str(BENCH / "upstream.py"), "--port", str(port),
+                                       "--delay-ms", str(delay_ms)], port)
+
+    def relay(self, upstream: str) -> Proc:
+        """bench/relay.py in front of `upstream`: the bytes forwarded and nothing else."""
+        port = free_port()
+        return self.start("relay", [sys.executable, str(BENCH / "relay.py"), "--upstream", upstream,
+                                    "--port", str(port)], port)
 
     def ctxgate(self, config: dict[str, Any], name: str = "ctxgate", workers: int | None = None,
                 env: dict[str, str] | None = None) -> Proc:

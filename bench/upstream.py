@@ -5,12 +5,15 @@ API's SSE events (those tests/upstream_doors.py scripts), and from Gemini's
 No input `usage`: counting the tokens would add upstream time and spread (the suite's
 tests/upstream.py, which counts them, answered a 100K-token chat in 73 ms p50 and a 400K one
 in 303 ms, this one in 9 and 16 ms), and a guess would steer ctxgate, which anchors its budget on the provider's count.
+`--delay-ms N`: every reply (a stream's first byte) waits N ms after the body is read, as a
+model takes time to answer; what a proxy does meanwhile costs its client nothing.
 
-    .venv/bin/python bench/upstream.py --port 8999
+    .venv/bin/python bench/upstream.py --port 8999 [--delay-ms 200]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 from typing import Any, Callable
 
@@ -84,7 +87,15 @@ def _responses_frames(body: dict[str, Any], response: dict[str, Any]) -> list[by
 
 OPENAI_ERROR = {"error": {"message": "invalid JSON", "type": "invalid_request_error", "param": None, "code": None}}
 ANTHROPIC_ERROR = {"type": "error", "error": {"type": "invalid_request_error", "message": "invalid JSON"}}
+DELAY_S = web.AppKey("delay_s", float)
 GOOGLE_ERROR = {"error": {"code": 400, "message": "invalid JSON", "status": "INVALID_ARGUMENT"}}
+
+
+async def answering(request: web.Request) -> None:
+    """The upstream's time to answer (`--delay-ms`), after the body is read."""
+    delay = request.app[DELAY_S]
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 async def gemini(request: web.Request) -> web.Response:
@@ -94,6 +105,7 @@ async def gemini(request: web.Request) -> web.Response:
         orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         return web.json_response(GOOGLE_ERROR, status=400)
+    await answering(request)
     model = request.match_info["call"].split(":")[0]
     return web.Response(body=orjson.dumps({
         "candidates": [{"content": {"role": "model", "parts": [{"text": REPLY}]}, "finishReason": "STOP", "index": 0}],
@@ -108,6 +120,7 @@ def door(reply: Callable[[dict[str, Any]], dict[str, Any]], frames: Frames, erro
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
             return web.json_response(error, status=400)
+        await answering(request)
         whole = reply(body)
         if not body.get("stream"):
             return web.Response(body=orjson.dumps(whole), content_type="application/json")
@@ -124,8 +137,9 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def make_app() -> web.Application:
+def make_app(delay_ms: float = 0.0) -> web.Application:
     app = web.Application(client_max_size=256 * 1024 * 1024)
+    app[DELAY_S] = delay_ms / 1000
     chat, responses = door(_chat, _chat_frames, OPENAI_ERROR), door(_responses, _responses_frames, OPENAI_ERROR)
     for path, handler in (("/v1/chat/completions", chat), ("/chat/completions", chat), ("/v1/responses", responses),
                           ("/responses", responses), ("/v1/messages", door(_messages, _messages_frames,
@@ -140,6 +154,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8999)
+    p.add_argument("--delay-ms", type=float, default=0.0, help="time every reply waits before its first byte")
     args = p.parse_args()
     try:
         import uvloop
@@ -148,7 +163,7 @@ def main() -> None:
     except ImportError:
         loop = None
     print(f"bench upstream on http://{args.host}:{args.port}/v1", flush=True)
-    web.run_app(make_app(), host=args.host, port=args.port, access_log=None, print=None, loop=loop)
+    web.run_app(make_app(args.delay_ms), host=args.host, port=args.port, access_log=None, print=None, loop=loop)
 
 
 if __name__ == "__main__":

@@ -332,6 +332,37 @@ def test_a_steady_turn_checks_its_new_turns(gw: Gateway, up: ScriptedUpstream) -
     assert len(chats(up)) == 1
 
 
+def test_a_steady_turn_whose_history_was_edited_is_read_afresh(gw: Gateway, up: ScriptedUpstream) -> None:
+    """A steady turn reads only its new turns; a client that changed an earlier turn (or its
+    system instruction) is sent what it sent now, nothing of the earlier reading."""
+    headers = {**session(), "x-goog-api-key": KEY}
+    call = {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]}
+    answer = {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                                                              "response": {"output": "a.txt"}}}]}
+    body: dict[str, Any] = {"systemInstruction": {"parts": [{"text": "Be brief."}]}, "tools": [TOOL],
+                            "contents": [{"role": "user", "parts": [{"text": "list the files"}]}, call]}
+    sent = []
+    for contents in ([answer], [{"role": "model", "parts": [{"text": "a.txt"}]},
+                                {"role": "user", "parts": [{"text": "thanks"}]}]):
+        body["contents"] += contents
+        assert post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)[0] == 200
+        sent.append(chats(up)[-1].body["messages"])
+    assert sent[1][:len(sent[0])] == sent[0] and sent[1][3] == {"role": "tool", "tool_call_id": "gc1_0",
+                                                                 "content": "a.txt"}
+    body["contents"][0]["parts"][0]["text"] = "list the files, sorted"
+    body["contents"][2]["parts"][0]["functionResponse"]["response"] = {"output": "b.txt"}
+    body["contents"] += [{"role": "model", "parts": [{"text": "b.txt"}]}, {"role": "user", "parts": [{"text": "ok"}]}]
+    assert post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)[0] == 200
+    edited = chats(up)[-1].body["messages"]
+    assert edited[1] == {"role": "user", "content": "list the files, sorted"} and edited[3]["content"] == "b.txt"
+    body["systemInstruction"] = {"parts": [{"text": "Be thorough."}]}
+    body["contents"] += [{"role": "model", "parts": [{"text": "fine"}]}, {"role": "user", "parts": [{"text": "go"}]}]
+    assert post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)[0] == 200
+    last = chats(up)[-1].body["messages"]
+    assert last[0] == {"role": "system", "content": "Be thorough."} and last[1:len(edited)] == edited[1:]
+    assert [m["role"] for m in last[-2:]] == ["assistant", "user"] and last[-1]["content"] == "go"
+
+
 def test_a_broken_upstream_reply_is_an_error_in_googles_shape(gw: Gateway, up: ScriptedUpstream) -> None:
     body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
     headers = {**session(), "x-goog-api-key": KEY}

@@ -9,7 +9,7 @@ import orjson
 
 from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
 from ctxgate.proxy.doors.gemini_chat import chat_body
-from ctxgate.proxy.doors.gemini_model import conversation_of
+from ctxgate.proxy.doors.gemini_model import conversation_of, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
 
 
@@ -130,3 +130,50 @@ def test_the_chat_body_a_route_is_sent() -> None:
     assert chat["messages"][2] == {"role": "assistant", "content": "Step 0.", "tool_calls": [
         {"id": "gc1_0", "type": "function",
          "function": {"name": "run_shell_command", "arguments": '{"command":"ls 0"}'}}]}
+
+
+def _reads_alike(body: dict[str, Any], last: Any) -> Any:
+    """`body` read on from `last` (as a steady turn is) reads as `body` read afresh."""
+    known = known_turns(last, body["contents"])
+    read = read_contents(body, last, known)
+    assert read.messages == conversation_of(copy.deepcopy(body))
+    assert read.contents == body["contents"]
+    return read, known
+
+
+def test_a_next_turn_is_read_on_from_the_last_and_reads_as_afresh() -> None:
+    """A steady turn reuses the messages of the turns the session's last request had; a new
+    response answers the call of the last known model turn by that call's id."""
+    body = _body(3, signed=False)
+    first = read_contents(body)
+    body = copy.deepcopy(body)
+    body["contents"] = body["contents"][:-1]  # ends on a model turn with a call
+    second, known = _reads_alike(body, first)
+    assert known == 0  # a retry of an earlier turn is no continuation
+    body = copy.deepcopy(_body(5, signed=False))
+    third, known = _reads_alike(body, first)
+    assert known == len(first.contents) and all(a is b for a, b in zip(third.messages, first.messages))
+    del body["contents"][-1]
+    fourth, _ = _reads_alike(body, read_contents({**body, "contents": body["contents"][:-2]}))
+    assert fourth.messages[-1]["role"] == "assistant"
+    body["contents"].append({"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                                                                            "response": {"output": "late"}}}]})
+    fifth, known = _reads_alike(body, fourth)
+    assert known and fifth.messages[-1]["tool_call_id"] == fifth.messages[-2]["tool_calls"][0]["id"]
+
+
+def test_an_edited_history_is_read_afresh() -> None:
+    """A changed earlier turn, or a changed system instruction, reuses nothing stale."""
+    body = _body(4, signed=False)
+    last = read_contents(body)
+    edited = copy.deepcopy(_body(5, signed=False))
+    edited["contents"][3]["parts"][1]["text"] = "Step one, done differently."
+    edited["contents"][4]["parts"][0]["functionResponse"]["response"] = {"output": "other output"}
+    read, known = _reads_alike(edited, last)
+    assert known == 0 and read.messages[4]["content"] == "Step one, done differently."
+    assert read.messages[5]["content"] == "other output"
+    renamed = copy.deepcopy(_body(5, signed=False))
+    renamed["systemInstruction"] = {"parts": [{"text": "You are another agent."}]}
+    read, known = _reads_alike(renamed, last)
+    assert known == len(last.contents) and read.messages[0]["content"] == "You are another agent."
+    assert read.messages[1] is not last.messages[1]  # read afresh

@@ -32,7 +32,7 @@ from ..upstream.routing import Route
 from .caps import check_caps
 from .gemini_expand import GeminiExpansion
 from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream, reframed
-from .gemini_model import CheckedContents, checked_count, conversation_of, counted_body, validate_request
+from .gemini_model import ReadContents, counted_body, known_turns, read_contents, validate_request
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
@@ -47,21 +47,21 @@ METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 class GeminiWire(GeminiExpansion):
     name = "gemini"
 
-    def __init__(self, gw: Gateway, body: dict[str, Any], neutral: list[dict[str, Any]], model: str,
+    def __init__(self, gw: Gateway, body: dict[str, Any], read: ReadContents, model: str,
                  sse: bool, raw: bytes | None = None) -> None:
         self._gw = gw
         self._body = body
         self._raw = raw
         """The client's request bytes: what a native route is sent when nothing changed."""
-        self._neutral = neutral
+        self._read = read
         self._model = model
         self._sse = sse
         self._frames = Frames(sse)
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
-        if messages is self._neutral:
+        if messages is self._read.messages:
             return self._body
-        system, contents = render(self._body, messages)
+        system, contents = render(self._body, messages, self._read.contents)
         payload = {k: v for k, v in self._body.items() if k not in ("systemInstruction", "contents")}
         if system is not None:
             payload["systemInstruction"] = system
@@ -77,7 +77,7 @@ class GeminiWire(GeminiExpansion):
                 reply.chunks = reframed(reply.chunks, self._frames)
                 reply.content_type = "application/json"
             return reply
-        read = self._neutral if payload is self._body else None  # read once already
+        read = self._read if payload is self._body else None  # read once already
         chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream, read)}
         if route.direct and not route.demo:
             reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key)
@@ -144,31 +144,33 @@ class GeminiDoor:
         check_caps(caller.tenant_config, body.get("contents"), "contents", parts_key="parts",
                    extra_parts=len(system_parts) if isinstance(system_parts, list) else 0)
         raw = await http.read()
-        route, messages, session_id = await self.gw.heavy.run(
+        route, read, session_id = await self.gw.heavy.run(
             caller.tenant, caller.tenant_config.heavy_concurrency, len(raw),
             lambda: self._read(caller, http.headers, body, model))
+        messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None,
                          stream=method == "streamGenerateContent",
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
-                         body_bytes=len(raw), door_state=CheckedContents(body["contents"]))
-        wire = GeminiWire(self.gw, body, messages, model, http.query.get("alt") == "sse", raw)
+                         body_bytes=len(raw), door_state=read)
+        wire = GeminiWire(self.gw, body, read, model, http.query.get("alt") == "sse", raw)
         if method == "countTokens":
             return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
         return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
 
     def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], model: str
-              ) -> tuple[Route, list[dict[str, Any]], str]:
+              ) -> tuple[Route, ReadContents, str]:
         """The request checked, read into the neutral model and placed: its route, conversation
         and session. In a thread when large (`HeavyWork`)."""
         named = named_session(headers)
-        # The session's last request as this door checked it: a steady turn checks only what is new.
+        # The session's last request as this door read it: a steady turn checks and reads only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
-        validate_request(body, checked_count(last, body["contents"]) if isinstance(body.get("contents"), list) else 0)
+        known = known_turns(last, body.get("contents"))
+        validate_request(body, known)
         route = self.gw.router.resolve(model)
-        messages = conversation_of(body)
-        self.engine.refuse_hopeless(caller, route, messages)
-        return route, messages, resolve_session(caller.tenant, headers, messages)
+        read = read_contents(body, last if isinstance(last, ReadContents) else None, known)
+        self.engine.refuse_hopeless(caller, route, read.messages)
+        return route, read, resolve_session(caller.tenant, headers, read.messages)
 
     async def _count(self, request: DoorRequest, wire: GeminiWire) -> web.Response:
         """What the upstream would be sent now, after the stored compactions, the levels that

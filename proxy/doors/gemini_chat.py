@@ -15,7 +15,7 @@ import orjson
 from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..upstream.errors import BAD_REPLY
-from .gemini_model import ORIGIN, conversation_of
+from .gemini_model import ORIGIN, ReadContents, conversation_of
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "function_call": "STOP",
           "content_filter": "SAFETY"}
@@ -25,10 +25,9 @@ _CONFIG = {"temperature": "temperature", "topP": "top_p", "maxOutputTokens": "ma
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none"}
 
 
-def chat_body(payload: dict[str, Any], model: str, stream: bool,
-              read: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """`read`: `payload`'s conversation already in the neutral model (the client's body, unchanged)."""
-    messages = [_plain_message(m) for m in (read if read is not None else conversation_of(payload))]
+def chat_body(payload: dict[str, Any], model: str, stream: bool, read: ReadContents | None = None) -> dict[str, Any]:
+    """`read`: `payload`'s conversation already read (the client's body, unchanged)."""
+    messages = plain_messages(read) if read is not None else [_plain_message(m) for m in conversation_of(payload)]
     body: dict[str, Any] = {"model": model, "messages": messages}
     config = payload.get("generationConfig") or {}
     body.update({theirs: config[ours] for ours, theirs in _CONFIG.items() if ours in config})
@@ -43,6 +42,15 @@ def chat_body(payload: dict[str, Any], model: str, stream: bool,
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     return body
+
+
+def plain_messages(read: ReadContents) -> list[dict[str, Any]]:
+    """`read`'s messages as chat takes them, made for its new messages only: the earlier ones
+    were made for the session's last turn (kept in `read.plain`)."""
+    done = read.plain or []
+    if len(done) < len(read.messages):
+        read.plain = done + [_plain_message(m) for m in read.messages[len(done):]]
+    return read.plain or []
 
 
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:

@@ -90,15 +90,23 @@ class _Request(_Open):
 _CONTENTS = TypeAdapter(list[_Content])
 
 
-@dataclass(frozen=True)
-class CheckedContents:
-    """A session's last `contents`, checked: the next request's same first turns are not checked again."""
+@dataclass
+class ReadContents:
+    """A request's system instruction and `contents` (checked) and the neutral messages they
+    became: kept with the session's history, so that its next request, which starts with the
+    same turns, is checked and read from its first new turn on (`known_turns`, `read_contents`)."""
+    system: Any
     contents: list[Any]
+    """The objects the messages' `ORIGIN`s are: the earlier requests' for the turns they had."""
+    messages: list[Message]
+    plain: list[Message] | None = None
+    """The messages as a chat route is sent them (`gemini_chat.plain_messages`), once asked."""
 
 
-def checked_count(last: Any, contents: list[Any]) -> int:
-    """How many leading turns of `contents` the session's last request had, checked."""
-    if not isinstance(last, CheckedContents) or not isinstance(contents, list):
+def known_turns(last: Any, contents: Any) -> int:
+    """How many leading turns of `contents` the session's last request had (0: it is not its
+    continuation: another conversation, an earlier turn edited, a retry of an earlier turn)."""
+    if not isinstance(last, ReadContents) or not isinstance(contents, list):
         return 0
     n = len(last.contents)
     return n if len(contents) >= n and contents[:n] == last.contents else 0
@@ -143,12 +151,33 @@ def system_text(system: dict[str, Any]) -> str:
 
 def conversation_of(body: dict[str, Any]) -> list[Message]:
     """The body's system instruction and contents in the neutral model."""
-    out: list[Message] = []
+    return read_contents(body).messages
+
+
+def read_contents(body: dict[str, Any], last: ReadContents | None = None, known: int = 0) -> ReadContents:
+    """`conversation_of`, and what a next turn reads on from. `known`: how many leading turns
+    `last` had (`known_turns`); their messages are `last`'s own, when the system instruction is
+    the same too (a turn reads the same whatever follows it)."""
     system = body.get("systemInstruction")
+    contents = body["contents"]
+    if last is not None and known and known == len(last.contents) and system == last.system:
+        out = list(last.messages)
+        before = last.contents[known - 1]
+        # The answers of the first new turn name the calls of the last known one.
+        calls = [(c["id"], c["function"]["name"]) for c in out[-1].get("tool_calls", [])] \
+            if before.get("role") == "model" else []
+        return ReadContents(last.system, last.contents + contents[known:], _read(contents, known, calls, out),
+                            last.plain)
+    out = []
     if system and system_text(system):
         out.append({"role": "system", "content": system_text(system), ORIGIN: system})
-    calls: list[tuple[str, str]] = []  # the turn before's calls not answered yet: (id, name)
-    for i, content in enumerate(body["contents"]):
+    return ReadContents(system, contents, _read(contents, 0, [], out))
+
+
+def _read(contents: list[Any], start: int, calls: list[tuple[str, str]], out: list[Message]) -> list[Message]:
+    """`out` with the messages of `contents[start:]`; `calls`: the turn before's calls not answered yet: (id, name)."""
+    for i in range(start, len(contents)):
+        content = contents[i]
         if content.get("role") == "model":
             message = assistant_message(content, i)
             calls = [(c["id"], c["function"]["name"]) for c in message.get("tool_calls", [])]

@@ -28,8 +28,11 @@ _NOTE = "ctxgate_note"
 """Marks, while rendering, a user turn that is ctxgate's own (notes may merge into it)."""
 
 
-def render(body: dict[str, Any], neutral: list[Message]) -> tuple[dict[str, Any] | None, list[Content]]:
-    """`systemInstruction` and `contents` for the forwarded body."""
+def render(body: dict[str, Any], neutral: list[Message], sent: list[Content] | None = None
+           ) -> tuple[dict[str, Any] | None, list[Content]]:
+    """`systemInstruction` and `contents` for the forwarded body. `sent`: the contents the
+    messages were read from (`ReadContents.contents`: an earlier request's objects for the
+    turns it had), else the body's."""
     systems = [m for m in neutral if m.get("role") == "system"]
     original = body.get("systemInstruction")
     if [m.get(ORIGIN) for m in systems] == ([original] if original and system_text(original) else []) \
@@ -42,7 +45,7 @@ def render(body: dict[str, Any], neutral: list[Message]) -> tuple[dict[str, Any]
         if m.get("role") != "system" and (content := _content_of(m, len(turns))) is not None:
             turns.append(content)
     newest = next((id(t) for t in reversed(turns) if t["role"] == "user" and _NOTE not in t), None)
-    return system, _as_sent(body["contents"], _valid(turns, newest))
+    return system, _as_sent(body["contents"] if sent is None else sent, _valid(turns, newest))
 
 
 def _as_sent(sent: list[Content], turns: list[Content]) -> list[Content]:

@@ -1,7 +1,7 @@
 """The benches' scripted upstream: a fixed "ok" from `POST /v1/chat/completions`,
 `/v1/messages` and `/v1/responses`, each in its API's shape and, with `stream: true`, as its
 API's SSE events (those tests/upstream_doors.py scripts), and from Gemini's
-`/v1beta/models/{model}:generateContent` (whole only: the bench's direct call on that door).
+`/v1beta/models/{model}:generateContent` (`:streamGenerateContent`: its SSE events).
 No input `usage`: counting the tokens would add upstream time and spread (the suite's
 tests/upstream.py, which counts them, answered a 100K-token chat in 73 ms p50 and a 400K one
 in 303 ms, this one in 9 and 16 ms), and a guess would steer ctxgate, which anchors its budget on the provider's count.
@@ -98,18 +98,26 @@ async def answering(request: web.Request) -> None:
         await asyncio.sleep(delay)
 
 
-async def gemini(request: web.Request) -> web.Response:
-    """The bench's gemini door calls this directly; through ctxgate that door's `gpt-4o` route
-    is sent a chat completion instead."""
+async def gemini(request: web.Request) -> web.StreamResponse:
+    """Google's generateContent (the bench's gemini doors call it directly, and ctxgate forwards
+    its `gemini/` route to it), and streamGenerateContent as SSE: the text, then the finish."""
     try:
         orjson.loads(await request.read())
     except orjson.JSONDecodeError:
         return web.json_response(GOOGLE_ERROR, status=400)
     await answering(request)
-    model = request.match_info["call"].split(":")[0]
-    return web.Response(body=orjson.dumps({
-        "candidates": [{"content": {"role": "model", "parts": [{"text": REPLY}]}, "finishReason": "STOP", "index": 0}],
-        "modelVersion": model, "responseId": "bench"}), content_type="application/json")
+    model, _, method = request.match_info["call"].partition(":")
+    candidate = {"content": {"role": "model", "parts": [{"text": REPLY}]}, "finishReason": "STOP", "index": 0}
+    whole = {"candidates": [candidate], "modelVersion": model, "responseId": "bench"}
+    if method != "streamGenerateContent":
+        return web.Response(body=orjson.dumps(whole), content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    first = {**whole, "candidates": [{"content": candidate["content"], "index": 0}]}
+    last = {**whole, "candidates": [{**candidate, "content": {"role": "model", "parts": [{"text": ""}]}}]}
+    await resp.write(b"".join(b"data: " + orjson.dumps(c) + b"\r\n\r\n" for c in (first, last)))
+    await resp.write_eof()
+    return resp
 
 
 def door(reply: Callable[[dict[str, Any]], dict[str, Any]], frames: Frames, error: dict[str, Any]

@@ -1,4 +1,4 @@
-"""The bench's front doors (the first three also streamed): a chat-completions conversation as
+"""The bench's front doors (each also streamed): a chat-completions conversation as
 the body each API takes, and its reply read back as text.
 
 - chat: `{"model", "messages"}` as is;
@@ -11,8 +11,12 @@ the body each API takes, and its reply read back as text.
   `systemInstruction`, `contents` alternating `user` / `model` from the user, tool calls as
   `functionCall` parts, tool results as `functionResponse` parts (`{"output": text}`) of the
   user turn after them, `tools[0].functionDeclarations` naming every tool used;
-- `<door>-stream`: the same with `stream: true`; a stream not ending on its API's terminator
-  (`[DONE]`, `message_stop`, `response.completed`) fails the reply check.
+- gemini-native: the same body to a `gemini/` route (`gemini-2.5-flash` on the bench upstream's
+  own generateContent), which ctxgate forwards natively, the client's bytes as they came below
+  the trigger;
+- `<door>-stream`: the same with `stream: true` (Gemini's: `:streamGenerateContent?alt=sse`); a
+  stream not ending on its API's terminator (`[DONE]`, `message_stop`, `response.completed`, a
+  Gemini chunk with a `finishReason`) fails the reply check.
 
 Also the bench's routes (`model_list`) and a server it sends to (`Target`).
 """
@@ -29,6 +33,7 @@ Message = dict[str, Any]
 
 CHAT_MODEL = "gpt-4o"
 CLAUDE_MODEL = "claude-sonnet-4-5"
+GEMINI_MODEL = "gemini-2.5-flash"
 ANTHROPIC_VERSION = "2023-06-01"
 
 
@@ -186,6 +191,14 @@ def _gemini_reply(raw: bytes) -> str:
                    for p in (c.get("content") or {}).get("parts", []))
 
 
+def _gemini_stream_reply(raw: bytes) -> str:
+    """A Gemini SSE stream's text, marked when its last chunk carries no `finishReason`."""
+    chunks = [orjson.loads(line[5:]) for line in raw.splitlines() if line.startswith(b"data:")]
+    text = "".join(_gemini_reply(orjson.dumps(c)) for c in chunks)
+    done = bool(chunks) and any(c.get("finishReason") for c in chunks[-1].get("candidates") or [])
+    return text if done else f"{text} [stream ended without a finishReason]"
+
+
 def _delta(event: dict[str, Any]) -> str:
     """The text one SSE event adds, in whichever of the three APIs' shapes."""
     kind = event.get("type")
@@ -273,20 +286,30 @@ RESPONSES_STREAM = Door("responses-stream", "/v1/responses", CHAT_MODEL,
                         _stream_reply("response.completed"))
 GEMINI = Door("gemini", f"/v1beta/models/{CHAT_MODEL}:generateContent", CHAT_MODEL, to_gemini, _gemini_reply,
               google=True)
-DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM, GEMINI)}
+GEMINI_STREAM = Door("gemini-stream", f"/v1beta/models/{CHAT_MODEL}:streamGenerateContent?alt=sse", CHAT_MODEL,
+                     to_gemini, _gemini_stream_reply, google=True)
+GEMINI_NATIVE = Door("gemini-native", f"/v1beta/models/{GEMINI_MODEL}:generateContent", GEMINI_MODEL, to_gemini,
+                     _gemini_reply, google=True)
+GEMINI_NATIVE_STREAM = Door("gemini-native-stream", f"/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse",
+                            GEMINI_MODEL, to_gemini, _gemini_stream_reply, google=True)
+DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM, GEMINI,
+                              GEMINI_STREAM, GEMINI_NATIVE, GEMINI_NATIVE_STREAM)}
 """`<door>-stream` is that door with `stream: true` (the bench upstream streams each API's SSE events);
 its reply parser also checks the stream ended on the API's terminator."""
 
 
 def model_list(upstream: str, api_key: str, max_input_tokens: int | None = None) -> list[dict[str, Any]]:
-    """The bench's two deployments, both on the scripted upstream: `gpt-4o` as an OpenAI
-    route (chat and Responses forward natively to `{upstream}/v1/...`) and the Claude model
-    as an Anthropic route (Messages forwards natively to `{upstream}/v1/messages`)."""
+    """The bench's three deployments, all on the scripted upstream: `gpt-4o` as an OpenAI
+    route (chat and Responses forward natively to `{upstream}/v1/...`), the Claude model
+    as an Anthropic route (Messages forwards natively to `{upstream}/v1/messages`) and the
+    Gemini model as a `gemini/` route (`{upstream}/v1beta/models/...`)."""
     info = {"model_info": {"max_input_tokens": max_input_tokens}} if max_input_tokens else {}
     return [
         {"model_name": CHAT_MODEL, "litellm_params": {"model": f"openai/{CHAT_MODEL}", "api_base": f"{upstream}/v1",
                                                       "api_key": api_key}, **info},
         {"model_name": CLAUDE_MODEL, "litellm_params": {"model": f"anthropic/{CLAUDE_MODEL}", "api_base": upstream,
+                                                        "api_key": api_key}, **info},
+        {"model_name": GEMINI_MODEL, "litellm_params": {"model": f"gemini/{GEMINI_MODEL}", "api_base": upstream,
                                                         "api_key": api_key}, **info},
     ]
 

@@ -6,10 +6,12 @@ import copy
 from typing import Any
 
 import orjson
+import pytest
 
 from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
-from ctxgate.proxy.doors.gemini_chat import chat_body
-from ctxgate.proxy.doors.gemini_model import conversation_of, known_turns, read_contents
+from ctxgate.pipeline.tokens import TokenizerRegistry
+from ctxgate.proxy.doors.gemini_chat import chat_body, chat_json, chat_tools
+from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
 
 
@@ -177,3 +179,44 @@ def test_an_edited_history_is_read_afresh() -> None:
     read, known = _reads_alike(renamed, last)
     assert known == len(last.contents) and read.messages[0]["content"] == "You are another agent."
     assert read.messages[1] is not last.messages[1]  # read afresh
+
+
+def _edge_bodies() -> list[dict[str, Any]]:
+    """Bodies where the JSON around what is counted is least: empty turns, bare calls and
+    responses with made-up ids, images, non-ASCII text, declarations with no schema."""
+    bare = {"functionCall": {"name": "f"}}
+    return [
+        {"contents": [{"role": "user", "parts": [{"text": "x"}]}]},
+        {"contents": [{"role": "user", "parts": [{"text": ""}]}, {"role": "model", "parts": [{"text": ""}]}] * 50},
+        {"contents": [{"role": "user", "parts": [{"text": "go"}]}, {"role": "model", "parts": [bare] * 20},
+                      {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}}}] * 20}]},
+        {"contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "x"}},
+                                                 {"text": "a"}] * 10}]},
+        {"systemInstruction": {"parts": [{"text": "s"}] * 30},
+         "contents": [{"role": "user", "parts": [{"text": "東京 🚀 naïve " * 400}]}],
+         "tools": [{"functionDeclarations": [{"name": "f"}] * 5}, {"googleSearch": {}}]},
+        _body(8),
+    ]
+
+
+@pytest.mark.parametrize("counter_name", ["tiktoken:o200k_base", "tiktoken:cl100k_base", "estimate"])
+def test_the_count_bound_is_at_least_the_count(counter_name: str) -> None:
+    """What lets a new conversation far below the trigger be counted beside its upstream call."""
+    counter = TokenizerRegistry().counter(counter_name)
+    for body in _edge_bodies():
+        tools = chat_tools(body.get("tools")) or None
+        counted = counter.count_request(conversation_of(body), tools)
+        assert counted <= count_bound(orjson.dumps(body), body), body["contents"][:2]
+
+
+def test_a_chat_routes_body_is_serialised_for_the_new_messages_only() -> None:
+    """The chat body of a steady turn, its earlier messages' JSON reused, is the JSON of the
+    chat body made afresh."""
+    read = None
+    for steps in (2, 3, 5):
+        body = copy.deepcopy(_body(steps, signed=False))
+        read = read_contents(body, read, known_turns(read, body["contents"]))
+        chat = {"temperature": 0.5, **chat_body(body, "gpt-4o", True, read)}
+        assert orjson.loads(chat_json(chat, read)) == orjson.loads(orjson.dumps(
+            {"temperature": 0.5, **chat_body(copy.deepcopy(body), "gpt-4o", True)}))
+    assert read is not None and read.known and read.chat.encoded == len(read.messages)

@@ -31,8 +31,8 @@ from ..upstream.gemini import send_native
 from ..upstream.routing import Route
 from .caps import check_caps
 from .gemini_expand import GeminiExpansion
-from .gemini_chat import Frames, chat_body, chat_tools, gemini_reply, gemini_stream, reframed
-from .gemini_model import ReadContents, counted_body, known_turns, read_contents, validate_request
+from .gemini_chat import Frames, chat_body, chat_json, chat_tools, gemini_reply, gemini_stream, reframed
+from .gemini_model import ReadContents, count_bound, counted_body, known_turns, read_contents, validate_request
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
@@ -80,7 +80,8 @@ class GeminiWire(GeminiExpansion):
         read = self._read if payload is self._body else None  # read once already
         chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream, read)}
         if route.direct and not route.demo:
-            reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key)
+            raw = chat_json(chat, read) if read is not None else None
+            reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key, raw=raw)
         else:
             reply = await self._gw.forwarder_for(route).send(route, chat, stream=stream, api_key=api_key)
         if reply.chunks is None:
@@ -152,7 +153,8 @@ class GeminiDoor:
         turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None,
                          stream=method == "streamGenerateContent",
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
-                         body_bytes=len(raw), door_state=read)
+                         body_bytes=len(raw), door_state=read,
+                         count_bound=count_bound(raw, body) if not read.known else None)
         wire = GeminiWire(self.gw, body, read, model, http.query.get("alt") == "sse", raw)
         if method == "countTokens":
             return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)

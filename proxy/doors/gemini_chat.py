@@ -8,6 +8,7 @@ litellm): the forwarded Gemini body (`systemInstruction`, `contents`, `tools`,
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 import orjson
@@ -27,7 +28,7 @@ _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none"}
 
 def chat_body(payload: dict[str, Any], model: str, stream: bool, read: ReadContents | None = None) -> dict[str, Any]:
     """`read`: `payload`'s conversation already read (the client's body, unchanged)."""
-    messages = plain_messages(read) if read is not None else [_plain_message(m) for m in conversation_of(payload)]
+    messages = chat_form(read).messages if read is not None else [_plain_message(m) for m in conversation_of(payload)]
     body: dict[str, Any] = {"model": model, "messages": messages}
     config = payload.get("generationConfig") or {}
     body.update({theirs: config[ours] for ours, theirs in _CONFIG.items() if ours in config})
@@ -44,13 +45,34 @@ def chat_body(payload: dict[str, Any], model: str, stream: bool, read: ReadConte
     return body
 
 
-def plain_messages(read: ReadContents) -> list[dict[str, Any]]:
-    """`read`'s messages as chat takes them, made for its new messages only: the earlier ones
-    were made for the session's last turn (kept in `read.plain`)."""
-    done = read.plain or []
-    if len(done) < len(read.messages):
-        read.plain = done + [_plain_message(m) for m in read.messages[len(done):]]
-    return read.plain or []
+@dataclass(frozen=True)
+class ChatForm:
+    """A conversation's messages as a chat route is sent them, and their JSON, kept with the
+    session's history (`ReadContents.chat`): a steady turn makes them for its new messages only."""
+    messages: list[dict[str, Any]]
+    json: bytes = b""
+    """The JSON of the first `encoded` messages, comma-separated."""
+    encoded: int = 0
+
+
+def chat_form(read: ReadContents) -> ChatForm:
+    form = read.chat if isinstance(read.chat, ChatForm) else ChatForm([])
+    if len(form.messages) < len(read.messages):
+        form = read.chat = replace(form, messages=form.messages + [_plain_message(m) for m in
+                                                                   read.messages[len(form.messages):]])
+    return form
+
+
+def chat_json(chat: dict[str, Any], read: ReadContents) -> bytes:
+    """`chat` (`chat_body` of `read`'s conversation) as JSON, its messages' own JSON made for
+    the new messages only: a steady turn does not serialise the whole history again."""
+    form = chat_form(read)
+    if form.encoded < len(form.messages):
+        new = [orjson.dumps(m) for m in form.messages[form.encoded:]]
+        form = read.chat = replace(form, json=b",".join([form.json, *new] if form.encoded else new),
+                                   encoded=len(form.messages))
+    head = orjson.dumps({k: v for k, v in chat.items() if k != "messages"})
+    return b"".join((head[:-1], b',"messages":[', form.json, b"]}"))
 
 
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:

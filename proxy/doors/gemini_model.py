@@ -22,6 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from ctxgate.pipeline.tokens import TOKENS_PER_TOOL, json_bound
 from .validation import check_nesting, validation_error
 from ..errors import ErrorKind, GatewayError
 
@@ -30,6 +31,9 @@ Part = dict[str, Any]
 ORIGIN = "gemini"
 """The key under which a neutral message keeps the Gemini content or parts it came from."""
 _RESULT_KEYS = ("output", "result", "content")
+DECLARATION_ALLOWANCE = TOKENS_PER_TOOL + 64
+"""Tokens a function declaration may count beyond its JSON's bytes: the per-tool tokens, and
+`"description":""` and `"parameters":{"type":"object","properties":{}}` where it has neither."""
 
 
 class _Open(BaseModel):
@@ -99,8 +103,11 @@ class ReadContents:
     contents: list[Any]
     """The objects the messages' `ORIGIN`s are: the earlier requests' for the turns they had."""
     messages: list[Message]
-    plain: list[Message] | None = None
-    """The messages as a chat route is sent them (`gemini_chat.plain_messages`), once asked."""
+    known: int = 0
+    """How many leading turns were the session's last request's, their messages reused."""
+    chat: Any = None
+    """The messages as a chat route is sent them, once asked (`gemini_chat.ChatForm`): made
+    for the new messages only, the earlier ones' taken from the last request's."""
 
 
 def known_turns(last: Any, contents: Any) -> int:
@@ -132,6 +139,18 @@ def validate_request(body: dict[str, Any], start: int = 0) -> None:
         if content.get("role") == "model" and any("functionResponse" in p for p in content["parts"]):
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"contents.{i}.parts: a functionResponse part belongs in "
                                "a user turn", param=f"contents.{i}.parts", code="invalid_request")
+
+
+def count_bound(raw: bytes, body: dict[str, Any]) -> int:
+    """At least what a byte-bounded counter counts for the conversation and tools read from this
+    body. `tokens.json_bound`'s reasoning holds for Gemini's JSON: every string counted is in it
+    (a call's `args` re-serialised compact), and the keys and braces around each turn, part and
+    call outweigh the fixed tokens counted for the message, call or made-up id read from it. A
+    declaration's chat form may add what its JSON lacks: an empty description and schema."""
+    tools = body.get("tools")
+    declarations = sum(len(t.get("functionDeclarations") or []) for t in tools if isinstance(t, dict)) \
+        if isinstance(tools, list) else 0
+    return json_bound(raw) + DECLARATION_ALLOWANCE * declarations
 
 
 def counted_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -167,7 +186,7 @@ def read_contents(body: dict[str, Any], last: ReadContents | None = None, known:
         calls = [(c["id"], c["function"]["name"]) for c in out[-1].get("tool_calls", [])] \
             if before.get("role") == "model" else []
         return ReadContents(last.system, last.contents + contents[known:], _read(contents, known, calls, out),
-                            last.plain)
+                            known, last.chat)
     out = []
     if system and system_text(system):
         out.append({"role": "system", "content": system_text(system), ORIGIN: system})

@@ -34,6 +34,7 @@ from .records import CompactionRecord
 from .refs import REF_RE, CutLog, render_span
 from .request import CompressionRequest
 from .restore import ActiveRestore, extract_working_state
+from .stable_head import match, with_stable_head
 from .tail import kept_for_edits
 from .turns import leading_instructions, task_index
 from .types import CompressionResult, Reason
@@ -177,11 +178,10 @@ def adoption(turn: Turn, facts: SessionFacts, record: CompactionRecord) -> Adopt
     the session below the watermark where a speculation starts. One made several turns ago that
     now leaves less room than that would only bring the next compaction point (a prefix change
     and a summary) closer than compacting afresh."""
-    hashes = turn.prefix_hashes
-    k = record.prefix_len
-    if not (0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash):
+    found = match(record, turn.prefix_hashes)  # whole, or by its stable part (pipeline/stable_head.py)
+    if found is None:
         return Adoption(None)
-    view, _ = with_expanded(facts, turn, record.messages + turn.messages[k:], k, len(record.messages))
+    view, _ = with_expanded(facts, turn, found.head + turn.messages[found.covered:], found.covered, len(found.head))
     tokens = turn.counter.count_messages(with_notice(view)) + turn.outside_tokens()
     if tokens > turn.config.watermark_ratio() * effective_budget(turn, facts.learned_max_input_tokens):
         return Adoption(None, wasted=True)
@@ -300,13 +300,13 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
                            context_limit(turn, facts.learned_max_input_tokens) - turn.outside_tokens(),
                            ActiveRestore(cfg.restore, working))
     request, result = await fallbacks.fit(request, result)
-    record = CompactionRecord(
+    record = with_stable_head(CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
         messages=result.compressed_messages, levels=[s.level.value for s in result.steps],
         tokens_before=turn.counter.count_messages(with_notice(view)),
         # With the notice its quoted notes bring (added when forwarded): what the provider counts.
         tokens_after=turn.counter.count_messages(with_notice(result.compressed_messages)), created_at=time.time(),
-        counted_by=turn.counter.name)
+        counted_by=turn.counter.name), turn)
     return CompactionPlan(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                           (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
                           folded or (0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user,
@@ -348,9 +348,9 @@ def _deferred(facts: SessionFacts, turn: Turn, view: list[dict[str, Any]], worki
     tokens = turn.counter.count_messages(with_notice(view))
     result = CompressionResult(compressed_messages=view, tokens_freed=0, level_used=None, tokens_after=tokens,
                                recovery_hints=[DEFERRED_HINT])
-    record = CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1], messages=view,
-                              levels=[], tokens_before=tokens, tokens_after=tokens, created_at=time.time(),
-                              counted_by=turn.counter.name)
+    record = with_stable_head(CompactionRecord(prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
+                                               messages=view, levels=[], tokens_before=tokens, tokens_after=tokens,
+                                               created_at=time.time(), counted_by=turn.counter.name), turn)
     return CompactionPlan(record, result, facts.collapse, facts.breaker, working.to_dict(),
                           (time.perf_counter() - started) * 1000, {}, depth, as_is=True)
 

@@ -25,6 +25,14 @@ class CompactionRecord:
     """The tokenizer `tokens_after` is in (its counter's name); empty in records made before it was kept."""
     notes_version: int = NOTES_VERSION
     """1: made before ctxgate tagged its notes (`from_dict`)."""
+    stable_len: int = 0
+    """The client messages the record's head stands for: its messages end with a verbatim copy of
+    the client's messages after them (`pipeline/stable_head.py`); 0: matched whole only."""
+    stable_hash: str = ""
+    """The prefix hash of the first `stable_len` client messages."""
+    tail_tokens: int = 0
+    """That copy's count (in `counted_by`'s tokenizer, no reply priming): the head's count is
+    `tokens_after` less this."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CompactionRecord":

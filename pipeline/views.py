@@ -8,6 +8,7 @@ from typing import Any, Protocol, Sequence
 from .budget import Turn
 from .notes import with_notice
 from .records import CompactionRecord
+from .stable_head import Match, best_match
 from .tokens import REPLY_PRIMING, TokenCounter
 
 
@@ -26,34 +27,34 @@ class SessionFacts(Protocol):
 
 
 def apply_records(facts: SessionFacts, turn: Turn,
-                  exchanges: bool = True) -> tuple[list[dict[str, Any]], CompactionRecord | None, int]:
-    """The client's messages with the longest matching record's replacement in front, that
-    record, and the tokens the expansion exchanges put back add. What arrived since is
-    forwarded as the client sent it: it is the recent window, with the expansion exchanges of
-    its answered turns back in place (unless `exchanges` is False: `compaction_view`)."""
-    hashes = turn.prefix_hashes
-    for record in sorted(facts.records, key=lambda r: r.prefix_len, reverse=True):
-        k = record.prefix_len
-        if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
-            view = record.messages + turn.messages[k:]
-            if not exchanges:
-                return view, record, 0
-            view, added = with_expanded(facts, turn, view, k, len(record.messages))
-            return view, record, added
+                  exchanges: bool = True) -> tuple[list[dict[str, Any]], Match | None, int]:
+    """The client's messages with the newest matching record's replacement in front (whole, or
+    its head by its stable part: `stable_head.match`), that match, and the tokens the expansion
+    exchanges put back add. What arrived since is forwarded as the client sent it: it is the
+    recent window, with the expansion exchanges of its answered turns back in place (unless
+    `exchanges` is False: `compaction_view`)."""
+    found = best_match(facts.records, turn.prefix_hashes)
+    if found is None:
+        if not exchanges:
+            return list(turn.messages), None, 0
+        view, added = with_expanded(facts, turn, turn.messages, 0, 0)
+        return view, None, added
+    view = found.head + turn.messages[found.covered:]
     if not exchanges:
-        return list(turn.messages), None, 0
-    view, added = with_expanded(facts, turn, turn.messages, 0, 0)
-    return view, None, added
+        return view, found, 0
+    view, added = with_expanded(facts, turn, view, found.covered, len(found.head))
+    return view, found, added
 
 
 def forwarded_view(facts: SessionFacts, turn: Turn) -> tuple[list[dict[str, Any]], int]:
     """What to forward as the records have it, and its size as the provider counts it:
-    the record's own count plus the turn's count of what arrived since, O(new messages)."""
-    view, record, expanded = apply_records(facts, turn)
-    if record is None:
+    the record's own count (less its copy of the client's newest messages, when it matched by
+    its stable part) plus the turn's count of what follows, O(new messages)."""
+    view, found, expanded = apply_records(facts, turn)
+    if found is None:
         return view, turn.message_tokens() + expanded + turn.outside_tokens()
-    return view, (record_tokens(record, turn.counter) + turn.message_tokens(record.prefix_len) - REPLY_PRIMING
-                  + expanded + turn.outside_tokens())
+    return view, head_tokens(found, turn.counter) + turn.message_tokens(found.covered) - REPLY_PRIMING \
+        + expanded + turn.outside_tokens()
 
 
 def compaction_view(facts: SessionFacts, turn: Turn) -> list[dict[str, Any]]:
@@ -87,9 +88,10 @@ def with_expanded(facts: SessionFacts, turn: Turn, view: list[dict[str, Any]], c
     return out, added
 
 
-def record_tokens(record: CompactionRecord, counter: TokenCounter) -> int:
-    """A record's messages as `counter` counts them: its stored count when it was made with
-    that counter (every turn after a compaction re-applies the record: no recount)."""
-    if record.counted_by == counter.name:
-        return record.tokens_after
-    return counter.count_messages(with_notice(record.messages))
+def head_tokens(found: Match, counter: TokenCounter) -> int:
+    """The matched head as `counter` counts it: from the record's stored count when it was made
+    with that counter (every turn after a compaction re-applies the record: no recount)."""
+    record = found.record
+    if record.counted_by != counter.name:
+        return counter.count_messages(with_notice(found.head))
+    return record.tokens_after if found.whole else record.tokens_after - record.tail_tokens

@@ -39,6 +39,9 @@ ReadSpans = Callable[[set[int]], Spans]
 _TRIGGER_C_MIN = 5
 _INLINE_CAPTURE = 1_000
 """New messages a turn's capture reads on the event loop; more are read in a thread."""
+_INLINE_CAPTURE_CHARS = 32_768
+"""The same for their text: a new history of a few hundred long tool outputs takes its
+capture's regular expressions ~15 ms, which the event loop would otherwise hold."""
 
 
 class MemoryManager:
@@ -85,10 +88,12 @@ class MemoryManager:
             await asyncio.gather(previous, return_exceptions=True)
         now = self._clock()
         unseen = self.short_term.unseen(key, fingerprints)
-        if len(unseen) > _INLINE_CAPTURE:  # a long new history: read off the event loop
-            found = await asyncio.to_thread(lambda: capture(messages, spans(unseen), truncate, now))
-        else:
-            found = capture(messages, spans(unseen), truncate, now)
+        read = spans(unseen) if len(unseen) <= _INLINE_CAPTURE else None
+        if read is not None and sum(len(s.text) for listed in read.values() for s in listed) <= _INLINE_CAPTURE_CHARS:
+            found = capture(messages, read, truncate, now)
+        else:  # a long new history: read off the event loop
+            found = await asyncio.to_thread(lambda: capture(messages, spans(unseen) if read is None else read,
+                                                            truncate, now))
         for _, candidate in found:
             candidate.turn, candidate.door = scope.turn, scope.door
         added = await self.short_term.add(key, scope, fingerprints, found, now)

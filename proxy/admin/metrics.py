@@ -102,6 +102,9 @@ class Metrics:
                                       "history cache, by where their count came from (counted here, or shared: "
                                       "read from the counts another replica left in Redis)", ["source"],
                                       registry=self.registry)
+        self.counts_beside_upstream = Counter(
+            "ctxgate_counts_beside_upstream", "Turns forwarded before their count was done (a new conversation "
+            "whose bytes bound it far below the trigger), counted beside the upstream call", registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}
 
     def summary_wasted(self, reason: str, calls: int, tokens: int) -> None:

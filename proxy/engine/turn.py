@@ -20,11 +20,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ctxgate.memory.short_term import BufferScope
 from ctxgate.pipeline.depth import prices_of
 from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.parallel_count import counted_on_all_cores
 from ctxgate.pipeline.provenance import message_spans
 from ctxgate.pipeline.turns import kept_characters
 from ctxgate.redis_backend import UNAVAILABLE
@@ -76,6 +77,9 @@ class TurnInput:
     count_bound: int | None = None
     """At least what a byte-bounded tokenizer counts for the messages and tools
     (`tokens.json_bound` of the body), when the body holds all of them; else None."""
+    fresh_bytes: int | None = None
+    """The body's bytes past what the session's last request had (its tail, `ResentBodies`):
+    the work of a steady turn; None: as many as `body_bytes`."""
 
 
 @dataclass
@@ -101,6 +105,16 @@ class PreparedTurn:
     """The expansion tool is offered (the session was compacted, expansion is on, the door has tools)."""
     payload: dict[str, Any] | None = None
     """The body last sent upstream: what an expansion's follow-up appends to."""
+    capture: "Callable[[], None] | None" = None
+    """Memory's capture of the turn's messages, started once the reply is settled or the
+    upstream call failed (`captured`): work done for later turns never competes with this
+    one's reply. A turn that ends neither way is captured with the session's next."""
+
+    def captured(self) -> None:
+        """Start memory's capture of the turn, once."""
+        capture, self.capture = self.capture, None
+        if capture is not None:
+            capture()
 
     def forwarded(self) -> list[dict[str, Any]]:
         """The conversation to forward: the plan's messages with the memory block and ctxgate's notice in."""
@@ -150,7 +164,8 @@ class TurnEngine:
         counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
         known = request.known or gw.histories.match(caller.tenant, session_id, messages)
         bound = request.count_bound
-        index = await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, request.body_bytes,
+        work = request.body_bytes if request.fresh_bytes is None or not known.length else request.fresh_bytes
+        index = await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, work,
                                    lambda: (known.index or HistoryIndex.build([], counter)).extend(
                                        messages, known.length, counter, count=False))
         mine = len(index.cumulative_tokens) - 1
@@ -161,10 +176,10 @@ class TurnEngine:
         gw.metrics.message_counts.labels("counted").inc(len(messages) - counted)
         counting: asyncio.Future[HistoryIndex] | None = None
         if counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded:
-            counting = asyncio.ensure_future(asyncio.to_thread(index.counted, messages, counter))
+            counting = asyncio.ensure_future(asyncio.to_thread(counted_on_all_cores, index, messages, counter))
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
-            # A large count in a thread: the event loop serves other requests meanwhile.
-            index = await asyncio.to_thread(index.counted, messages, counter)
+            # A large count in threads: the event loop serves other requests meanwhile.
+            index = await asyncio.to_thread(counted_on_all_cores, index, messages, counter)
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
@@ -217,20 +232,22 @@ class TurnEngine:
             if counting is not None:
                 counting.cancel()
             raise
-        if memory is not None and scope is not None:
-            dialect = state.dialect or None  # None: detected from the messages
-            memory.observe((caller.tenant, session_id),
-                           BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns),
-                           messages, turn.fingerprints, counter.head,
-                           lambda unseen: message_spans(messages, unseen, dialect))
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels))
+        if memory is not None and scope is not None:
+            dialect = state.dialect or None  # None: detected from the messages
+            buffer = BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns)
+            fingerprints = turn.fingerprints
+            prepared.capture = lambda: memory.observe((caller.tenant, session_id), buffer, messages, fingerprints,
+                                                      counter.head,
+                                                      lambda unseen: message_spans(messages, unseen, dialect))
         if offered and compacted:
             # Offered from the first compaction on, the same bytes every turn: the prompt cache holds.
             prepared.expansion = Expansion(config.expand, gw.compactor.content, caller.tenant, session_id, counter,
                                            on_answer=gw.metrics.expanded,
                                            room=expansion_room(turn, state, plan))
         if counting is not None:
+            gw.metrics.counts_beside_upstream.inc()
             prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, counting))
         return prepared
 
@@ -338,6 +355,13 @@ class TurnEngine:
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         """Send the planned request; when the upstream says it is too long, compact once
         more (or degrade, or give up, as the loop guard says) and send again."""
+        try:
+            return await self._forward(prepared, wire, stream)
+        except BaseException:
+            prepared.captured()
+            raise
+
+    async def _forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         gw, route = self.gw, prepared.route
         caller = prepared.caller
         api_key = upstream_key(caller, route)
@@ -367,6 +391,15 @@ class TurnEngine:
             except UpstreamError as e:  # the upstream's own status and error object
                 raise e.to_api_error() from None
         prepared.upstream_ms += reply.upstream_ms
+        if stream and prepared.counting is not None:
+            # A stream's headers leave with its first bytes and carry the exact count, which the
+            # upstream's time to answer has hidden; a whole reply's wait for it is `settle`'s.
+            try:
+                await asyncio.shield(prepared.counting)
+            except BaseException:
+                if reply.close is not None:
+                    reply.close()
+                raise
         if prepared.plan.tokens_out is not None:
             prepared.headers["X-Ctx-Tokens-Out"] = str(prepared.plan.tokens_out)
         prepared.headers["X-Ctx-Levels"] = ",".join(prepared.levels) or "none"
@@ -411,6 +444,7 @@ class TurnEngine:
             await wire.settled(caller.tenant, facts)
         except Exception as e:  # the same: a reply the upstream was paid for reaches the client
             log.error("session %s: the reply could not be kept by its door: %s", prepared.session_id, e)
+        prepared.captured()
 
     async def _provider_count(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
                               offset_key: str, headers: dict[str, str]) -> None:

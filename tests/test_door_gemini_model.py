@@ -10,7 +10,7 @@ import pytest
 
 from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
 from ctxgate.pipeline.tokens import TokenizerRegistry
-from ctxgate.proxy.doors.gemini_chat import chat_body, chat_json, chat_tools
+from ctxgate.proxy.doors.gemini_chat import chat_body, chat_fields, chat_json, chat_tools
 from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
 
@@ -216,7 +216,7 @@ def test_a_chat_routes_body_is_serialised_for_the_new_messages_only() -> None:
     for steps in (2, 3, 5):
         body = copy.deepcopy(_body(steps, signed=False))
         read = read_contents(body, read, known_turns(read, body["contents"]))
-        chat = {"temperature": 0.5, **chat_body(body, "gpt-4o", True, read)}
-        assert orjson.loads(chat_json(chat, read)) == orjson.loads(orjson.dumps(
+        fields = {"temperature": 0.5, **chat_fields(body, "gpt-4o", True)}
+        assert orjson.loads(chat_json(fields, read)) == orjson.loads(orjson.dumps(
             {"temperature": 0.5, **chat_body(copy.deepcopy(body), "gpt-4o", True)}))
-    assert read is not None and read.known and read.chat.encoded == len(read.messages)
+    assert read is not None and read.known and read.chat.count == len(read.messages)

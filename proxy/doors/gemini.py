@@ -31,8 +31,10 @@ from ..upstream.gemini import send_native
 from ..upstream.routing import Route
 from .caps import check_caps
 from .gemini_expand import GeminiExpansion
-from .gemini_chat import Frames, chat_body, chat_json, chat_tools, gemini_reply, gemini_stream, reframed
-from .gemini_model import ReadContents, count_bound, counted_body, known_turns, read_contents, validate_request
+from .gemini_chat import (Frames, chat_fields, chat_json, chat_messages, chat_tools, gemini_reply, gemini_stream,
+                          reframed)
+from .gemini_model import (ReadContents, conversation_of, count_bound, counted_body, known_turns, read_contents,
+                           validate_request)
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
@@ -77,10 +79,15 @@ class GeminiWire(GeminiExpansion):
                 reply.chunks = reframed(reply.chunks, self._frames)
                 reply.content_type = "application/json"
             return reply
-        read = self._read if payload is self._body else None  # read once already
-        chat = {**route.call_params, **chat_body(payload, route.upstream_model, stream, read)}
-        if route.direct and not route.demo:
-            raw = chat_json(chat, read) if read is not None else None
+        chat = {**route.call_params, **chat_fields(payload, route.upstream_model, stream)}
+        direct = route.direct and not route.demo
+        # The client's body unchanged: its conversation was read already, and its JSON for a
+        # chat route is made for the new messages only.
+        raw = chat_json(chat, self._read) if direct and payload is self._body else None
+        if raw is None:
+            read = self._read.messages if payload is self._body else conversation_of(payload)
+            chat["messages"] = chat_messages(read)
+        if direct:
             reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key, raw=raw)
         else:
             reply = await self._gw.forwarder_for(route).send(route, chat, stream=stream, api_key=api_key)

@@ -8,7 +8,7 @@ litellm): the forwarded Gemini body (`systemInstruction`, `contents`, `tools`,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import orjson
@@ -26,10 +26,15 @@ _CONFIG = {"temperature": "temperature", "topP": "top_p", "maxOutputTokens": "ma
 _MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none"}
 
 
-def chat_body(payload: dict[str, Any], model: str, stream: bool, read: ReadContents | None = None) -> dict[str, Any]:
-    """`read`: `payload`'s conversation already read (the client's body, unchanged)."""
-    messages = chat_form(read).messages if read is not None else [_plain_message(m) for m in conversation_of(payload)]
-    body: dict[str, Any] = {"model": model, "messages": messages}
+def chat_body(payload: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
+    """`payload` as a chat completion: its conversation read into chat messages, its tools and
+    generation settings turned into chat's."""
+    return {**chat_fields(payload, model, stream), "messages": chat_messages(conversation_of(payload))}
+
+
+def chat_fields(payload: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
+    """Every field of `chat_body` but its messages."""
+    body: dict[str, Any] = {"model": model}
     config = payload.get("generationConfig") or {}
     body.update({theirs: config[ours] for ours, theirs in _CONFIG.items() if ours in config})
     if config.get("responseMimeType") == "application/json":
@@ -45,34 +50,27 @@ def chat_body(payload: dict[str, Any], model: str, stream: bool, read: ReadConte
     return body
 
 
+def chat_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [_plain_message(m) for m in neutral]
+
+
 @dataclass(frozen=True)
-class ChatForm:
-    """A conversation's messages as a chat route is sent them, and their JSON, kept with the
-    session's history (`ReadContents.chat`): a steady turn makes them for its new messages only."""
-    messages: list[dict[str, Any]]
-    json: bytes = b""
-    """The JSON of the first `encoded` messages, comma-separated."""
-    encoded: int = 0
+class ChatJson:
+    """The JSON of a conversation's first `count` messages as chat messages (comma-separated),
+    kept with the session's history (`ReadContents.chat`): a steady turn serialises only its new
+    messages, and keeps no second copy of the history's objects."""
+    json: bytes
+    count: int
 
 
-def chat_form(read: ReadContents) -> ChatForm:
-    form = read.chat if isinstance(read.chat, ChatForm) else ChatForm([])
-    if len(form.messages) < len(read.messages):
-        form = read.chat = replace(form, messages=form.messages + [_plain_message(m) for m in
-                                                                   read.messages[len(form.messages):]])
-    return form
-
-
-def chat_json(chat: dict[str, Any], read: ReadContents) -> bytes:
-    """`chat` (`chat_body` of `read`'s conversation) as JSON, its messages' own JSON made for
-    the new messages only: a steady turn does not serialise the whole history again."""
-    form = chat_form(read)
-    if form.encoded < len(form.messages):
-        new = [orjson.dumps(m) for m in form.messages[form.encoded:]]
-        form = read.chat = replace(form, json=b",".join([form.json, *new] if form.encoded else new),
-                                   encoded=len(form.messages))
-    head = orjson.dumps({k: v for k, v in chat.items() if k != "messages"})
-    return b"".join((head[:-1], b',"messages":[', form.json, b"]}"))
+def chat_json(fields: dict[str, Any], read: ReadContents) -> bytes:
+    """`fields` (`chat_fields`) with `read`'s conversation as chat messages, as JSON."""
+    done = read.chat if isinstance(read.chat, ChatJson) else ChatJson(b"", 0)
+    if done.count < len(read.messages):
+        new = orjson.dumps(chat_messages(read.messages[done.count:]))[1:-1]
+        done = read.chat = ChatJson(done.json + b"," + new if done.count else new, len(read.messages))
+    head = orjson.dumps(fields)
+    return b"".join((head[:-1], b',"messages":[', done.json, b"]}"))
 
 
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:

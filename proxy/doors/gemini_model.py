@@ -106,8 +106,8 @@ class ReadContents:
     known: int = 0
     """How many leading turns were the session's last request's, their messages reused."""
     chat: Any = None
-    """The messages as a chat route is sent them, once asked (`gemini_chat.ChatForm`): made
-    for the new messages only, the earlier ones' taken from the last request's."""
+    """The messages' JSON as a chat route is sent them, once asked (`gemini_chat.ChatJson`):
+    made for the new messages only, the earlier ones' taken from the last request's."""
 
 
 def known_turns(last: Any, contents: Any) -> int:

@@ -10,14 +10,15 @@ from .chain import CompressionPipeline, restore_position
 from .config import PipelineConfig
 from .microcompact import LastObservationCut, MicrocompactStrategy, RecentWindowCut
 from .protocols.base import readable_text
-from .notes import (RESTORE, is_compaction_note, is_quoted, is_restore_block, kind_of, notice_message,
-                    notice_tokens)
-from .restore import ERROR_SECTION, ActiveRestore, shed_own_messages, state_block
+from .notes import (RESTORE, SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_message, is_quoted, is_restore_block,
+                    kind_of, notice_message, notice_tokens, plain_note)
+from .refs import SIZING_REF, render_span
+from .restore import ActiveRestore, error_section, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .ledger import covering_note
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
-from .turns import leading_instructions, task_index
+from .turns import is_valid_sequence, leading_instructions, task_index
 from .request import CompressionRequest
 from .types import CompressionResult, Message, RecentWindow
 from .depth import chain_config, with_window
@@ -93,7 +94,52 @@ class OverBudget:
             aim = hard - self._error_room(restored.compressed_messages)
             trimmed = await self._oldest_turns(unkept, restored, last, aim)
             restored = self._restored(trimmed, cuts) if trimmed is not restored else restored
-        return request, restored
+        return request, self._newest_only(request, restored)
+
+    def _newest_only(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
+        """Still over the line the engine forwards under (the budget, or the context limit where
+        the instructions and the task alone are over the budget): the instructions, the task and
+        the newest units that fit, with one line counting what went before them (its reference
+        gives it back) if that fits too, else none. What every fallback keeps, its notes
+        included, is then more than the provider takes, and a request the engine must refuse
+        costs the agent its turn: a request that drops the oldest turns and says less about them
+        is one it can still work from (drop-oldest, with no note at all, served these turns)."""
+        messages = result.compressed_messages
+        head = leading_instructions(messages)
+        task = task_index(messages) if self.config.pin_first_user else None
+        pinned = list(range(head)) + ([task] if task is not None and task >= head else [])
+        counter = self.counter
+        line = self.hard if counter.count_messages([messages[i] for i in pinned]) <= self.hard else self.limit
+        if result.tokens_after <= line:
+            return result
+        after = pinned[-1] + 1 if pinned else 0
+        newest = [i for i in range(after, len(messages)) if not is_ctxgate_message(messages[i])]
+        kept: list[int] = []
+        for k in range(len(newest) - 1, -1, -1):  # the newest messages, as many as fit, whole and paired
+            trial = [messages[i] for i in pinned + newest[k:]]
+            if counter.count_messages(trial) > line:
+                break
+            if is_valid_sequence(trial) and not _answers_a_call(messages[newest[k]]):
+                kept = newest[k:]
+        if not kept:
+            return result
+        out = [messages[i] for i in pinned + kept]
+        gone = [m for i, m in enumerate(messages) if i not in pinned and i not in kept and not is_ctxgate_message(m)]
+        tokens = counter.count_messages(out) + notice_tokens(counter, out)
+        if tokens > line or tokens >= result.tokens_after:
+            return result
+        if gone:
+            ref = request.cuts.keep(render_span(gone)) if request.cuts is not None else None
+            note = plain_note(SNIP, f"{SNIP_MARKER} {len(gone)} earlier messages were removed"
+                                    + (f" (ref {ref})." if ref else "."))
+            at = len(pinned)
+            noted = out[:at] + [note] + out[at:]
+            if counter.count_messages(noted) + notice_tokens(counter, noted) <= line:
+                out = noted
+        tokens = counter.count_messages(out) + notice_tokens(counter, out)
+        return replace(result, compressed_messages=out, tokens_after=tokens,
+                       recovery_hints=[*result.recovery_hints, "over the budget with every fallback: the newest "
+                                                               "turns alone kept"])
 
     def _error_room(self, messages: list[Message]) -> int:
         """What the restored state's block takes with the last error's line alone (and the notice
@@ -103,15 +149,15 @@ class OverBudget:
         if not error:
             return 0
         notice = 0 if any(is_quoted(m) for m in messages) else self.counter.count_structured(notice_message())
-        return self.counter.count_structured(state_block([ERROR_SECTION + error])) + notice
+        return self.counter.count_structured(state_block([error_section(error, SIZING_REF, True)])) + notice
 
     def _restored(self, result: CompressionResult, cuts: dict[str, str] | None) -> CompressionResult:
         """The restored state's block made again for what the fallbacks left, in the room they
         left under the budget: a cut after the chain may have taken out of view what the block
         did not repeat (the failure line in the middle of an output), and what was shed may fit
         again. The blocks of files' contents stay as they are. With expansion on (`cuts`: what
-        the point kept by reference), a failure line in the cut middle of an output still in
-        view is pointed to by its reference, as the chain's block does, not quoted again."""
+        the point kept by reference), the failure line names the output it is from by its
+        reference, as the chain's block does."""
         if self.restore is None or result.tokens_after > self.hard:
             return result
         messages = [m for m in result.compressed_messages if kind_of(m) != RESTORE]
@@ -201,6 +247,15 @@ class OverBudget:
         """A level's result counted as the chain counts its own: with the notice its quoted notes bring."""
         return replace(result, tokens_after=result.tokens_after + notice_tokens(self.counter,
                                                                                 result.compressed_messages))
+
+
+def _answers_a_call(message: Message) -> bool:
+    """A user turn of Anthropic `tool_result` (or Responses `function_call_output`) blocks: it
+    cannot open the kept messages without the call it answers."""
+    content = message.get("content")
+    return isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in ("tool_result",
+                                                                                       "function_call_output")
+                                             for b in content)
 
 
 def joined(first: CompressionResult, then: CompressionResult) -> CompressionResult:

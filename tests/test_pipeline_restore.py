@@ -294,3 +294,18 @@ def test_a_folder_the_agent_viewed_is_named_but_its_listing_not_restored() -> No
     # A file whose content names a path under its own name is still a file (one such line).
     one = [system(), user("task"), *turn("1", "read_file", "see /w/notes.txt/ref once", path="/w/notes.txt")]
     assert [f.path for f in extract_working_state(one, CFG).current_files] == ["/w/notes.txt"]
+
+
+def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_quoted_with_its_reference() -> None:
+    """The failing command's output is still in view, its middle (with the failure line) cut by
+    reference: the restored state quotes the line itself, and names where the rest of it is."""
+    output = "Traceback (most recent call last):\n" + filler(300, 2) + "\nAttributeError: no attribute 'pixel_array'"
+    h = [system(), user("task"), *turn("1", "execute_bash", output, command="python repro.py"), user("newest")]
+    state = extract_working_state(h, CFG)
+    assert state.last_error == "AttributeError: no attribute 'pixel_array'"
+    ref = "ctx:0123456789ab"
+    cut = f"Traceback (most recent call last):\n... [middle 320 tokens truncated, ref {ref}] ..."
+    visible = [*h[:3], tool("1", cut), h[-1]]
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=visible, cuts={ref: output[40:]})
+    text = "\n".join(quoted_text(b) for b in blocks)
+    assert state.last_error in text and f"ref {ref}" in text

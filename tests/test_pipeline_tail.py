@@ -130,3 +130,18 @@ async def test_the_newest_view_of_a_file_an_edit_targets_stays_verbatim() -> Non
     out = await _point(h, 2600)
     assert view in out
     assert h[3] not in out  # the other file's view, older than the tail, gave room
+
+
+async def test_a_prompt_that_leaves_room_for_the_newest_turn_only_is_served_without_the_older_turns() -> None:
+    """A customer-service chat whose policy prompt takes nearly the whole budget: the newest user
+    turn fits beside it and the task, a note counting what went before it does not. The request is
+    forwarded with the newest turn and no note (dropping the oldest turns served it), rather than
+    refused; a longer budget keeps the note that names what was cut."""
+    h = [system(filler(1200, 1)), user("Hi, I want to change my flight."), assistant(filler(30, 2)),
+         user(filler(20, 3)), assistant(filler(35, 4)), user(filler(25, 5))]
+    essential = counter().count_messages([h[0], h[1], h[-1]])
+    for limit, noted in ((int((essential + 4) / 0.95), False), (int((essential + 32) / 0.95), True)):
+        out = await _point(h, limit, "reactive")
+        assert out[:2] == h[:2] and out[-1] == h[-1]
+        assert h[-2] not in out
+        assert any(is_ctxgate_message(m) for m in out) is noted

@@ -249,7 +249,8 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
     cuts = CutLog() if cfg.expand.enabled else None
     request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
                                  reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
-    request = replace(request, keep=kept_for_edits(request.conversation, turn.counter, budget - turn.outside_tokens()))
+    request = replace(request, keep=kept_for_edits(request.conversation, turn.counter, budget - turn.outside_tokens())
+                      | _client_task(turn))
     depth = None
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
@@ -312,6 +313,15 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
                           folded or (0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user,
                                                                         turn.dialect)),
                           as_is=not result.steps and reason == "proactive" and fits)
+
+
+def _client_task(turn: Turn) -> frozenset[str]:
+    """The task statement as the client's own messages place it, kept by fingerprint wherever the
+    view puts it: in a view an earlier point made, a task kept beside a note can sit right before
+    a reply that was never its own (aider's "Ok" to a command's output), and would read as context
+    the client acknowledged, to be cut at the next point."""
+    task = task_index(turn.messages) if turn.config.pin_first_user else None
+    return frozenset({turn.fingerprints[task]}) if task is not None else frozenset()
 
 
 def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[CompressionRequest, int]:

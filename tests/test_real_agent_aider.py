@@ -31,9 +31,10 @@ from agent_steps import asked_step
 from ctxgate.pipeline.protocols.base import text_of
 from ctxgate.pipeline.turns import is_valid_sequence
 from real_agents import pypi_agent
-from servers import KEYS
+from recorder import Recorder
+from servers import KEYS, _model, main_config, start_gateways
 from test_real_agents import LIMIT, MODEL, STEPS, _check_upstream, _launch, _limited
-from upstream import Received
+from upstream import Received, ScriptedUpstream
 
 AIDER_FLAGS = ["--edit-format", "diff", "--no-git", "--no-check-update", "--analytics-disable",
                "--no-show-release-notes", "--no-show-model-warnings", "--no-pretty", "--no-fancy-input"]
@@ -164,4 +165,69 @@ def test_aider_edits_the_file_in_the_chat_past_compaction(tmp_path: Path) -> Non
     finally:
         if child.proc.poll() is None:
             os.killpg(child.proc.pid, signal.SIGKILL)
+        upstream.stop()
+
+
+REBUILT_LIMIT = 6_000
+REBUILT_STEPS = 12
+
+
+def _kept(before: list[dict[str, object]], after: list[dict[str, object]], changed: int) -> bool:
+    """Whether `after` starts with `before` but for its last `changed` messages."""
+    keep = len(before) - changed
+    return after[:keep] == before[:keep]
+
+
+def _changed(before: list[dict[str, object]], after: list[dict[str, object]]) -> int:
+    """How many of `before`'s last messages `after` does not start with."""
+    same = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+    return len(before) - same
+
+
+def test_aider_rebuilding_its_messages_every_turn_is_compacted_rarely(tmp_path: Path) -> None:
+    """aider rebuilds the end of its request every turn: its reminder goes on the newest user
+    turn, so the turn after, the message that carried it has changed. At a 6,000-token limit,
+    calc.py and a read-only file in the chat, 12 steps and then the edit: a compaction point
+    still holds for the turns after it (pipeline/stable_head.py), so the points are few, and
+    every forwarded request that is not a point starts with the one before it, but for the
+    messages aider itself changed. Before, every turn past the trigger was a point."""
+    aider = pypi_agent("aider-chat") / "aider"
+    model = f"agent-edit-{REBUILT_STEPS}"
+    (tmp_path / "calc.py").write_text(CALC)
+    (tmp_path / "notes.md").write_text(NOTES)
+    upstream = ScriptedUpstream(limit=REBUILT_LIMIT).start()
+    config = main_config(upstream.url, "auto")
+    config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=REBUILT_LIMIT))
+    config["ctxgate"]["tokenizers"] = [{"pattern": "agent-edit-*", "tokenizer": "tiktoken:o200k_base"}]
+    gateway = start_gateways({"aider": (tmp_path / "gateway", config)})["aider"]
+    recorder = Recorder(gateway.base).start()
+    command, env = _launch(None, "aider-rebuilt", [str(aider), "--model", f"openai/{model}", *AIDER_FLAGS,
+                                                   "--no-auto-lint", "--read", "notes.md", "calc.py"],
+                           tmp_path, url=recorder.url, SHELL="/bin/sh")
+    child = PopenSpawn(command, cwd=str(tmp_path), env=env, encoding="utf-8", timeout=PROMPT_TIMEOUT_S,
+                       preexec_fn=os.setsid)
+    try:
+        last = _drive(child, TASK, REBUILT_STEPS)
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+        assert child.wait() == 0, last[-2000:]
+        assert (tmp_path / "calc.py").read_text() == CALC.replace("return 0", "return sum(args)")
+        # aider's turns (its own summary requests, two messages, aside), as sent and as forwarded
+        sent = [orjson.loads(s.raw)["messages"] for s in recorder.log if s.path.endswith("/chat/completions")]
+        sent = [m for m in sent if len(m) > 2]
+        forwarded = [r.body["messages"] for r in upstream.log if r.door == "chat" and isinstance(r.body, dict)
+                     and r.body.get("model") == model and len(r.body["messages"]) > 2]
+        assert len(sent) == len(forwarded) == REBUILT_STEPS + 1, (len(sent), len(forwarded))
+        assert all(r.prompt_tokens is not None and r.prompt_tokens <= REBUILT_LIMIT for r in upstream.log
+                   if r.door == "chat" and isinstance(r.body, dict) and r.body.get("model") == model)
+        changed = [_changed(a, b) for a, b in zip(sent, sent[1:])]
+        assert all(c >= 1 for c in changed), changed  # aider changed what it sent last every turn
+        points = [i + 1 for i, (a, b, c) in enumerate(zip(forwarded, forwarded[1:], changed)) if not _kept(a, b, c)]
+        compacted = [i for i, (s, f) in enumerate(zip(sent, forwarded)) if s != f]
+        assert compacted and 1 <= len(points) <= len(forwarded) // 4, (points, compacted)
+    finally:
+        if child.proc.poll() is None:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        recorder.stop()
+        gateway.stop()
         upstream.stop()

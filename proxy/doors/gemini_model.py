@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import Annotated, Required, TypedDict
 
 from ctxgate.pipeline.tokens import TOKENS_PER_TOOL, json_bound
-from .validation import check_nesting, validation_error
+from .validation import check_nesting, validate_slices, validation_error
 from ..errors import ErrorKind, GatewayError
 
 Message = dict[str, Any]
@@ -36,61 +37,72 @@ DECLARATION_ALLOWANCE = TOKENS_PER_TOOL + 64
 `"description":""` and `"parameters":{"type":"object","properties":{}}` where it has neither."""
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+# TypedDicts, not models: pydantic checks a dict against one ~30x faster than it builds a
+# model instance, and only the check is wanted (the body itself is what is read on).
+_STRICT = with_config(ConfigDict(strict=True))
+Name = Annotated[str, Field(min_length=1)]
 
 
-class _Call(_Open):
-    name: str = Field(min_length=1)
-    args: dict[str, Any] | None = None
-    id: str | None = None
+@_STRICT
+class _Call(TypedDict, total=False):
+    name: Required[Name]
+    args: dict[str, Any] | None
+    id: str | None
 
 
-class _Response(_Open):
-    name: str = Field(min_length=1)
-    response: dict[str, Any]
-    id: str | None = None
+@_STRICT
+class _Response(TypedDict, total=False):
+    name: Required[Name]
+    response: Required[dict[str, Any]]
+    id: str | None
 
 
-class _Part(_Open):
-    text: str | None = None
-    thought: bool | None = None
-    thoughtSignature: str | None = None
-    functionCall: _Call | None = None
-    functionResponse: _Response | None = None
-    inlineData: dict[str, Any] | None = None
-    fileData: dict[str, Any] | None = None
+@_STRICT
+class _Part(TypedDict, total=False):
+    text: str | None
+    thought: bool | None
+    thoughtSignature: str | None
+    functionCall: _Call | None
+    functionResponse: _Response | None
+    inlineData: dict[str, Any] | None
+    fileData: dict[str, Any] | None
 
 
-class _Content(_Open):
-    role: Literal["user", "model"] | None = None
-    parts: list[_Part] = Field(min_length=1)
+@_STRICT
+class _Content(TypedDict, total=False):
+    role: Literal["user", "model"] | None
+    parts: Required[Annotated[list[_Part], Field(min_length=1)]]
 
 
-class _System(_Open):
-    role: str | None = None
-    parts: list[_Part]
+@_STRICT
+class _System(TypedDict, total=False):
+    role: str | None
+    parts: Required[list[_Part]]
 
 
-class _Declaration(_Open):
-    name: str = Field(min_length=1)
+@_STRICT
+class _Declaration(TypedDict, total=False):
+    name: Required[Name]
 
 
-class _Tool(_Open):
-    functionDeclarations: list[_Declaration] | None = None
+@_STRICT
+class _Tool(TypedDict, total=False):
+    functionDeclarations: list[_Declaration] | None
 
 
-class _Request(_Open):
-    contents: list[Any] = Field(min_length=1)
+@_STRICT
+class _Request(TypedDict, total=False):
+    contents: Required[Annotated[list[Any], Field(min_length=1)]]
     """Each a `_Content`, checked from the first new one on (`validate_request`)."""
-    systemInstruction: _System | None = None
-    tools: list[_Tool] | None = None
-    toolConfig: dict[str, Any] | None = None
-    generationConfig: dict[str, Any] | None = None
-    safetySettings: list[dict[str, Any]] | None = None
-    cachedContent: str | None = None
+    systemInstruction: _System | None
+    tools: list[_Tool] | None
+    toolConfig: dict[str, Any] | None
+    generationConfig: dict[str, Any] | None
+    safetySettings: list[dict[str, Any]] | None
+    cachedContent: str | None
 
 
+_REQUEST = TypeAdapter(_Request)
 _CONTENTS = TypeAdapter(list[_Content])
 
 
@@ -124,14 +136,11 @@ def validate_request(body: dict[str, Any], start: int = 0) -> None:
     (how deep they nest was checked as the body was read: `read_json_body`). Turns before
     `start` were checked when they arrived."""
     try:
-        _Request.model_validate(body)
+        _REQUEST.validate_python(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
     check_nesting(body["contents"][start:], 2)
-    try:
-        _CONTENTS.validate_python(body["contents"][start:])
-    except ValidationError as e:
-        raise validation_error(e, start, "contents") from None
+    validate_slices(_CONTENTS, body["contents"][start:], start, "contents")
     for i, content in enumerate(body["contents"][start:], start):
         if content.get("role") == "user" and any("functionCall" in p for p in content["parts"]):
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"contents.{i}.parts: a functionCall part belongs in a "

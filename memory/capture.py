@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -86,7 +87,11 @@ def capture(messages: list[dict[str, Any]], spans: Spans, truncate: Truncate,
     (`human` spans); any span may show project facts; a fetch tool's result is a document."""
     at = time.time() if now is None else now
     found: list[tuple[int, Candidate]] = []
+    # Read in a thread (a long new history), each message gives the GIL back: the event loop,
+    # waiting for it to answer a request, takes it then rather than after a switch interval.
+    pause = time.sleep if threading.current_thread() is not threading.main_thread() else _stay
     for i in sorted(spans):
+        pause(0)
         tool, args = _call_of(messages, i) if messages[i].get("role") == "tool" else (None, {})
         for span in spans[i]:
             text = span.text
@@ -99,6 +104,10 @@ def capture(messages: list[dict[str, Any]], spans: Spans, truncate: Truncate,
             else:
                 found += [(i, _sourced(c, span.source, text)) for c in project_facts(text, at)]
     return found
+
+
+def _stay(_: float) -> None:
+    return None
 
 
 def _sourced(candidate: Candidate, source: str, span: str) -> Candidate:

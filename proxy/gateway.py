@@ -30,6 +30,7 @@ from .engine.open_store import open_store
 from .engine.state import SessionState
 from .upstream.forwarders import DirectForwarder, Forwarder, LitellmForwarder
 from .heavy import HeavyWork
+from .resent import ResentBodies
 from .large_json import JsonParser
 from .upstream.retry import Retrier
 from .upstream.summarizer import Summarizer
@@ -59,6 +60,8 @@ class Gateway:
     shared_counts: SharedCounts | None = None
     """The sessions' token counts in Redis, for a turn this process has not seen the history of."""
     json_parser: JsonParser = field(default_factory=JsonParser)
+    resent: ResentBodies = field(default_factory=ResentBodies)
+    """The last bodies' bytes up to their history's end: a steady turn parses only its tail."""
     heavy: HeavyWork = field(default_factory=HeavyWork)
     """Large requests' CPU work, off the event loop, a few at a time per tenant."""
     summarizer: Summarizer = field(init=False)

@@ -6,7 +6,7 @@ is validation and rendering is putting the compacted list back in the body.
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 from aiohttp import web
@@ -27,7 +27,7 @@ from .errors import openai_body
 from .chat_expand import ChatExpansion
 from .chat_replies import SseReply, reply_facts
 from .respond import DoorRequest, answer
-from .validation import read_json_body, validate_chat_messages, validate_chat_request
+from .validation import read_resent_body, validate_chat_messages, validate_chat_request
 
 
 class ChatWire(ChatExpansion):
@@ -75,24 +75,34 @@ class ChatDoor:
     async def __call__(self, http: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        key = (caller.tenant, "chat", http.headers.get("X-Ctx-Session", ""))
+        body, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
+                                              caller.tenant_config.max_body_bytes)
         check_caps(caller.tenant_config, body.get("messages"), "messages")
         raw = await http.read()
+        # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
+        fresh = resent.parsed_bytes if resent is not None else len(raw)
+
+        def keep() -> None:
+            self.gw.resent.keep(key, raw, body, "messages", resent)
+
         route, session_id, known, bound = await self.gw.heavy.run(
-            caller.tenant, caller.tenant_config.heavy_concurrency, len(raw),
-            lambda: self._read(caller, http.headers, body, raw))
+            caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
+            lambda: self._read(caller, http.headers, body, raw, keep))
         messages = body["messages"]
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         known=known, body_bytes=len(raw), count_bound=bound)
+                         known=known, body_bytes=len(raw), count_bound=bound,
+                         fresh_bytes=fresh if known.length else None)
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
         return await answer(self.engine, request, ChatWire(self.gw, body, raw))
 
-    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], raw: bytes
-              ) -> tuple[Route, str, KnownPrefix, int | None]:
+    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], raw: bytes,
+              keep: Callable[[], None]) -> tuple[Route, str, KnownPrefix, int | None]:
         """The request checked and placed: its route, session, what of it the session knew, and
-        its count's bound (only a new conversation is bounded). In a thread when large (`HeavyWork`)."""
+        its count's bound (only a new conversation is bounded); once checked, kept for the next
+        body (`keep`). In a thread when large (`HeavyWork`)."""
         validate_chat_request(body)
         messages = body["messages"]
         route = self.gw.router.resolve(body["model"])
@@ -100,4 +110,5 @@ class ChatDoor:
         session_id = resolve_session(caller.tenant, headers, messages, body.get("prompt_cache_key"))
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_chat_messages(messages, known.length)
+        keep()
         return route, session_id, known, json_bound(raw) if known.length == 0 else None

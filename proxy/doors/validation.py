@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..large_json import BodyNotJson, JsonParser
+from ..resent import Resent, ResentBodies
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")
@@ -72,6 +73,15 @@ async def read_json_body(request: web.Request, parser: JsonParser, limit: int | 
     """The body as a JSON object (a large one parsed off the event loop, `JsonParser`);
     `limit`: the caller's own body limit (a tenant's), below the gateway's; `history`: the
     field holding the conversation, whose nesting the door checks itself, only in what is new."""
+    return (await read_resent_body(request, parser, None, (), limit, history))[0]
+
+
+async def read_resent_body(request: web.Request, parser: JsonParser, resent: ResentBodies | None,
+                           key: tuple[str, ...], limit: int | None = None, history: str = "messages"
+                           ) -> tuple[dict[str, Any], Resent | None]:
+    """`read_json_body`, where a body that resends the bytes of one kept under `key` has only its
+    tail parsed (`ResentBodies`): the body, and what was known of it (None: parsed whole).
+    The door keeps the body for the next once it has checked it (`ResentBodies.keep`)."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -84,15 +94,19 @@ async def read_json_body(request: web.Request, parser: JsonParser, limit: int | 
     if not raw:
         raise GatewayError(ErrorKind.INVALID_REQUEST,
                            "request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        body = await parser.loads(raw)
-    except BodyNotJson as e:
-        raise GatewayError(ErrorKind.INVALID_REQUEST,
-                           f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
+    known = resent.parse(key, raw, history) if resent is not None else None
+    if known is not None:
+        body = known.body
+    else:
+        try:
+            body = await parser.loads(raw)
+        except BodyNotJson as e:
+            raise GatewayError(ErrorKind.INVALID_REQUEST,
+                               f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(ErrorKind.INVALID_REQUEST, "request body must be a JSON object", code="invalid_json")
     check_nesting({k: v for k, v in body.items() if k != history})
-    return body
+    return body, known
 
 
 def check_nesting(value: Any, level: int = 1) -> None:

@@ -21,7 +21,7 @@ from ctxgate.pipeline.types import Reason
 from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ..errors import context_exhausted
 from .content_store import ContentStore, MemoryContentStore
-from .off_loop import run_planner, run_sync
+from .off_loop import HEAVY_MESSAGES, run_planner, run_sync
 from .state import CompactionRecord, SessionState
 from .summary_cost import SummaryCost, Waste, costed, summary_kept
 from .turn_budget import Plan, Turn, budget_of, limit_of
@@ -73,14 +73,20 @@ class Compactor:
         return await self.fitted(state, turn, plan) if fit else plan
 
     async def _planned(self, state: SessionState, turn: Turn) -> Plan:
-        view, tokens = await run_sync(turn, lambda: forwarded_view(state, turn))
-        if state.speculation or planner.may_compact(turn, state, tokens):
+        # The view and a turn far from the trigger cost per message, not per token (the index
+        # has the counts): a thread hop costs more than they do below a thousand messages.
+        few = len(turn.messages) < HEAVY_MESSAGES
+        view, tokens = forwarded_view(state, turn) if few else \
+            await run_sync(turn, lambda: forwarded_view(state, turn))
+        reads = bool(state.speculation) or planner.may_compact(turn, state, tokens)
+        if reads:
             # Only a turn that may compact reads the conversation.
             await run_sync(turn, lambda: _read_dialect(state, turn))
         if state.speculation and self.speculator is not None:
             self.speculator.resume(state, turn, lambda then: compaction_view(state, then))
         guard, speculating = state.has_attempted_reactive_compact, self.speculator is not None
-        decision = await run_sync(turn, lambda: planner.decide(turn, state, tokens, guard, speculating))
+        decision = planner.decide(turn, state, tokens, guard, speculating) if few and not reads else \
+            await run_sync(turn, lambda: planner.decide(turn, state, tokens, guard, speculating))
         if decision.action is Action.FORWARD:
             if decision.speculate and self.speculator is not None:
                 self.speculator.start(state, turn, compaction_view(state, turn), decision.target)

@@ -1,0 +1,164 @@
+"""A body that resends the last one's bytes has only its tail parsed (proxy/resent.py): what it
+parses to must be what the whole body parses to, whatever the client's spacing, key order or
+fields after the history; anything else is parsed whole. End to end, a steady turn through
+the chat door forwards the client's bytes and counts what a new session counts."""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+from hypothesis import given, settings, strategies as st
+
+from clients import KEYS, MESSAGES, reference_tokens
+from ctxgate.proxy.resent import MIN_BYTES, ResentBodies
+from servers import Gateway
+from upstream import ScriptedUpstream
+
+KEY = ("acme", "chat", "s1")
+PAD = "x" * MIN_BYTES
+"""A first message long enough that every body is kept."""
+text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30)
+message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]),
+                                 "content": st.one_of(text, st.none(), st.lists(st.fixed_dictionaries(
+                                     {"type": st.just("text"), "text": text}), max_size=3))},
+                                optional={"name": text, "tool_call_id": text})
+nested = st.lists(st.dictionaries(st.sampled_from(["a", "type"]), text), max_size=3)
+trailing = st.dictionaries(st.sampled_from(["stream", "tools", "user", "temperature", "n"]),
+                           st.one_of(st.booleans(), st.integers(-1000, 1000), text, nested), max_size=4)
+
+
+def _encode(body: dict[str, Any], style: int) -> bytes:
+    """The body as different clients write it: orjson, Python's json with spaces, indented."""
+    if style == 0:
+        return orjson.dumps(body)
+    if style == 1:
+        return json.dumps(body).encode()
+    return json.dumps(body, indent=2, ensure_ascii=False).encode()
+
+
+def _body(head: dict[str, Any], messages: list[dict[str, Any]], tail: dict[str, Any]) -> dict[str, Any]:
+    return {**head, "messages": messages, **tail}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(message, min_size=0, max_size=6), st.lists(message, min_size=0, max_size=4), trailing, trailing,
+       st.booleans(), st.integers(0, 2))
+def test_a_resent_body_parses_as_the_whole_body(old: list[dict[str, Any]], new: list[dict[str, Any]],
+                                                tail1: dict[str, Any], tail2: dict[str, Any], model_first: bool,
+                                                style: int) -> None:
+    head = {"model": "gpt-4o"} if model_first else {}
+    first = [{"role": "system", "content": PAD}, *old]
+    if not model_first:
+        tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
+    resent = ResentBodies()
+    raw1 = _encode(_body(head, first, tail1), style)
+    resent.keep(KEY, raw1, orjson.loads(raw1), "messages")
+    assert len(resent) == 1
+    raw2 = _encode(_body(head, first + new, tail2), style)
+    found = resent.parse(KEY, raw2, "messages")
+    assert found is not None and resent.hits == 1
+    assert found.body == orjson.loads(raw2)
+    assert found.known_items == len(first)
+    assert found.body["messages"][:len(first)] == first
+    # The next turn goes on from this one's tail.
+    resent.keep(KEY, raw2, found.body, "messages", found)
+    raw3 = _encode(_body(head, first + new + [{"role": "user", "content": "more"}], tail1), style)
+    third = resent.parse(KEY, raw3, "messages")
+    assert third is not None and third.body == orjson.loads(raw3)
+    assert third.known_items == len(first) + len(new)
+
+
+def _kept(body: dict[str, Any]) -> tuple[ResentBodies, bytes]:
+    resent, raw = ResentBodies(), orjson.dumps(body)
+    resent.keep(KEY, raw, orjson.loads(raw), "messages")
+    return resent, raw
+
+
+def test_a_changed_history_or_another_key_is_parsed_whole() -> None:
+    messages = [{"role": "system", "content": PAD}, {"role": "user", "content": "hi"}]
+    resent, _ = _kept({"model": "m", "messages": messages})
+    changed = orjson.dumps({"model": "m", "messages": [messages[0], {"role": "user", "content": "ho"}]})
+    assert resent.parse(KEY, changed, "messages") is None
+    assert resent.parse(("acme", "chat", "s2"), orjson.dumps({"model": "m", "messages": messages}), "messages") is None
+
+
+def test_a_tail_that_names_the_history_again_or_a_field_before_it_is_parsed_whole() -> None:
+    messages = [{"role": "system", "content": PAD}, {"role": "user", "content": "hi"}]
+    resent, raw = _kept({"model": "m", "messages": messages})
+    prefix = raw[:-2]  # up to the end of the last message
+    again = prefix + b'],"messages":[0,{"role":"user","content":"x"}]}'
+    assert orjson.loads(again)["messages"] == [0, {"role": "user", "content": "x"}]
+    assert resent.parse(KEY, again, "messages") is None
+    model_again = prefix + b'],"model":"other"}'
+    assert resent.parse(KEY, model_again, "messages") is None
+    said = prefix + b',{"role":"user","content":"messages"}]}'  # the word as a whole string: parsed whole too
+    assert resent.parse(KEY, said, "messages") is None
+    broken = prefix + b',{"role":"user","content":"x"}'
+    assert resent.parse(KEY, broken, "messages") is None  # the whole parse says where it is broken
+
+
+def test_a_body_repeating_a_field_after_the_history_is_not_kept() -> None:
+    """The one way a `]` closing another top-level list could pass for the history's end."""
+    messages = [{"role": "system", "content": PAD}]
+    raw = orjson.dumps({"messages": messages})[:-1] + b',"tools":[{"a":1}],"tools":[{"b":2}]}'
+    resent = ResentBodies()
+    resent.keep(KEY, raw, orjson.loads(raw), "messages")
+    assert len(resent) == 0
+    grown = raw.replace(b'"tools":[{"a":1}]', b'"tools":[{"a":1},{"role":"user","content":"x"}]', 1)
+    assert resent.parse(KEY, grown, "messages") is None
+
+
+def test_kept_bodies_are_bounded() -> None:
+    resent = ResentBodies(max_bytes=5 * MIN_BYTES, max_entries=100)
+    for i in range(20):
+        raw = orjson.dumps({"messages": [{"role": "user", "content": f"{i}" + PAD}]})
+        resent.keep(("acme", "chat", f"s{i}"), raw, orjson.loads(raw), "messages")
+    assert 0 < len(resent) <= 5
+    small = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
+    resent.keep(("acme", "chat", "small"), small, orjson.loads(small), "messages")
+    assert resent.parse(("acme", "chat", "small"), small[:-2] + b',{"role":"user","content":"x"}]}',
+                        "messages") is None
+
+
+# -- end to end ------------------------------------------------------------------------------
+
+def _post(gateway: Gateway, session: str, raw: bytes) -> httpx.Response:
+    return httpx.post(f"{gateway.url}/chat/completions", content=raw, timeout=60, headers={
+        "Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json", "X-Ctx-Session": session})
+
+
+def test_a_steady_turn_forwards_the_clients_bytes_and_counts_what_a_new_session_counts(
+        gateway: Gateway, up: ScriptedUpstream) -> None:
+    session = f"resent-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "system", "content": "You are terse. " + PAD}, *MESSAGES[1:]]
+    for turn in range(3):
+        messages += [{"role": "assistant", "content": f"answer {turn}"},
+                     {"role": "user", "content": f"next {turn} 東京"}]
+        raw = json.dumps({"messages": messages, "model": "gpt-4o", "stream": False}, indent=1).encode()
+        steady = _post(gateway, session, raw)
+        assert steady.status_code == 200, steady.text
+        if gateway.name.endswith("auto"):
+            assert up.chats()[-1].raw == raw  # unchanged: the client's own bytes
+        fresh = _post(gateway, f"fresh-{uuid.uuid4().hex[:8]}", raw)
+        assert int(steady.headers["x-ctx-tokens-in"]) == int(fresh.headers["x-ctx-tokens-in"]) \
+            == reference_tokens(messages)
+
+
+def test_a_resent_body_with_a_bad_new_message_or_field_is_refused_as_a_whole_one_is(
+        gateway: Gateway, up: ScriptedUpstream) -> None:
+    session = f"resent-bad-{uuid.uuid4().hex[:8]}"
+    messages = [{"role": "system", "content": "You are terse. " + PAD}, *MESSAGES[1:]]
+    raw = orjson.dumps({"model": "gpt-4o", "messages": messages})
+    assert _post(gateway, session, raw).status_code == 200
+    before = len(up.chats())
+    bad = raw[:-2] + b',{"role":"user","content":[{"type":"text","text":5}]}]}'
+    refused = _post(gateway, session, bad)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == f"messages.{len(messages)}.content.0.text"
+    deep = raw[:-1] + b',"metadata":' + b"[" * 300 + b"]" * 300 + b"}"
+    refused = _post(gateway, session, deep)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "nesting_too_deep"
+    assert len(up.chats()) == before

@@ -50,12 +50,14 @@ class GeminiWire(GeminiExpansion):
     name = "gemini"
 
     def __init__(self, gw: Gateway, body: dict[str, Any], read: ReadContents, model: str,
-                 sse: bool, raw: bytes | None = None) -> None:
+                 sse: bool, raw: bytes | None = None, tools: list[dict[str, Any]] | None = None) -> None:
         self._gw = gw
         self._body = body
         self._raw = raw
         """The client's request bytes: what a native route is sent when nothing changed."""
         self._read = read
+        self._tools = tools
+        """The body's declarations as chat tools, made already (None: not yet)."""
         self._model = model
         self._sse = sse
         self._frames = Frames(sse)
@@ -79,7 +81,8 @@ class GeminiWire(GeminiExpansion):
                 reply.chunks = reframed(reply.chunks, self._frames)
                 reply.content_type = "application/json"
             return reply
-        chat = {**route.call_params, **chat_fields(payload, route.upstream_model, stream)}
+        tools = self._tools if payload is self._body else None
+        chat = {**route.call_params, **chat_fields(payload, route.upstream_model, stream, tools)}
         direct = route.direct and not route.demo
         # The client's body unchanged: its conversation was read already, and its JSON for a
         # chat route is made for the new messages only.
@@ -157,12 +160,13 @@ class GeminiDoor:
             lambda: self._read(caller, http.headers, body, model))
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        turn = TurnInput(messages=messages, tools=chat_tools(body.get("tools")) or None,
+        tools = chat_tools(body.get("tools"))
+        turn = TurnInput(messages=messages, tools=tools or None,
                          stream=method == "streamGenerateContent",
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
                          body_bytes=len(raw), door_state=read,
                          count_bound=count_bound(raw, body) if not read.known else None)
-        wire = GeminiWire(self.gw, body, read, model, http.query.get("alt") == "sse", raw)
+        wire = GeminiWire(self.gw, body, read, model, http.query.get("alt") == "sse", raw, tools)
         if method == "countTokens":
             return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
         return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)

@@ -32,14 +32,15 @@ def chat_body(payload: dict[str, Any], model: str, stream: bool) -> dict[str, An
     return {**chat_fields(payload, model, stream), "messages": chat_messages(conversation_of(payload))}
 
 
-def chat_fields(payload: dict[str, Any], model: str, stream: bool) -> dict[str, Any]:
-    """Every field of `chat_body` but its messages."""
+def chat_fields(payload: dict[str, Any], model: str, stream: bool,
+                tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Every field of `chat_body` but its messages; `tools`: `payload`'s as chat tools, made already."""
     body: dict[str, Any] = {"model": model}
     config = payload.get("generationConfig") or {}
     body.update({theirs: config[ours] for ours, theirs in _CONFIG.items() if ours in config})
     if config.get("responseMimeType") == "application/json":
         body["response_format"] = {"type": "json_object"}
-    tools = chat_tools(payload.get("tools"))
+    tools = chat_tools(payload.get("tools")) if tools is None else tools
     if tools:
         body["tools"] = tools
         mode = ((payload.get("toolConfig") or {}).get("functionCallingConfig") or {}).get("mode")
@@ -56,21 +57,25 @@ def chat_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class ChatJson:
-    """The JSON of a conversation's first `count` messages as chat messages (comma-separated),
-    kept with the session's history (`ReadContents.chat`): a steady turn serialises only its new
-    messages, and keeps no second copy of the history's objects."""
-    json: bytes
+    """The JSON of a conversation's first `count` messages as chat messages, a piece per turn
+    that added some (each comma-separated within), kept with the session's history
+    (`ReadContents.chat`): a steady turn serialises only its new messages, and the body is
+    put together in one copy."""
+    pieces: tuple[bytes, ...]
     count: int
 
 
 def chat_json(fields: dict[str, Any], read: ReadContents) -> bytes:
     """`fields` (`chat_fields`) with `read`'s conversation as chat messages, as JSON."""
-    done = read.chat if isinstance(read.chat, ChatJson) else ChatJson(b"", 0)
+    done = read.chat if isinstance(read.chat, ChatJson) else ChatJson((), 0)
     if done.count < len(read.messages):
         new = orjson.dumps(chat_messages(read.messages[done.count:]))[1:-1]
-        done = read.chat = ChatJson(done.json + b"," + new if done.count else new, len(read.messages))
-    head = orjson.dumps(fields)
-    return b"".join((head[:-1], b',"messages":[', done.json, b"]}"))
+        done = read.chat = ChatJson((*done.pieces, new), len(read.messages))
+    out = [orjson.dumps(fields)[:-1], b',"messages":[']
+    for i, piece in enumerate(done.pieces):
+        out += (b",", piece) if i else (piece,)
+    out.append(b"]}")
+    return b"".join(out)
 
 
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,13 @@ user message, moved to the next one the turn after) is not compacted afresh ever
 client that changed what a point compacted never gets that point's notes back."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
+from functools import lru_cache
 from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.notes import with_notice
@@ -144,3 +149,40 @@ def _record(messages: list[Message], out: list[Message]) -> CompactionRecord:
                                  levels=["snip"], tokens_before=0, tokens_after=0, created_at=0.0,
                                  counted_by=counter().name)
     return with_stable_head(made, turn)
+
+
+@lru_cache(maxsize=1)
+def _compacted() -> tuple[SessionState, int]:
+    """A session after its first compaction point, and the steps the point's request had."""
+    async def run() -> tuple[SessionState, int]:
+        compactor, state = Compactor(), SessionState("t", "s")
+        steps = 1
+        while not (await _forward(compactor, state, _request(steps)))[1]:
+            steps += 1
+        return state, steps
+    return asyncio.run(run())
+
+
+@settings(max_examples=200, deadline=None)
+@given(where=st.floats(0, 1, exclude_max=True), how=st.sampled_from(["edit", "drop", "insert"]))
+def test_a_change_anywhere_in_the_stable_part_matches_nothing_and_after_it_keeps_the_head(where: float,
+                                                                                           how: str) -> None:
+    """Whatever the client changes, the record's head is forwarded only in front of the stable
+    part as the record saw it: within it, no match (whatever the change); after it, the head
+    and the client's messages from there on, as sent."""
+    state, steps = _compacted()
+    record = state.records[-1]
+    messages = _request(steps + 1)
+    i = int(where * len(messages))
+    if how == "edit":
+        messages[i] = {**messages[i], "content": str(messages[i]["content"]) + " (changed)"}
+    elif how == "drop":
+        del messages[i]
+    else:
+        messages.insert(i, user("an inserted turn"))
+    found = best_match(state.records, _turn(messages).prefix_hashes)
+    if i < record.stable_len:
+        assert found is None
+    else:
+        assert found is not None and found.covered == record.stable_len
+        assert found.head == record.messages[:len(record.messages) - (record.prefix_len - record.stable_len)]

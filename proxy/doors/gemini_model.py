@@ -245,14 +245,17 @@ def assistant_message(content: dict[str, Any], i: int) -> Message:
 
 def assistant_view(content: dict[str, Any], i: int) -> tuple[str | None, list[dict[str, Any]]]:
     """A model turn's visible text (its thoughts left out) and its calls, as chat has them."""
-    parts = content["parts"]
-    text = "".join(p["text"] for p in parts if isinstance(p.get("text"), str) and not p.get("thought"))
-    calls = []
-    for k, part in enumerate(p for p in parts if "functionCall" in p):
-        call = part["functionCall"]
-        calls.append({"id": call.get("id") or f"gc{i}_{k}", "type": "function",
-                      "function": {"name": call["name"], "arguments": orjson.dumps(call.get("args") or {}).decode()}})
-    return text or None, calls
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for part in content["parts"]:  # one pass: every turn of a new conversation is read this way
+        text = part.get("text")
+        if isinstance(text, str) and not part.get("thought"):
+            texts.append(text)
+        if "functionCall" in part:
+            call = part["functionCall"]
+            calls.append({"id": call.get("id") or f"gc{i}_{len(calls)}", "type": "function", "function": {
+                "name": call["name"], "arguments": orjson.dumps(call.get("args") or {}).decode()}})
+    return "".join(texts) or None, calls
 
 
 def result_text(response: dict[str, Any]) -> str:

@@ -333,10 +333,12 @@ def test_a_steady_turn_checks_its_new_turns(gw: Gateway, up: ScriptedUpstream) -
 
 
 def test_a_steady_turn_whose_history_was_edited_is_read_afresh(gw: Gateway, up: ScriptedUpstream) -> None:
-    """A steady turn reads only its new turns; a client that changed an earlier turn (or its
-    system instruction) is sent what it sent now, nothing of the earlier reading."""
+    """A steady turn parses and reads only its new turns (its body past 16 KiB resends the last
+    one's bytes: `ResentBodies`); a client that changed an earlier turn (or its system
+    instruction) is sent what it sent now, nothing of the earlier reading."""
     headers = {**session(), "x-goog-api-key": KEY}
-    call = {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": {"command": "ls"}}}]}
+    args = {"command": "ls", "why": "x" * 20_000}
+    call = {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command", "args": args}}]}
     answer = {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
                                                               "response": {"output": "a.txt"}}}]}
     body: dict[str, Any] = {"systemInstruction": {"parts": [{"text": "Be brief."}]}, "tools": [TOOL],

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 from aiohttp import web
@@ -38,7 +38,7 @@ from .gemini_model import (ReadContents, conversation_of, count_bound, counted_b
 from .gemini_render import render
 from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
-from .validation import read_json_body
+from .validation import read_resent_body
 
 log = logging.getLogger("ctxgate.doors")
 PATHS = ("/v1beta/models/{target}", "/v1/models/{target}")
@@ -147,17 +147,25 @@ class GeminiDoor:
         http = with_key(http)
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes, "contents")
-        if method == "countTokens":
-            body = counted_body(body)
+        key = (caller.tenant, "gemini", http.headers.get("X-Ctx-Session", ""))
+        sent, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
+                                              caller.tenant_config.max_body_bytes, "contents")
+        body = counted_body(sent) if method == "countTokens" else sent
         system = body.get("systemInstruction")
         system_parts = system.get("parts") if isinstance(system, dict) else None
         check_caps(caller.tenant_config, body.get("contents"), "contents", parts_key="parts",
                    extra_parts=len(system_parts) if isinstance(system_parts, list) else 0)
         raw = await http.read()
+        # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
+        fresh = resent.parsed_bytes if resent is not None else len(raw)
+
+        def keep() -> None:  # once checked, for the next body (a countTokens body's turns may be nested)
+            if body is sent:
+                self.gw.resent.keep(key, raw, body, "contents", resent)
+
         route, read, session_id = await self.gw.heavy.run(
-            caller.tenant, caller.tenant_config.heavy_concurrency, len(raw),
-            lambda: self._read(caller, http.headers, body, model))
+            caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
+            lambda: self._read(caller, http.headers, body, model, keep))
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         tools = chat_tools(body.get("tools"))
@@ -165,21 +173,23 @@ class GeminiDoor:
                          stream=method == "streamGenerateContent",
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
                          body_bytes=len(raw), door_state=read,
-                         count_bound=count_bound(raw, body) if not read.known else None)
+                         count_bound=count_bound(raw, body) if not read.known else None,
+                         fresh_bytes=fresh if read.known else None)
         wire = GeminiWire(self.gw, body, read, model, http.query.get("alt") == "sse", raw, tools)
         if method == "countTokens":
             return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
         return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
 
-    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], model: str
-              ) -> tuple[Route, ReadContents, str]:
-        """The request checked, read into the neutral model and placed: its route, conversation
-        and session. In a thread when large (`HeavyWork`)."""
+    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], model: str,
+              keep: Callable[[], None]) -> tuple[Route, ReadContents, str]:
+        """The request checked (then `keep`), read into the neutral model and placed: its route,
+        conversation and session. In a thread when large (`HeavyWork`)."""
         named = named_session(headers)
         # The session's last request as this door read it: a steady turn checks and reads only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
         known = known_turns(last, body.get("contents"))
         validate_request(body, known)
+        keep()
         route = self.gw.router.resolve(model)
         read = read_contents(body, last if isinstance(last, ReadContents) else None, known)
         self.engine.refuse_hopeless(caller, route, read.messages)

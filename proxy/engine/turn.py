@@ -174,9 +174,10 @@ class TurnEngine:
         counted = len(index.cumulative_tokens) - 1
         gw.metrics.message_counts.labels("shared").inc(counted - mine)
         gw.metrics.message_counts.labels("counted").inc(len(messages) - counted)
-        counting: asyncio.Future[HistoryIndex] | None = None
-        if counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded:
-            counting = asyncio.ensure_future(asyncio.to_thread(counted_on_all_cores, index, messages, counter))
+        # A new conversation the bytes bound far below the trigger is counted beside the upstream call (`late`).
+        late = counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded
+        if late:
+            pass  # counted once forwarded (`_count_late`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
             # A large count in threads: the event loop serves other requests meanwhile.
             index = await asyncio.to_thread(counted_on_all_cores, index, messages, counter)
@@ -192,7 +193,7 @@ class TurnEngine:
                     summarize=reusing_summaries(gw.compactor.content, caller.tenant, session_id, summarizer,
                                                 config.expand, gw.summarizer.complete), index=index)
         headers["X-Ctx-Tokenizer"] = counter.name
-        if counting is None:
+        if not late:
             self._counted(caller, session_id, request, turn, headers)
         memory = gw.memory if gw.memory is not None and gw.memory.enabled(caller.profile) else None
         scope = request.memory_scope if memory is not None else None
@@ -204,34 +205,30 @@ class TurnEngine:
         plan: Plan | None = None
         block = ""
         compacted = False
-        try:
-            async with gw.sessions.transaction(caller.tenant, session_id) as tx:
-                state = tx.state
-                state.profile = caller.profile
-                if state.count_offset_key == offset_key:
-                    turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
-                if scope is not None:
-                    state.note_user(scope.user)
-                    block = await self._memory_block(state, scope, turn)
-                    turn.reserved_tokens = block_tokens(block, counter)
-                if counting is not None and not (_fresh(state) and bound is not None
-                                                 and bound + turn.reserved_tokens <= _watermark(turn, state)):
-                    # It may compact: counted before anything else (in the thread it started in).
-                    turn.index, counting = await counting, None
-                    self._counted(caller, session_id, request, turn, headers)
-                try:
-                    if counting is None:
-                        plan = await self._plan(wire, caller, route, turn, state, offset_key, headers, tx, offered)
-                    else:  # nothing to plan; logged once counted (`_count_late`)
-                        plan = Plan(messages=messages, tokens_out=None)
-                finally:
-                    guard_set = state.has_attempted_reactive_compact
-                    state.turns += 1
-                    compacted = bool(state.records)
-        except BaseException:
-            if counting is not None:
-                counting.cancel()
-            raise
+        async with gw.sessions.transaction(caller.tenant, session_id) as tx:
+            state = tx.state
+            state.profile = caller.profile
+            if state.count_offset_key == offset_key:
+                turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
+            if scope is not None:
+                state.note_user(scope.user)
+                block = await self._memory_block(state, scope, turn)
+                turn.reserved_tokens = block_tokens(block, counter)
+            if late and not (_fresh(state) and bound is not None
+                             and bound + turn.reserved_tokens <= _watermark(turn, state)):
+                # It may compact: counted before anything else.
+                turn.index = await asyncio.to_thread(counted_on_all_cores, index, messages, counter)
+                late = False
+                self._counted(caller, session_id, request, turn, headers)
+            try:
+                if not late:
+                    plan = await self._plan(wire, caller, route, turn, state, offset_key, headers, tx, offered)
+                else:  # nothing to plan; logged once counted (`_count_late`)
+                    plan = Plan(messages=messages, tokens_out=None)
+            finally:
+                guard_set = state.has_attempted_reactive_compact
+                state.turns += 1
+                compacted = bool(state.records)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels))
         if memory is not None and scope is not None:
@@ -246,9 +243,9 @@ class TurnEngine:
             prepared.expansion = Expansion(config.expand, gw.compactor.content, caller.tenant, session_id, counter,
                                            on_answer=gw.metrics.expanded,
                                            room=expansion_room(turn, state, plan))
-        if counting is not None:
+        if late:
             gw.metrics.counts_beside_upstream.inc()
-            prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, counting))
+            prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, index))
         return prepared
 
     async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
@@ -296,14 +293,16 @@ class TurnEngine:
             log.warning("session %s: shared token counts unavailable (%s): counting the history here", session_id, e)
             return index
 
-    async def _count_late(self, prepared: PreparedTurn, request: TurnInput,
-                          counting: "asyncio.Future[HistoryIndex]") -> None:
-        """A turn forwarded before it was counted: count it (in a thread, beside the upstream
+    async def _count_late(self, prepared: PreparedTurn, request: TurnInput, index: HistoryIndex) -> None:
+        """A turn forwarded before it was counted: count it (in threads, beside the upstream
         call), then log its messages as `prepare` logs a counted turn's. Awaited by `settle`, so
         an answered turn is in the WAL before its reply is, and calibrated with its count."""
         gw, turn, plan = self.gw, prepared.turn, prepared.plan
         try:
-            turn.index = await counting
+            # One turn of the event loop first: `forward` writes the request before the count's
+            # threads take the cores, so they add nothing to the time the upstream starts at.
+            await asyncio.sleep(0)
+            turn.index = await asyncio.to_thread(counted_on_all_cores, index, request.messages, turn.counter)
             tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
             self._counted(prepared.caller, prepared.session_id, request, turn, prepared.headers)
             prepared.headers["X-Ctx-Tokens-Out"] = str(tokens_out)

@@ -321,7 +321,9 @@ def _client_task(turn: Turn) -> frozenset[str]:
     a reply that was never its own (aider's "Ok" to a command's output), and would read as context
     the client acknowledged, to be cut at the next point."""
     task = task_index(turn.messages) if turn.config.pin_first_user else None
-    return frozenset({turn.fingerprints[task]}) if task is not None else frozenset()
+    if task is None or turn.fingerprints.count(turn.fingerprints[task]) > 1:
+        return frozenset()  # a task said again later ("continue") would pin every turn that says it
+    return frozenset({turn.fingerprints[task]})
 
 
 def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[CompressionRequest, int]:

@@ -94,7 +94,24 @@ class OverBudget:
             aim = hard - self._error_room(restored.compressed_messages)
             trimmed = await self._oldest_turns(unkept, restored, last, aim)
             restored = self._restored(trimmed, cuts) if trimmed is not restored else restored
+            shown = "\n".join(map(readable_text, restored.compressed_messages))
+            if error not in shown:
+                # Still no room: the notes become the one line naming their steps, and the
+                # failure line takes the room they leave (each keeps what the agent needs most).
+                restored = self._restored(self._notes_as_one_line(restored), cuts)
         return request, self._newest_only(request, restored)
+
+    def _notes_as_one_line(self, result: CompressionResult) -> CompressionResult:
+        """`result` with its compaction notes replaced by the one line naming their steps
+        (`ledger.covering_note`), when that is shorter."""
+        messages = result.compressed_messages
+        notes = [i for i, m in enumerate(messages) if is_compaction_note(m)]
+        cover = covering_note([messages[i] for i in notes])
+        if not notes or cover is None:
+            return result
+        out = messages[:notes[0]] + [cover] + [m for i, m in enumerate(messages) if i > notes[0] and i not in notes]
+        tokens = self.counter.count_messages(out) + notice_tokens(self.counter, out)
+        return replace(result, compressed_messages=out, tokens_after=tokens) if tokens < result.tokens_after else result
 
     def _newest_only(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
         """Still over the line the engine forwards under (the budget, or the context limit where

@@ -11,6 +11,7 @@ from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.pipeline.microcompact import is_microcompacted
 from ctxgate.pipeline.notes import is_ctxgate_message, quoted_text
 from ctxgate.pipeline.tail import PROTECTED_TAIL
+from ctxgate.proxy.replay.driver import replay
 from pipeline_builders import Facts, Message, assistant, call, calls, counter, filler, system, tool, tool_turn, user
 
 
@@ -145,3 +146,27 @@ async def test_a_prompt_that_leaves_room_for_the_newest_turn_only_is_served_with
         assert out[:2] == h[:2] and out[-1] == h[-1]
         assert h[-2] not in out
         assert any(is_ctxgate_message(m) for m in out) is noted
+
+
+async def test_the_last_failure_line_takes_the_room_of_the_earlier_notes_at_a_tight_limit() -> None:
+    """A policy prompt that leaves a few hundred tokens: after several points, the earlier notes
+    and the failure line do not both fit. The notes become the one line that names their steps,
+    and the failing call's error line is restored in the room that leaves (replayed turn by
+    turn, the upstream enforcing the limit)."""
+    h = [system(filler(1200, 1)), user("Hi! I need to change my reservation.")]
+    for k in range(3):
+        h += [assistant(filler(40, 10 + k)), user(filler(30, 20 + k))]
+    h += [calls(call("a", "get_reservation_details", reservation_id="GV1N64")), tool("a", filler(250, 4)),
+          assistant(filler(60, 5)), user(filler(20, 6)),
+          calls(call("b", "update_reservation_flights", reservation_id="GV1N64", cabin="economy")),
+          tool("b", "Error: not enough seats on flight HAT290")]
+    for k in range(4):
+        h += [assistant(filler(50, 30 + k)), user(filler(25, 40 + k))]
+    h += [assistant("ok")]
+    run = await replay(h, None, 1450, counter=counter(), summarize=_summarize, enforce_limit=True,
+                       wait_background=True)
+    last = run.turns[-1]
+    assert not last.refused and last.tokens <= 1450
+    own = [quoted_text(m) or str(m["content"]) for m in last.messages if is_ctxgate_message(m)]
+    assert any("Error: not enough seats on flight HAT290" in text for text in own)
+    assert any("update_reservation_flights" in text and "steps" in text for text in own)

@@ -73,6 +73,8 @@ class Journal:
 
     async def recover(self, tenant: str, session: str) -> SessionState | None:
         """The session as the WAL has it, or None when there is no log of it."""
+        if not self._remote and not self.writer.exists(tenant, session):
+            return None  # a new session: one stat answers, a thread hop would cost more
         return await asyncio.to_thread(self._recover, tenant, session)
 
     def _recover(self, tenant: str, session: str) -> SessionState | None:

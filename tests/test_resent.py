@@ -162,3 +162,25 @@ def test_a_resent_body_with_a_bad_new_message_or_field_is_refused_as_a_whole_one
     refused = _post(gateway, session, deep)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "nesting_too_deep"
     assert len(up.chats()) == before
+
+
+def test_a_steady_responses_turn_sends_what_a_new_session_sends(gateway: Gateway, up: ScriptedUpstream) -> None:
+    """The Responses door keeps its bodies by their `input`: a turn that resends the last one's
+    bytes forwards what a session seeing the whole conversation for the first time forwards."""
+    session = f"resent-resp-{uuid.uuid4().hex[:8]}"
+    items: list[dict[str, Any]] = [{"role": "user", "content": "list files " + PAD}]
+
+    def post(name: str) -> dict[str, Any]:
+        raw = orjson.dumps({"input": items, "model": "gpt-4o", "instructions": "be brief", "store": False})
+        r = httpx.post(f"{gateway.url}/responses", content=raw, timeout=60, headers={
+            "Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "application/json", "X-Ctx-Session": name})
+        assert r.status_code == 200, r.text
+        sent = [e.body for e in up.log if e.door == "responses"]
+        return {"tokens": r.headers["x-ctx-tokens-in"], "input": sent[-1]["input"] if sent else None}
+
+    for turn in range(3):
+        steady, fresh = post(session), post(f"fresh-{uuid.uuid4().hex[:8]}")
+        assert steady == fresh
+        items = [*items, {"type": "function_call", "call_id": f"c{turn}", "name": "shell", "arguments": "{}"},
+                 {"type": "function_call_output", "call_id": f"c{turn}", "output": "a.py"},
+                 {"role": "user", "content": f"next {turn}"}]

@@ -35,7 +35,7 @@ from .response_store import ResponseStore, StoredResponse, open_response_store
 from .responses_model import (Converted, checked_items, convert, input_items, to_request,
                               validate_responses_request)
 from .caps import check_caps
-from .validation import read_json_body
+from .validation import read_resent_body
 
 _FINAL_EVENTS = ("response.completed", "response.failed", "response.incomplete")
 _CHAIN_FIELDS = ("input", "instructions", "previous_response_id")
@@ -225,9 +225,13 @@ class ResponsesDoor:
     async def _read(self, http: web.Request, *, input_required: bool, compacting: bool = False
                     ) -> tuple[Caller, dict[str, Any], Route, TurnInput, str, Asked]:
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        key = (caller.tenant, "responses", http.headers.get("X-Ctx-Session", ""))
+        body, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
+                                              caller.tenant_config.max_body_bytes, "input")
         check_caps(caller.tenant_config, body.get("input"), "input")
-        size = len(await http.read())
+        raw = await http.read()
+        # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
+        size = resent.parsed_bytes if resent is not None else len(raw)
         heavy, slots = self.gw.heavy, caller.tenant_config.heavy_concurrency
         named = named_session(http.headers, body.get("prompt_cache_key"))
         # The session's last request as this door read it: a steady turn checks and converts only what is new.
@@ -238,6 +242,7 @@ class ResponsesDoor:
         def validated() -> None:
             known = checked_items(last, body.get("instructions"), body.get("input")) if not previous else 0
             validate_responses_request(body, input_required=input_required, start=known)
+            self.gw.resent.keep(key, raw, body, "input", resent)  # checked: the next body parses only its tail
         await heavy.run(caller.tenant, slots, size, validated)
         route = self.gw.router.resolve(body["model"])
         history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
@@ -267,7 +272,7 @@ class ResponsesDoor:
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         door_state=converted, body_bytes=size)
+                         door_state=converted, body_bytes=len(raw), fresh_bytes=size if resent is not None else None)
         return caller, body, route, turn, session_id, asked
 
     def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],

@@ -72,8 +72,9 @@ class CompressionPipeline:
         # Restore blocks are regenerated at every compaction, never stacked. The state lists
         # (tasks, plan, last error, skill, file names) are reserved up front; file contents
         # only take what the compacted request leaves (below), never room from kept messages.
-        messages = [m for m in request.messages if not is_restore_block(m)]
-        request = request.with_messages(messages) if len(messages) != len(request.messages) else request
+        given = request.messages
+        messages = [m for m in given if not is_restore_block(m)]
+        request = request.with_messages(messages) if len(messages) != len(given) else request
         # The notice that comes with quoted notes is reserved too (the result is counted with it).
         notice = counter.count_structured(notice_message())
         target = max(1, request.token_budget - self.reserve(request) - notice)
@@ -106,6 +107,10 @@ class CompressionPipeline:
                                           cuts=request.cuts.originals if request.cuts is not None else None)
             at = restore_position(current, self.pin_first_user)
             current = current[:at] + blocks + current[at:]
+        elif len(messages) != len(given):
+            # No level changed anything (a point that only folds earlier notes): the restored
+            # state stays as it was, not dropped with nothing in its place.
+            current = given
         after = counter.count_messages(current) + notice_tokens(counter, current)  # as forwarded
         before = counter.count_messages(request.messages)
         level = steps[-1].level if steps else None

@@ -169,6 +169,10 @@ async def test_restore_blocks_are_regenerated_not_stacked() -> None:
     assert all(out.count(b) == 1 for b in out if is_restore_block(b))
     assert not is_restore_block(out[-1])
     assert_invariants(grown, out)
+    # A point whose levels change nothing (it only folds earlier notes) keeps the restored state
+    # as it was: dropped with nothing in its place, the last error and the files went with it.
+    calm = await compact(p, first, 10**6)
+    assert not calm.steps and calm.compressed_messages == first
 
 
 def test_build_pipeline_honours_levels_and_profiles() -> None:

@@ -44,6 +44,16 @@ _INLINE_CAPTURE_CHARS = 32_768
 capture's regular expressions ~15 ms, which the event loop would otherwise hold."""
 
 
+def _text_chars(messages: list[dict[str, Any]], indices: set[int]) -> int:
+    """About how much text those messages hold (their string contents; a part list counts
+    1,000 per part), known without splitting them into spans."""
+    total = 0
+    for i in indices:
+        content = messages[i].get("content")
+        total += len(content) if isinstance(content, str) else 1_000 * len(content) if isinstance(content, list) else 0
+    return total
+
+
 class MemoryManager:
     def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
                  clock: Callable[[], float] = time.time, short_term: ShortTermStore | None = None,
@@ -88,12 +98,10 @@ class MemoryManager:
             await asyncio.gather(previous, return_exceptions=True)
         now = self._clock()
         unseen = self.short_term.unseen(key, fingerprints)
-        read = spans(unseen) if len(unseen) <= _INLINE_CAPTURE else None
-        if read is not None and sum(len(s.text) for listed in read.values() for s in listed) <= _INLINE_CAPTURE_CHARS:
-            found = capture(messages, read, truncate, now)
-        else:  # a long new history: read off the event loop
-            found = await asyncio.to_thread(lambda: capture(messages, spans(unseen) if read is None else read,
-                                                            truncate, now))
+        if len(unseen) <= _INLINE_CAPTURE and _text_chars(messages, unseen) <= _INLINE_CAPTURE_CHARS:
+            found = capture(messages, spans(unseen), truncate, now)
+        else:  # a long new history: split and read off the event loop
+            found = await asyncio.to_thread(lambda: capture(messages, spans(unseen), truncate, now))
         for _, candidate in found:
             candidate.turn, candidate.door = scope.turn, scope.door
         added = await self.short_term.add(key, scope, fingerprints, found, now)

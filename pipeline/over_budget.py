@@ -166,15 +166,15 @@ class OverBudget:
         if not error:
             return 0
         notice = 0 if any(is_quoted(m) for m in messages) else self.counter.count_structured(notice_message())
-        return self.counter.count_structured(state_block([error_section(error, SIZING_REF, True)])) + notice
+        return self.counter.count_structured(state_block([error_section(error, SIZING_REF)])) + notice
 
     def _restored(self, result: CompressionResult, cuts: dict[str, str] | None) -> CompressionResult:
         """The restored state's block made again for what the fallbacks left, in the room they
         left under the budget: a cut after the chain may have taken out of view what the block
         did not repeat (the failure line in the middle of an output), and what was shed may fit
         again. The blocks of files' contents stay as they are. With expansion on (`cuts`: what
-        the point kept by reference), the failure line names the output it is from by its
-        reference, as the chain's block does."""
+        the point kept by reference), a failure line in the cut middle of an output still in
+        view is pointed to by its reference, as the chain's block does, not quoted again."""
         if self.restore is None or result.tokens_after > self.hard:
             return result
         messages = [m for m in result.compressed_messages if kind_of(m) != RESTORE]

@@ -196,8 +196,8 @@ class ActiveRestore:
         has no room for only brings the next compaction closer, and the agent can read the
         file again (the recovery message says so). With expansion on (`cuts`: what this
         compaction kept by reference), the last error's line is quoted and the output it
-        came from named by its reference (an output still in view with its middle cut: the
-        reference its separator names)."""
+        came from named, unless that output is still in view with its middle cut: its
+        separator names the reference there, and the block points to it."""
         s = self.state
         shown = "\n".join(readable_text(m) for m in visible or [])
         parts: list[str] = []
@@ -208,8 +208,6 @@ class ActiveRestore:
         if s.active_plan:
             parts.append("Active plan:\n" + s.active_plan)
         if s.last_error and s.last_error not in shown:
-            # The line itself, even when its output is still in view with its middle cut: a
-            # pointer alone leaves the agent an expansion away from the one line it needs.
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
             parts.append(error_section(s.last_error, ref, ref is not None and ref in shown))
         if s.active_skill:
@@ -243,10 +241,13 @@ class ActiveRestore:
 
 def error_section(line: str, ref: str | None, in_view: bool = False) -> str:
     """The state's section about the last failure: its line, and the output it is from by
-    reference (`in_view`: that output is still in the request with its middle cut)."""
-    where = "" if ref is None else (f"\n(in the cut middle of an output still in view: ref {ref})" if in_view
-                                    else f"\n(the output it is from: ref {ref})")
-    return ERROR_SECTION + line + where
+    reference; with `in_view` (that output is still in the request, the line in its cut
+    middle), the reference alone: the separator there names it, and the line is an expansion
+    away, as everything else that cut took out of view."""
+    if ref is not None and in_view:
+        return ("The last error a tool reported (it may since be fixed) is in the cut middle of an output still "
+                f"in view: ref {ref}.")
+    return ERROR_SECTION + line + ("" if ref is None else f"\n(the output it is from: ref {ref})")
 
 
 def state_block(sections: list[str]) -> Message:

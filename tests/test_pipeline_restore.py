@@ -296,9 +296,11 @@ def test_a_folder_the_agent_viewed_is_named_but_its_listing_not_restored() -> No
     assert [f.path for f in extract_working_state(one, CFG).current_files] == ["/w/notes.txt"]
 
 
-def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_quoted_with_its_reference() -> None:
+def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_pointed_to_not_repeated() -> None:
     """The failing command's output is still in view, its middle (with the failure line) cut by
-    reference: the restored state quotes the line itself, and names where the rest of it is."""
+    reference: the restored state points to that reference rather than repeat the line (it is
+    an expansion away, as everything else the cut took: check_expand); an output out of view
+    has its line quoted, with the reference it is from."""
     output = "Traceback (most recent call last):\n" + filler(300, 2) + "\nAttributeError: no attribute 'pixel_array'"
     h = [system(), user("task"), *turn("1", "execute_bash", output, command="python repro.py"), user("newest")]
     state = extract_working_state(h, CFG)
@@ -308,4 +310,7 @@ def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_quoted_with_it
     visible = [*h[:3], tool("1", cut), h[-1]]
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=visible, cuts={ref: output[40:]})
     text = "\n".join(quoted_text(b) for b in blocks)
+    assert f"ref {ref}" in text and state.last_error not in text
+    gone = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=[*h[:2], h[-1]], cuts={ref: output[40:]})
+    text = "\n".join(quoted_text(b) for b in gone)
     assert state.last_error in text and f"ref {ref}" in text

@@ -31,7 +31,7 @@ import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -41,7 +41,8 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
 from ctxgate.proxy.replay.baselines import BASELINES, baseline_replay
 from ctxgate.proxy.replay.driver import agent_turns, replay
-from ctxgate.proxy.replay.probes import ERROR_MARKERS, PATH_RE, PROBES, floor_of, needs_of, squash
+from ctxgate.proxy.replay.probes import (ERROR_MARKERS, LATEST, PATH_RE, PROBES, floor_of, needs_of, observations,
+                                         squash, task_statement_index)
 from ctxgate.proxy.replay.scores import PRICES, RunScore, pooled, score_run, whole_history_cost
 from ctxgate.proxy.replay.upstream import ProviderCount
 from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of
@@ -96,6 +97,45 @@ class RunResult:
     least_points: dict[float, int]
     """Per ratio, the fewest compaction points any compactor needs under ctxgate's trigger."""
     least_points_at_limit: dict[float, int]
+    allowed: dict[float, "Allowed"] = field(default_factory=dict)
+    """Per ratio, what the limit allows any compactor that keeps the system prompt and the task."""
+
+
+@dataclass
+class Allowed:
+    """What a run's limit allows a compactor that keeps the system prompt, the task statement
+    and the tools schema: an upper bound (ctxgate forwards within the effective budget, 95% of
+    the limit, unless those alone are over it: issue 36 item 8)."""
+    latest: float
+    """The mean over turns of the newest messages (up to `LATEST`) that fit beside them, whole."""
+    short: int
+    """Turns where fewer than the newest `LATEST` fit."""
+    unservable: int
+    """Turns where not even the last message fits (an observation cut to Microcompact's least)."""
+
+
+def allowed(messages: list[Message], text_mode: bool, provider: ProviderCount, limit: int) -> Allowed:
+    least = PipelineConfig().microcompact.min_threshold + 16  # the least an observation is cut to, with its separator
+    line = limit
+    shares, short, unservable = [], 0, 0
+    for i in agent_turns(messages):
+        request = messages[:i]
+        task = task_statement_index(request)
+        head = [k for k in range(len(request)) if k == task or (k == 0 and request[k].get("role") == "system")]
+        want = min(LATEST, len(request))
+        fits = 0
+        for n in range(1, want + 1):
+            if provider([request[k] for k in sorted(set(head) | set(range(len(request) - n, len(request))))]) > line:
+                break
+            fits = n
+        shares.append(fits / want)
+        short += fits < want
+        last = request[-1]
+        observation = last in observations(request, text_mode) and len(request) - 1 not in head
+        cost = provider([request[k] for k in head]) + (0 if len(request) - 1 in head else min(
+            provider.counter.count_structured(last), least) if observation else provider.counter.count_structured(last))
+        unservable += cost > line
+    return Allowed(sum(shares) / max(1, len(shares)), short, unservable)
 
 
 def runs(only: str | None, limit: int | None) -> list[tuple[str, Trajectory, str, list[Message]]]:
@@ -173,8 +213,10 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
     cfg = PipelineConfig()
     least = {ratio: fewest(cfg.trigger_ratio * cfg.effective_budget(int(ratio * final))) for ratio in RATIOS}
     at_limit = {ratio: fewest(int(ratio * final)) for ratio in RATIOS}
+    bounds = {ratio: allowed(messages, dialect != TOOL_CALLS, provider, int(ratio * final))
+              for ratio in RATIOS if out[ratio] is not None}
     return RunResult(name, t.source, dialect, out, {ratio: floor / max(1, int(ratio * final)) for ratio in RATIOS},
-                     least, at_limit)
+                     least, at_limit, bounds)
 
 
 def plural(n: int, word: str) -> str:
@@ -390,6 +432,33 @@ def long_section(results: list[RunResult]) -> str:
                            rows) + "\n")
 
 
+def limits_section(results: list[RunResult]) -> str:
+    """Issue 36's targets for the newest messages and refusals beside what the limit allows."""
+    rows = []
+    for ratio, d, ok in cells(results):
+        bounds = [r.allowed[ratio] for r, _ in ok]
+        f = pooled([s[STAND_IN] for _, s in ok])
+        drop = pooled([s["drop-oldest"] for _, s in ok])
+        turns = sum(s[STAND_IN].turns for _, s in ok)
+        aim = 0.94 if ratio == 0.50 else 0.90
+        best = sum(b.latest for b in bounds) / len(bounds)
+        rows.append([f"{d} at {ratio:.0%} ({len(ok)})", f"{aim:.2f}", fmt(best), fmt(f["latest"]), fmt(drop["latest"]),
+                     f"{sum(b.short > 0 for b in bounds)} / {sum(b.short for b in bounds)}",
+                     f"{sum(b.unservable > 0 for b in bounds)} / {sum(b.unservable for b in bounds)} of {turns}",
+                     pct(f["refused"]), pct(drop["refused"])])
+    return ("### What the limits allow: the newest messages and refusals\n\nA compactor that keeps the system "
+            "prompt, the task statement and the tools schema can keep at best the newest messages (up to "
+            f"{LATEST}, whole) that fit beside them within the limit: *last 6 at best* is that share, per turn, "
+            "averaged as the probe is (an upper bound: ctxgate forwards within the effective budget, 95% of the "
+            "limit, unless those alone are over it, issue 36 item 8; drop-oldest keeps no task and may pass it). "
+            f"*Runs / turns short*: runs with a turn, and turns, where fewer than the newest {LATEST} fit. "
+            "*Unservable*: turns where not even the last message fits beside them (an observation cut to "
+            "Microcompact's least): every such compactor refuses them.\n\n"
+            + common.table(["dialect at limit (runs)", "target last 6", "last 6 at best", "ctxgate last 6",
+                            "drop-oldest last 6", "runs / turns short", "runs / turns unservable", "ctxgate refused",
+                            "drop-oldest refused"], rows) + "\n")
+
+
 def report(results: list[RunResult], long: list[RunResult], elapsed: float, note: str) -> str:
     header = common.section_header("Recoverability per dialect: multi-turn replay, the upstream enforcing the limit")
     out = [header.rstrip("\n") + f"\n- wall time {elapsed:.0f}s{note}\n"]
@@ -400,6 +469,7 @@ def report(results: list[RunResult], long: list[RunResult], elapsed: float, note
     out.append(scoreboard(results) + "\n")
     out.append(aims(results))
     out.append(cost_targets(results))
+    out.append(limits_section(results))
     if long:
         out.append(long_section(long))
     for ratio in RATIOS:

@@ -107,35 +107,47 @@ class Allowed:
     and the tools schema: an upper bound (ctxgate forwards within the effective budget, 95% of
     the limit, unless those alone are over it: issue 36 item 8)."""
     latest: float
-    """The mean over turns of the newest messages (up to `LATEST`) that fit beside them, whole."""
+    """The mean over turns of the share of the newest `LATEST` messages that can fit beside them, whole."""
     short: int
     """Turns where fewer than the newest `LATEST` fit."""
     unservable: int
     """Turns where not even the last message fits (an observation cut to Microcompact's least)."""
+    over_budget: int
+    """Turns where it fits the limit but not the effective budget: ctxgate refuses them (issue 36
+    item 8: its count may be off by the margin), a compactor that trusts its count to the token
+    need not."""
 
 
 def allowed(messages: list[Message], text_mode: bool, provider: ProviderCount, limit: int) -> Allowed:
-    least = PipelineConfig().microcompact.min_threshold + 16  # the least an observation is cut to, with its separator
+    cfg = PipelineConfig()
+    least = cfg.microcompact.min_threshold + 16  # the least an observation is cut to, with its separator
     line = limit
-    shares, short, unservable = [], 0, 0
+    floor = floor_of(messages, provider)
+    budget = cfg.effective_budget(limit) if floor <= cfg.effective_budget(limit) else limit
+    shares, short, unservable, over_budget = [], 0, 0, 0
     for i in agent_turns(messages):
         request = messages[:i]
         task = task_statement_index(request)
         head = [k for k in range(len(request)) if k == task or (k == 0 and request[k].get("role") == "system")]
         want = min(LATEST, len(request))
-        fits = 0
-        for n in range(1, want + 1):
-            if provider([request[k] for k in sorted(set(head) | set(range(len(request) - n, len(request))))]) > line:
+        window = set(range(len(request) - want, len(request)))
+        # The most of the newest messages that fit whole beside the head: the smallest first (the
+        # others cut or dropped, at no cost here: an upper bound); the head counts where it is among them.
+        chosen = set(head)
+        for k in sorted(window - chosen, key=lambda k: provider.counter.count_structured(request[k])):
+            if provider([request[j] for j in sorted(chosen | {k})]) > line:
                 break
-            fits = n
-        shares.append(fits / want)
-        short += fits < want
+            chosen.add(k)
+        kept = len(window & chosen)
+        shares.append(kept / want)
+        short += kept < want
         last = request[-1]
         observation = last in observations(request, text_mode) and len(request) - 1 not in head
         cost = provider([request[k] for k in head]) + (0 if len(request) - 1 in head else min(
             provider.counter.count_structured(last), least) if observation else provider.counter.count_structured(last))
         unservable += cost > line
-    return Allowed(sum(shares) / max(1, len(shares)), short, unservable)
+        over_budget += budget < cost <= line
+    return Allowed(sum(shares) / max(1, len(shares)), short, unservable, over_budget)
 
 
 def runs(only: str | None, limit: int | None) -> list[tuple[str, Trajectory, str, list[Message]]]:
@@ -445,18 +457,24 @@ def limits_section(results: list[RunResult]) -> str:
         rows.append([f"{d} at {ratio:.0%} ({len(ok)})", f"{aim:.2f}", fmt(best), fmt(f["latest"]), fmt(drop["latest"]),
                      f"{sum(b.short > 0 for b in bounds)} / {sum(b.short for b in bounds)}",
                      f"{sum(b.unservable > 0 for b in bounds)} / {sum(b.unservable for b in bounds)} of {turns}",
+                     f"{sum(b.over_budget > 0 for b in bounds)} / {sum(b.over_budget for b in bounds)}",
                      pct(f["refused"]), pct(drop["refused"])])
     return ("### What the limits allow: the newest messages and refusals\n\nA compactor that keeps the system "
-            "prompt, the task statement and the tools schema can keep at best the newest messages (up to "
-            f"{LATEST}, whole) that fit beside them within the limit: *last 6 at best* is that share, per turn, "
-            "averaged as the probe is (an upper bound: ctxgate forwards within the effective budget, 95% of the "
-            "limit, unless those alone are over it, issue 36 item 8; drop-oldest keeps no task and may pass it). "
-            f"*Runs / turns short*: runs with a turn, and turns, where fewer than the newest {LATEST} fit. "
+            f"prompt, the task statement and the tools schema can keep at best as many of the newest {LATEST} "
+            "messages whole as fit beside them within the limit (the smallest first, the others cut or dropped): "
+            "*last 6 at best* is that share, per turn, averaged as the probe is (an upper bound: ctxgate forwards "
+            "within the effective budget, 95% of the limit, unless those alone are over it, issue 36 item 8; "
+            "drop-oldest keeps no task and may pass it). "
+            f"*Runs / turns short*: runs with a turn, and turns, where not all the newest {LATEST} fit. "
             "*Unservable*: turns where not even the last message fits beside them (an observation cut to "
-            "Microcompact's least): every such compactor refuses them.\n\n"
+            "Microcompact's least): every such compactor refuses them. *Over the budget only*: turns where that "
+            "fits the limit but not the effective budget; ctxgate refuses these too (its count may be off by the "
+            "margin: issue 36 item 8), drop-oldest does not (it keeps no task, and its upstream counts as it does)."
+            "\n\n"
             + common.table(["dialect at limit (runs)", "target last 6", "last 6 at best", "ctxgate last 6",
-                            "drop-oldest last 6", "runs / turns short", "runs / turns unservable", "ctxgate refused",
-                            "drop-oldest refused"], rows) + "\n")
+                            "drop-oldest last 6", "runs / turns short", "runs / turns unservable",
+                            "runs / turns over the budget only", "ctxgate refused", "drop-oldest refused"],
+                           rows) + "\n")
 
 
 def report(results: list[RunResult], long: list[RunResult], elapsed: float, note: str) -> str:

@@ -178,7 +178,7 @@ def adoption(turn: Turn, facts: SessionFacts, record: CompactionRecord) -> Adopt
     the session below the watermark where a speculation starts. One made several turns ago that
     now leaves less room than that would only bring the next compaction point (a prefix change
     and a summary) closer than compacting afresh."""
-    found = match(record, turn.prefix_hashes)  # whole, or by its stable part (pipeline/stable_head.py)
+    found = match(record, turn)  # whole, or by its stable part (pipeline/stable_head.py)
     if found is None:
         return Adoption(None)
     view, _ = with_expanded(facts, turn, found.head + turn.messages[found.covered:], found.covered, len(found.head))

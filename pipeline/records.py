@@ -2,7 +2,7 @@
 kept in the session and its log, and re-applied on every later turn (docs/compaction.md)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .notes import tag_legacy
@@ -33,6 +33,11 @@ class CompactionRecord:
     tail_tokens: int = 0
     """That copy's count (in `counted_by`'s tokenizer, no reply priming): the head's count is
     `tokens_after` less this."""
+    rebuildable: list[list[Any]] = field(default_factory=list)
+    """The head's messages the client may rebuild in place: `[client index, head index,
+    fingerprint, tokens]` each (`pipeline/rebuilt.py`)."""
+    segments: list[str] = field(default_factory=list)
+    """The span hashes of the client's runs of the stable part before, between and after them."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CompactionRecord":

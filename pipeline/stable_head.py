@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from .budget import Turn
 from .fingerprint import message_fingerprint
+from .rebuilt import rebuilt_head, with_rebuildable
 from .records import CompactionRecord
 from .tokens import REPLY_PRIMING
 
@@ -35,6 +36,8 @@ class Match:
     head: list[Message]
     whole: bool
     """The request starts with every message the record replaced (`covered` is its `prefix_len`)."""
+    added: int = 0
+    """What the client's rebuilt messages in `head` add to its count (`pipeline/rebuilt.py`)."""
 
 
 def verbatim_tail(out: Sequence[Message], fingerprints: Sequence[str]) -> int:
@@ -54,27 +57,33 @@ def with_stable_head(record: CompactionRecord, turn: Turn) -> CompactionRecord:
     stable = record.prefix_len - tail
     if tail == 0 or stable <= 0 or tail >= len(record.messages):
         return record
-    return replace(record, stable_len=stable, stable_hash=turn.prefix_hashes[stable - 1],
-                   tail_tokens=turn.message_tokens(stable) - REPLY_PRIMING)
+    stable_record = replace(record, stable_len=stable, stable_hash=turn.prefix_hashes[stable - 1],
+                            tail_tokens=turn.message_tokens(stable) - REPLY_PRIMING)
+    return with_rebuildable(stable_record, turn, record.messages[:len(record.messages) - tail])
 
 
-def match(record: CompactionRecord, prefix_hashes: Sequence[str]) -> Match | None:
-    """`record` applied to the client's messages named by `prefix_hashes`: whole when they
-    start with every message it replaced, else by its stable part, else None."""
-    k = record.prefix_len
-    if 0 < k <= len(prefix_hashes) and prefix_hashes[k - 1] == record.prefix_hash:
+def match(record: CompactionRecord, turn: Turn) -> Match | None:
+    """`record` applied to `turn`'s messages: whole when they start with every message it
+    replaced, else by its stable part, as it is or with messages it kept rebuilt in place by
+    the client (`pipeline/rebuilt.py`), else None."""
+    k, hashes = record.prefix_len, turn.prefix_hashes
+    if 0 < k <= len(hashes) and hashes[k - 1] == record.prefix_hash:
         return Match(record, k, record.messages, True)
     j = record.stable_len
-    if 0 < j <= len(prefix_hashes) and prefix_hashes[j - 1] == record.stable_hash:
-        return Match(record, j, record.messages[:len(record.messages) - (k - j)], False)
-    return None
+    if not 0 < j <= len(hashes):
+        return None
+    head = record.messages[:len(record.messages) - (k - j)]
+    if hashes[j - 1] == record.stable_hash:
+        return Match(record, j, head, False)
+    rebuilt = rebuilt_head(record, turn, head)
+    return Match(record, j, rebuilt[0], False, rebuilt[1]) if rebuilt is not None else None
 
 
-def best_match(records: Sequence[CompactionRecord], prefix_hashes: Sequence[str]) -> Match | None:
+def best_match(records: Sequence[CompactionRecord], turn: Turn) -> Match | None:
     """The newest record (the longest `prefix_len`: a record replaces those at or past its
-    length) that the request matches, whole or by its stable part."""
+    length) that `turn` matches, whole or by its stable part."""
     for record in sorted(records, key=lambda r: r.prefix_len, reverse=True):
-        found = match(record, prefix_hashes)
+        found = match(record, turn)
         if found is not None:
             return found
     return None

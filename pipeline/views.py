@@ -33,7 +33,7 @@ def apply_records(facts: SessionFacts, turn: Turn,
     exchanges put back add. What arrived since is forwarded as the client sent it: it is the
     recent window, with the expansion exchanges of its answered turns back in place (unless
     `exchanges` is False: `compaction_view`)."""
-    found = best_match(facts.records, turn.prefix_hashes)
+    found = best_match(facts.records, turn)
     if found is None:
         if not exchanges:
             return list(turn.messages), None, 0
@@ -94,4 +94,4 @@ def head_tokens(found: Match, counter: TokenCounter) -> int:
     record = found.record
     if record.counted_by != counter.name:
         return counter.count_messages(with_notice(found.head))
-    return record.tokens_after if found.whole else record.tokens_after - record.tail_tokens
+    return record.tokens_after if found.whole else record.tokens_after - record.tail_tokens + found.added

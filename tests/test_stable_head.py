@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctxgate.pipeline.config import PipelineConfig
-from ctxgate.pipeline.notes import with_notice
+from ctxgate.pipeline.notes import TAG, with_notice
 from ctxgate.pipeline.stable_head import best_match, match, with_stable_head
 from ctxgate.pipeline.views import forwarded_view
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
@@ -24,6 +24,12 @@ from pipeline_builders import Message, assistant, counter, filler, system, user
 BUDGET = 6000
 REMINDER = "\n\n# Reminder: answer with SEARCH/REPLACE blocks only.\n" + filler(120, 999)
 FILES = "I am not sharing any files that you can edit yet."
+CALC_V1 = "def total(*args):\n    return 0\n"
+CALC_V2 = "def total(*args):\n    return sum(args)\n"
+
+
+def files_message(text: str) -> str:
+    return f"I have *added these files to the chat* so you can go ahead and edit them.\n\ncalc.py\n```\n{text}```\n"
 
 
 async def _never(_: list[Message]) -> str:
@@ -35,10 +41,11 @@ def _turn(messages: list[Message]) -> Turn:
                 config=PipelineConfig(), max_input_tokens=BUDGET, summarize=_never)
 
 
-def _request(steps: int, reminder: bool = True, size: int = 300) -> list[Message]:
+def _request(steps: int, reminder: bool = True, size: int = 300, files: str | None = None) -> list[Message]:
     """What an aider-like agent sends after `steps` steps: its instructions, its files message,
     the task, a ```bash step per turn with its output, and the reminder on the newest user turn."""
-    out = [system("Act as an expert software developer."), user(FILES), assistant("Ok."),
+    out = [system("Act as an expert software developer."), user(FILES if files is None else files_message(files)),
+           assistant("Ok."),
            user("TASK: run the steps one at a time.")]
     for k in range(1, steps + 1):
         out += [assistant(f"Running step {k}.\n\n```bash\necho STEP-{k}-OK\n```"),
@@ -80,7 +87,7 @@ async def test_the_stable_match_is_counted_as_the_view_it_forwards() -> None:
     record = state.records[-1]
     assert 0 < record.stable_len < record.prefix_len and record.tail_tokens > 0
     nxt = _turn(_request(steps + 1))
-    found = best_match(state.records, nxt.prefix_hashes)
+    found = best_match(state.records, nxt)
     assert found is not None and not found.whole and found.covered == record.stable_len
     view, tokens = forwarded_view(state, nxt)
     assert view == found.head + nxt.messages[record.stable_len:]
@@ -97,7 +104,7 @@ async def test_a_client_that_rewrote_what_a_point_compacted_gets_none_of_its_not
     record = state.records[-1]
     rewritten = _request(steps + 1)
     rewritten[5] = {**rewritten[5], "content": rewritten[5]["content"].replace("STEP-1-OK\n", "STEP-1-FAILED\n")}
-    assert best_match(state.records, _turn(rewritten).prefix_hashes) is None
+    assert best_match(state.records, _turn(rewritten)) is None
     # the same history with its old steps replaced by the client's own summary: under the
     # trigger, it is forwarded exactly as sent, with no note of ctxgate's
     summarised = rewritten[:4] + [user("Summary of steps 1 to 9: all printed their marker."), assistant("Ok.")] \
@@ -107,19 +114,50 @@ async def test_a_client_that_rewrote_what_a_point_compacted_gets_none_of_its_not
     assert state.records[-1] is record
 
 
-def test_a_message_kept_beside_the_notes_is_part_of_what_must_match() -> None:
-    """The task statement and the files message are kept verbatim in the head: a request that
-    changed one of them is not the history the head stands for."""
+def test_a_message_kept_beside_the_notes_may_be_rebuilt_in_place_but_not_moved_and_not_the_task() -> None:
+    """The instructions and the files message kept verbatim in the head: the client's new version
+    of one, at the same place, takes the old one's place in the head (pipeline/rebuilt.py). The
+    task statement changed, a kept message moved, or anything the notes stand for changed beside
+    it: not the history the head stands for."""
     messages = _request(12)
     head = messages[:4] + [{"role": "user", "content": "note", "ctxgate": "snip"}]
     record = _record(messages, head + messages[-6:])
     assert record.stable_len == len(messages) - 6
+    assert [k[0] for k in record.rebuildable] == [0, 1, 2]  # not the task (3)
     later = _request(13)
-    assert match(record, _turn(later).prefix_hashes) is not None
-    for i in (0, 1, 3):
+    assert match(record, _turn(later)) is not None
+    for i in (0, 1):
         changed = [dict(m) for m in later]
-        changed[i]["content"] += " (edited)"
-        assert match(record, _turn(changed).prefix_hashes) is None, i
+        changed[i]["content"] += " (rebuilt)"
+        found = match(record, _turn(changed))
+        assert found is not None and found.head == [*changed[:4], head[4]], i
+        assert found.added == counter().count_structured(changed[i]) - counter().count_structured(later[i])
+    task = [dict(m) for m in later]
+    task[3]["content"] += " (edited)"
+    assert match(record, _turn(task)) is None
+    moved = later[:1] + later[3:-1] + later[1:3] + later[-1:]
+    assert match(record, _turn(moved)) is None
+    beside = [dict(m) for m in later]
+    beside[1]["content"] += " (rebuilt)"
+    beside[6]["content"] += " (changed)"
+    assert match(record, _turn(beside)) is None
+
+
+async def test_a_rebuilt_files_message_is_forwarded_as_sent_and_counted() -> None:
+    """aider's files-in-chat message (kept for edits) rebuilt in place with the file's new text
+    after a point: the next turn is no point, forwards the new text, and is counted as sent."""
+    compactor, state = Compactor(), SessionState("t", "s")
+    steps = 1
+    while not (await _forward(compactor, state, _request(steps, files=CALC_V1)))[1]:
+        steps += 1
+    nxt = _request(steps + 1, files=CALC_V2)
+    sent, point = await _forward(compactor, state, nxt)
+    assert not point and any(TAG in m for m in sent), "the point's notes, in front of the rebuilt message"
+    assert any(m.get("content") == files_message(CALC_V2) for m in sent)
+    assert not any(m.get("content") == files_message(CALC_V1) for m in sent)
+    turn = _turn(nxt)
+    view, tokens = forwarded_view(state, turn)
+    assert view == sent and tokens == counter().count_messages(with_notice(view)) + turn.outside_tokens()
 
 
 def test_a_record_that_changed_the_last_message_or_compacted_nothing_matches_whole_only() -> None:
@@ -128,8 +166,8 @@ def test_a_record_that_changed_the_last_message_or_compacted_nothing_matches_who
     assert cut.stable_len == 0
     nothing = _record(messages, list(messages))
     assert nothing.stable_len == 0
-    assert match(nothing, _turn(messages).prefix_hashes) is not None
-    assert match(nothing, _turn(_request(13)).prefix_hashes) is None
+    assert match(nothing, _turn(messages)) is not None
+    assert match(nothing, _turn(_request(13))) is None
 
 
 def test_a_record_stored_before_the_stable_part_existed_still_matches_whole() -> None:
@@ -139,8 +177,8 @@ def test_a_record_stored_before_the_stable_part_existed_still_matches_whole() ->
     stored = {k: v for k, v in asdict(record).items() if k not in ("stable_len", "stable_hash", "tail_tokens")}
     old = CompactionRecord.from_dict(stored)
     assert old.stable_len == 0
-    assert match(old, _turn(messages + [assistant("x"), user("y")]).prefix_hashes) is not None
-    assert match(old, _turn(_request(13)).prefix_hashes) is None
+    assert match(old, _turn(messages + [assistant("x"), user("y")])) is not None
+    assert match(old, _turn(_request(13))) is None
 
 
 def _record(messages: list[Message], out: list[Message]) -> CompactionRecord:
@@ -165,11 +203,11 @@ def _compacted() -> tuple[SessionState, int]:
 
 @settings(max_examples=200, deadline=None)
 @given(where=st.floats(0, 1, exclude_max=True), how=st.sampled_from(["edit", "drop", "insert"]))
-def test_a_change_anywhere_in_the_stable_part_matches_nothing_and_after_it_keeps_the_head(where: float,
+def test_a_change_in_the_stable_part_matches_nothing_but_a_kept_message_rebuilt_in_place(where: float,
                                                                                            how: str) -> None:
-    """Whatever the client changes, the record's head is forwarded only in front of the stable
-    part as the record saw it: within it, no match (whatever the change); after it, the head
-    and the client's messages from there on, as sent."""
+    """Within the stable part, no match, but for a message the head kept verbatim edited in place
+    (the head then holds the client's version); after it, the head and the client's messages
+    from there on, as sent."""
     state, steps = _compacted()
     record = state.records[-1]
     messages = _request(steps + 1)
@@ -180,8 +218,11 @@ def test_a_change_anywhere_in_the_stable_part_matches_nothing_and_after_it_keeps
         del messages[i]
     else:
         messages.insert(i, user("an inserted turn"))
-    found = best_match(state.records, _turn(messages).prefix_hashes)
-    if i < record.stable_len:
+    found = best_match(state.records, _turn(messages))
+    rebuilt = {k[0]: k[1] for k in record.rebuildable}
+    if i < record.stable_len and how == "edit" and i in rebuilt:  # kept in the head: the client's version there
+        assert found is not None and found.head[rebuilt[i]] == messages[i]
+    elif i < record.stable_len:
         assert found is None
     else:
         assert found is not None and found.covered == record.stable_len

@@ -1,8 +1,8 @@
 """A new conversation far below the trigger is forwarded before its count is done and counted
 beside the upstream call (`TurnEngine.prepare`, `ctxgate_counts_beside_upstream_total`); its
 X-Ctx-Tokens-In/-Out, whole or streamed, and its WAL lines are what the same conversation gets
-when it is counted first. One the bytes put near the trigger is counted first, and compacted
-as before."""
+when it is counted first, on the chat door and the Responses door. One the bytes put near the
+trigger is counted first, and compacted as before."""
 from __future__ import annotations
 
 import re
@@ -14,6 +14,7 @@ import pytest
 
 from clients import KEYS
 from ctxgate.pipeline.tokens import TokenizerRegistry
+from ctxgate.proxy.doors.responses_model import to_messages
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
 from servers import METRICS_HEADERS, Gateway
@@ -48,15 +49,36 @@ def beside(gw: Gateway) -> float:
 
 
 def send(gw: Gateway, messages: list[dict[str, Any]], session: str, stream: bool,
-         headers: dict[str, str] | None = None) -> httpx.Headers:
-    """The reply's headers, once the whole reply is read (a stream to its `[DONE]`)."""
-    body = {"model": "gpt-4o", "messages": messages, "stream": stream}
+         headers: dict[str, str] | None = None, responses: bool = False) -> httpx.Headers:
+    """The reply's headers, once the whole reply is read (a stream to its last event); with
+    `responses`, the conversation sent to the Responses door as its items."""
+    body: dict[str, Any] = {"model": "gpt-4o", "messages": messages, "stream": stream}
+    if responses:
+        body = {"model": "gpt-4o", "instructions": messages[0]["content"], "input": items(messages[1:]),
+                "stream": stream, "store": False}
     sent = {"Authorization": f"Bearer {KEYS['acme']}", "X-Ctx-Session": session, **(headers or {})}
-    with httpx.stream("POST", gw.url + "/chat/completions", json=body, headers=sent, timeout=60) as r:
+    path = "/responses" if responses else "/chat/completions"
+    with httpx.stream("POST", gw.url + path, json=body, headers=sent, timeout=60) as r:
         text = r.read().decode()
         assert r.status_code == 200, text
-    assert "data: [DONE]" in text if stream else '"choices"' in text
+    ended = ("response.completed" if responses else "data: [DONE]") if stream else '"output"' if responses \
+        else '"choices"'
+    assert ended in text
     return r.headers
+
+
+def items(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages (user, assistant calls, tool results) as Responses input items."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            out += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                     "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+        elif m["role"] == "tool":
+            out.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
 
 
 def logged(gw: Gateway, session: str) -> list[dict[str, Any]]:
@@ -109,3 +131,22 @@ def test_a_new_conversation_near_the_trigger_is_counted_first_and_compacted(gate
     assert int(got["x-ctx-tokens-in"]) == exact
     assert got["x-ctx-levels"] != "none" and int(got["x-ctx-tokens-out"]) < exact
     assert up.chats()[-1].body["messages"] != messages
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_responses_door_counts_a_new_conversation_beside_the_upstream_call(gateway: Gateway,
+                                                                               up: ScriptedUpstream,
+                                                                               stream: bool) -> None:
+    messages = conversation(uuid.uuid4().hex)
+    before = beside(gateway)
+    got = send(gateway, messages, f"late-{uuid.uuid4().hex}", stream, responses=True)
+    assert beside(gateway) == before + 1
+    first = f"first-{uuid.uuid4().hex}"
+    send(gateway, conversation(uuid.uuid4().hex, steps=1), first, stream, responses=True)
+    counted = beside(gateway)
+    again = send(gateway, messages, first, stream, responses=True)
+    assert beside(gateway) == counted
+    assert got["x-ctx-levels"] == again["x-ctx-levels"] == "none"
+    assert (got["x-ctx-tokens-in"], got["x-ctx-tokens-out"]) == (again["x-ctx-tokens-in"], again["x-ctx-tokens-out"])
+    converted = to_messages(messages[0]["content"], items(messages[1:]))
+    assert int(got["x-ctx-tokens-in"]) == COUNTER.count_messages(converted)

@@ -16,6 +16,8 @@ from typing import Any, Mapping
 import orjson
 from aiohttp import web
 
+from ctxgate.pipeline.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_TOOL, json_bound
+
 from ..engine import client_compaction
 from ..engine.compaction import fingerprints_of
 from ..engine.memory_turn import scope_of
@@ -270,9 +272,15 @@ class ResponsesDoor:
             # inherited along a chain: the chain's own session is the better name.
             session_id = chained_session
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
+        tools = body.get("tools")
+        # A body that holds the whole conversation bounds its count (`tokens.json_bound`), with a
+        # margin for what an item's message or a flat tool counts beyond its own JSON.
+        bound = json_bound(raw) + TOKENS_PER_MESSAGE * len(found) + TOKENS_PER_TOOL * (
+            len(tools) if isinstance(tools, list) else 0) if not previous and found is items else None
+        turn = TurnInput(messages=messages, tools=tools, stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
-                         door_state=converted, body_bytes=len(raw), fresh_bytes=size if resent is not None else None)
+                         door_state=converted, body_bytes=len(raw), fresh_bytes=size if resent is not None else None,
+                         count_bound=bound)
         return caller, body, route, turn, session_id, asked
 
     def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],

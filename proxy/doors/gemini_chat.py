@@ -81,7 +81,9 @@ def chat_json(fields: dict[str, Any], read: ReadContents) -> bytes:
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:
     """A neutral message as chat takes it: no keys of ctxgate's; a model turn of thoughts only
     (no visible text, no call) as an empty text, which every chat API accepts."""
-    out = {k: v for k, v in m.items() if k not in (ORIGIN, TAG)}
+    out = m.copy()  # then the keys dropped: in C, twice as fast as a comprehension over every key
+    out.pop(ORIGIN, None)
+    out.pop(TAG, None)
     if out["role"] == "assistant" and out.get("content") is None and not out.get("tool_calls"):
         out["content"] = ""
     return out

@@ -16,7 +16,9 @@ from typing import Any
 from agent_steps import text_step
 from ctxgate.pipeline.protocols.base import text_of
 
-_NAME = re.compile(r"agent-edit-(\d+)")
+_NAME = re.compile(r"agent-edit-(\d+)(-touch)?")
+"""`-touch`: each step's command also appends a comment line to calc.py, so aider's files-in-chat
+message, which it rebuilds from the file every turn, has changed at the next turn."""
 BULK_LINES = 120
 """`seq 1 120`: about 250 tokens a step."""
 FILES_IN_CHAT = "I have *added these files to the chat*"
@@ -38,7 +40,8 @@ def edit_reply(messages: list[Any], model: str) -> str:
     if step is None:
         return "LOST"
     if step < total:
-        return f"Running step {step + 1}.\n\n```bash\necho STEP-{step + 1}-OK && seq 1 {BULK_LINES}\n```\n"
+        touch = f" && echo '# step {step + 1}' >> {EDITED_FILE}" if found.group(2) else ""
+        return f"Running step {step + 1}.\n\n```bash\necho STEP-{step + 1}-OK && seq 1 {BULK_LINES}{touch}\n```\n"
     said = [text_of(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
     files = next((text for text in reversed(said) if text.lstrip().startswith(FILES_IN_CHAT)), "")
     shown = _FENCED.search(files)

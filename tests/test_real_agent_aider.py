@@ -172,27 +172,32 @@ REBUILT_LIMIT = 6_000
 REBUILT_STEPS = 12
 
 
-def _kept(before: list[dict[str, object]], after: list[dict[str, object]], changed: int) -> bool:
-    """Whether `after` starts with `before` but for its last `changed` messages."""
-    keep = len(before) - changed
-    return after[:keep] == before[:keep]
+def _common(a: list[dict[str, object]], b: list[dict[str, object]]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _changed(before: list[dict[str, object]], after: list[dict[str, object]]) -> int:
-    """How many of `before`'s last messages `after` does not start with."""
-    same = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
-    return len(before) - same
+def _kept(sent: list[dict[str, object]], then: list[dict[str, object]], forwarded: list[dict[str, object]],
+          next_forwarded: list[dict[str, object]]) -> bool:
+    """Whether the request forwarded next starts with the one forwarded for `sent`, up to the
+    first message of `sent` that aider changed or left out in its next request (`then`), where
+    that forwarded request has it (anything of ctxgate's before it is part of what must hold)."""
+    changed = sent[_common(sent, then):]
+    at = min((i for i, m in enumerate(forwarded) if m in changed), default=len(forwarded))
+    return _common(forwarded, next_forwarded) >= at
 
 
-def test_aider_rebuilding_its_messages_every_turn_is_compacted_rarely(tmp_path: Path) -> None:
-    """aider rebuilds the end of its request every turn: its reminder goes on the newest user
-    turn, so the turn after, the message that carried it has changed. At a 6,000-token limit,
-    calc.py and a read-only file in the chat, 12 steps and then the edit: a compaction point
-    still holds for the turns after it (pipeline/stable_head.py), so the points are few, and
-    every forwarded request that is not a point starts with the one before it, but for the
-    messages aider itself changed. Before, every turn past the trigger was a point."""
+@pytest.mark.parametrize("touch", [False, True])
+def test_aider_rebuilding_its_messages_every_turn_is_compacted_rarely(tmp_path: Path, touch: bool) -> None:
+    """aider rebuilds its request every turn: its reminder goes on the newest user turn, so the
+    turn after, the message that carried it has changed; with `touch`, each step's command also
+    appends a line to calc.py, so its files-in-chat message, which a point keeps verbatim before
+    the history it compacts, has the file's new text each turn. At a 6,000-token limit, calc.py
+    and a read-only file in the chat, 12 steps and then the edit: a compaction point still holds
+    for the turns after it (pipeline/stable_head.py, pipeline/rebuilt.py), so the points are
+    few, and every forwarded request that is not a point starts with the one before it, but for
+    the messages aider itself changed. Before, every turn past the trigger was a point."""
     aider = pypi_agent("aider-chat") / "aider"
-    model = f"agent-edit-{REBUILT_STEPS}"
+    model = f"agent-edit-{REBUILT_STEPS}" + ("-touch" if touch else "")
     (tmp_path / "calc.py").write_text(CALC)
     (tmp_path / "notes.md").write_text(NOTES)
     upstream = ScriptedUpstream(limit=REBUILT_LIMIT).start()
@@ -211,7 +216,8 @@ def test_aider_rebuilding_its_messages_every_turn_is_compacted_rarely(tmp_path: 
         child.sendline("/exit")
         child.expect(pexpect.EOF)
         assert child.wait() == 0, last[-2000:]
-        assert (tmp_path / "calc.py").read_text() == CALC.replace("return 0", "return sum(args)")
+        touched = "".join(f"# step {k}\n" for k in range(1, REBUILT_STEPS + 1)) if touch else ""
+        assert (tmp_path / "calc.py").read_text() == CALC.replace("return 0", "return sum(args)") + touched
         # aider's turns (its own summary requests, two messages, aside), as sent and as forwarded
         sent = [orjson.loads(s.raw)["messages"] for s in recorder.log if s.path.endswith("/chat/completions")]
         sent = [m for m in sent if len(m) > 2]
@@ -220,9 +226,9 @@ def test_aider_rebuilding_its_messages_every_turn_is_compacted_rarely(tmp_path: 
         assert len(sent) == len(forwarded) == REBUILT_STEPS + 1, (len(sent), len(forwarded))
         assert all(r.prompt_tokens is not None and r.prompt_tokens <= REBUILT_LIMIT for r in upstream.log
                    if r.door == "chat" and isinstance(r.body, dict) and r.body.get("model") == model)
-        changed = [_changed(a, b) for a, b in zip(sent, sent[1:])]
-        assert all(c >= 1 for c in changed), changed  # aider changed what it sent last every turn
-        points = [i + 1 for i, (a, b, c) in enumerate(zip(forwarded, forwarded[1:], changed)) if not _kept(a, b, c)]
+        assert all(_common(a, b) < len(a) for a, b in zip(sent, sent[1:]))  # aider changed what it sent every turn
+        points = [i + 1 for i in range(len(sent) - 1)
+                  if not _kept(sent[i], sent[i + 1], forwarded[i], forwarded[i + 1])]
         compacted = [i for i, (s, f) in enumerate(zip(sent, forwarded)) if s != f]
         assert compacted and 1 <= len(points) <= len(forwarded) // 4, (points, compacted)
     finally:

@@ -14,6 +14,7 @@ copy the head kept is not known), nor one that moved.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -32,7 +33,8 @@ def with_rebuildable(record: CompactionRecord, turn: Turn, head: Sequence[Messag
     runs before, between and after them up to the stable part's end."""
     stable = record.stable_len
     fps = turn.fingerprints[:stable]
-    once = {fp: i for i, fp in enumerate(fps) if fps.count(fp) == 1} if head else {}
+    seen = Counter(fps)
+    once = {fp: i for i, fp in enumerate(fps) if seen[fp] == 1}
     task = task_index(turn.messages)
     kept: list[list[Any]] = []
     for h, message in enumerate(head):

@@ -15,7 +15,8 @@ from .notes import (RESTORE, SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_m
 from .refs import SIZING_REF, render_span
 from .restore import ActiveRestore, error_section, shed_own_messages, state_block
 from .snip import SnipStrategy
-from .ledger import covering_note
+from .conversation import read_conversation
+from .ledger import covering_note, folded, span_entries
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .turns import is_valid_sequence, leading_instructions, task_index
@@ -147,12 +148,18 @@ class OverBudget:
             return result
         if gone:
             ref = request.cuts.keep(render_span(gone)) if request.cuts is not None else None
-            note = plain_note(SNIP, f"{SNIP_MARKER} {len(gone)} earlier messages were removed"
-                                    + (f" (ref {ref})." if ref else "."))
+            count = f"{SNIP_MARKER} {len(gone)} earlier messages were removed" + (f" (ref {ref})." if ref else ".")
+            # The steps they and the notes among them named, as one range of tool names (every step
+            # number stays covered), when that fits too; else the count alone.
+            dropped = [i for i in range(len(messages)) if i not in pinned and i not in kept]
+            entries = span_entries(read_conversation(messages, request.dialect), dropped, None)
+            forms = ([count + "\n" + folded(entries, None, failures=False).text] if entries else []) + [count]
             at = len(pinned)
-            noted = out[:at] + [note] + out[at:]
-            if counter.count_messages(noted) + notice_tokens(counter, noted) <= line:
-                out = noted
+            for text in forms:
+                noted = out[:at] + [plain_note(SNIP, text)] + out[at:]
+                if counter.count_messages(noted) + notice_tokens(counter, noted) <= line:
+                    out = noted
+                    break
         tokens = counter.count_messages(out) + notice_tokens(counter, out)
         return replace(result, compressed_messages=out, tokens_after=tokens,
                        recovery_hints=[*result.recovery_hints, "over the budget with every fallback: the newest "

@@ -170,3 +170,16 @@ async def test_the_last_failure_line_takes_the_room_of_the_earlier_notes_at_a_ti
     own = [quoted_text(m) or str(m["content"]) for m in last.messages if is_ctxgate_message(m)]
     assert any("Error: not enough seats on flight HAT290" in text for text in own)
     assert any("update_reservation_flights" in text and "steps" in text for text in own)
+
+
+async def test_the_newest_turn_alone_comes_with_the_steps_it_replaced_named_when_they_fit() -> None:
+    """The same fallback after a tool step: the one line that counts what went also names the
+    step (its number and tool), so every step stays covered, when the room allows it."""
+    h = [system(filler(1200, 1)), user("Hi, I want to change my flight."),
+         calls(call("a", "get_reservation_details", reservation_id="X1")), tool("a", filler(40, 2)),
+         assistant(filler(200, 4)), user(filler(25, 5))]
+    essential = counter().count_messages([h[0], h[1], h[-1]])
+    out = await _point(h, int((essential + 45) / 0.95), "reactive")
+    assert out[:2] == h[:2] and out[-1] == h[-1] and h[-2] not in out
+    [note] = [m for m in out if is_ctxgate_message(m)]
+    assert "steps 1–1: get_reservation_details" in note["content"]

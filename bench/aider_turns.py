@@ -8,8 +8,8 @@ tests/test_real_agent_aider.py drives it: yes to each command and to adding its 
 message it sent last. Per scenario: aider's turns (its own summary requests aside), the turns
 that were compaction points (`X-Ctx-Levels` names a level), ctxgate's summary calls, and of the
 consecutive forwarded pairs those that are prefix-stable (the second starts with the first) and
-those stable but for what aider changed (the second starts with the first less its messages
-that aider's next request no longer starts with). `--code DIR` runs the gateway from another
+those stable but for what aider changed (the second starts with the first up to the first message
+aider changed or left out in its next request, where the first has it). `--code DIR` runs the gateway from another
 checkout (a worktree of an earlier commit: the *before* figures).
 
     .venv/bin/python bench/aider_turns.py [--code /work/wt-before] [--out /tmp/x.md]
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import tempfile
 from dataclasses import dataclass
@@ -37,9 +38,11 @@ from test_real_agent_aider import AIDER_FLAGS, CALC, NOTES, PROMPT_TIMEOUT_S, TA
 from test_real_agents import _launch
 from upstream import ScriptedUpstream
 
-SCENARIOS = (("agent-steps-14", 24_000, False), ("agent-edit-12", 6_000, True), ("agent-edit-12", 4_000, True))
+SCENARIOS = (("agent-steps-14", 24_000, False), ("agent-edit-12", 6_000, True), ("agent-edit-12", 4_000, True),
+             ("agent-edit-12-touch", 6_000, True))
 """(model, limit, calc.py and a read-only notes.md in the chat): 14 steps of ~6.5K tokens; 12 of
-~300 and then a SEARCH/REPLACE edit of calc.py (tests/agent_edit.py)."""
+~300 and then a SEARCH/REPLACE edit of calc.py (tests/agent_edit.py; `-touch`: each step's
+command also appends a line to calc.py, so aider's files-in-chat message changes every turn)."""
 
 
 class LevelsRecorder(Recorder):
@@ -99,7 +102,7 @@ def run(model: str, limit: int, files: bool, where: Path) -> Figures:
     child = PopenSpawn(command, cwd=str(work), env=env, encoding="utf-8", timeout=PROMPT_TIMEOUT_S,
                        preexec_fn=os.setsid)
     try:
-        _drive(child, TASK, int(model.rsplit("-", 1)[1]))
+        _drive(child, TASK, int(re.findall(r"\d+", model)[0]))
         child.sendline("/exit")
         child.expect(pexpect.EOF)
         chats = [(orjson.loads(s.raw)["messages"], levels) for s, levels in zip(recorder.log, recorder.levels)
@@ -117,7 +120,8 @@ def run(model: str, limit: int, files: bool, where: Path) -> Figures:
     strict = allowed = 0
     for (sent, _), (nxt, _), a, b in zip(turns, turns[1:], forwarded, forwarded[1:]):
         strict += b[:len(a)] == a
-        allowed += _common(a, b) >= len(a) - (len(sent) - _common(sent, nxt))
+        changed = sent[_common(sent, nxt):]  # as `a` placed the first of them: what before it must hold
+        allowed += _common(a, b) >= min((i for i, m in enumerate(a) if m in changed), default=len(a))
     return Figures(len(turns), [i for i, (_, levels) in enumerate(turns) if levels not in ("", "none")],
                    len(received) - len(forwarded) - (len(chats) - len(turns)), len(chats) - len(turns), strict, allowed)
 
@@ -125,13 +129,14 @@ def run(model: str, limit: int, files: bool, where: Path) -> Figures:
 def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--code", default=None, help="a checkout whose ctxgate the gateway runs (default: this one)")
+    p.add_argument("--only", default=None, help="the scenarios of this model only")
     args = p.parse_args()
     if args.code:  # the gateway is a child process: it imports ctxgate from the first PYTHONPATH entry
         shim = Path(tempfile.mkdtemp(prefix="ctxgate-code-"))
         (shim / "ctxgate").symlink_to(Path(args.code).resolve())
         os.environ["PYTHONPATH"] = os.pathsep.join([str(shim), *filter(None, [os.environ.get("PYTHONPATH")])])
     rows = []
-    for model, limit, files in SCENARIOS:
+    for model, limit, files in (s for s in SCENARIOS if args.only in (None, s[0])):
         with tempfile.TemporaryDirectory(prefix="aider-turns-") as tmp:
             f = run(model, limit, files, Path(tmp))
         common.progress(json.dumps({"model": model, "limit": limit, **f.__dict__}))

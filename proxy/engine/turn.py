@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ctxgate.memory.short_term import BufferScope
@@ -39,6 +40,7 @@ from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definitio
                         without_exchanges)
 from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
 from .history import KnownPrefix
+from .quiet import QUIET
 from .session import Transaction
 from .summary_reuse import reusing_summaries
 from .memory_turn import MemoryScope, block_tokens, forwarded, query_of
@@ -111,10 +113,10 @@ class PreparedTurn:
     one's reply. A turn that ends neither way is captured with the session's next."""
 
     def captured(self) -> None:
-        """Start memory's capture of the turn, once."""
+        """Start memory's capture of the turn, once, when this process counts nothing (`quiet.py`)."""
         capture, self.capture = self.capture, None
         if capture is not None:
-            capture()
+            QUIET.after_counts(capture)
 
     def forwarded(self) -> list[dict[str, Any]]:
         """The conversation to forward: the plan's messages with the memory block and ctxgate's notice in."""
@@ -180,7 +182,7 @@ class TurnEngine:
             pass  # counted once forwarded (`_count_late`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
             # A large count in threads: the event loop serves other requests meanwhile.
-            index = await asyncio.to_thread(counted_on_all_cores, index, messages, counter)
+            index = await QUIET.count(partial(counted_on_all_cores, index, messages, counter))
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
@@ -217,7 +219,7 @@ class TurnEngine:
             if late and not (_fresh(state) and bound is not None
                              and bound + turn.reserved_tokens <= _watermark(turn, state)):
                 # It may compact: counted before anything else.
-                turn.index = await asyncio.to_thread(counted_on_all_cores, index, messages, counter)
+                turn.index = await QUIET.count(partial(counted_on_all_cores, index, messages, counter))
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
             try:
@@ -302,7 +304,7 @@ class TurnEngine:
             # One turn of the event loop first: `forward` writes the request before the count's
             # threads take the cores, so they add nothing to the time the upstream starts at.
             await asyncio.sleep(0)
-            turn.index = await asyncio.to_thread(counted_on_all_cores, index, request.messages, turn.counter)
+            turn.index = await QUIET.count(partial(counted_on_all_cores, index, request.messages, turn.counter))
             tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
             self._counted(prepared.caller, prepared.session_id, request, turn, prepared.headers)
             prepared.headers["X-Ctx-Tokens-Out"] = str(tokens_out)

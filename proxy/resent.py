@@ -40,6 +40,9 @@ PER_KEY = 4
 few conversations of a tenant's unnamed sessions each keep theirs."""
 MIN_BYTES = 16 * 1024
 """Below this a body is parsed whole: the parse costs less than keeping it."""
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""Above this a body is not kept: past any model's context, and keeping it (a copy, a count of
+its keys) would hold the GIL for tens of milliseconds in one C call."""
 _WHITESPACE = b" \t\r\n"
 
 
@@ -103,7 +106,7 @@ class ResentBodies:
         """Keep `raw`, parsed as `body`, for the next body of `key`; `known`: what `parse` found
         of it (the cut is then looked for only in its tail)."""
         items = body.get(history)
-        if len(raw) < MIN_BYTES or not isinstance(items, list) or not items:
+        if not MIN_BYTES <= len(raw) <= MAX_BODY_BYTES or not isinstance(items, list) or not items:
             return
         keys = list(body)
         at = keys.index(history)
@@ -114,7 +117,7 @@ class ResentBodies:
         cut = _cut(raw, history, after, lowest)
         if cut is None:
             return
-        self._add(key, _Kept(raw[:cut], head, items))
+        self._add(key, _Kept(raw[:cut], head, list(items)))  # a copy: callers may build on theirs
 
     def _add(self, key: tuple[str, ...], kept: _Kept) -> None:
         with self._lock:  # a large request's door keeps its body from a thread (`HeavyWork`)

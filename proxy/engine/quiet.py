@@ -1,7 +1,7 @@
 """Counts first, background work after.
 
-A turn's count runs in threads that give the GIL up while tiktoken encodes and take it back
-after every text: a thread that holds the GIL meanwhile (memory's capture, regular expressions
+A turn's count runs in a thread that gives the GIL up while tiktoken encodes and takes it
+back after every text: a thread that holds the GIL meanwhile (memory's capture, regular expressions
 over every new message) makes each of those returns wait a switch interval. A 107K-token count
 took 59 ms beside a capture instead of 38 alone. So work done for later turns waits while
 this process counts, up to `MAX_WAIT_S`.

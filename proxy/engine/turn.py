@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Callable
 from ctxgate.memory.short_term import BufferScope
 from ctxgate.pipeline.depth import prices_of
 from ctxgate.pipeline.history_index import HistoryIndex
-from ctxgate.pipeline.parallel_count import counted_on_all_cores
 from ctxgate.pipeline.provenance import message_spans
 from ctxgate.pipeline.turns import kept_characters
 from ctxgate.redis_backend import UNAVAILABLE
@@ -181,8 +180,8 @@ class TurnEngine:
         if late:
             pass  # counted once forwarded (`_count_late`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
-            # A large count in threads: the event loop serves other requests meanwhile.
-            index = await QUIET.count(partial(counted_on_all_cores, index, messages, counter))
+            # A large count in a thread: the event loop serves other requests meanwhile.
+            index = await QUIET.count(partial(index.counted, messages, counter))
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
@@ -219,7 +218,7 @@ class TurnEngine:
             if late and not (_fresh(state) and bound is not None
                              and bound + turn.reserved_tokens <= _watermark(turn, state)):
                 # It may compact: counted before anything else.
-                turn.index = await QUIET.count(partial(counted_on_all_cores, index, messages, counter))
+                turn.index = await QUIET.count(partial(index.counted, messages, counter))
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
             try:
@@ -296,7 +295,7 @@ class TurnEngine:
             return index
 
     async def _count_late(self, prepared: PreparedTurn, request: TurnInput, index: HistoryIndex) -> None:
-        """A turn forwarded before it was counted: count it (in threads, beside the upstream
+        """A turn forwarded before it was counted: count it (in a thread, beside the upstream
         call), then log its messages as `prepare` logs a counted turn's. Awaited by `settle`, so
         an answered turn is in the WAL before its reply is, and calibrated with its count."""
         gw, turn, plan = self.gw, prepared.turn, prepared.plan
@@ -304,7 +303,7 @@ class TurnEngine:
             # One turn of the event loop first: `forward` writes the request before the count's
             # threads take the cores, so they add nothing to the time the upstream starts at.
             await asyncio.sleep(0)
-            turn.index = await QUIET.count(partial(counted_on_all_cores, index, request.messages, turn.counter))
+            turn.index = await QUIET.count(partial(index.counted, request.messages, turn.counter))
             tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
             self._counted(prepared.caller, prepared.session_id, request, turn, prepared.headers)
             prepared.headers["X-Ctx-Tokens-Out"] = str(tokens_out)

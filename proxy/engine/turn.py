@@ -37,7 +37,9 @@ from ..upstream.routing import Route
 from .compaction import Compactor, fingerprints_of
 from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definition, tool_tokens,
                         without_exchanges)
-from .turn_budget import Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration
+from .count_beside import INLINE_COUNT_BOUND, before_headers, beside_upstream, count_beside, may_compact
+from .turn_budget import (Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration,
+                          watermark)
 from .history import KnownPrefix
 from .quiet import QUIET
 from .session import Transaction
@@ -55,9 +57,6 @@ HOPELESS_MARGIN = 2
 """A request is refused from its lengths alone only when its floor is over this many times
 every limit it may go to: the exact check (in the compactor) handles anything closer, with
 the calibration that can move a limit."""
-INLINE_COUNT_BOUND = 16_384
-"""A new conversation whose count is bounded below this is counted before it is forwarded
-(about a millisecond); a larger one far below the trigger is counted beside the upstream call."""
 
 
 @dataclass
@@ -101,7 +100,7 @@ class PreparedTurn:
     upstream_ms: float = 0.0
     counting: "asyncio.Task[None] | None" = None
     """A new conversation far below the trigger is counted beside the upstream call: this
-    counts it, logs the turn's messages and fills the plan's count (`TurnEngine._count_late`)."""
+    counts it, logs the turn's messages and fills the plan's count (`count_beside.py`)."""
     expansion: Expansion | None = None
     """The expansion tool is offered (the session was compacted, expansion is on, the door has tools)."""
     payload: dict[str, Any] | None = None
@@ -176,9 +175,9 @@ class TurnEngine:
         gw.metrics.message_counts.labels("shared").inc(counted - mine)
         gw.metrics.message_counts.labels("counted").inc(len(messages) - counted)
         # A new conversation the bytes bound far below the trigger is counted beside the upstream call (`late`).
-        late = counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded
+        late = beside_upstream(counted, bound, counter)
         if late:
-            pass  # counted once forwarded (`_count_late`), or in the transaction when it may compact
+            pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
             # A large count in a thread: the event loop serves other requests meanwhile.
             index = await QUIET.count(partial(index.counted, messages, counter))
@@ -215,16 +214,14 @@ class TurnEngine:
                 state.note_user(scope.user)
                 block = await self._memory_block(state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
-            if late and not (_fresh(state) and bound is not None
-                             and bound + turn.reserved_tokens <= _watermark(turn, state)):
-                # It may compact: counted before anything else.
+            if late and may_compact(state, turn, bound):  # counted before anything else
                 turn.index = await QUIET.count(partial(index.counted, messages, counter))
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
             try:
                 if not late:
                     plan = await self._plan(wire, caller, route, turn, state, offset_key, headers, tx, offered)
-                else:  # nothing to plan; logged once counted (`_count_late`)
+                else:  # nothing to plan; logged once counted (`count_beside`)
                     plan = Plan(messages=messages, tokens_out=None)
             finally:
                 guard_set = state.has_attempted_reactive_compact
@@ -245,8 +242,8 @@ class TurnEngine:
                                            on_answer=gw.metrics.expanded,
                                            room=expansion_room(turn, state, plan))
         if late:
-            gw.metrics.counts_beside_upstream.inc()
-            prepared.counting = asyncio.ensure_future(self._count_late(prepared, request, index))
+            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, index, headers,
+                                             lambda: self._counted(caller, session_id, request, turn, headers))
         return prepared
 
     async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
@@ -259,7 +256,7 @@ class TurnEngine:
         tx.write_log = lambda s: gw.journal.log_request(s, turn, plan.tokens_out if plan else None,
                                                         budget_of(s, turn))
         tokens_in = turn.tokens_in()
-        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
+        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > watermark(turn, state):
             await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
         reserved = offered if state.records else 0
         turn.reserved_tokens += reserved
@@ -294,26 +291,6 @@ class TurnEngine:
             log.warning("session %s: shared token counts unavailable (%s): counting the history here", session_id, e)
             return index
 
-    async def _count_late(self, prepared: PreparedTurn, request: TurnInput, index: HistoryIndex) -> None:
-        """A turn forwarded before it was counted: count it (in a thread, beside the upstream
-        call), then log its messages as `prepare` logs a counted turn's. Awaited by `settle`, so
-        an answered turn is in the WAL before its reply is, and calibrated with its count."""
-        gw, turn, plan = self.gw, prepared.turn, prepared.plan
-        try:
-            # One turn of the event loop first: `forward` writes the request before the count's
-            # threads take the cores, so they add nothing to the time the upstream starts at.
-            await asyncio.sleep(0)
-            turn.index = await QUIET.count(partial(index.counted, request.messages, turn.counter))
-            tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
-            self._counted(prepared.caller, prepared.session_id, request, turn, prepared.headers)
-            prepared.headers["X-Ctx-Tokens-Out"] = str(tokens_out)
-            async with gw.sessions.transaction(prepared.caller.tenant, prepared.session_id) as tx:
-                if tx.state.wal_logged == 0:  # unless a later turn of the session logged its messages already
-                    tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
-        except Exception as e:  # forwarded already: the reply is answered rather than lost
-            log.error("session %s: the turn could not be logged: %s", prepared.session_id,
-                      e.message if isinstance(e, GatewayError) else repr(e))
-
     async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str]) -> int:
         """How many tokens the upstream would be sent for this conversation now: the stored
@@ -336,7 +313,7 @@ class TurnEngine:
         turn.reserved_tokens = block_tokens(block, counter)
         headers["X-Ctx-Tokenizer"] = counter.name
         tokens_in = counter.count_request(request.messages, request.tools, fps)
-        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > _watermark(turn, state):
+        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > watermark(turn, state):
             await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
         plan = await Compactor().prepare(state, turn, fit=False)  # a count, however large
         headers["X-Ctx-Levels"] = ",".join(plan.levels) or "none"
@@ -392,14 +369,7 @@ class TurnEngine:
                 raise e.to_api_error() from None
         prepared.upstream_ms += reply.upstream_ms
         if stream and prepared.counting is not None:
-            # A stream's headers leave with its first bytes and carry the exact count, which the
-            # upstream's time to answer has hidden; a whole reply's wait for it is `settle`'s.
-            try:
-                await asyncio.shield(prepared.counting)
-            except BaseException:
-                if reply.close is not None:
-                    reply.close()
-                raise
+            await before_headers(prepared.counting, reply)
         if prepared.plan.tokens_out is not None:
             prepared.headers["X-Ctx-Tokens-Out"] = str(prepared.plan.tokens_out)
         prepared.headers["X-Ctx-Levels"] = ",".join(prepared.levels) or "none"
@@ -490,16 +460,6 @@ class TurnEngine:
 def upstream_key(caller: Caller, route: Route) -> str | None:
     """The key the upstream is called with: the route's, or the caller's own when its tenant passes it through."""
     return caller.bearer if caller.tenant_config.pass_through_key else route.api_key
-
-
-def _fresh(state: SessionState) -> bool:
-    """A session with nothing in it yet: no turn, no log, no compaction to re-apply."""
-    return state.turns == 0 and state.wal_seq == 0 and not state.records and not state.speculation
-
-
-def _watermark(turn: Turn, state: SessionState) -> float:
-    """Where a session may start compacting (a speculation starts, or the trigger)."""
-    return turn.config.watermark_ratio() * budget_of(state, turn)
 
 
 async def _no_summary(messages: list[dict[str, Any]]) -> str:

@@ -76,3 +76,8 @@ def limit_of(state: SessionState, turn: Turn) -> int:
 
 def budget_of(state: SessionState, turn: Turn) -> int:
     return effective_budget(turn, state.learned_max_input_tokens)
+
+
+def watermark(turn: Turn, state: SessionState) -> float:
+    """Where a session may start compacting (a speculation starts, or the trigger)."""
+    return turn.config.watermark_ratio() * budget_of(state, turn)

@@ -1,0 +1,93 @@
+"""A new conversation counted beside its upstream call.
+
+Tokenizing is about fifty times slower than hashing (a new 100K-token conversation is ~25 ms
+of tiktoken) and decides nothing for a conversation far below the trigger. So such a turn is
+forwarded uncounted, and counted in a thread once its bytes are on their way; its WAL lines,
+`X-Ctx-Tokens-In`/`-Out` and calibration wait for the count. Kept apart from `turn.py`
+because it is its own rule with its own waits: which turn goes uncounted, when the session
+takes that back, the count and the turn's logging once it is in, and a stream's headers
+held for it. `TurnEngine` calls these at its points.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
+
+from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.tokens import TokenCounter
+from ..errors import GatewayError
+from ..upstream.forwarders import Reply
+from .quiet import QUIET
+from .state import SessionState
+from .turn_budget import Plan, Turn, budget_of, watermark
+
+if TYPE_CHECKING:
+    from ..gateway import Gateway
+
+log = logging.getLogger("ctxgate.turn")
+INLINE_COUNT_BOUND = 16_384
+"""A new conversation whose count is bounded below this is counted before it is forwarded
+(about a millisecond); a larger one far below the trigger is counted beside the upstream call."""
+
+
+def beside_upstream(counted: int, bound: int | None, counter: TokenCounter) -> bool:
+    """A new conversation (none of its messages counted, not even by another replica) that the
+    bytes bound puts over `INLINE_COUNT_BOUND`, for a tokenizer the bound holds for: counted
+    once forwarded, unless its session may compact (`may_compact`)."""
+    return counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded
+
+
+def may_compact(state: SessionState, turn: Turn, bound: int | None) -> bool:
+    """The session has state, or the bound with the memory block reaches the watermark: the
+    turn is counted before it is planned after all."""
+    return not (_fresh(state) and bound is not None and bound + turn.reserved_tokens <= watermark(turn, state))
+
+
+def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
+                 messages: list[dict[str, Any]], index: HistoryIndex, headers: dict[str, str],
+                 counted: Callable[[], None]) -> "asyncio.Task[None]":
+    """Start the count of a turn forwarded uncounted (`ctxgate_counts_beside_upstream_total`).
+    `counted` reports it and keeps the index, as for a counted turn. Awaited by `settle`, so an
+    answered turn is in the WAL before its reply is, and calibrated with its count."""
+    gw.metrics.counts_beside_upstream.inc()
+    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, index, headers, counted))
+
+
+async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
+    """A stream's headers leave with its first bytes and carry the exact count, which the
+    upstream's time to answer has hidden; a whole reply's wait for it is `settle`'s. The
+    upstream's reply is closed if the wait is cancelled or the count fails."""
+    try:
+        await asyncio.shield(counting)
+    except BaseException:
+        if reply.close is not None:
+            reply.close()
+        raise
+
+
+async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
+                 messages: list[dict[str, Any]], index: HistoryIndex, headers: dict[str, str],
+                 counted: Callable[[], None]) -> None:
+    """Count the turn (in a thread, beside the upstream call), then log its messages as
+    `prepare` logs a counted turn's."""
+    try:
+        # One turn of the event loop first: `forward` writes the request before the count's
+        # thread takes a core, so it adds nothing to the time the upstream starts at.
+        await asyncio.sleep(0)
+        turn.index = await QUIET.count(partial(index.counted, messages, turn.counter))
+        tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
+        counted()
+        headers["X-Ctx-Tokens-Out"] = str(tokens_out)
+        async with gw.sessions.transaction(tenant, session_id) as tx:
+            if tx.state.wal_logged == 0:  # unless a later turn of the session logged its messages already
+                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
+    except Exception as e:  # forwarded already: the reply is answered rather than lost
+        log.error("session %s: the turn could not be logged: %s", session_id,
+                  e.message if isinstance(e, GatewayError) else repr(e))
+
+
+def _fresh(state: SessionState) -> bool:
+    """A session with nothing in it yet: no turn, no log, no compaction to re-apply."""
+    return state.turns == 0 and state.wal_seq == 0 and not state.records and not state.speculation

@@ -28,11 +28,10 @@ from typing import Any
 import common
 import orjson
 import pexpect
-from aiohttp import web
 from pexpect.popen_spawn import PopenSpawn
 
 from real_agents import pypi_agent
-from recorder import _HOP, Recorder, Sent
+from recorder import Recorder
 from servers import _model, main_config, start_gateways
 from test_real_agent_aider import AIDER_FLAGS, CALC, NOTES, PROMPT_TIMEOUT_S, TASK, _drive
 from test_real_agents import _launch
@@ -43,30 +42,6 @@ SCENARIOS = (("agent-steps-14", 24_000, False), ("agent-edit-12", 6_000, True), 
 """(model, limit, calc.py and a read-only notes.md in the chat): 14 steps of ~6.5K tokens; 12 of
 ~300 and then a SEARCH/REPLACE edit of calc.py (tests/agent_edit.py; `-touch`: each step's
 command also appends a line to calc.py, so aider's files-in-chat message changes every turn)."""
-
-
-class LevelsRecorder(Recorder):
-    """The recorder, also keeping each reply's `X-Ctx-Levels` (`levels`, in request order)."""
-
-    def __init__(self, target: str) -> None:
-        super().__init__(target)
-        self.levels: list[str] = []
-
-    async def _relay(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        self.log.append(Sent(request.path, {k.lower(): v for k, v in headers.items()}, raw))
-        assert self._session is not None
-        async with self._session.request(request.method, self.target + request.path_qs, data=raw,
-                                         headers=headers) as upstream:
-            self.levels.append(upstream.headers.get("X-Ctx-Levels", ""))
-            response = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in _HOP | {"content-encoding"}})
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
 
 
 @dataclass
@@ -89,7 +64,7 @@ def run(model: str, limit: int, files: bool, where: Path) -> Figures:
     config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=limit))
     config["ctxgate"]["tokenizers"] = [{"pattern": "agent-*", "tokenizer": "tiktoken:o200k_base"}]
     gateway = start_gateways({"aider": (where / "gateway", config)})["aider"]
-    recorder = LevelsRecorder(gateway.base).start()
+    recorder = Recorder(gateway.base).start()
     work = where / "work"
     work.mkdir()
     extra: list[str] = []

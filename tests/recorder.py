@@ -2,7 +2,8 @@
 
 It runs in a background thread (`Recorder(target).start()`), passes every request on to
 `target` unchanged (method, path, query, body, headers but Host) and streams the answer back
-as it comes. `.log` keeps each request's path, lower-cased headers and raw body.
+as it comes. `.log` keeps each request's path, lower-cased headers and raw body; `.levels` each
+reply's `X-Ctx-Levels` (what ctxgate compacted; "" when the reply has none).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class Recorder:
     def __init__(self, target: str) -> None:
         self.target = target.rstrip("/")
         self.log: list[Sent] = []
+        self.levels: list[str] = []
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -44,6 +46,7 @@ class Recorder:
         assert self._session is not None
         async with self._session.request(request.method, self.target + request.path_qs, data=raw,
                                          headers=headers) as upstream:
+            self.levels.append(upstream.headers.get("X-Ctx-Levels", ""))
             response = web.StreamResponse(status=upstream.status, headers={
                 k: v for k, v in upstream.headers.items() if k.lower() not in _HOP | {"content-encoding"}})
             await response.prepare(request)

@@ -23,7 +23,6 @@ import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import common
 import orjson
@@ -33,7 +32,7 @@ from pexpect.popen_spawn import PopenSpawn
 from real_agents import pypi_agent
 from recorder import Recorder
 from servers import _model, main_config, start_gateways
-from test_real_agent_aider import AIDER_FLAGS, CALC, NOTES, PROMPT_TIMEOUT_S, TASK, _drive
+from test_real_agent_aider import AIDER_FLAGS, CALC, NOTES, PROMPT_TIMEOUT_S, TASK, _drive, _kept
 from test_real_agents import _launch
 from upstream import ScriptedUpstream
 
@@ -52,10 +51,6 @@ class Figures:
     own_summaries: int
     strict: int
     allowed: int
-
-
-def _common(a: list[Any], b: list[Any]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def run(model: str, limit: int, files: bool, where: Path) -> Figures:
@@ -95,8 +90,7 @@ def run(model: str, limit: int, files: bool, where: Path) -> Figures:
     strict = allowed = 0
     for (sent, _), (nxt, _), a, b in zip(turns, turns[1:], forwarded, forwarded[1:]):
         strict += b[:len(a)] == a
-        changed = sent[_common(sent, nxt):]  # as `a` placed the first of them: what before it must hold
-        allowed += _common(a, b) >= min((i for i, m in enumerate(a) if m in changed), default=len(a))
+        allowed += _kept(sent, nxt, a, b)  # the test's own measure of it
     return Figures(len(turns), [i for i, (_, levels) in enumerate(turns) if levels not in ("", "none")],
                    len(received) - len(forwarded) - (len(chats) - len(turns)), len(chats) - len(turns), strict, allowed)
 

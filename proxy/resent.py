@@ -48,10 +48,9 @@ _WHITESPACE = b" \t\r\n"
 
 @dataclass(frozen=True)
 class Resent:
-    """A body parsed from a kept prefix: the whole body, how many history items came from the
-    prefix (the same objects as last time), and the bytes parsed anew."""
+    """A body parsed from a kept prefix: the whole body (its history's items from the prefix the
+    same objects as last time), and the bytes parsed anew."""
     body: dict[str, Any]
-    known_items: int
     parsed_bytes: int
 
 
@@ -99,7 +98,7 @@ class ResentBodies:
             return None  # a field before the history repeated after it: the whole body decides
         self.hits += 1
         body = {**found.head, history: found.items + items[1:], **parsed}
-        return Resent(body, len(found.items), len(raw) - start)
+        return Resent(body, len(raw) - start)
 
     def keep(self, key: tuple[str, ...], raw: bytes, body: dict[str, Any], history: str,
              known: Resent | None = None) -> None:

@@ -55,20 +55,21 @@ def test_a_resent_body_parses_as_the_whole_body(old: list[dict[str, Any]], new: 
         tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
     resent = ResentBodies()
     raw1 = _encode(_body(head, first, tail1), style)
-    resent.keep(KEY, raw1, orjson.loads(raw1), "messages")
+    parsed1 = orjson.loads(raw1)
+    resent.keep(KEY, raw1, parsed1, "messages")
     assert len(resent) == 1
     raw2 = _encode(_body(head, first + new, tail2), style)
     found = resent.parse(KEY, raw2, "messages")
     assert found is not None and resent.hits == 1
     assert found.body == orjson.loads(raw2)
-    assert found.known_items == len(first)
+    assert all(m is k for m, k in zip(found.body["messages"], parsed1["messages"]))  # the kept ones themselves
     assert found.body["messages"][:len(first)] == first
     # The next turn goes on from this one's tail.
     resent.keep(KEY, raw2, found.body, "messages", found)
     raw3 = _encode(_body(head, first + new + [{"role": "user", "content": "more"}], tail1), style)
     third = resent.parse(KEY, raw3, "messages")
     assert third is not None and third.body == orjson.loads(raw3)
-    assert third.known_items == len(first) + len(new)
+    assert all(m is k for m, k in zip(third.body["messages"], found.body["messages"]))
 
 
 def _kept(body: dict[str, Any]) -> tuple[ResentBodies, bytes]:

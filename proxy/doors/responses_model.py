@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ErrorKind, GatewayError
+from .validation import check_nesting
 
 INPUT_ROLES = ("user", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
@@ -65,6 +66,8 @@ def validate_responses_request(body: dict[str, Any], *, input_required: bool = T
     elif not isinstance(raw, (str, list)):
         raise _bad("input: must be a string or a list of input items", "input")
     else:
+        if isinstance(raw, list):  # the door's body check leaves its input to this one (`read_resent_body`)
+            check_nesting(raw[start:], 2)
         for i, item in enumerate(raw[start:] if isinstance(raw, list) else [], start):
             if not isinstance(item, dict):
                 raise _bad(f"input.{i}: an input item must be an object", f"input.{i}")

@@ -30,11 +30,8 @@ import pexpect
 from pexpect.popen_spawn import PopenSpawn
 
 from real_agents import pypi_agent
-from recorder import Recorder
-from servers import _model, main_config, start_gateways
-from test_real_agent_aider import AIDER_FLAGS, CALC, NOTES, PROMPT_TIMEOUT_S, TASK, _drive, _kept
+from test_real_agent_aider import AIDER_FLAGS, CALC, NOTES, PROMPT_TIMEOUT_S, TASK, _drive, _kept, recorded_gateway
 from test_real_agents import _launch
-from upstream import ScriptedUpstream
 
 SCENARIOS = (("agent-steps-14", 24_000, False), ("agent-edit-12", 6_000, True), ("agent-edit-12", 4_000, True),
              ("agent-edit-12-touch", 6_000, True))
@@ -54,12 +51,7 @@ class Figures:
 
 
 def run(model: str, limit: int, files: bool, where: Path) -> Figures:
-    upstream = ScriptedUpstream(limit=limit).start()
-    config = main_config(upstream.url, "auto")
-    config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=limit))
-    config["ctxgate"]["tokenizers"] = [{"pattern": "agent-*", "tokenizer": "tiktoken:o200k_base"}]
-    gateway = start_gateways({"aider": (where / "gateway", config)})["aider"]
-    recorder = Recorder(gateway.base).start()
+    upstream, gateway, recorder = recorded_gateway(where, model, limit)
     work = where / "work"
     work.mkdir()
     extra: list[str] = []

@@ -32,7 +32,7 @@ from ctxgate.pipeline.protocols.base import text_of
 from ctxgate.pipeline.turns import is_valid_sequence
 from real_agents import pypi_agent
 from recorder import Recorder
-from servers import KEYS, _model, main_config, start_gateways
+from servers import KEYS, Gateway, _model, main_config, start_gateways
 from test_real_agents import LIMIT, MODEL, STEPS, _check_upstream, _launch, _limited
 from upstream import Received, ScriptedUpstream
 
@@ -68,6 +68,18 @@ def _drive(child: PopenSpawn, task: str, steps: int) -> str:
         child.expect(READY)
         child.sendline("continue")
     raise AssertionError(f"aider still running steps after {steps + 2} replies")
+
+
+def recorded_gateway(where: Path, model: str, limit: int) -> tuple[ScriptedUpstream, Gateway, Recorder]:
+    """The scripted upstream refusing past `limit`, a gateway routing `model` to it (counted
+    with o200k, as the upstream counts) and a recorder in front of the gateway keeping what
+    aider sent and each reply's X-Ctx-Levels."""
+    upstream = ScriptedUpstream(limit=limit).start()
+    config = main_config(upstream.url, "auto")
+    config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=limit))
+    config["ctxgate"]["tokenizers"] = [{"pattern": model, "tokenizer": "tiktoken:o200k_base"}]
+    gateway = start_gateways({"aider": (where / "gateway", config)})["aider"]
+    return upstream, gateway, Recorder(gateway.base).start()
 
 
 def _reply(received: Received) -> str:
@@ -200,12 +212,7 @@ def test_aider_rebuilding_its_messages_every_turn_is_compacted_rarely(tmp_path: 
     model = f"agent-edit-{REBUILT_STEPS}" + ("-touch" if touch else "")
     (tmp_path / "calc.py").write_text(CALC)
     (tmp_path / "notes.md").write_text(NOTES)
-    upstream = ScriptedUpstream(limit=REBUILT_LIMIT).start()
-    config = main_config(upstream.url, "auto")
-    config["model_list"].append(_model(model, f"{upstream.url}/v1", max_input_tokens=REBUILT_LIMIT))
-    config["ctxgate"]["tokenizers"] = [{"pattern": "agent-edit-*", "tokenizer": "tiktoken:o200k_base"}]
-    gateway = start_gateways({"aider": (tmp_path / "gateway", config)})["aider"]
-    recorder = Recorder(gateway.base).start()
+    upstream, gateway, recorder = recorded_gateway(tmp_path, model, REBUILT_LIMIT)
     command, env = _launch(None, "aider-rebuilt", [str(aider), "--model", f"openai/{model}", *AIDER_FLAGS,
                                                    "--no-auto-lint", "--read", "notes.md", "calc.py"],
                            tmp_path, url=recorder.url, SHELL="/bin/sh")

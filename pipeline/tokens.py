@@ -274,12 +274,28 @@ class TokenCounter:
         tokenizing), so strategies that recount a history pay only for what changed."""
         if fingerprint is None:
             fingerprint = message_fingerprint(message)
+        cached = self.cached(fingerprint)
+        if cached is not None:
+            return cached
+        n = self.count_message(message)
+        self._remember(fingerprint, n)
+        return n
+
+    def cached(self, fingerprint: str) -> int | None:
+        """The count kept for a message's fingerprint, if any."""
         with self._lock:
             cached = self._cache.get(fingerprint)
             if cached is not None:
                 self._cache.move_to_end(fingerprint)
                 self.hits += 1
-                return cached
+            return cached
+
+    def keep(self, fingerprint: str, n: int) -> None:
+        """Keep a message's count made elsewhere (by another process, with this tokenizer)."""
+        self._remember(fingerprint, n)
+
+    def count_message(self, message: Message) -> int:
+        """One message's count, as `count_structured` gives it, read and kept nowhere."""
         n = TOKENS_PER_MESSAGE
         for key, value in message.items():
             if isinstance(value, str):
@@ -294,7 +310,6 @@ class TokenCounter:
                 n += sum(self._count_reasoning(item) for item in value)
         if "name" in message:
             n += TOKENS_PER_NAME
-        self._remember(fingerprint, n)
         return n
 
     def _count_part(self, part: Any) -> int:
@@ -428,6 +443,11 @@ class TokenizerRegistry:
             raise ValueError("a tokenizer is tiktoken:<encoding>, hf:<path or repo id>, or estimate")
         with self._lock:
             return self._counters.setdefault(spec, made)
+
+    def loaded(self) -> list[str]:
+        """The tokenizers loaded so far, by spec."""
+        with self._lock:
+            return list(self._counters)
 
     def preload(self, *names: str) -> None:
         """Load the tokenizer a model counts with now: reading a BPE file takes a few hundred

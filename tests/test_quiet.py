@@ -21,7 +21,7 @@ def test_work_waits_for_the_count_in_flight_and_starts_once_after_it() -> None:
             release.wait(30)
             return 7
 
-        counting = asyncio.ensure_future(q.count(count))
+        counting = asyncio.ensure_future(q.around(asyncio.to_thread(count)))
         while not q.counting:
             await asyncio.sleep(0)
         q.after_counts(lambda: started.append("after"))
@@ -45,7 +45,7 @@ def test_work_waits_no_longer_than_its_bound(monkeypatch: pytest.MonkeyPatch) ->
             runs.append("started")
             started.set()
 
-        counting = asyncio.ensure_future(q.count(lambda: release.wait(30)))
+        counting = asyncio.ensure_future(q.around(asyncio.to_thread(release.wait, 30)))
         while not q.counting:
             await asyncio.sleep(0)
         q.after_counts(start)

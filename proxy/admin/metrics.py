@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Protocol
 
 from multidict import CIMultiDict
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -105,6 +105,11 @@ class Metrics:
         self.counts_beside_upstream = Counter(
             "ctxgate_counts_beside_upstream", "Turns forwarded before their count was done (a new conversation "
             "whose bytes bound it far below the trigger), counted beside the upstream call", registry=self.registry)
+        self.counts_on_workers = Counter(
+            "ctxgate_counts_on_workers", "Large new conversations counted on the count worker processes rather "
+            "than in a thread (proxy/engine/count_pool.py)", registry=self.registry)
+        self.count_workers_idle = Gauge("ctxgate_count_workers_idle", "Count worker processes started and idle",
+                                        registry=self.registry)
         self.calibration: dict[str, CalibrationFigures] = {}
 
     def summary_wasted(self, reason: str, calls: int, tokens: int) -> None:

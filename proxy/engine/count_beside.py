@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import TokenCounter
 from ..errors import GatewayError
 from ..upstream.forwarders import Reply
-from .quiet import QUIET
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of, watermark
 
@@ -76,7 +74,7 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         # One turn of the event loop first: `forward` writes the request before the count's
         # thread takes a core, so it adds nothing to the time the upstream starts at.
         await asyncio.sleep(0)
-        turn.index = await QUIET.count(partial(index.counted, messages, turn.counter))
+        turn.index = await gw.counts.counted(index, messages, turn.counter)
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
         counted()
         headers["X-Ctx-Tokens-Out"] = str(tokens_out)

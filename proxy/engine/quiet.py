@@ -9,7 +9,7 @@ this process counts, up to `MAX_WAIT_S`.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
 
@@ -24,11 +24,11 @@ class Quiet:
         self.counting = 0
         self._waiting: list[Callable[[], None]] = []
 
-    async def count(self, work: Callable[[], T]) -> T:
-        """`work()` (a count) in a thread, the background work waiting for it."""
+    async def around(self, counting: Awaitable[T]) -> T:
+        """Await a count (in a thread or in worker processes), the background work waiting for it."""
         self.counting += 1
         try:
-            return await asyncio.to_thread(work)
+            return await counting
         finally:
             self.counting -= 1
             if not self.counting:

@@ -20,7 +20,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from ctxgate.memory.short_term import BufferScope
@@ -180,7 +179,7 @@ class TurnEngine:
             pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
             # A large count in a thread: the event loop serves other requests meanwhile.
-            index = await QUIET.count(partial(index.counted, messages, counter))
+            index = await gw.counts.counted(index, messages, counter)
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
@@ -215,7 +214,7 @@ class TurnEngine:
                 block = await self._memory_block(state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
             if late and may_compact(state, turn, bound):  # counted before anything else
-                turn.index = await QUIET.count(partial(index.counted, messages, counter))
+                turn.index = await gw.counts.counted(index, messages, counter)
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
             try:

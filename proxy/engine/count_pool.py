@@ -1,0 +1,257 @@
+"""A large new conversation counted on all cores, exactly.
+
+tiktoken counts 107K tokens in ~20 ms of one core. Threads do not share that out: a
+conversation is hundreds of short texts and each call takes the GIL back around its result,
+so two threads take turns (measured and removed in 47cafd4). Processes have a GIL each: the
+uncounted messages go to worker processes in slices of about equal text, each counts its
+slice with the same tokenizer (`TokenCounter.count_message`, the BPE files the litellm wheel
+ships, nothing downloaded), and the per-message counts come back. A count is per message, so
+the slices' counts are exactly the whole's.
+
+Only for tiktoken (a Hugging Face tokenizer would load transformers into every worker) and
+only past `POOL_CHARACTERS` of text (below it the pipes cost what they save). With no idle
+worker (busy with another request's count, dead, not started) the count runs in a thread as
+before. The workers are `python -m ctxgate.proxy.engine.count_pool <tokenizer>...`, one per
+core, started with `serve` (`start`); they speak length-prefixed JSON frames on their stdin
+and stdout and end when their input does (`close`, or the gateway gone).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import sys
+from typing import Any, BinaryIO, Callable, Iterable
+
+import orjson
+
+from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.tokens import TokenCounter, TokenizerRegistry
+from .quiet import QUIET
+
+log = logging.getLogger("ctxgate.count_pool")
+
+POOL_CHARACTERS = 100_000
+"""Text (about 25K tokens, ~5 ms of tiktoken) below which a count stays in one thread."""
+_LENGTH = struct.Struct(">Q")
+_READY = b'"ready"'
+_WARM = "def f(x):\n    return {'a': [1, 2.5, None]}  # ctxgate warms its tokenizer, \u00e9\u4e2d\n" * 64
+"""Counted by a worker before it says it is ready: tiktoken's first calls are several times slower."""
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class _Worker:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        assert process.stdin is not None and process.stdout is not None
+        self.stdin = process.stdin
+        self.stdout = process.stdout
+
+    async def ask(self, frame: bytes) -> Any:
+        self.stdin.write(_LENGTH.pack(len(frame)))
+        self.stdin.write(frame)
+        await self.stdin.drain()
+        return await self.answer()
+
+    async def answer(self) -> Any:
+        (size,) = _LENGTH.unpack(await self.stdout.readexactly(_LENGTH.size))
+        return orjson.loads(await self.stdout.readexactly(size))
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+
+class CountPool:
+    """Worker processes that count a large conversation's messages, a slice each."""
+
+    def __init__(self, size: int | None = None, on_workers: Callable[[], None] | None = None) -> None:
+        self.size = cores() if size is None else size
+        self._on_workers = on_workers
+        """Told of each count done on the workers (`ctxgate_counts_on_workers_total`)."""
+        self.specs: frozenset[str] = frozenset()
+        """The tokenizers the workers loaded at start; a count with another stays in a thread."""
+        self._idle: list[_Worker] = []
+        self._workers: set[_Worker] = set()
+        self._spawning: set["asyncio.Task[None]"] = set()
+        self._closed = False
+
+    def start(self, specs: Iterable[str]) -> None:
+        """Start the workers for these tokenizers in the background (a worker loads its BPE
+        files in ~0.3 s); until one is ready, counts run in threads."""
+        self.specs = frozenset(s for s in specs if s.startswith("tiktoken:"))
+        if self.specs:
+            for _ in range(self.size):
+                self._spawn()
+
+    @property
+    def ready(self) -> int:
+        """Workers idle now."""
+        return len(self._idle)
+
+    def _spawn(self) -> None:
+        if not self._closed:
+            task = asyncio.ensure_future(self._started())
+            self._spawning.add(task)
+            task.add_done_callback(self._spawning.discard)
+
+    async def _started(self) -> None:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", __name__, *sorted(self.specs),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20)
+        worker = _Worker(process)
+        self._workers.add(worker)
+        try:
+            if await worker.answer() != "ready":
+                raise EOFError("the count worker did not start")
+        except (OSError, EOFError, asyncio.IncompleteReadError, orjson.JSONDecodeError) as e:
+            log.error("a count worker could not start (%r): counting in threads", e)
+            self._drop(worker)
+            return
+        if self._closed:
+            self._drop(worker)
+        else:
+            self._idle.append(worker)
+
+    def _drop(self, worker: _Worker) -> None:
+        self._workers.discard(worker)
+        worker.kill()
+
+    async def counted(self, index: HistoryIndex, messages: list[dict[str, Any]], counter: TokenCounter) -> HistoryIndex:
+        """`index.counted(messages, counter)`: on the workers when it is large and they are
+        free, else in a thread; either way a count in flight for `QUIET`."""
+        return await QUIET.around(self._counted(index, messages, counter))
+
+    async def _counted(self, index: HistoryIndex, messages: list[dict[str, Any]],
+                       counter: TokenCounter) -> HistoryIndex:
+        start = len(index.cumulative_tokens) - 1
+        if counter.name in self.specs and len(self._idle) > 0 and len(messages) - start > 1:
+            counts = await self._worker_counts(counter, messages[start:], index.fingerprints[start:])
+            if counts is not None:
+                if self._on_workers is not None:
+                    self._on_workers()
+                return index.with_counts(counts)
+        return await asyncio.to_thread(index.counted, messages, counter)
+
+    async def _worker_counts(self, counter: TokenCounter, messages: list[dict[str, Any]],
+                          fingerprints: list[str]) -> list[int] | None:
+        """Each message's count, the ones not kept already counted by the idle workers; None
+        when that is not worth it or fails (the caller counts in a thread)."""
+        counts = [counter.cached(fp) for fp in fingerprints]
+        todo = [i for i, n in enumerate(counts) if n is None]
+        weights = [_characters(messages[i]) for i in todo]
+        if sum(weights) < POOL_CHARACTERS or not self._idle:
+            return None
+        workers, self._idle = self._idle[:len(todo)], self._idle[len(todo):]
+        cuts = _balanced(weights, len(workers))
+        self._idle += workers[len(cuts) - 1:]
+        workers = workers[:len(cuts) - 1]
+        try:
+            frames = [orjson.dumps([counter.name, [messages[i] for i in todo[a:b]]]) for a, b in zip(cuts, cuts[1:])]
+        except TypeError:  # not JSON (no wire body gives this): the thread counts it
+            self._idle += workers
+            return None
+        # Shielded: a cancelled request does not leave a worker half way through a frame.
+        answers = await asyncio.shield(self._asked(workers, frames))
+        if answers is None:
+            return None
+        for i, n in zip(todo, (n for answer in answers for n in answer)):
+            counts[i] = n
+            counter.keep(fingerprints[i], n)
+        return [n for n in counts if n is not None]
+
+    async def _asked(self, workers: list[_Worker], frames: list[bytes]) -> list[list[int]] | None:
+        """Each frame's counts from its worker; a worker that fails is replaced."""
+        answers = await asyncio.gather(*(w.ask(f) for w, f in zip(workers, frames)), return_exceptions=True)
+        failed = False
+        for worker, answer in zip(workers, answers):
+            if isinstance(answer, list):
+                self._idle.append(worker)
+                continue
+            failed = True
+            if isinstance(answer, dict):  # the worker's count raised: it is fine, the thread will say why
+                self._idle.append(worker)
+            else:
+                log.error("a count worker failed (%r): counting in a thread, starting another", answer)
+                self._drop(worker)
+                self._spawn()
+        if self._closed:
+            self._stop_idle()
+        return None if failed else [a for a in answers if isinstance(a, list)]
+
+    def _stop_idle(self) -> None:
+        for worker in self._idle:
+            worker.stdin.close()  # its input ends: it exits
+        self._idle = []
+
+    async def close(self) -> None:
+        """The workers end (their input closed; killed if they linger); counts run in threads."""
+        self._closed = True
+        for task in list(self._spawning):
+            task.cancel()
+        await asyncio.gather(*self._spawning, return_exceptions=True)
+        self._stop_idle()
+        for worker in list(self._workers):
+            try:
+                await asyncio.wait_for(worker.process.wait(), 2.0)
+            except asyncio.TimeoutError:
+                worker.kill()
+                await worker.process.wait()
+        self._workers.clear()
+
+
+def _characters(value: Any) -> int:
+    """About how much text a message holds to count: its strings' lengths."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_characters(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_characters(v) for v in value)
+    return 0
+
+
+def _balanced(weights: list[int], parts: int) -> list[int]:
+    """Cut points of `weights` into at most `parts` runs of about equal sum, each non-empty:
+    `[0, ..., len(weights)]`."""
+    total = sum(weights) or 1
+    cuts = [0]
+    running = 0
+    for i, w in enumerate(weights):
+        running += w
+        if len(cuts) < parts and running * parts >= total * len(cuts) and i + 1 < len(weights):
+            cuts.append(i + 1)
+    cuts.append(len(weights))
+    return cuts
+
+
+def serve(specs: list[str], source: BinaryIO, sink: BinaryIO) -> None:
+    """A worker's loop: `[tokenizer, messages]` in, each message's count out (or `{"error"}`),
+    until its input ends."""
+    registry = TokenizerRegistry()
+    for spec in specs:
+        registry.counter(spec).count(_WARM)
+    _send(sink, _READY)
+    while header := source.read(_LENGTH.size):
+        (size,) = _LENGTH.unpack(header)
+        try:
+            spec, messages = orjson.loads(source.read(size))
+            reply = orjson.dumps([registry.counter(spec).count_message(m) for m in messages])
+        except Exception as e:  # the parent's thread counts it again and meets the same error
+            reply = orjson.dumps({"error": repr(e)})
+        _send(sink, reply)
+
+
+def _send(sink: BinaryIO, frame: bytes) -> None:
+    sink.write(_LENGTH.pack(len(frame)))
+    sink.write(frame)
+    sink.flush()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:], sys.stdin.buffer, sys.stdout.buffer)

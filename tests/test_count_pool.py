@@ -1,0 +1,172 @@
+"""A large new conversation counted on worker processes (proxy/engine/count_pool.py): the counts
+are exactly one thread's, through `ctxgate serve` (X-Ctx-Tokens-In, the WAL) and on the pool
+alone; a worker killed is replaced and its count done in a thread meanwhile; the workers end with
+the server."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxgate.pipeline.history_index import HistoryIndex
+from ctxgate.pipeline.tokens import TokenizerRegistry
+from ctxgate.proxy.engine.count_pool import POOL_CHARACTERS, CountPool, _balanced
+from servers import METRICS_HEADERS, Gateway, main_config, start_gateways, wait_until
+from test_count_beside_upstream import COUNTER, conversation, last_turn, logged, send
+from upstream import ScriptedUpstream
+
+SPEC = "tiktoken:o200k_base"
+
+
+def large(tag: str) -> list[dict[str, Any]]:
+    """A new conversation of ~130K characters, past POOL_CHARACTERS."""
+    messages = conversation(tag, steps=48)
+    assert sum(len(str(m.get("content") or "")) for m in messages) > POOL_CHARACTERS
+    return messages
+
+
+def shapes(tag: str) -> list[dict[str, Any]]:
+    """Every kind of message a count reads: content parts, images, names, calls, a legacy call,
+    a Responses reasoning item, Anthropic tool blocks, empty content."""
+    out = large(tag)
+    out += [
+        {"role": "user", "name": "ana", "content": [{"type": "text", "text": f"{tag} look"},
+                                                    {"type": "image_url", "image_url": {"url": "data:,x"}}]},
+        {"role": "assistant", "content": "", "function_call": {"name": "grep", "arguments": '{"q": "x"}'},
+         "items": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": f"{tag} think"}]}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text",
+                                                                                            "text": "ok"}]},
+                                     {"type": "tool_use", "id": "u", "name": "ls", "input": {"path": "/"}},
+                                     {"type": "other", "data": [1, 2]}]},
+        {"role": "assistant", "content": None},
+    ]
+    return out
+
+
+def metric(gw: Gateway, name: str) -> float:
+    status, text = gw.get("/metrics", METRICS_HEADERS)
+    assert status == 200
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def workers_of(gw: Gateway) -> list[int]:
+    """The pids of the gateway's count workers (its children running count_pool)."""
+    children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
+    out = []
+    for pid in children:
+        try:
+            if b"count_pool" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(int(pid))
+        except FileNotFoundError:
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+
+
+def test_cuts_are_contiguous_runs_of_about_equal_text() -> None:
+    assert _balanced([5, 5, 5, 5], 2) == [0, 2, 4]
+    assert _balanced([100, 1, 1, 1], 2) == [0, 1, 4]
+    assert _balanced([7], 3) == [0, 1]  # never an empty run
+    assert _balanced([1, 1, 1, 1, 1, 1], 3) == [0, 2, 4, 6]
+
+
+def test_the_pool_counts_every_kind_of_message_as_one_thread_does() -> None:
+    messages = shapes(uuid.uuid4().hex)
+    expected = HistoryIndex.build(messages, TokenizerRegistry().counter(SPEC)).cumulative_tokens
+    registry = TokenizerRegistry()
+    counter = registry.counter(SPEC)
+    counter.count_structured(messages[0])  # one count kept already: not sent to a worker
+    used: list[int] = []
+
+    async def run() -> list[int]:
+        pool = CountPool(size=2, on_workers=lambda: used.append(1))
+        pool.start(registry.loaded())
+        try:
+            deadline = asyncio.get_running_loop().time() + 60
+            while pool.ready < 2 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            assert pool.ready == 2
+            index = HistoryIndex.build([], counter).extend(messages, 0, counter, count=False)
+            counted = await pool.counted(index, messages, counter)
+            assert pool.ready == 2  # both back, idle
+            return counted.cumulative_tokens
+        finally:
+            await pool.close()
+
+    assert asyncio.run(run()) == expected
+    assert used == [1]
+    # Each message's count is kept, as a thread's count keeps it.
+    assert [counter.cached(fp) for fp in HistoryIndex.build([], counter).extend(messages, 0, counter, count=False)
+            .fingerprints] == [b - a for a, b in zip(expected, expected[1:])]
+
+
+def test_with_no_worker_started_the_count_is_a_threads() -> None:
+    messages = large(uuid.uuid4().hex)
+    counter = TokenizerRegistry().counter(SPEC)
+    used: list[int] = []
+
+    async def run() -> int:
+        pool = CountPool(size=2, on_workers=lambda: used.append(1))  # never started
+        index = HistoryIndex.build([], counter).extend(messages, 0, counter, count=False)
+        return (await pool.counted(index, messages, counter)).tokens()
+
+    assert asyncio.run(run()) == COUNTER.count_messages(messages)
+    assert used == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_serve_counts_a_large_new_conversation_on_its_workers_exactly(gateway: Gateway, up: ScriptedUpstream,
+                                                                       stream: bool) -> None:
+    wait_until(lambda: metric(gateway, "ctxgate_count_workers_idle") >= 1, 60, "a count worker ready")
+    messages = large(uuid.uuid4().hex)
+    before = metric(gateway, "ctxgate_counts_on_workers_total")
+    session = f"pool-{uuid.uuid4().hex}"
+    # A budget far over the conversation: forwarded first, counted beside the upstream call.
+    got = send(gateway, messages, session, stream, {"X-Ctx-Budget": "1000000"})
+    assert metric(gateway, "ctxgate_counts_on_workers_total") == before + 1
+    exact = COUNTER.count_messages(messages)
+    assert int(got["x-ctx-tokens-in"]) == int(got["x-ctx-tokens-out"]) == exact
+    _, response = last_turn(logged(gateway, session))
+    assert (response["tokens_in"], response["tokens_out"]) == (exact, exact)
+
+
+def test_a_killed_worker_is_replaced_and_the_workers_end_with_the_server(up: ScriptedUpstream,
+                                                                         tmp_path: Path) -> None:
+    gw = start_gateways({"pool": (tmp_path / "pool", main_config(up.url, "auto"))})["pool"]
+    replaced: list[int] = []
+    try:
+        wait_until(lambda: metric(gw, "ctxgate_count_workers_idle") >= 1, 60, "a count worker ready")
+        first = workers_of(gw)
+        assert first
+        for pid in first:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not any(alive(pid) for pid in first), 30, "the workers gone")
+        before = metric(gw, "ctxgate_counts_on_workers_total")
+        messages = large(uuid.uuid4().hex)
+        got = send(gw, messages, f"killed-{uuid.uuid4().hex}", False)
+        assert int(got["x-ctx-tokens-in"]) == COUNTER.count_messages(messages)  # counted in a thread
+        assert metric(gw, "ctxgate_counts_on_workers_total") == before
+
+        wait_until(lambda: metric(gw, "ctxgate_count_workers_idle") >= 1, 60, "a worker started again")
+        again = large(uuid.uuid4().hex)
+        got = send(gw, again, f"replaced-{uuid.uuid4().hex}", True)
+        assert int(got["x-ctx-tokens-in"]) == COUNTER.count_messages(again)
+        assert metric(gw, "ctxgate_counts_on_workers_total") == before + 1
+        replaced = workers_of(gw)
+        assert replaced and not set(replaced) & set(first)
+    finally:
+        gw.stop()
+    assert not any(alive(pid) for pid in replaced)

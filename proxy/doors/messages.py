@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 from aiohttp import web
@@ -19,7 +19,7 @@ from ..engine.turn import TurnEngine, TurnInput
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway
-from ..tenancy import Caller, resolve_caller, resolve_session
+from ..tenancy import Caller, named_session, resolve_caller, resolve_session
 from ..upstream.anthropic import MessagesCall, count_native, send_litellm, send_native
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
@@ -29,9 +29,10 @@ from .context_management import Edited, compact_for, edited, emulated
 from .messages_compaction import expanded as expanded_blocks
 from .messages_expand import MessagesExpansion
 from .messages_model import Conversation, conversation_of, render, validate_messages, validate_messages_request
+from .messages_read import ReadAt, ReadMessages, compacted, known_messages, read_messages
 from .messages_replies import MessagesStream, error_body, error_event, reply_facts
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
-from .validation import read_json_body
+from .validation import read_resent_body
 
 log = logging.getLogger("ctxgate.doors")
 COUNT_HEADER = "X-Ctx-Count"
@@ -117,40 +118,65 @@ class MessagesDoor:
     async def read(self, http: web.Request, *, counting: bool) -> tuple[DoorRequest, Conversation, Edited | None]:
         started = time.perf_counter()
         caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
-        body = await read_json_body(http, self.gw.json_parser, caller.tenant_config.max_body_bytes)
+        key = (caller.tenant, "messages", http.headers.get("X-Ctx-Session", ""))
+        body, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
+                                              caller.tenant_config.max_body_bytes)
         system = body.get("system")
         check_caps(caller.tenant_config, body.get("messages"), "messages",
                    extra_parts=len(system) if isinstance(system, list) else 0)
-        size = len(await http.read())
+        raw = await http.read()
+        # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
+        fresh = resent.parsed_bytes if resent is not None else len(raw)
         heavy = self.gw.heavy
         slots = caller.tenant_config.heavy_concurrency
-        await heavy.run(caller.tenant, slots, size, lambda: validate_messages_request(body, counting=counting))
+        named = named_session(http.headers)
+        # The session's last request as this door read it: a steady turn checks and reads only what is new.
+        last = self.gw.histories.door_state(caller.tenant, named) if named else None
+        last = last if isinstance(last, ReadMessages) else None
+
+        def checked() -> tuple[int, bool]:
+            validate_messages_request(body, counting=counting)
+            known = known_messages(last, system, body["messages"])
+            return known, compacted(body["messages"], last, known)
+
+        known_at, blocks = await heavy.run(caller.tenant, slots, fresh, checked)
         route = self.gw.router.resolve(body["model"])
-        found = await expanded_blocks(self.gw, caller, body["messages"], emulated(self.gw, caller, route))
-        conversation, edits, session_id, known = await heavy.run(
-            caller.tenant, slots, size, lambda: self._placed(caller, http.headers, route, body, found))
+        found = await expanded_blocks(self.gw, caller, body["messages"], emulated(self.gw, caller, route)) \
+            if blocks else body["messages"]
+
+        def keep() -> None:  # once checked, for the next body
+            self.gw.resent.keep(key, raw, body, "messages", resent)
+
+        conversation, edits, session_id, known, read = await heavy.run(
+            caller.tenant, slots, fresh,
+            lambda: self._placed(caller, http.headers, route, body, found, ReadAt(last, known_at, blocks), keep))
         messages = conversation.neutral
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         user = (body.get("metadata") or {}).get("user_id")
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, user, messages) if memory_on else None,
-                         known=known, body_bytes=size)
+                         known=known, body_bytes=len(raw), door_state=read,
+                         fresh_bytes=fresh if known.length else None)
         return DoorRequest(http, caller, route, session_id, turn, body, started), conversation, edits
 
     def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],
-                found: list[dict[str, Any]]) -> tuple[Conversation, Edited | None, str, KnownPrefix]:
-        """The request read into the neutral model (its context edits applied), checked, and
-        placed in its session. In a thread when large (`HeavyWork`)."""
-        edits = edited(self.gw, caller, route, {**body, "messages": found} if found is not body["messages"] else body,
-                       changed=found is not body["messages"])
-        conversation = conversation_of(edits.body if edits is not None else body)
+                found: list[dict[str, Any]], at: ReadAt, keep: Callable[[], None]
+                ) -> tuple[Conversation, Edited | None, str, KnownPrefix, ReadMessages]:
+        """The request read into the neutral model (its context edits applied), checked (then
+        `keep`), and placed in its session. In a thread when large (`HeavyWork`)."""
+        changed = found is not body["messages"]
+        edits = edited(self.gw, caller, route, {**body, "messages": found} if changed else body, changed=changed)
+        if edits is None:
+            conversation, read = read_messages(body, at)
+        else:  # edited or expanded: other messages than the client's
+            conversation = conversation_of(edits.body)
+            read = ReadMessages(body.get("system"), list(body["messages"]), at.blocks)
         messages = conversation.neutral
         self.engine.refuse_hopeless(caller, route, messages)
+        validate_messages(body["messages"], at.known)  # the client's: what was new in them is checked, as sent
+        keep()
         session_id = resolve_session(caller.tenant, headers, messages)
-        known = self.gw.histories.match(caller.tenant, session_id, messages)
-        validate_messages(conversation.body["messages"],
-                          max(0, known.length - (len(messages) - len(conversation.body["messages"]))))
-        return conversation, edits, session_id, known
+        return conversation, edits, session_id, self.gw.histories.match(caller.tenant, session_id, messages), read
 
     async def messages(self, http: web.Request) -> web.StreamResponse:
         request, conversation, edits = await self.read(http, counting=False)

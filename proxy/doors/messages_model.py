@@ -99,14 +99,14 @@ def conversation_of(body: dict[str, Any]) -> Conversation:
     neutral: list[Message] = [{"role": "system", "content": system}] if system else []
     marked: dict[int, Message] = {}
     for message in body["messages"]:
-        plain = _unmarked(message)
+        plain = unmarked(message)
         if plain is not message:
             marked[id(plain)] = message
         neutral.append(plain)
     return Conversation(body, neutral, marked)
 
 
-def _unmarked(message: Message) -> Message:
+def unmarked(message: Message) -> Message:
     content = message.get("content")
     if not isinstance(content, list) or not any(isinstance(b, dict) and "cache_control" in b for b in content):
         return message
@@ -193,7 +193,7 @@ def _as_blocks(content: Any) -> list[Block]:
 def _signed_turns(messages: list[Message]) -> set[bytes]:
     """The client's assistant turns that carry thinking blocks, as bytes."""
     signed = [m for m in messages if m.get("role") == "assistant" and _has_thinking(m)]
-    return {orjson.dumps(v) for m in signed for v in (m, _unmarked(m))}
+    return {orjson.dumps(v) for m in signed for v in (m, unmarked(m))}
 
 
 def _has_thinking(message: Message) -> bool:

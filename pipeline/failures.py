@@ -11,6 +11,13 @@ a non-zero exit's message ("Process exited with code 1", "[Command finished with
 "0 failed", "no errors"), a warning, nor code that names an exception (`raise ValueError(`,
 `except TypeError:`, a numbered file view, an indented docstring's `ValueError: if …`):
 failure reports start at the line's first column, code is indented or starts with a keyword.
+
+Which output failed is judged from its structure, not from any line that looks like an error:
+a non-zero exit status (or a result flagged as an error), a failure line among its first or
+last `EDGE_LINES` lines (where a tool, a test runner or a compiler reports how it ended), or a
+Python traceback (whose tail is the exception line, whatever the exception's name). An
+error-looking line in the middle of an output that reports no failure (a build log that went
+on and ended well) is not what failed last.
 """
 from __future__ import annotations
 
@@ -102,15 +109,43 @@ def exit_status_of(text: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def key_error_line(text: str) -> str:
-    """The line of `text` that says what failed: the last one that says what (a traceback's
-    tail, not its header), else the last that says that something failed (an exit status, a
-    tally); a line too short to say anything ("Error:") comes with the line after it. Empty
-    if none. The line as the output has it (colour codes too): activeRestore looks for it in
-    what is still in view."""
+EDGE_LINES = 5
+"""How many non-blank lines at each end of an output say how it ended."""
+_TRACEBACK = "Traceback (most recent call last)"
+
+
+def traceback_tails(lines: list[str]) -> set[int]:
+    """The indices of the exception lines that end Python tracebacks: the first line at the
+    first column after a traceback's header and its indented frames."""
+    tails: set[int] = set()
+    inside = False
+    for i, line in enumerate(lines):
+        raw = _ANSI.sub("", line).rstrip()
+        if raw.strip().startswith(_TRACEBACK):
+            inside = True
+        elif inside and raw.strip() and not raw[0].isspace():
+            tails.add(i)
+            inside = False
+    return tails
+
+
+def key_error_line(text: str, exit_status: int | None = None, flagged: bool = False) -> str:
+    """The line of `text` that says what failed, when the output reports a failure by its
+    structure (see the module's docstring; `exit_status`, `flagged`: what its wrapper says): the
+    last one that says what (a traceback's tail, not its header), else the last that says that
+    something failed (an exit status, a tally); a line too short to say anything ("Error:")
+    comes with the line after it. Empty if none. The line as the output has it (colour codes
+    too): activeRestore looks for it in what is still in view."""
     lines = text.splitlines()
-    judged = [(i, strength(line)) for i, line in enumerate(lines)]
-    best = max((s for _, s in judged), default=0)
+    strengths = [strength(line) for line in lines]
+    tails = traceback_tails(lines)
+    for i in tails:
+        strengths[i] = STRONG
+    edges = [s for line, s in zip(lines, strengths) if _ANSI.sub("", line).strip()]
+    failed = (flagged or exit_status not in (None, 0) or bool(tails)
+              or any(edges[:EDGE_LINES]) or any(edges[-EDGE_LINES:]))
+    judged = list(enumerate(strengths))
+    best = max(strengths, default=0) if failed else 0
     if not best:
         return ""
     at = max(i for i, s in judged if s == best)

@@ -180,8 +180,8 @@ class OverBudget:
         left under the budget: a cut after the chain may have taken out of view what the block
         did not repeat (the failure line in the middle of an output), and what was shed may fit
         again. The blocks of files' contents stay as they are. With expansion on (`cuts`: what
-        the point kept by reference), a failure line in the cut middle of an output still in
-        view is pointed to by its reference, as the chain's block does, not quoted again."""
+        the point kept by reference), the failure line names the output it is from by its
+        reference, as the chain's block does."""
         if self.restore is None or result.tokens_after > self.hard:
             return result
         messages = [m for m in result.compressed_messages if kind_of(m) != RESTORE]

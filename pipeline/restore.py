@@ -196,8 +196,8 @@ class ActiveRestore:
         has no room for only brings the next compaction closer, and the agent can read the
         file again (the recovery message says so). With expansion on (`cuts`: what this
         compaction kept by reference), the last error's line is quoted and the output it
-        came from named, unless that output is still in view with its middle cut: its
-        separator names the reference there, and the block points to it."""
+        came from named (when that output is still in view with its middle cut, the block
+        says so)."""
         s = self.state
         shown = "\n".join(readable_text(m) for m in visible or [])
         parts: list[str] = []
@@ -241,13 +241,13 @@ class ActiveRestore:
 
 def error_section(line: str, ref: str | None, in_view: bool = False) -> str:
     """The state's section about the last failure: its line, and the output it is from by
-    reference; with `in_view` (that output is still in the request, the line in its cut
-    middle), the reference alone: the separator there names it, and the line is an expansion
-    away, as everything else that cut took out of view."""
-    if ref is not None and in_view:
-        return ("The last error a tool reported (it may since be fixed) is in the cut middle of an output still "
-                f"in view: ref {ref}.")
-    return ERROR_SECTION + line + ("" if ref is None else f"\n(the output it is from: ref {ref})")
+    reference; with `in_view`, that output is still in the request with the line in its cut
+    middle. The line is quoted all the same: it is the last failure only when its output
+    reports one by its structure (`failures.key_error_line`), and what the agent acts on next;
+    the rest of that middle stays an expansion away (a build log's error-looking line in an
+    output that ended well is no failure, and stays behind its reference: check_expand)."""
+    where = "in the cut middle of an output still in view" if in_view else "the output it is from"
+    return ERROR_SECTION + line + ("" if ref is None else f"\n({where}: ref {ref})")
 
 
 def state_block(sections: list[str]) -> Message:

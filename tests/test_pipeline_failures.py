@@ -237,3 +237,41 @@ def test_the_probe_and_restore_name_the_same_failure_on_every_recorded_turn() ->
             assert extract_working_state(request, CFG).last_error == probe, (run.source, i)
             named += bool(probe)
     assert named > 100
+
+
+BUILD = "\n".join("error: MIDDLE-MARKER undefined reference to frobnicate" if i == 60 else
+                  f"build step {i}: compiling module_{i}.c ok" for i in range(120))
+UNNAMED_EXCEPTION = ("Traceback (most recent call last):\n  File \"/w/repro.py\", line 12, in <module>\n"
+                     "    client.create_invalidation(\n"
+                     "botocore.errorfactory.NoSuchDistribution: An error occurred (NoSuchDistribution) when calling "
+                     "the CreateInvalidation operation\nroot@openhands-workspace:/w # \n")
+PIPED_PYTEST = ("Chunk ID: 1a\nWall time: 0.9 seconds\nProcess exited with code 0\nOriginal token count: 80\nOutput:\n"
+                + PYTEST_RUN)
+
+
+@pytest.mark.parametrize("output,key", [
+    (BUILD, ""),
+    (CODEX_FAILED.replace("Output:\n", "Output:\n" + BUILD + "\n"),
+     "ValueError: Address 16 exceeds maximum address 15"),
+    (UNNAMED_EXCEPTION, UNNAMED_EXCEPTION.splitlines()[3]),
+    (PIPED_PYTEST, "FAILED tests/test_cpu.py::test_overflow - ValueError: Address 16 exceeds maximum address 15"),
+])
+def test_which_output_failed_is_judged_by_its_structure(output: str, key: str) -> None:
+    """An error-looking line inside an output that began and ended well is no failure (the
+    build log of check_expand); a non-zero exit status, a failure at an output's ends (pytest
+    piped through `tail`, whose exit status is 0) or a traceback is, and a traceback's tail is
+    its exception line whatever the exception is called. The probe reads each the same way."""
+    assert key_error_line(output, exit_status_of(output)) == key
+    h = [system(), user("go"), *codex_step("c1", "run", output)]
+    assert (last_error_line(h, text_mode=False) or "") == key
+    assert extract_working_state(h, CFG).last_error == key
+
+
+def test_the_middle_of_an_output_that_reports_no_failure_does_not_hide_the_failure_before_it() -> None:
+    h = [system(), user("go"), *codex_step("c1", "python run.py", CODEX_FAILED), *codex_step("c2", "make", BUILD)]
+    assert extract_working_state(h, CFG).last_error == "ValueError: Address 16 exceeds maximum address 15"
+    assert last_error_line(h, text_mode=False) == "ValueError: Address 16 exceeds maximum address 15"
+    # With a failing exit status the build's own line is the last failure.
+    failed = [*h[:-1], tool("c2", BUILD + "\nProcess exited with code 2")]
+    assert extract_working_state(failed, CFG).last_error == "error: MIDDLE-MARKER undefined reference to frobnicate"
+    assert last_error_line(failed, text_mode=False) == extract_working_state(failed, CFG).last_error

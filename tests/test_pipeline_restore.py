@@ -296,11 +296,11 @@ def test_a_folder_the_agent_viewed_is_named_but_its_listing_not_restored() -> No
     assert [f.path for f in extract_working_state(one, CFG).current_files] == ["/w/notes.txt"]
 
 
-def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_pointed_to_not_repeated() -> None:
+def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_quoted_with_its_reference() -> None:
     """The failing command's output is still in view, its middle (with the failure line) cut by
-    reference: the restored state points to that reference rather than repeat the line (it is
-    an expansion away, as everything else the cut took: check_expand); an output out of view
-    has its line quoted, with the reference it is from."""
+    reference: the line is what the agent acts on next, so the restored state quotes it and
+    names the reference the rest of the middle is under; an output out of view has its line
+    quoted too, with the reference it is from."""
     output = "Traceback (most recent call last):\n" + filler(300, 2) + "\nAttributeError: no attribute 'pixel_array'"
     h = [system(), user("task"), *turn("1", "execute_bash", output, command="python repro.py"), user("newest")]
     state = extract_working_state(h, CFG)
@@ -310,7 +310,26 @@ def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_pointed_to_not
     visible = [*h[:3], tool("1", cut), h[-1]]
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=visible, cuts={ref: output[40:]})
     text = "\n".join(quoted_text(b) for b in blocks)
-    assert f"ref {ref}" in text and state.last_error not in text
+    assert state.last_error in text and f"cut middle of an output still in view: ref {ref}" in text
     gone = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=[*h[:2], h[-1]], cuts={ref: output[40:]})
     text = "\n".join(quoted_text(b) for b in gone)
-    assert state.last_error in text and f"ref {ref}" in text
+    assert state.last_error in text and f"the output it is from: ref {ref}" in text
+
+
+def test_an_error_looking_line_inside_a_build_that_ended_well_is_no_failure_and_stays_cut() -> None:
+    """check_expand's case: a 1,500-line build whose middle line says `error:` and which began
+    and ended well (no exit status, no failure at its ends) reports no failure, so nothing
+    brings that line back beside its reference; the same build ending in make's failure
+    line does, and its last failure line is named."""
+    lines = [f"build step {i}: compiling module_{i}.c ok" for i in range(1500)]
+    lines[750] = "error: MIDDLE-MARKER-4242 undefined reference to frobnicate"
+    build = "\n".join(lines)
+    h = [system(), user("Build it."), *turn("1", "bash", build, command="make"), user("What failed?")]
+    state = extract_working_state(h, CFG)
+    assert state.last_error == ""
+    ref = "ctx:0123456789ab"
+    visible = [*h[:3], tool("1", f"{lines[0]}\n... [middle 30000 tokens truncated, ref {ref}] ...\n{lines[-1]}"), h[-1]]
+    blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=visible, cuts={ref: build})
+    assert "MIDDLE-MARKER-4242" not in "\n".join(quoted_text(b) for b in blocks)
+    failed = [*h[:2], *turn("1", "bash", build + "\nmake: *** [all] Error 2", command="make"), h[-1]]
+    assert extract_working_state(failed, CFG).last_error == "make: *** [all] Error 2"

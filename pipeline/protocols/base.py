@@ -48,10 +48,10 @@ class Observation:
 
 def observation(tool: str | None, output: str, exit_status: int | None = None,
                 call_id: str | None = None, is_error: bool = False) -> Observation:
-    """An observation with its failure judged: the line that reports a failure
-    (`failures.key_error_line`), else, for a non-zero exit status or a result flagged as an
-    error, the output's last line that is not marked as passing."""
-    line = key_error_line(output)
+    """An observation with its failure judged: the line that reports a failure, in an output
+    that reports one by its structure (`failures.key_error_line`), else, for a non-zero exit
+    status or a result flagged as an error, the output's last line that is not marked as passing."""
+    line = key_error_line(output, exit_status, is_error)
     if not line and (is_error or exit_status not in (None, 0)):
         line = last_said_line(output) or f"exit status {exit_status}"
     return Observation(tool=tool, output=output, exit_status=exit_status, error_line=line, call_id=call_id)

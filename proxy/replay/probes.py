@@ -9,7 +9,7 @@ reads the same things to restore them; a probe that used it would only check its
   `<function=…>` parameters and command blocks, `[File: …]` / `(Open file: …)` headers)
   found anywhere in the forwarded request; n/a before the first;
 - error: the last failure line the agent saw is present: the key line of the newest
-  observation that reports a failure (`failure_line`); n/a while there is none;
+  observation that reports a failure by its structure (`last_error_line`); n/a while there is none;
 - latest: the share of the request's last `LATEST` messages forwarded verbatim;
 - valid: tool calls and their results still paired.
 A refused turn scores 0 on every probe: the agent got no reply.
@@ -172,19 +172,54 @@ def _outcome(m: Message) -> tuple[str, int | None]:
     return (wrapped.group(2), int(wrapped.group(1))) if wrapped else (text, None)
 
 
+ENDS = 5
+"""An output says how it ended in its first and last this many non-blank lines."""
+_TRACEBACK_RE = re.compile(r"^\s*Traceback \(most recent call last\)")
+
+
+_FRAME_RE = re.compile(r"^(?:EXECUTION RESULT of \[[^\]]*\]:|OBSERVATION:|\((?:Open file|Current directory): .*\)"
+                       r"|bash-\$)$")
+"""The lines an agent frames every output with (OpenHands' header, SWE-agent's status lines): not the output's."""
+
+
+def _exception_lines(lines: list[str]) -> list[int]:
+    """Where Python tracebacks end: after the header and the indented frames, the first line
+    that starts at the first column is the exception, whatever its class is called."""
+    found, open_ = [], False
+    for i, line in enumerate(lines):
+        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line)
+        if _TRACEBACK_RE.match(plain):
+            open_ = True
+        elif open_ and plain.strip() and not plain[:1].isspace():
+            found.append(i)
+            open_ = False
+    return found
+
+
 def last_error_line(messages: list[Message], text_mode: bool) -> str | None:
     """The last failure line the agent saw: in the newest observation that reports a failure,
     its last line that says what failed (a traceback's tail), else its last line that says
     that something did (an exit status, a tally); a line under 12 characters ("Error:") gets
     the next line too. An output whose wrapper gives a non-zero exit status and that has no
-    such line: its last line not marked as passing. Only observations after the task
-    statement count: a SWE-agent demonstration before it shows another task's work."""
+    such line: its last line not marked as passing. An output reports a failure by how it is
+    built, not by any line in it: a non-zero exit status from its wrapper, a failure line among
+    its first or last `ENDS` non-blank lines (an exit status, a tally, a tool's or a runner's
+    last word) or a Python traceback; an error-looking line inside an output that began and
+    ended well (a build log that went on) is not a failure of the command. Only observations
+    after the task statement count: a SWE-agent demonstration before it shows another task's work."""
     task = task_statement_index(messages)
     after = messages[task + 1:] if task is not None else messages
     for m in reversed([m for m in after if m.get("role") == ("user" if text_mode else "tool")]):
         text, status = _outcome(m)
         lines = [ln.strip() for ln in text.splitlines()]
         ranks = [failure_rank(ln) for ln in text.splitlines()]
+        exceptions = _exception_lines(text.splitlines())
+        for i in exceptions:
+            ranks[i] = 2
+        ends = [r for r, ln in zip(ranks, lines) if re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ln).strip()
+                and not _FRAME_RE.match(ln)]
+        if not (status or exceptions or any(ends[:ENDS]) or any(ends[-ENDS:])):
+            ranks = [0] * len(ranks)
         best = max(ranks, default=0)
         if not best:
             said = [ln for ln in lines if ln and not _PASS_RE.search(ln)]

@@ -1,7 +1,9 @@
 """The bench's front doors (each also streamed): a chat-completions conversation as
 the body each API takes, and its reply read back as text.
 
-- chat: `{"model", "messages"}` as is;
+- chat: `{"model", "messages", "tools"}`: the messages as is, `tools` naming every tool used
+  (the same declarations as the Gemini body's, as chat tools: the two doors are sent the same
+  content at the same size);
 - messages (Anthropic): system messages in `system`, tool results as `tool_result` blocks in
   user turns, tool calls as `tool_use` blocks, turns alternating from the user, `tools` naming
   every tool used, `max_tokens` 1024;
@@ -130,10 +132,28 @@ def to_responses(messages: list[Message], model: str = CHAT_MODEL) -> dict[str, 
     return body
 
 
+def _tools_used(messages: list[Message]) -> list[tuple[str, str]]:
+    """(name, description) of every tool the conversation calls, in the order first called: the
+    tools a chat or Gemini body declares (the same in both)."""
+    names = dict.fromkeys((tc.get("function") or {}).get("name") or "tool"
+                          for m in messages if m.get("role") == "assistant" for tc in m.get("tool_calls") or [])
+    return [(name, f"the {name} tool") for name in names]
+
+
+def to_chat(messages: list[Message], stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": CHAT_MODEL, "messages": messages}
+    tools = _tools_used(messages)
+    if tools:
+        body["tools"] = [{"type": "function", "function": {"name": name, "description": what,
+                                                           "parameters": {"type": "object"}}} for name, what in tools]
+    if stream:
+        body["stream"] = True
+    return body
+
+
 def to_gemini(messages: list[Message]) -> dict[str, Any]:
     system: list[str] = []
     turns: list[dict[str, Any]] = []
-    tools: dict[str, None] = {}
     names: dict[str, str] = {}  # tool_call_id -> the name its functionResponse must carry
 
     def add(role: str, parts: list[dict[str, Any]]) -> None:
@@ -157,7 +177,7 @@ def to_gemini(messages: list[Message]) -> dict[str, Any]:
             for tc in m.get("tool_calls") or []:
                 fn = tc.get("function") or {}
                 name = fn.get("name") or "tool"
-                tools[name], names[str(tc.get("id"))] = None, name
+                names[str(tc.get("id"))] = name
                 parts.append({"functionCall": {"id": str(tc.get("id")), "name": name,
                                                "args": _arguments(fn.get("arguments"))}})
             add("model", parts or [{"text": "(empty)"}])
@@ -166,10 +186,10 @@ def to_gemini(messages: list[Message]) -> dict[str, Any]:
     body: dict[str, Any] = {"contents": turns}
     if system:
         body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    tools = _tools_used(messages)
     if tools:
         body["tools"] = [{"functionDeclarations": [
-            {"name": name, "description": f"the {name} tool", "parametersJsonSchema": {"type": "object"}}
-            for name in tools]}]
+            {"name": name, "description": what, "parametersJsonSchema": {"type": "object"}} for name, what in tools]}]
     return body
 
 
@@ -272,10 +292,9 @@ class Door:
         return (None if ok else f"HTTP {r.status}: {raw[:300]!r}"), ms, r.headers
 
 
-CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, lambda msgs: {"model": CHAT_MODEL, "messages": msgs},
-            _chat_reply)
-CHAT_STREAM = Door("chat-stream", "/v1/chat/completions", CHAT_MODEL,
-                   lambda msgs: {"model": CHAT_MODEL, "messages": msgs, "stream": True}, _stream_reply("[DONE]"))
+CHAT = Door("chat", "/v1/chat/completions", CHAT_MODEL, to_chat, _chat_reply)
+CHAT_STREAM = Door("chat-stream", "/v1/chat/completions", CHAT_MODEL, lambda msgs: to_chat(msgs, stream=True),
+                   _stream_reply("[DONE]"))
 MESSAGES = Door("messages", "/v1/messages", CLAUDE_MODEL, to_anthropic, _anthropic_reply, anthropic=True)
 MESSAGES_STREAM = Door("messages-stream", "/v1/messages", CLAUDE_MODEL,
                        lambda msgs: {**to_anthropic(msgs), "stream": True}, _stream_reply("message_stop"),

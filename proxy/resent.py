@@ -6,25 +6,39 @@ body starts with the bytes of the last one up to the end of its history list (`{
 costs a millisecond per 800 KB, the largest part of a steady turn's work. This keeps, per
 (tenant, door, session named in the headers), the last few bodies' bytes up to that point with
 what they parsed to; a body that starts with those bytes gets the same values (the same
-objects) for them, and only its tail is parsed, as `{"<history>":[0` + tail: the same parser
+objects) for them, and only its tail is parsed, as `{"<history>":["<mark>"` + tail: the same parser
 state (inside the history list, after an item), so the tail parses exactly as it does in the
 whole body.
 
-The cut is found once per body, after its parse, from the end: each `]` is tried as the one
+The cut is found once per body, after its parse, from the end (or known, below): each `]` is tried as the one
 closing the history list by parsing the rest as above and comparing with the fields the whole
 body has after its history. A `]` in a string cannot pass (the string's quotes would be
 unbalanced); one closing another top-level list could pass only if a key after the history
 were repeated, so a body is kept only when each of those keys is written once as a key
 (`"key":`) in what follows the kept part (the whole body, the first time), and none repeats
 a field before the history. A tail that holds the history's key again (`"messages"` as a
-token) is parsed whole.
+token) is parsed whole; one spelling it with escapes cannot pass either: the synthetic list
+starts with a mark of this process's own, which the list a repeated key names would have to
+start with.
 
-The kept items are shared with the history cache and the engine, which never change a
-parsed message in place (they build new ones), as the history cache already relies on.
+What follows the history (`], "tools": [...], "stream": true}`) is mostly resent as it was
+too (an agent's tools, system instruction and settings), and may be large (Gemini CLI's
+tools). So the bytes from the history's last item on are kept with the fields they parsed
+to: a body that starts with a kept prefix and ends with exactly those bytes has only what is
+between parsed, as `[[0` + between + `]]`, which must be one list of one list: only items
+can be in it (no key, so a between that closes the history and names another field is
+refused), in the parser state they have in the whole body, so the kept bytes after them
+parse as they did. Its fields after the history are the kept ones, the same objects: a door
+that checked or converted them last turn knows them by identity (`is`). Its cut is where
+those bytes start, when the item before them ends the way a kept prefix must (`}`).
+
+The kept items and fields are shared with the history cache and the engine, which never change
+a parsed message or field in place (they build new ones), as the history cache already relies on.
 """
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -44,6 +58,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 """Above this a body is not kept: past any model's context, and keeping it (a copy, a count of
 its keys) would hold the GIL for tens of milliseconds in one C call."""
 _WHITESPACE = b" \t\r\n"
+_MARK = secrets.token_hex(16)
+"""The first item of the synthetic history list (see the module's docstring)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,8 @@ class Resent:
     same objects as last time), and the bytes parsed anew."""
     body: dict[str, Any]
     parsed_bytes: int
+    cut: int | None = None
+    """Where its history's last item ends, when what follows is the kept bytes (its fields the kept ones)."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,10 @@ class _Kept:
     head: dict[str, Any]
     """The fields before the history list, as parsed."""
     items: list[Any]
+    after: bytes
+    """The body's bytes from there on: the history list's end and the fields after it."""
+    tail: dict[str, Any]
+    """Those fields, as parsed."""
 
 
 class ResentBodies:
@@ -82,7 +104,12 @@ class ResentBodies:
         found = next((k for k in kept if raw.startswith(k.prefix)), None)
         if found is None:
             return None
-        start = len(found.prefix)
+        start, end = len(found.prefix), len(raw) - len(found.after)
+        if end >= start and raw.endswith(found.after):
+            between = _items_between(raw, start, end)
+            if between is not None:  # only new items before the kept bytes: the kept fields after them
+                self.hits += 1
+                return Resent({**found.head, history: found.items + between, **found.tail}, end - start, end)
         if raw.find(b'"' + history.encode() + b'"', start) >= 0:
             return None  # the history's key again: the whole body decides which one counts
         try:
@@ -92,7 +119,7 @@ class ResentBodies:
         if not isinstance(parsed, dict):
             return None
         items = parsed.pop(history, None)
-        if not isinstance(items, list) or not items or type(items[0]) is not int or items[0] != 0:
+        if not isinstance(items, list) or not items or items[0] != _MARK:
             return None
         if not parsed.keys().isdisjoint(found.head):
             return None  # a field before the history repeated after it: the whole body decides
@@ -110,13 +137,18 @@ class ResentBodies:
         keys = list(body)
         at = keys.index(history)
         head, after = {k: body[k] for k in keys[:at]}, {k: body[k] for k in keys[at + 1:]}
-        lowest = len(raw) - known.parsed_bytes if known is not None else 0
-        if not all(_once(raw, k, lowest) for k in after):
-            return  # a field after the history named twice (or spelt otherwise): see `_cut`
-        cut = _cut(raw, history, after, lowest)
+        cut: int | None
+        if known is not None and known.cut is not None and raw[known.cut - 1] == ord("}"):
+            cut = known.cut  # the kept bytes follow its items: their cut holds
+        else:
+            lowest = len(raw) - known.parsed_bytes if known is not None else 0
+            if not all(_once(raw, k, lowest) for k in after):
+                return  # a field after the history named twice (or spelt otherwise): see `_cut`
+            cut = _cut(raw, history, after, lowest)
         if cut is None:
             return
-        self._add(key, _Kept(raw[:cut], head, list(items)))  # a copy: callers may build on theirs
+        # The items copied: callers may build on theirs.
+        self._add(key, _Kept(raw[:cut], head, list(items), raw[cut:], after))
 
     def _add(self, key: tuple[str, ...], kept: _Kept) -> None:
         with self._lock:  # a large request's door keeps its body from a thread (`HeavyWork`)
@@ -130,7 +162,7 @@ class ResentBodies:
             else:  # the same conversation's earlier body, or one too many
                 self._drop(old)
         self._kept[key] = entries
-        self._bytes += len(kept.prefix)
+        self._bytes += len(kept.prefix) + len(kept.after)
         self._entries += 1
         while self._kept and (self._bytes > self._max_bytes or self._entries > self._max_entries):
             _, oldest = self._kept.popitem(last=False)
@@ -138,7 +170,7 @@ class ResentBodies:
                 self._drop(k)
 
     def _drop(self, kept: _Kept) -> None:
-        self._bytes -= len(kept.prefix)
+        self._bytes -= len(kept.prefix) + len(kept.after)
         self._entries -= 1
 
     def __len__(self) -> int:
@@ -159,7 +191,17 @@ def _key_token(token: bytes) -> re.Pattern[bytes]:
 
 
 def _synthetic(history: str, tail: bytes | memoryview) -> bytes:
-    return b'{"' + history.encode() + b'":[0' + bytes(tail)
+    return b'{"' + history.encode() + b'":["' + _MARK.encode() + b'"' + bytes(tail)
+
+
+def _items_between(raw: bytes, start: int, end: int) -> list[Any] | None:
+    """The items `raw[start:end]` adds to a list (`, item, item`), or None when it is anything
+    else (see the module's docstring)."""
+    try:
+        parsed = orjson.loads(b"[[0" + raw[start:end] + b"]]")
+    except orjson.JSONDecodeError:
+        return None
+    return parsed[0][1:] if len(parsed) == 1 else None
 
 
 def _cut(raw: bytes, history: str, after: dict[str, Any], lowest: int) -> int | None:
@@ -174,7 +216,7 @@ def _cut(raw: bytes, history: str, after: dict[str, Any], lowest: int) -> int | 
             parsed = orjson.loads(_synthetic(history, memoryview(raw)[at:]))
         except orjson.JSONDecodeError:
             continue
-        if isinstance(parsed, dict) and parsed.pop(history, None) == [0] and parsed == after:
+        if isinstance(parsed, dict) and parsed.pop(history, None) == [_MARK] and parsed == after:
             end = at
             while end > 0 and raw[end - 1] in _WHITESPACE:
                 end -= 1

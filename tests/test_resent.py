@@ -20,7 +20,8 @@ from upstream import ScriptedUpstream
 KEY = ("acme", "chat", "s1")
 PAD = "x" * MIN_BYTES
 """A first message long enough that every body is kept."""
-text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30)
+text = st.one_of(st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30),
+                st.text(st.sampled_from('[]{}",:\\ am'), max_size=12))  # JSON's own characters, often
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]),
                                  "content": st.one_of(text, st.none(), st.lists(st.fixed_dictionaries(
                                      {"type": st.just("text"), "text": text}), max_size=3))},
@@ -43,16 +44,18 @@ def _body(head: dict[str, Any], messages: list[dict[str, Any]], tail: dict[str, 
     return {**head, "messages": messages, **tail}
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(message, min_size=0, max_size=6), st.lists(message, min_size=0, max_size=4), trailing, trailing,
-       st.booleans(), st.integers(0, 2))
+       st.booleans(), st.integers(0, 2), st.booleans())
 def test_a_resent_body_parses_as_the_whole_body(old: list[dict[str, Any]], new: list[dict[str, Any]],
                                                 tail1: dict[str, Any], tail2: dict[str, Any], model_first: bool,
-                                                style: int) -> None:
+                                                style: int, same_tail: bool) -> None:
     head = {"model": "gpt-4o"} if model_first else {}
     first = [{"role": "system", "content": PAD}, *old]
     if not model_first:
         tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
+    if same_tail:
+        tail2 = tail1
     resent = ResentBodies()
     raw1 = _encode(_body(head, first, tail1), style)
     parsed1 = orjson.loads(raw1)
@@ -64,12 +67,16 @@ def test_a_resent_body_parses_as_the_whole_body(old: list[dict[str, Any]], new: 
     assert found.body == orjson.loads(raw2)
     assert all(m is k for m, k in zip(found.body["messages"], parsed1["messages"]))  # the kept ones themselves
     assert found.body["messages"][:len(first)] == first
+    if same_tail:  # the fields after the history resent as they were: the kept objects themselves
+        assert found.cut is not None and all(found.body[k] is parsed1[k] for k in tail1)
     # The next turn goes on from this one's tail.
     resent.keep(KEY, raw2, found.body, "messages", found)
     raw3 = _encode(_body(head, first + new + [{"role": "user", "content": "more"}], tail1), style)
     third = resent.parse(KEY, raw3, "messages")
     assert third is not None and third.body == orjson.loads(raw3)
     assert all(m is k for m, k in zip(third.body["messages"], found.body["messages"]))
+    if same_tail:
+        assert third.cut is not None and all(third.body[k] is parsed1[k] for k in tail1)
 
 
 def _kept(body: dict[str, Any]) -> tuple[ResentBodies, bytes]:
@@ -95,10 +102,26 @@ def test_a_tail_that_names_the_history_again_or_a_field_before_it_is_parsed_whol
     assert resent.parse(KEY, again, "messages") is None
     model_again = prefix + b'],"model":"other"}'
     assert resent.parse(KEY, model_again, "messages") is None
-    said = prefix + b',{"role":"user","content":"messages"}]}'  # the word as a whole string: parsed whole too
-    assert resent.parse(KEY, said, "messages") is None
+    escaped = prefix + b'],"mess\\u0061ges":[0,{"role":"user","content":"x"}]}'  # the key spelt otherwise
+    assert len(orjson.loads(escaped)["messages"]) == 2
+    assert resent.parse(KEY, escaped, "messages") is None
+    said = prefix + b',{"role":"user","content":"messages"}]}'  # the word as a string: only an item
+    assert (found := resent.parse(KEY, said, "messages")) is not None and found.body == orjson.loads(said)
     broken = prefix + b',{"role":"user","content":"x"}'
     assert resent.parse(KEY, broken, "messages") is None  # the whole parse says where it is broken
+
+
+def test_what_closes_the_history_before_the_kept_fields_is_no_new_item() -> None:
+    """Between a kept prefix and the kept bytes after the history, only items are taken as new
+    items: a field named there makes the body's tail parsed as a tail."""
+    messages = [{"role": "system", "content": PAD}]
+    resent, raw = _kept({"model": "m", "messages": messages, "tools": [{"a": "]}"}]})
+    prefix, after = raw[:raw.index(b'],"tools"')], raw[raw.index(b'],"tools"'):]
+    for between in (b'],"x":[5', b'],"x":5,"y":[1', b',{"role":"user","content":"]"}'):
+        raw2 = prefix + between + after
+        found = resent.parse(KEY, raw2, "messages")
+        assert found is not None and found.body == orjson.loads(raw2)
+        assert (found.cut is not None) == (between[0:1] == b","), between
 
 
 def test_a_body_repeating_a_field_after_the_history_is_not_kept() -> None:

@@ -168,7 +168,7 @@ class GeminiDoor:
             lambda: self._read(caller, http.headers, body, model, keep))
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
-        tools = chat_tools(body.get("tools"))
+        tools = read.tools
         turn = TurnInput(messages=messages, tools=tools or None,
                          stream=method == "streamGenerateContent",
                          memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
@@ -187,11 +187,16 @@ class GeminiDoor:
         named = named_session(headers)
         # The session's last request as this door read it: a steady turn checks and reads only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
+        last = last if isinstance(last, ReadContents) else None
         known = known_turns(last, body.get("contents"))
-        validate_request(body, known)
+        validate_request(body, known, last.fields if last is not None else None)
         keep()
         route = self.gw.router.resolve(model)
-        read = read_contents(body, last if isinstance(last, ReadContents) else None, known)
+        read = read_contents(body, last, known)
+        # Declarations resent as they were (the same objects, `ResentBodies`) were made chat tools last turn.
+        made = last.tools if last is not None and "tools" in body and last.fields.get("tools") is body["tools"] \
+            else None
+        read.tools = made if made is not None else chat_tools(body.get("tools"))
         self.engine.refuse_hopeless(caller, route, read.messages)
         return route, read, resolve_session(caller.tenant, headers, read.messages)
 

@@ -16,7 +16,7 @@ else the first call of its name in the turn before not answered yet).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -103,6 +103,7 @@ class _Request(TypedDict, total=False):
 
 
 _REQUEST = TypeAdapter(_Request)
+_UNSEEN = object()
 _CONTENTS = TypeAdapter(list[_Content])
 
 
@@ -120,6 +121,11 @@ class ReadContents:
     chat: Any = None
     """The messages' JSON as a chat route is sent them, once asked (`gemini_chat.ChatJson`):
     made for the new messages only, the earlier ones' taken from the last request's."""
+    fields: dict[str, Any] = field(default_factory=dict)
+    """The request's other fields (`tools`, `generationConfig`, ...), checked: a next request
+    that resends them as they were has the same objects (`ResentBodies`), not checked again."""
+    tools: list[dict[str, Any]] | None = None
+    """`fields["tools"]` as chat tools, once made (`gemini.GeminiDoor`)."""
 
 
 def known_turns(last: Any, contents: Any) -> int:
@@ -131,10 +137,13 @@ def known_turns(last: Any, contents: Any) -> int:
     return n if len(contents) >= n and contents[:n] == last.contents else 0
 
 
-def validate_request(body: dict[str, Any], start: int = 0) -> None:
+def validate_request(body: dict[str, Any], start: int = 0, checked: dict[str, Any] | None = None) -> None:
     """A clear 400 naming the field for a body the door cannot read; other fields pass as they are
     (how deep they nest was checked as the body was read: `read_json_body`). Turns before
-    `start` were checked when they arrived."""
+    `start` were checked when they arrived, and so were the fields that are the very objects
+    (`is`) `checked` holds: the session's last request's, resent as they were."""
+    if checked:
+        body = {k: v for k, v in body.items() if k == "contents" or checked.get(k, _UNSEEN) is not v}
     try:
         _REQUEST.validate_python(body)
     except ValidationError as e:
@@ -195,11 +204,15 @@ def read_contents(body: dict[str, Any], last: ReadContents | None = None, known:
         calls = [(c["id"], c["function"]["name"]) for c in out[-1].get("tool_calls", [])] \
             if before.get("role") == "model" else []
         return ReadContents(last.system, last.contents + contents[known:], _read(contents, known, calls, out),
-                            known, last.chat)
+                            known, last.chat, _fields(body))
     out = []
     if system and system_text(system):
         out.append({"role": "system", "content": system_text(system), ORIGIN: system})
-    return ReadContents(system, contents, _read(contents, 0, [], out))
+    return ReadContents(system, contents, _read(contents, 0, [], out), fields=_fields(body))
+
+
+def _fields(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "contents"}
 
 
 def _read(contents: list[Any], start: int, calls: list[tuple[str, str]], out: list[Message]) -> list[Message]:

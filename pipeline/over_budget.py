@@ -72,8 +72,10 @@ class OverBudget:
         # The tail alone is over: its observations are cut oldest first, the newest last, and
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
-        result = await self._tail(request, result)
-        result = await self._last_observation(request, result)
+        # Both leave room for what comes back after them: the last failure's line and the line naming the steps.
+        back = self.counter.count_structured(cover) if cover is not None else 0
+        result = await self._tail(request, result, back)
+        result = await self._last_observation(request, result, back)
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
@@ -100,7 +102,14 @@ class OverBudget:
                 # Still no room: the notes become the one line naming their steps, and the
                 # failure line takes the room they leave (each keeps what the agent needs most).
                 restored = self._restored(self._notes_as_one_line(restored), cuts)
-        return request, self._newest_only(request, restored)
+        newest = self._newest_only(request, restored)
+        if error and newest is not restored and error not in "\n".join(map(readable_text, newest.compressed_messages)):
+            # The newest messages alone: the last failure's line is worth more than the oldest of
+            # them (a step the agent took before it failed, or one it will see again), as above.
+            trial = self._restored(self._newest_only(request, restored, self._error_room([])), cuts)
+            if error in "\n".join(map(readable_text, trial.compressed_messages)):
+                newest = trial
+        return request, newest
 
     def _notes_as_one_line(self, result: CompressionResult) -> CompressionResult:
         """`result` with its compaction notes replaced by the one line naming their steps
@@ -114,22 +123,28 @@ class OverBudget:
         tokens = self.counter.count_messages(out) + notice_tokens(self.counter, out)
         return replace(result, compressed_messages=out, tokens_after=tokens) if tokens < result.tokens_after else result
 
-    def _newest_only(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
+    def _newest_only(self, request: CompressionRequest, result: CompressionResult,
+                     reserve: int = 0) -> CompressionResult:
         """Still over the line the engine forwards under (the budget, or the context limit where
         the instructions and the task alone are over the budget): the instructions, the task and
         the newest units that fit, with one line counting what went before them (its reference
         gives it back) if that fits too, else none. What every fallback keeps, its notes
         included, is then more than the provider takes, and a request the engine must refuse
         costs the agent its turn: a request that drops the oldest turns and says less about them
-        is one it can still work from (drop-oldest, with no note at all, served these turns)."""
+        is one it can still work from (drop-oldest, with no note at all, served these turns).
+        `reserve`: tokens left free under the budget (the restored state's block goes there)."""
         messages = result.compressed_messages
         head = leading_instructions(messages)
         task = task_index(messages) if self.config.pin_first_user else None
         pinned = list(range(head)) + ([task] if task is not None and task >= head else [])
         counter = self.counter
         line = self.hard if counter.count_messages([messages[i] for i in pinned]) <= self.hard else self.limit
-        if result.tokens_after <= line:
+        if result.tokens_after <= line and not reserve:
             return result
+        if reserve:
+            if line != self.hard:
+                return result
+            line -= reserve
         after = pinned[-1] + 1 if pinned else 0
         newest = [i for i in range(after, len(messages)) if not is_ctxgate_message(messages[i])]
         kept: list[int] = []
@@ -211,18 +226,20 @@ class OverBudget:
         again = replace(again, messages=result.compressed_messages, anchored=True)
         return joined(result, await self.pipeline_of(config).compact(again))
 
-    async def _last_observation(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
+    async def _last_observation(self, request: CompressionRequest, result: CompressionResult,
+                                back: int = 0) -> CompressionResult:
         """Still over: the last message, an observation, is cut head and tail. Towards the target,
         not only to the limit (the turn would land at it and the next turn compact again), but
         keeping what Microcompact keeps of any output: the newest output's head and tail are where
         its failure lines mostly are (measured: cut to the target alone, the last error line was
-        in view a tenth less often)."""
+        in view a tenth less often). `back`: room kept for the line naming the steps, which comes
+        back after it."""
         cfg, hard = self.config, self.hard
         if result.tokens_after <= hard or "microcompact" not in cfg.levels:
             return result
         others = result.tokens_after - self.counter.count_structured(result.compressed_messages[-1])
         keep = cfg.microcompact.head_tokens + cfg.microcompact.tail_tokens
-        aim = min(hard - self._error_room(result.compressed_messages), max(request.token_budget, others + keep))
+        aim = min(hard - self._error_room(result.compressed_messages) - back, max(request.token_budget, others + keep))
         cutter = LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard))
         cut = None
         for _ in range(2):  # once more, lower by what the first cut landed over its aim (the notice, the separator)
@@ -235,7 +252,7 @@ class OverBudget:
                 break
         return result if cut is None else joined(result, cut)
 
-    async def _tail(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
+    async def _tail(self, request: CompressionRequest, result: CompressionResult, back: int = 0) -> CompressionResult:
         """The protected tail alone is over the budget: its observations are cut oldest first,
         each to its tool's threshold or to what the budget leaves it, the newest last; the last
         message and the newest user message stay (`RecentWindowCut` with nothing protected)."""
@@ -243,8 +260,8 @@ class OverBudget:
         if result.tokens_after <= self.hard or "microcompact" not in cfg.levels:
             return result
         cutter = RecentWindowCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, self.hard), protect=None)
-        cut = await cutter.compress(replace(request, messages=result.compressed_messages,
-                                            token_budget=self.hard - self._error_room(result.compressed_messages),
+        aim = self.hard - self._error_room(result.compressed_messages) - back
+        cut = await cutter.compress(replace(request, messages=result.compressed_messages, token_budget=aim,
                                             window=PROTECTED_TAIL, anchored=True))
         return result if cut is None else joined(result, self._as_forwarded(cut))
 

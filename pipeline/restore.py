@@ -246,7 +246,7 @@ def error_section(line: str, ref: str | None, in_view: bool = False) -> str:
     reports one by its structure (`failures.key_error_line`), and what the agent acts on next;
     the rest of that middle stays an expansion away (a build log's error-looking line in an
     output that ended well is no failure, and stays behind its reference: check_expand)."""
-    where = "in the cut middle of an output still in view" if in_view else "the output it is from"
+    where = "cut from an output still in view" if in_view else "the output it is from"
     return ERROR_SECTION + line + ("" if ref is None else f"\n({where}: ref {ref})")
 
 

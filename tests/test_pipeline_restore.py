@@ -310,7 +310,7 @@ def test_the_last_error_in_the_cut_middle_of_an_output_in_view_is_quoted_with_it
     visible = [*h[:3], tool("1", cut), h[-1]]
     blocks = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=visible, cuts={ref: output[40:]})
     text = "\n".join(quoted_text(b) for b in blocks)
-    assert state.last_error in text and f"cut middle of an output still in view: ref {ref}" in text
+    assert state.last_error in text and f"cut from an output still in view: ref {ref}" in text
     gone = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=[*h[:2], h[-1]], cuts={ref: output[40:]})
     text = "\n".join(quoted_text(b) for b in gone)
     assert state.last_error in text and f"the output it is from: ref {ref}" in text

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from contextvars import ContextVar
 from pathlib import Path
@@ -27,6 +26,7 @@ from ctxgate.wal.mirror import DB_NAME, SqliteMirror
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import Recovery, find_checkpoint, recover
 from ctxgate.wal.records import REF, record_key, resolved
+from .failed_output import failed as output_failed, first_failure_line
 from .off_loop import run_sync
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
@@ -40,9 +40,6 @@ APPEND_FENCE: ContextVar[Fence | None] = ContextVar("append_fence", default=None
 """The session lock of the transaction committing now (`Sessions._commit` sets it): every
 append the commit makes is fenced by it, wherever in the journal the append is made."""
 # What a failed tool run looks like in its output, for TOOL_RESULT's `success`.
-_FAILURE = re.compile(r"(?i)traceback \(most recent call last\)|\berror\b|\bexception\b|command not found|"
-                      r"no such file or directory|exit code [1-9]")
-_SCAN_CHARS = 4000
 
 
 class RollbackError(ValueError):
@@ -242,11 +239,11 @@ class Journal:
     @staticmethod
     def _tool_result(base: dict[str, Any], text: str, tool: str | None, call_id: Any, tokens: int,
                      reported_error: bool) -> dict[str, Any]:
-        failed = reported_error or bool(_FAILURE.search(text[:_SCAN_CHARS]))
+        failed = reported_error or output_failed(text)
         event = {"type": EventType.TOOL_RESULT.value, **base, "tool": tool, "call_id": call_id,
                  "result_tokens": tokens, "success": not failed, "duration_ms": None}
         if failed:
-            event["error"] = _first_failure_line(text)
+            event["error"] = first_failure_line(text)
         return event
 
     def _checkpoint_event(self, state: SessionState, reason: str, tokens_out: int | None,
@@ -397,10 +394,3 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return "" if content is None else orjson.dumps(content).decode()
-
-
-def _first_failure_line(text: str) -> str:
-    for line in text[:_SCAN_CHARS].splitlines():
-        if _FAILURE.search(line):
-            return line.strip()[:200]
-    return ""

@@ -7,12 +7,16 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
 from ctxgate.pipeline.tokens import TokenizerRegistry
 from ctxgate.proxy.doors.gemini_chat import chat_body, chat_fields, chat_json, chat_tools
 from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
+from ctxgate.proxy.doors.nesting import nests_deeper
+from ctxgate.proxy.doors.validation import MAX_NESTING, check_nesting
+from ctxgate.proxy.errors import GatewayError
 
 
 def _step(i: int, signed: bool = False) -> list[dict[str, Any]]:
@@ -220,3 +224,22 @@ def test_a_chat_routes_body_is_serialised_for_the_new_messages_only() -> None:
         assert orjson.loads(chat_json(fields, read)) == orjson.loads(orjson.dumps(
             {"temperature": 0.5, **chat_body(copy.deepcopy(body), "gpt-4o", True)}))
     assert read is not None and read.known and read.chat.count == len(read.messages)
+
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                   st.dictionaries(st.text(max_size=2), inner, max_size=3)),
+                           max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, max_size=4), st.integers(MAX_NESTING - 12, MAX_NESTING + 1))
+def test_the_contents_nesting_is_counted_as_every_door_counts_it(value: list[Any], level: int) -> None:
+    """The door's count a level at a time (`nesting.py`) refuses what `check_nesting` refuses,
+    for the list of turns it is given."""
+    try:
+        check_nesting(value, level)
+        refused = False
+    except GatewayError:
+        refused = True
+    assert nests_deeper(value, level, MAX_NESTING) == refused

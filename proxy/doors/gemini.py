@@ -124,14 +124,16 @@ def google_errors(handler: Handler) -> Handler:
     return shaped_errors(handler, google_response)
 
 
-def with_key(http: web.Request) -> web.Request:
-    """Google's key (`x-goog-api-key`, or `?key=`) as the bearer key every door reads the tenant from."""
+def with_key(http: web.Request) -> Mapping[str, str]:
+    """The headers the caller is resolved from: Google's key (`x-goog-api-key`, or `?key=`) as
+    the bearer key every door reads the tenant from (nothing later reads the key but from the
+    caller: the request itself is not cloned)."""
     key = http.headers.get("x-goog-api-key") or http.query.get("key")
     if not key or "Authorization" in http.headers or "x-api-key" in http.headers:
-        return http
+        return http.headers
     headers = CIMultiDict(http.headers)
     headers["Authorization"] = f"Bearer {key}"
-    return http.clone(headers=headers)
+    return headers
 
 
 class GeminiDoor:
@@ -144,9 +146,8 @@ class GeminiDoor:
         if not model or method not in METHODS:
             raise GatewayError(ErrorKind.NOT_FOUND, f"ctxgate's Gemini door serves POST /v1beta/models/"
                                f"{{model}}:{{{','.join(METHODS)}}}, not {http.path}", code="not_found")
-        http = with_key(http)
         started = time.perf_counter()
-        caller = resolve_caller(self.gw.config, http.headers)  # who asks first: a 401 before any 400
+        caller = resolve_caller(self.gw.config, with_key(http))  # who asks first: a 401 before any 400
         key = (caller.tenant, "gemini", http.headers.get("X-Ctx-Session", ""))
         sent, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
                                               caller.tenant_config.max_body_bytes, "contents")

@@ -66,7 +66,7 @@ class Gateway:
     heavy: HeavyWork = field(default_factory=HeavyWork)
     """Large requests' CPU work, off the event loop, a few at a time per tenant."""
     counts: CountPool = field(default_factory=CountPool)
-    """Worker processes a large new conversation is counted on (started by `serve`)."""
+    """Worker processes a large new conversation is counted on (enabled by `serve`)."""
     summarizer: Summarizer = field(init=False)
     """ctxgate's own LLM calls (Autocompact, memory's consolidation); set by `build`."""
 

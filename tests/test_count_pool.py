@@ -1,7 +1,7 @@
 """A large new conversation counted on worker processes (proxy/engine/count_pool.py): the counts
 are exactly one thread's, through `ctxgate serve` (X-Ctx-Tokens-In, the WAL) and on the pool
 alone; a worker killed is replaced and its count done in a thread meanwhile; the workers end with
-the server."""
+the server. The workers start at the first count they would take, which a thread does."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ctxgate.pipeline.history_index import HistoryIndex
-from ctxgate.pipeline.tokens import TokenizerRegistry
+from ctxgate.pipeline.tokens import REPLY_PRIMING, TokenizerRegistry
 from ctxgate.proxy.engine.count_pool import POOL_CHARACTERS, CountPool, _balanced
 from servers import METRICS_HEADERS, Gateway, main_config, start_gateways, wait_until
 from test_count_beside_upstream import COUNTER, conversation, last_turn, logged, send
@@ -56,6 +56,15 @@ def metric(gw: Gateway, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def started(gw: Gateway) -> None:
+    """The gateway's count workers started (by a first large count, in a thread) and ready."""
+    if metric(gw, "ctxgate_count_workers_idle") < 1:
+        messages = large(uuid.uuid4().hex)
+        got = send(gw, messages, f"start-{uuid.uuid4().hex}", False)
+        assert int(got["x-ctx-tokens-in"]) == COUNTER.count_messages(messages)
+    wait_until(lambda: metric(gw, "ctxgate_count_workers_idle") >= 1, 60, "a count worker ready")
+
+
 def workers_of(gw: Gateway) -> list[int]:
     """The pids of the gateway's count workers (its children running count_pool)."""
     children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
@@ -90,11 +99,15 @@ def test_the_pool_counts_every_kind_of_message_as_one_thread_does() -> None:
     counter = registry.counter(SPEC)
     counter.count_structured(messages[0])  # one count kept already: not sent to a worker
     used: list[int] = []
+    first = large(uuid.uuid4().hex)
 
-    async def run() -> list[int]:
+    async def run() -> tuple[list[int], list[int]]:
         pool = CountPool(size=2, on_workers=lambda: used.append(1))
-        pool.start(registry.loaded())
+        pool.enable(registry.loaded())
         try:
+            index = HistoryIndex.build([], counter).extend(first, 0, counter, count=False)
+            in_thread = (await pool.counted(index, first, counter)).cumulative_tokens  # and the workers start
+            assert used == []
             deadline = asyncio.get_running_loop().time() + 60
             while pool.ready < 2 and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.05)
@@ -102,11 +115,13 @@ def test_the_pool_counts_every_kind_of_message_as_one_thread_does() -> None:
             index = HistoryIndex.build([], counter).extend(messages, 0, counter, count=False)
             counted = await pool.counted(index, messages, counter)
             assert pool.ready == 2  # both back, idle
-            return counted.cumulative_tokens
+            return in_thread, counted.cumulative_tokens
         finally:
             await pool.close()
 
-    assert asyncio.run(run()) == expected
+    in_thread, on_workers = asyncio.run(run())
+    assert on_workers == expected
+    assert in_thread[-1] + REPLY_PRIMING == COUNTER.count_messages(first)
     assert used == [1]
     # Each message's count is kept, as a thread's count keeps it.
     assert [counter.cached(fp) for fp in HistoryIndex.build([], counter).extend(messages, 0, counter, count=False)
@@ -130,7 +145,7 @@ def test_with_no_worker_started_the_count_is_a_threads() -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_serve_counts_a_large_new_conversation_on_its_workers_exactly(gateway: Gateway, up: ScriptedUpstream,
                                                                        stream: bool) -> None:
-    wait_until(lambda: metric(gateway, "ctxgate_count_workers_idle") >= 1, 60, "a count worker ready")
+    started(gateway)
     messages = large(uuid.uuid4().hex)
     before = metric(gateway, "ctxgate_counts_on_workers_total")
     session = f"pool-{uuid.uuid4().hex}"
@@ -148,7 +163,7 @@ def test_a_killed_worker_is_replaced_and_the_workers_end_with_the_server(up: Scr
     gw = start_gateways({"pool": (tmp_path / "pool", main_config(up.url, "auto"))})["pool"]
     replaced: list[int] = []
     try:
-        wait_until(lambda: metric(gw, "ctxgate_count_workers_idle") >= 1, 60, "a count worker ready")
+        started(gw)
         first = workers_of(gw)
         assert first
         for pid in first:

@@ -10,10 +10,13 @@ the slices' counts are exactly the whole's.
 
 Only for tiktoken (a Hugging Face tokenizer would load transformers into every worker) and
 only past `POOL_CHARACTERS` of text (below it the pipes cost what they save). With no idle
-worker (busy with another request's count, dead, not started) the count runs in a thread as
-before. The workers are `python -m ctxgate.proxy.engine.count_pool <tokenizer>...`, one per
-core, started with `serve` (`start`); they speak length-prefixed JSON frames on their stdin
-and stdout and end when their input does (`close`, or the gateway gone).
+worker (busy with another request's count, dead, not started yet) the count runs in a thread
+as before. The workers are `python -m ctxgate.proxy.engine.count_pool <tokenizer>...`, one per
+core. `serve` enables them for its models' tokenizers (`enable`), and they start at the first
+count they would take (that one in a thread): each costs ~0.5 s of CPU and ~100 MB, which a
+gateway that never sees a large new conversation (or a test's) need not pay. They speak
+length-prefixed JSON frames on their stdin and stdout and end when their input does (`close`,
+or the gateway gone).
 """
 from __future__ import annotations
 
@@ -78,19 +81,16 @@ class CountPool:
         self._on_workers = on_workers
         """Told of each count done on the workers (`ctxgate_counts_on_workers_total`)."""
         self.specs: frozenset[str] = frozenset()
-        """The tokenizers the workers loaded at start; a count with another stays in a thread."""
+        """The tokenizers the workers load; a count with another stays in a thread."""
+        self._started = False
         self._idle: list[_Worker] = []
         self._workers: set[_Worker] = set()
         self._spawning: set["asyncio.Task[None]"] = set()
         self._closed = False
 
-    def start(self, specs: Iterable[str]) -> None:
-        """Start the workers for these tokenizers in the background (a worker loads its BPE
-        files in ~0.3 s); until one is ready, counts run in threads."""
+    def enable(self, specs: Iterable[str]) -> None:
+        """Count with these tokenizers on the workers, once started."""
         self.specs = frozenset(s for s in specs if s.startswith("tiktoken:"))
-        if self.specs:
-            for _ in range(self.size):
-                self._spawn()
 
     @property
     def ready(self) -> int:
@@ -99,11 +99,11 @@ class CountPool:
 
     def _spawn(self) -> None:
         if not self._closed:
-            task = asyncio.ensure_future(self._started())
+            task = asyncio.ensure_future(self._start_one())
             self._spawning.add(task)
             task.add_done_callback(self._spawning.discard)
 
-    async def _started(self) -> None:
+    async def _start_one(self) -> None:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", __name__, *sorted(self.specs),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 20)
@@ -134,7 +134,7 @@ class CountPool:
     async def _counted(self, index: HistoryIndex, messages: list[dict[str, Any]],
                        counter: TokenCounter) -> HistoryIndex:
         start = len(index.cumulative_tokens) - 1
-        if counter.name in self.specs and len(self._idle) > 0 and len(messages) - start > 1:
+        if counter.name in self.specs and len(messages) - start > 1:
             counts = await self._worker_counts(counter, messages[start:], index.fingerprints[start:])
             if counts is not None:
                 if self._on_workers is not None:
@@ -149,7 +149,13 @@ class CountPool:
         counts = [counter.cached(fp) for fp in fingerprints]
         todo = [i for i, n in enumerate(counts) if n is None]
         weights = [_characters(messages[i]) for i in todo]
-        if sum(weights) < POOL_CHARACTERS or not self._idle:
+        if sum(weights) < POOL_CHARACTERS:
+            return None
+        if not self._started:  # in the background; this count in a thread
+            self._started = True
+            for _ in range(self.size):
+                self._spawn()
+        if not self._idle:
             return None
         workers, self._idle = self._idle[:len(todo)], self._idle[len(todo):]
         cuts = _balanced(weights, len(workers))

@@ -8,10 +8,11 @@ proxy on aiohttp) and, when an environment with `litellm[proxy]` is given, the L
 input `usage`; with `stream: true`, that API's SSE events; `--delay-ms 0,200`: the whole run
 once per delay, the upstream answering that late), all on 127.0.0.1. Each iteration this process (one pooled aiohttp
 session) builds one conversation of real trajectory messages (common.build_conversation),
-writes it in each door's wire format (bench/doors.py; a `-stream` door's whole stream is read,
-to its terminator) and sends it through every (door, target) lane in a shuffled order;
-`direct` is a POST to the upstream's own endpoint for that door. *Added*: target − direct on
-the same door, paired per iteration (p50 / p95 of the differences). `X-Ctx-Overhead-Ms`:
+writes it in each door's wire format (bench/doors.py: the same content in each, the chat,
+Messages and Gemini bodies declaring the same tools, those the conversation calls; a `-stream`
+door's whole stream is read, to its terminator) and sends it through every (door, target) lane
+in a shuffled order; `direct` is a POST to the upstream's own endpoint for that door.
+*Added*: target − direct on the same door, paired per iteration (p50 / p95 of the differences). `X-Ctx-Overhead-Ms`:
 ctxgate's own report of its time, upstream excluded. conv-<size>: a conversation never seen
 (every message prefixed anew); turn-<size>: the next turn of a session. Routes: `gpt-4o` →
 `openai/gpt-4o` (chat, Responses, and Gemini's generateContent, which ctxgate sends on as a chat

@@ -86,9 +86,11 @@ class ChatDoor:
         def keep() -> None:
             self.gw.resent.keep(key, raw, body, "messages", resent)
 
+        listed = body.get("messages")
         route, session_id, known, bound = await self.gw.heavy.run(
             caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
-            lambda: self._read(caller, http.headers, body, raw, keep))
+            lambda: self._read(caller, http.headers, body, raw, keep),
+            items=len(listed) if isinstance(listed, list) else None)
         messages = body["messages"]
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),

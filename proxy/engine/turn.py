@@ -40,6 +40,7 @@ from .count_beside import INLINE_COUNT_BOUND, before_headers, beside_upstream, c
 from .turn_budget import (Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration,
                           watermark)
 from .history import KnownPrefix
+from .off_loop import index_inline
 from .quiet import QUIET
 from .session import Transaction
 from .summary_reuse import reusing_summaries
@@ -164,9 +165,11 @@ class TurnEngine:
         known = request.known or gw.histories.match(caller.tenant, session_id, messages)
         bound = request.count_bound
         work = request.body_bytes if request.fresh_bytes is None or not known.length else request.fresh_bytes
-        index = await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, work,
-                                   lambda: (known.index or HistoryIndex.build([], counter)).extend(
-                                       messages, known.length, counter, count=False))
+        def indexed() -> HistoryIndex:
+            return (known.index or HistoryIndex.build([], counter)).extend(messages, known.length, counter, count=False)
+
+        index = indexed() if index_inline(len(messages) - known.length, work) else \
+            await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, work, indexed)
         mine = len(index.cumulative_tokens) - 1
         if mine == 0 and messages and gw.shared_counts is not None:
             index = await self._shared_counts(caller.tenant, session_id, index)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from itertools import compress
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -132,7 +131,7 @@ class LocalShortTermStore:
             buf = held.buffer
             buf.user, buf.project = scope.user or buf.user, scope.project or buf.project
             buf.profile, buf.model, buf.last_seen_at = scope.profile, scope.model, now
-            fresh = _unseen(held.seen, fingerprint_list)
+            fresh = {i for i, fp in enumerate(fingerprint_list) if fp not in held.seen}
             held.entries += [c for i, c in found if i in fresh]
             for i in fresh:
                 held.seen[fingerprint_list[i]] = None
@@ -155,7 +154,8 @@ class LocalShortTermStore:
 
     def unseen(self, key: SessionKey, fingerprint_list: list[str]) -> set[int]:
         held = self._buffers.get(key)
-        return set(range(len(fingerprint_list))) if held is None else _unseen(held.seen, fingerprint_list)
+        return set(range(len(fingerprint_list))) if held is None else {
+            i for i, fp in enumerate(fingerprint_list) if fp not in held.seen}
 
     async def peek(self, key: SessionKey) -> tuple[SessionBuffer | None, list[Candidate]]:
         held = self._buffers.get(key)
@@ -185,11 +185,3 @@ class LocalShortTermStore:
 
     async def close(self) -> None:
         """Nothing held outside this process."""
-
-
-def _unseen(seen: dict[str, None], fingerprint_list: list[str]) -> set[int]:
-    """The indices of the fingerprints not in `seen`. Asked of the whole history every turn, so
-    in C: a set difference, then the indices of those found (a steady turn's one or two)."""
-    missing = set(fingerprint_list).difference(seen)
-    return set(compress(range(len(fingerprint_list)), map(missing.__contains__, fingerprint_list))) if missing \
-        else set()

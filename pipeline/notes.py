@@ -17,7 +17,6 @@ system-role notes are quoted afresh at the session's next compaction point (`req
 from __future__ import annotations
 
 import re
-from operator import methodcaller
 from typing import Any
 
 from .types import Message
@@ -148,18 +147,14 @@ def requoted(messages: list[Message]) -> list[Message]:
             if m.get("role") == "system" and (kind := kind_of(m)) in _LEGACY_SOURCES else m for m in messages]
 
 
-_tagged = methodcaller("__contains__", TAG)
-
-
 def is_quoted(message: Message) -> bool:
     """One of ctxgate's notes that quotes data (not only its own wording)."""
     return TAG in message and message.get("role") == "user" and str(message.get("content")).startswith(OPEN)
 
 
 def has_quoted(messages: list[Message]) -> bool:
-    """Whether any of ctxgate's quoted notes is among `messages` (they bring the notice). Asked
-    of the whole conversation every turn: only the tagged messages are looked at in Python."""
-    return any(map(is_quoted, filter(_tagged, messages)))
+    """Whether any of ctxgate's quoted notes is among `messages` (they bring the notice)."""
+    return any(is_quoted(m) for m in messages)
 
 
 def notice_tokens(counter: Any, messages: list[Message]) -> int:

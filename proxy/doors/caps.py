@@ -8,7 +8,6 @@ from typing import Any
 
 from ..config import TenantConfig
 from ..errors import ErrorKind, GatewayError
-from .scan import all_objects, list_lengths, values_of
 
 
 def check_caps(limits: TenantConfig, items: Any, where: str, parts_key: str = "content",
@@ -21,10 +20,11 @@ def check_caps(limits: TenantConfig, items: Any, where: str, parts_key: str = "c
     if len(items) > limits.max_messages:
         raise GatewayError(ErrorKind.INVALID_REQUEST, f"{where}: {len(items)} messages, over this tenant's cap of "
                            f"{limits.max_messages} (max_messages)", param=where, code="too_many_messages")
-    if all_objects(items):  # in C: a long session's steady turn pays nanoseconds a message
-        parts = extra_parts + list_lengths(values_of(items, parts_key))
-    else:
-        parts = extra_parts + list_lengths([item.get(parts_key) if type(item) is dict else None for item in items])
+    parts = extra_parts
+    for item in items:
+        found = item.get(parts_key) if type(item) is dict else None
+        if type(found) is list:
+            parts += len(found)
     if parts > limits.max_content_parts:
         raise GatewayError(ErrorKind.INVALID_REQUEST, f"{where}: {parts} content parts, over this tenant's cap of "
                            f"{limits.max_content_parts} (max_content_parts)", param=where,

@@ -28,7 +28,6 @@ from ..gateway import Gateway
 from ..tenancy import Caller
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
-from .scan import all_objects, values_of
 from .sse import rewrite_events, with_data
 
 COMPACTION, TRIGGER = "compaction", "compaction_trigger"
@@ -75,8 +74,6 @@ def emulated(gw: Gateway, caller: Caller, route: Route) -> bool:
 
 def triggered(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
     """The items without a final `compaction_trigger`, and whether there was one (elsewhere: a 400)."""
-    if all_objects(items) and TRIGGER not in values_of(items, "type"):
-        return items, False
     for i, item in enumerate(items):
         if isinstance(item, dict) and item.get("type") == TRIGGER and i != len(items) - 1:
             raise _bad(f"input.{i}: a compaction_trigger item must be the last input item", f"input.{i}")
@@ -90,8 +87,6 @@ async def expanded(gw: Gateway, caller: Caller, items: list[dict[str, Any]], emu
     """The conversation with its last ctxgate compaction item replaced by what it names (what
     came before it is in there). A compaction item ctxgate did not make goes to a route whose
     vendor reads it; on an emulated route it is a 400."""
-    if all_objects(items) and COMPACTION not in values_of(items, "type"):
-        return items
     last = None
     for i, item in enumerate(items):
         if isinstance(item, dict) and item.get("type") == COMPACTION:

@@ -164,9 +164,11 @@ class GeminiDoor:
             if body is sent:
                 self.gw.resent.keep(key, raw, body, "contents", resent)
 
+        listed = body.get("contents")
         route, read, session_id = await self.gw.heavy.run(
             caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
-            lambda: self._read(caller, http.headers, body, model, keep))
+            lambda: self._read(caller, http.headers, body, model, keep),
+            items=len(listed) if isinstance(listed, list) else None)
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         tools = read.tools

@@ -89,7 +89,7 @@ class Gateway:
                  via_litellm=LitellmForwarder(retrier), retrier=retrier, journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
-        gw.counts = CountPool(on_workers=metrics.counts_on_workers.inc)
+        gw.counts = CountPool(None if s.count_workers == "auto" else s.count_workers, metrics.counts_on_workers.inc)
         metrics.count_workers_idle.set_function(lambda: gw.counts.ready)
         gw.summarizer = summarizer = Summarizer(gw.router, tokenizers, gw.forwarder_for)
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model

@@ -10,13 +10,13 @@ import re
 import signal
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import REPLY_PRIMING, TokenizerRegistry
-from ctxgate.proxy.engine.count_pool import POOL_CHARACTERS, CountPool, _balanced
+from ctxgate.proxy.engine.count_pool import POOL_CHARACTERS, CountPool, _balanced, idle_cores
 from servers import METRICS_HEADERS, Gateway, main_config, start_gateways, wait_until
 from test_count_beside_upstream import COUNTER, conversation, last_turn, logged, send
 from upstream import ScriptedUpstream
@@ -142,9 +142,20 @@ def test_with_no_worker_started_the_count_is_a_threads() -> None:
     assert used == []
 
 
+@pytest.fixture(scope="module")
+def pooled(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """`ctxgate serve` with two count workers, used whenever idle (`auto` uses them only while
+    two cores are idle, which a loaded test machine rarely has)."""
+    gw = start_gateways({"pooled": (tmp_path_factory.mktemp("pooled"),
+                                    main_config(upstream.url, "auto", count_workers=2))})["pooled"]
+    yield gw
+    gw.stop()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_serve_counts_a_large_new_conversation_on_its_workers_exactly(gateway: Gateway, up: ScriptedUpstream,
+def test_serve_counts_a_large_new_conversation_on_its_workers_exactly(pooled: Gateway, up: ScriptedUpstream,
                                                                        stream: bool) -> None:
+    gateway = pooled
     started(gateway)
     messages = large(uuid.uuid4().hex)
     before = metric(gateway, "ctxgate_counts_on_workers_total")
@@ -160,7 +171,7 @@ def test_serve_counts_a_large_new_conversation_on_its_workers_exactly(gateway: G
 
 def test_a_killed_worker_is_replaced_and_the_workers_end_with_the_server(up: ScriptedUpstream,
                                                                          tmp_path: Path) -> None:
-    gw = start_gateways({"pool": (tmp_path / "pool", main_config(up.url, "auto"))})["pool"]
+    gw = start_gateways({"pool": (tmp_path / "pool", main_config(up.url, "auto", count_workers=2))})["pool"]
     replaced: list[int] = []
     try:
         started(gw)
@@ -185,3 +196,21 @@ def test_a_killed_worker_is_replaced_and_the_workers_end_with_the_server(up: Scr
     finally:
         gw.stop()
     assert not any(alive(pid) for pid in replaced)
+
+
+def test_with_no_count_workers_a_large_conversation_is_counted_in_a_thread(up: ScriptedUpstream,
+                                                                          tmp_path: Path) -> None:
+    gw = start_gateways({"none": (tmp_path / "none", main_config(up.url, "auto", count_workers=0))})["none"]
+    try:
+        for stream in (False, True):
+            messages = large(uuid.uuid4().hex)
+            got = send(gw, messages, f"none-{uuid.uuid4().hex}", stream)
+            assert int(got["x-ctx-tokens-in"]) == COUNTER.count_messages(messages)
+        assert metric(gw, "ctxgate_counts_on_workers_total") == 0
+        assert metric(gw, "ctxgate_count_workers_idle") == 0 and workers_of(gw) == []
+    finally:
+        gw.stop()
+
+
+def test_idle_cores_are_at_most_the_cores() -> None:
+    assert 0 <= idle_cores(2) <= 2 and idle_cores(64) > 0  # this thread runs on one of them

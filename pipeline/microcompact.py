@@ -3,11 +3,9 @@
 A tool result over its tool's threshold keeps its first 1,500 and last
 500 tokens (cut with the tokenizer, at a line or word boundary: boundaries.py) around the separator
 `... [middle N tokens truncated] ...` (with expansion on, `... [middle N tokens truncated,
-ref ctx:HEX] ...`: the middle is kept under that reference); an output that failed keeps the
-line that says how after the separator, when the middle holds it (failures.py). The separator
-itself marks the message as cut (rather than a `microcompacted: true` field): a proxy cannot
-add fields to messages a provider validates, and a message that carries the separator is never
-truncated again.
+ref ctx:HEX] ...`: the middle is kept under that reference). The separator itself marks the message as cut
+(rather than a `microcompacted: true` field): a proxy cannot add fields to messages a provider validates,
+and a message that carries the separator is never truncated again.
 
 What counts as tool output is the conversation model's observations, in any dialect: a
 `tool` message, a user turn answering a text-protocol action (SWE-agent, OpenHands,
@@ -21,7 +19,6 @@ from __future__ import annotations
 import re
 
 from .config import MicrocompactConfig
-from .failures import exit_status_of, key_error_line
 from .conversation import Conversation, Kind, counted_result
 from .fingerprint import message_fingerprint
 from .protocols.anthropic import map_result_texts
@@ -89,21 +86,11 @@ class MicrocompactStrategy:
             kept = threshold - counter.count(separator(tokens, SIZING_REF if cuts is not None else None))
             head, tail = kept * 3 // 4, kept // 4
         start, end = counter.head_and_tail_cached(text, head, tail)  # each at a line or word boundary
-        failure = key_error_line(text, exit_status_of(text))
-        shown = ""
-        if failure and failure not in start and failure not in end:
-            # An output that failed (by its structure: failures.py) keeps the line that says how
-            # beside the separator, out of head and tail's room: what the agent acts on next. The
-            # middle stays whole behind the reference; an error-looking line of an output that
-            # reports no failure stays there alone (check_expand).
-            room = counter.count(failure) + 1
-            start, end = counter.head_and_tail_cached(text, max(0, head - room * 3 // 4), max(0, tail - room // 4))
-            shown = failure + "\n"
         middle = tokens - counter.count(start) - counter.count(end)  # boundaries keep less than asked
         exact = text.startswith(start) and text.endswith(end) and len(start) + len(end) <= len(text)
         hidden = text[len(start):len(text) - len(end)] if exact else text  # what is not seen
         ref = content_ref(hidden) if cuts is not None else None
-        cut = start + separator(middle, ref) + (shown if failure in hidden else "") + end
+        cut = start + separator(middle, ref) + end
         if counter.count_cached(cut) >= tokens:
             return None  # just over the threshold: the separator costs more
         if cuts is not None:

@@ -72,8 +72,11 @@ class OverBudget:
         # The tail alone is over: its observations are cut oldest first, the newest last, and
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
-        # Both leave room for what comes back after them: the last failure's line and the line naming the steps.
-        back = self.counter.count_structured(cover) if cover is not None else 0
+        # Both leave room for the failure's block (`_error_room`); with the failure out of view, for
+        # the line naming the steps too: it comes back after them, and would take the block's room.
+        error = self.restore.state.last_error if self.restore is not None else ""
+        out_of_view = error and error not in "\n".join(map(readable_text, result.compressed_messages))
+        back = self.counter.count_structured(cover) if cover is not None and out_of_view else 0
         result = await self._tail(request, result, back)
         result = await self._last_observation(request, result, back)
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
@@ -102,14 +105,7 @@ class OverBudget:
                 # Still no room: the notes become the one line naming their steps, and the
                 # failure line takes the room they leave (each keeps what the agent needs most).
                 restored = self._restored(self._notes_as_one_line(restored), cuts)
-        newest = self._newest_only(request, restored)
-        if error and newest is not restored and error not in "\n".join(map(readable_text, newest.compressed_messages)):
-            # The newest messages alone: the last failure's line is worth more than the oldest of
-            # them (a step the agent took before it failed, or one it will see again), as above.
-            trial = self._restored(self._newest_only(request, restored, self._error_room([])), cuts)
-            if error in "\n".join(map(readable_text, trial.compressed_messages)):
-                newest = trial
-        return request, newest
+        return request, self._newest_only(request, restored)
 
     def _notes_as_one_line(self, result: CompressionResult) -> CompressionResult:
         """`result` with its compaction notes replaced by the one line naming their steps
@@ -123,28 +119,22 @@ class OverBudget:
         tokens = self.counter.count_messages(out) + notice_tokens(self.counter, out)
         return replace(result, compressed_messages=out, tokens_after=tokens) if tokens < result.tokens_after else result
 
-    def _newest_only(self, request: CompressionRequest, result: CompressionResult,
-                     reserve: int = 0) -> CompressionResult:
+    def _newest_only(self, request: CompressionRequest, result: CompressionResult) -> CompressionResult:
         """Still over the line the engine forwards under (the budget, or the context limit where
         the instructions and the task alone are over the budget): the instructions, the task and
         the newest units that fit, with one line counting what went before them (its reference
         gives it back) if that fits too, else none. What every fallback keeps, its notes
         included, is then more than the provider takes, and a request the engine must refuse
         costs the agent its turn: a request that drops the oldest turns and says less about them
-        is one it can still work from (drop-oldest, with no note at all, served these turns).
-        `reserve`: tokens left free under the budget (the restored state's block goes there)."""
+        is one it can still work from (drop-oldest, with no note at all, served these turns)."""
         messages = result.compressed_messages
         head = leading_instructions(messages)
         task = task_index(messages) if self.config.pin_first_user else None
         pinned = list(range(head)) + ([task] if task is not None and task >= head else [])
         counter = self.counter
         line = self.hard if counter.count_messages([messages[i] for i in pinned]) <= self.hard else self.limit
-        if result.tokens_after <= line and not reserve:
+        if result.tokens_after <= line:
             return result
-        if reserve:
-            if line != self.hard:
-                return result
-            line -= reserve
         after = pinned[-1] + 1 if pinned else 0
         newest = [i for i in range(after, len(messages)) if not is_ctxgate_message(messages[i])]
         kept: list[int] = []

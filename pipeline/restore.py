@@ -207,17 +207,25 @@ class ActiveRestore:
             parts.append("Pending tasks:\n" + "\n".join(f"- {t}" for t in s.pending_tasks))
         if s.active_plan:
             parts.append("Active plan:\n" + s.active_plan)
+        bare: tuple[int, str] | None = None
+        """The error section without its reference, and where it is: what gives way before a file name."""
         if s.last_error and s.last_error not in shown:
             ref = next((ref for ref, text in (cuts or {}).items() if s.last_error in text), None)
             parts.append(error_section(s.last_error, ref, ref is not None and ref in shown))
+            bare = (len(parts) - 1, error_section(s.last_error, None)) if ref is not None else None
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         if s.current_files:
             parts.append(_FILE_NAMES + ", ".join(f.path for f in s.current_files))
         out: list[Message] = []
         used = 0
-        for n in range(len(parts), 0, -1):  # as many sections as fit, the least important go first
-            block = state_block(parts[:n])
+        tries = [parts[:n] for n in range(len(parts), 0, -1)]  # as many sections as fit, the least important go first
+        if bare is not None:  # each with the error's reference, else without it
+            at, text = bare
+            tries = [form for kept in tries for form in ([kept, [*kept[:at], text, *kept[at + 1:]]]
+                                                         if len(kept) > at else [kept])]
+        for sections in tries:
+            block = state_block(sections)
             cost = counter.count_structured(block)
             if cost <= budget:
                 out.append(block)

@@ -333,3 +333,19 @@ def test_an_error_looking_line_inside_a_build_that_ended_well_is_no_failure_and_
     assert "MIDDLE-MARKER-4242" not in "\n".join(quoted_text(b) for b in blocks)
     failed = [*h[:2], *turn("1", "bash", build + "\nmake: *** [all] Error 2", command="make"), h[-1]]
     assert extract_working_state(failed, CFG).last_error == "make: *** [all] Error 2"
+
+
+def test_the_error_sections_reference_gives_way_before_a_file_name() -> None:
+    """At a tight room the state block drops the reference beside the failure line before it
+    drops a file name: the reference is a pointer, the file names are what the agent works on."""
+    h = [system(), user("task"), *turn("1", "read_file", "text", path="/w/src/app.py"),
+         *turn("2", "execute_bash", "Traceback (most recent call last):\n  File \"x\"\nKeyError: 'a'",
+               command="python x.py"), user("newest")]
+    state = extract_working_state(h, CFG)
+    cuts = {"ctx:0123456789ab": h[5]["content"]}
+    visible = [*h[:2], h[-1]]
+    full = ActiveRestore(CFG, state).blocks(counter(), 10_000, visible=visible, cuts=cuts)[0]
+    lean = ActiveRestore(CFG, state).blocks(counter(), counter().count_structured(full) - 1, visible=visible,
+                                            cuts=cuts)[0]
+    assert "ref ctx:0123456789ab" in quoted_text(full) and "ref ctx:" not in quoted_text(lean)
+    assert "KeyError: 'a'" in quoted_text(lean) and "/w/src/app.py" in quoted_text(lean)

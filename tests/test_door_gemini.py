@@ -365,6 +365,44 @@ def test_a_steady_turn_whose_history_was_edited_is_read_afresh(gw: Gateway, up: 
     assert [m["role"] for m in last[-2:]] == ["assistant", "user"] and last[-1]["content"] == "go"
 
 
+def test_fields_resent_as_they_were_are_not_checked_again_changed_ones_are(gw: Gateway,
+                                                                          up: ScriptedUpstream) -> None:
+    """A steady turn that resends the last one's declarations byte for byte gets its objects
+    back (`ResentBodies`), checked and made chat tools last turn; declarations or settings
+    that changed are checked and sent anew."""
+    headers = {**session(), "x-goog-api-key": KEY}
+    pad = {"role": "model", "parts": [{"functionCall": {"name": "run_shell_command",
+                                                        "args": {"command": "ls", "why": "x" * 20_000}}}]}
+    body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": "list the files"}]}, pad],
+                            "tools": [TOOL], "generationConfig": {"temperature": 0.5}}
+
+    def turn(text: str) -> tuple[int, Any]:
+        body["contents"] += [{"role": "user", "parts": [{"text": text}]}]
+        status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)
+        body["contents"] += [{"role": "model", "parts": [{"text": "ok"}]}]
+        return status, json.loads(raw)
+
+    for text in ("one", "two"):
+        assert turn(text)[0] == 200
+        assert [t["function"]["name"] for t in chats(up)[-1].body["tools"]] == ["run_shell_command"]
+        assert chats(up)[-1].body["temperature"] == 0.5
+    second = {"name": "read_file", "description": "Read a file.", "parametersJsonSchema": {"type": "object"}}
+    body["tools"] = [{"functionDeclarations": [*TOOL["functionDeclarations"], second]}]
+    body["generationConfig"] = {"temperature": 0.1}
+    assert turn("three")[0] == 200
+    assert [t["function"]["name"] for t in chats(up)[-1].body["tools"]] == ["run_shell_command", "read_file"]
+    assert chats(up)[-1].body["temperature"] == 0.1
+    forwarded = len(chats(up))
+    body["tools"] = [{"functionDeclarations": [*TOOL["functionDeclarations"], {"description": "no name"}]}]
+    status, error = turn("four")
+    assert status == 400 and error["error"]["message"].startswith("tools.0.functionDeclarations.1.name"), error
+    body["tools"] = [TOOL]
+    body["generationConfig"] = 5
+    status, error = turn("five")
+    assert status == 400 and error["error"]["message"].startswith("generationConfig"), error
+    assert len(chats(up)) == forwarded
+
+
 def test_a_broken_upstream_reply_is_an_error_in_googles_shape(gw: Gateway, up: ScriptedUpstream) -> None:
     body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
     headers = {**session(), "x-goog-api-key": KEY}

@@ -104,8 +104,9 @@ class _Request(TypedDict, total=False):
 
 
 _REQUEST = TypeAdapter(_Request)
-_UNSEEN = object()
 _CONTENTS = TypeAdapter(list[_Content])
+_UNSEEN = object()
+"""A field the last request did not have (`validate_request`): never the object a body holds."""
 
 
 @dataclass

@@ -129,6 +129,9 @@ class MessagesDoor:
         fresh = resent.parsed_bytes if resent is not None else len(raw)
         heavy = self.gw.heavy
         slots = caller.tenant_config.heavy_concurrency
+        # A breakpoint moved off the last turn's newest message makes the whole body parsed anew,
+        # but the messages read are still only the new ones: a body of few messages stays inline.
+        items = len(sent) if isinstance(sent := body.get("messages"), list) else None
         named = named_session(http.headers)
         # The session's last request as this door read it: a steady turn checks and reads only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
@@ -139,7 +142,7 @@ class MessagesDoor:
             known = known_messages(last, system, body["messages"])
             return known, compacted(body["messages"], last, known)
 
-        known_at, blocks = await heavy.run(caller.tenant, slots, fresh, checked)
+        known_at, blocks = await heavy.run(caller.tenant, slots, fresh, checked, items)
         route = self.gw.router.resolve(body["model"])
         found = await expanded_blocks(self.gw, caller, body["messages"], emulated(self.gw, caller, route)) \
             if blocks else body["messages"]
@@ -149,7 +152,7 @@ class MessagesDoor:
 
         conversation, edits, session_id, known, read = await heavy.run(
             caller.tenant, slots, fresh,
-            lambda: self._placed(caller, http.headers, route, body, found, ReadAt(last, known_at, blocks), keep))
+            lambda: self._placed(caller, http.headers, route, body, found, ReadAt(last, known_at, blocks), keep), items)
         messages = conversation.neutral
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         user = (body.get("metadata") or {}).get("user_id")

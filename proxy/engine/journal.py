@@ -27,7 +27,7 @@ from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import Recovery, find_checkpoint, recover
 from ctxgate.wal.records import REF, record_key, resolved
 from .failed_output import failed as output_failed, first_failure_line
-from .off_loop import run_sync
+from .off_loop import index_inline, run_sync
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import lease_lost
@@ -36,6 +36,8 @@ from .state import SessionState
 log = logging.getLogger("ctxgate.wal")
 INLINE_EVENTS = 256
 """Events an append encodes on the event loop; more are encoded and written in a thread."""
+INLINE_MESSAGES = 16
+"""A turn logs at most this many new messages inline (if they are small: `index_inline`)."""
 APPEND_FENCE: ContextVar[Fence | None] = ContextVar("append_fence", default=None)
 """The session lock of the transaction committing now (`Sessions._commit` sets it): every
 append the commit makes is fenced by it, wherever in the journal the append is made."""
@@ -111,7 +113,14 @@ class Journal:
         if not self.enabled(state.profile):
             return
         before = (state.wal_logged, state.wal_logged_hash)
-        events = await run_sync(turn, lambda: self._message_events(state, turn))
+        start = _first_unlogged(state, turn)
+        new = turn.messages[start:]
+        # A steady turn logs its one or two new messages: inline, as its index is extended (a
+        # thread hop costs a long session's turn more than the work; the size of the whole
+        # conversation does not decide it).
+        inline = len(new) <= INLINE_MESSAGES and index_inline(len(new), sum(len(orjson.dumps(m, default=str)) for m in new))
+        events = self._message_events(state, turn, start) if inline else \
+            await run_sync(turn, lambda: self._message_events(state, turn, start))
         events += [_compression(step) for step in steps if step["level"] != "chain"]
         logged_speculation = bool(state.speculation.get("logged"))
         if state.speculation and not logged_speculation:
@@ -201,13 +210,10 @@ class Journal:
         if self.config.sqlite_for(state.profile):
             self.mirror.put(state.tenant, state.session_id, appended.events)
 
-    def _message_events(self, state: SessionState, turn: Turn) -> list[dict[str, Any]]:
-        """USER_INPUT / TOOL_RESULT for each client message past what the log has seen."""
+    def _message_events(self, state: SessionState, turn: Turn, start: int) -> list[dict[str, Any]]:
+        """USER_INPUT / TOOL_RESULT for each client message from `start` (`_first_unlogged`) on."""
         messages = turn.messages
         hashes = turn.prefix_hashes
-        start = state.wal_logged
-        if start > len(messages) or (start and hashes[start - 1] != state.wal_logged_hash):
-            start = 0  # the client rewrote its history: log it again from the start
         events = []
         for i in range(start, len(messages)):
             m = messages[i]
@@ -394,3 +400,11 @@ def _text(content: Any) -> str:
     if isinstance(content, list):
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return "" if content is None else orjson.dumps(content).decode()
+
+
+def _first_unlogged(state: SessionState, turn: Turn) -> int:
+    """The first of the turn's messages past what the log has seen."""
+    start = state.wal_logged
+    if start > len(turn.messages) or (start and turn.prefix_hashes[start - 1] != state.wal_logged_hash):
+        return 0  # the client rewrote its history: log it again from the start
+    return start

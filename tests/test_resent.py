@@ -124,6 +124,22 @@ def test_what_closes_the_history_before_the_kept_fields_is_no_new_item() -> None
         assert (found.cut is not None) == (between[0:1] == b","), between
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([",", "{", "}", "[", "]", '"', ":", "0", "a", "\\", "null", '"messages"', '"tools"',
+                                 ",{}", ",[]", ',"]"', ',{"a":"]}"}']), max_size=8),
+       st.sampled_from([{}, {"tools": [{"a": "]}"}]}, {"stream": True, "tools": [[1, [2]]]}]))
+def test_whatever_stands_between_the_kept_bytes_is_read_as_the_whole_body_reads_it(tokens: list[str],
+                                                                                  tail: dict[str, Any]) -> None:
+    """Between a kept prefix and the kept bytes after the history, any bytes: a body taken from
+    the kept ones is the whole body's parse, and one that is not JSON is never taken."""
+    resent, raw = _kept({"model": "m", "messages": [{"role": "system", "content": PAD}], **tail})
+    kept = resent._kept[KEY][0]
+    raw2 = kept.prefix + "".join(tokens).encode() + kept.after
+    found = resent.parse(KEY, raw2, "messages")
+    if found is not None:
+        assert found.body == orjson.loads(raw2)
+
+
 def test_a_body_repeating_a_field_after_the_history_is_not_kept() -> None:
     """The one way a `]` closing another top-level list could pass for the history's end."""
     messages = [{"role": "system", "content": PAD}]

@@ -138,7 +138,7 @@ class ResentBodies:
         at = keys.index(history)
         head, after = {k: body[k] for k in keys[:at]}, {k: body[k] for k in keys[at + 1:]}
         cut: int | None
-        if known is not None and known.cut is not None and raw[known.cut - 1] == ord("}"):
+        if known is not None and known.cut is not None and known.body is body and raw[known.cut - 1] == ord("}"):
             cut = known.cut  # the kept bytes follow its items: their cut holds
         else:
             lowest = len(raw) - known.parsed_bytes if known is not None else 0

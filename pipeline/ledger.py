@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .conversation import Conversation, Kind, Unit
-from .notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
+from .notes import SNIP, SNIP_MARKER, is_compaction_note, merged_note, plain_note, quoted_text
 from .previews import call_text, output_body
 from .protocols.base import Action, Observation
 from .refs import SIZING_REF, clip, render_span
@@ -233,6 +233,17 @@ def covering_note(notes: list[Message]) -> Message | None:
         return None
     return plain_note(SNIP, f"{SNIP_MARKER} Earlier compaction notes were dropped to fit the context budget.\n"
                             + folded(entries, None, failures=False).text)
+
+
+def merged(notes: list[Message], counter: TokenCounter, keep: Keep) -> Message:
+    """One note in the place of compaction `notes`, with no summary call: their text kept under
+    one reference, their ledgers folded into one range (every step number stays named, and the
+    range's reference gives their lines back). Ranges of tool names alone are ctxgate's own
+    wording, as Snip's count is: not quoted, so they bring no delimiters and no notice."""
+    entries = fit([e for m in notes for e in note_entries(m)], 0, counter, keep)
+    own = all(e.failure is None and e.text.startswith("- steps ") for e in entries)
+    ledger = "\n".join(e.text for e in entries) if own else render(entries)
+    return merged_note(len(notes), keep(render_span(notes)), ledger, own_words=own)
 
 
 def render(entries: list[Entry]) -> str:

@@ -11,12 +11,12 @@ from .config import PipelineConfig
 from .microcompact import LastObservationCut, MicrocompactStrategy, RecentWindowCut
 from .protocols.base import readable_text
 from .notes import (RESTORE, SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_message, is_quoted, is_restore_block,
-                    kind_of, notice_message, notice_tokens, plain_note)
+                    is_summary_note, kind_of, notice_message, notice_tokens, plain_note)
 from .refs import SIZING_REF, render_span
 from .restore import ActiveRestore, error_section, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .conversation import read_conversation
-from .ledger import covering_note, folded, span_entries
+from .ledger import covering_note, folded, merged, span_entries
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .turns import is_valid_sequence, leading_instructions, task_index
@@ -48,7 +48,7 @@ class OverBudget:
         cfg, hard = self.config, self.hard
         # What goes before the recent window does: the restored files first, then (when no
         # summary was asked for yet) the earlier notes, merged by this point's one summary.
-        result = shed(result, self.counter, hard)
+        result = self._keeping_names(request, result, lambda r: shed(r, self.counter, hard))
         if (result.tokens_after > hard and request.anchored and not self.summaries()
                 and "autocompact" in cfg.levels):
             merging = replace(request, anchored=False)
@@ -105,7 +105,36 @@ class OverBudget:
                 # Still no room: the notes become the one line naming their steps, and the
                 # failure line takes the room they leave (each keeps what the agent needs most).
                 restored = self._restored(self._notes_as_one_line(restored), cuts)
+        restored = self._keeping_names(request, restored, lambda r: self._restored(r, cuts))
         return request, self._newest_only(request, restored)
+
+    def _keeping_names(self, request: CompressionRequest, result: CompressionResult,
+                       fitted: Callable[[CompressionResult], CompressionResult]) -> CompressionResult:
+        """`fitted(result)`, unless it leaves out file names of the restored state that `fitted`
+        of `result` with its compaction notes merged into one keeps (their text one reference
+        away, every step still named: `ledger.merged`): a list of the files the agent works on
+        is worth more than a note per earlier point."""
+        out = fitted(result)
+        lost = self._names_lost(out)
+        if not lost:
+            return out
+        messages = result.compressed_messages
+        notes = [i for i, m in enumerate(messages) if is_compaction_note(m)]
+        if not notes or request.cuts is None or any(is_summary_note(messages[i]) for i in notes):
+            return out
+        one = merged([messages[i] for i in notes], self.counter, request.cuts.keep)
+        folded = messages[:notes[0]] + [one] + [m for i, m in enumerate(messages) if i > notes[0] and i not in notes]
+        tokens = self.counter.count_messages(folded) + notice_tokens(self.counter, folded)
+        again = fitted(replace(result, compressed_messages=folded, tokens_after=tokens))
+        return again if self._names_lost(again) < lost and again.tokens_after <= max(out.tokens_after, self.hard) \
+            else out
+
+    def _names_lost(self, result: CompressionResult) -> int:
+        """The restored state's file names that nothing in `result` names."""
+        if self.restore is None or not self.restore.state.current_files:
+            return 0
+        shown = "\n".join(map(readable_text, result.compressed_messages))
+        return sum(f.path not in shown for f in self.restore.state.current_files)
 
     def _notes_as_one_line(self, result: CompressionResult) -> CompressionResult:
         """`result` with its compaction notes replaced by the one line naming their steps

@@ -27,11 +27,11 @@ from .collapse import CollapseStore
 from .config import PipelineConfig
 from .conversation import Kind, read_conversation
 from .depth import Depth, anchored, chain_config, growth_per_turn, merge_due, plan_depth
-from .ledger import fit, note_entries, render
-from .notes import is_summary_note, merged_note, requoted, with_notice
+from .ledger import merged
+from .notes import is_summary_note, requoted, with_notice
 from .over_budget import OverBudget
 from .records import CompactionRecord
-from .refs import REF_RE, CutLog, render_span
+from .refs import REF_RE, CutLog
 from .request import CompressionRequest
 from .restore import ActiveRestore, extract_working_state
 from .stable_head import match, with_stable_head
@@ -342,9 +342,7 @@ def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[Comp
     # Their step ledgers fold into one range rather than go: every step number stays named, and
     # the range's reference gives their lines back (a larger fold was over the notes' cap again,
     # and the next point paid a summary to merge it).
-    ledger = render(fit([e for m in notes for e in note_entries(m)], 0, request.counter, request.cuts.keep))
-    folded = request.messages[:start] + [merged_note(len(notes), request.cuts.keep(render_span(notes)), ledger)] \
-        + request.messages[end:]
+    folded = request.messages[:start] + [merged(notes, request.counter, request.cuts.keep)] + request.messages[end:]
     return replace(request.with_messages(folded), anchored=True), len(notes)
 
 

@@ -36,7 +36,7 @@ _OPEN_FILE = re.compile(r"\(Open file: ([^)\n]+)\)")
 STATE_SOURCE = "restored state"
 """The source of the block about the state: what ctxgate read from the agent's calls and their outputs."""
 _FILE_NAMES = "Current files: "
-ERROR_SECTION = "Last error a tool reported (it may since be fixed):\n"
+ERROR_SECTION = "Last error reported (may be fixed):\n"
 _FILE_CONTENT = "Latest content seen of "
 
 
@@ -215,8 +215,9 @@ class ActiveRestore:
             bare = (len(parts) - 1, error_section(s.last_error, None)) if ref is not None else None
         if s.active_skill:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
-        if s.current_files:
-            parts.append(_FILE_NAMES + ", ".join(f.path for f in s.current_files))
+        names = [f.path for f in s.current_files if f.path not in shown]  # the kept messages name the others
+        if names:
+            parts.append(_FILE_NAMES + ", ".join(names))
         out: list[Message] = []
         used = 0
         tries = [parts[:n] for n in range(len(parts), 0, -1)]  # as many sections as fit, the least important go first
@@ -231,6 +232,7 @@ class ActiveRestore:
                 out.append(block)
                 used = cost
                 break
+        out, used = _with_room_used(out, used, parts, counter, budget)
         limit = budget if room is None else min(budget, room)
         for f in s.current_files[:self.config.max_files]:
             if not f.content or f.content in shown:
@@ -245,6 +247,22 @@ class ActiveRestore:
             out.append(block)
             used += counter.count_structured(block)
         return out
+
+
+def _with_room_used(out: list[Message], used: int, parts: list[str], counter: TokenCounter,
+                    budget: int) -> tuple[list[Message], int]:
+    """The state block `out` holds (if any) with the sections after its own that fit beside it:
+    a section too long for the room leaves it to less important ones after it (the file names
+    after a failure line the room cannot hold), rather than to nothing."""
+    sections = _sections(out[0]) if out else []
+    grown = sections
+    for part in parts[len(sections):]:
+        if counter.count_structured(state_block([*grown, part])) <= budget:
+            grown = [*grown, part]
+    if grown == sections:
+        return out, used
+    block = state_block(grown)
+    return [block, *out[1:]], counter.count_structured(block)
 
 
 def error_section(line: str, ref: str | None, in_view: bool = False) -> str:

@@ -659,7 +659,7 @@ Window = tuple[int, int]
 """A recent window as (messages, complete steps): the issue's is (RECENT, 2); a compaction point
 with little room may keep a narrower one (`cost.min_turns`), which its log names."""
 WINDOW: Window = (RECENT, 2)
-RESTORED_ERROR = "Last error a tool reported"
+RESTORED_ERROR = "Last error reported"
 """How the restored state names the last failure (pipeline/restore.py)."""
 TAIL: Window = (6, 1)
 """The protected tail (pipeline/tail.py): at a point whose window is over its target, the window's

@@ -64,7 +64,7 @@ def quoted_once(text: str) -> bool:
 
 def restored_error(texts: list[str]) -> bool:
     """The hostile error line came back as restored state, quoted."""
-    return any(t.startswith(STATE_QUOTE) and "Last error a tool reported" in t and CANARY in t for t in texts)
+    return any(t.startswith(STATE_QUOTE) and "Last error reported" in t and CANARY in t for t in texts)
 
 
 def test_chat_tool_text_reaches_the_upstream_only_as_quoted_user_data(gw: Gateway, up: ScriptedUpstream) -> None:

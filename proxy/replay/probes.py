@@ -7,7 +7,9 @@ reads the same things to restore them; a probe that used it would only check its
   demonstration) is in a forwarded message, or 90% of its first 500 characters are;
 - files: the share of the paths the agent named so far (tool-call arguments, text-protocol
   `<function=…>` parameters and command blocks, `[File: …]` / `(Open file: …)` headers)
-  found anywhere in the forwarded request; n/a before the first;
+  found anywhere in the forwarded request; n/a before the first. Not a path: a URL's, one in
+  the text a command writes into a file (a heredoc's body, an `edit` body), one in code outside
+  its string literals (`self.lock`, `process.env`);
 - error: the last failure line the agent saw is present: the key line of the newest
   observation that reports a failure by its structure (`last_error_line`); n/a while there is none;
 - latest: the share of the request's last `LATEST` messages forwarded verbatim;
@@ -84,20 +86,43 @@ def observations(messages: list[Message], text_mode: bool) -> list[Message]:
     return [m for i, m in enumerate(messages) if m.get("role") == "user" and i != first]
 
 
+_URL_RE = re.compile(r"\b[A-Za-z][\w+.\-]*://\S*")
+"""A URL: its path (`localhost:3333/index.html`) is a page, not a file the agent works on."""
+_HEREDOC_RE = re.compile(r"<<-?\s*(['\"]?)(\w+)\1[^\n]*\n.*?^\s*\2\s*$", re.S | re.M)
+_EDIT_RE = re.compile(r"^(edit\b[^\n]*)\n.*?^end_of_edit\s*$", re.S | re.M)
+"""A heredoc's body and SWE-agent's `edit` body: the text written into a file (code, where
+`self.lock` and `process.env` are not files), not files named."""
+_LITERAL_RE = re.compile(r"""(['"])((?:(?!\1)[^\\\n]|\\.)*)\1""")
+"""A string literal in code: where code names a file (`open('src/a.py')`)."""
+
+
+def command_paths(command: str) -> list[str]:
+    """The paths a command names: not in a URL, nor in the text it writes into a file."""
+    command = _EDIT_RE.sub(r"\1", _HEREDOC_RE.sub("", command))
+    return [p for p in PATH_RE.findall(_URL_RE.sub(" ", command)) if p != "/dev/null"]
+
+
+def code_paths(code: str) -> list[str]:
+    """The paths code names: in its string literals (elsewhere `self.lock` is an attribute)."""
+    return [p for _, text in _LITERAL_RE.findall(code) for p in command_paths(text)]
+
+
 def touched_files(messages: list[Message], text_mode: bool) -> list[str]:
     found: dict[str, None] = {}
 
     def add_from(text: str) -> None:
-        for p in PATH_RE.findall(text):
-            if p != "/dev/null":
-                found.setdefault(p, None)
+        for p in command_paths(text):
+            found.setdefault(p, None)
 
     def add_args(args: dict[str, Any]) -> None:
         for k, v in args.items():
             if isinstance(v, str) and k in _PATH_KEYS and v.strip():
                 found.setdefault(v.strip(), None)
-            elif isinstance(v, str) and k in ("command", "cmd", "code"):
+            elif isinstance(v, str) and k in ("command", "cmd"):
                 add_from(v)
+            elif isinstance(v, str) and k == "code":
+                for p in code_paths(v):
+                    found.setdefault(p, None)
 
     for m in messages:
         for tc in m.get("tool_calls") or []:

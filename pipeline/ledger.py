@@ -115,12 +115,17 @@ def note_entries(message: Message) -> list[Entry]:
 
 def step_numbers(conversation: Conversation) -> list[tuple[int, ...]]:
     """Per message, the numbers of the steps its actions are: counted on from the highest
-    number the notes before it name."""
-    memo = conversation.memo("ledger-numbers")
+    number the notes before it name, and after the task from the highest that notes taken out
+    of the messages named (`Conversation.steps_before`: a note made without them numbers on,
+    where it would name steps 1, 2, … again beside the line that names those)."""
+    memo = conversation.memo(("ledger-numbers", conversation.steps_before))
     found = memo.get("numbers")
     if found is None:
         n, found = 0, []
-        for message, info in zip(conversation.messages, conversation.infos):
+        after_task = 0 if conversation.task is None else conversation.task + 1
+        for i, (message, info) in enumerate(zip(conversation.messages, conversation.infos)):
+            if i == after_task:
+                n = max(n, conversation.steps_before)
             if info.kind is Kind.NOTE:
                 n = max([n, *(e.last for e in note_entries(message))])
                 found.append(())
@@ -131,6 +136,11 @@ def step_numbers(conversation: Conversation) -> list[tuple[int, ...]]:
                 found.append(())
         memo["numbers"] = found
     return found
+
+
+def highest_step(messages: list[Message]) -> int:
+    """The highest step number the ledgers of the compaction notes among `messages` name (0: none)."""
+    return max((e.last for m in messages for e in note_entries(m)), default=0)
 
 
 def _answered(conversation: Conversation) -> dict[int, list[tuple[Action, Observation | None]]]:

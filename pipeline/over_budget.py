@@ -16,7 +16,7 @@ from .refs import SIZING_REF, render_span
 from .restore import ActiveRestore, error_section, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .conversation import read_conversation
-from .ledger import covering_note, folded, merged, span_entries
+from .ledger import covering_note, folded, highest_step, merged, span_entries
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .turns import is_valid_sequence, leading_instructions, task_index
@@ -62,6 +62,8 @@ class OverBudget:
         # (`tail.py`): everything older, as deep as the levels go; then the rest of the restored
         # state and the notes; then the oldest turns, whole, under a note that counts them.
         result = await self._turn_in_progress(request, result)
+        # The notes may go from here on: a note made after them numbers its steps on from theirs.
+        request = replace(request, steps_before=max(request.steps_before, highest_step(result.compressed_messages)))
         result = shed(result, self.counter, hard, everything=True)
         cover = None
         if result.tokens_after > hard:  # not enough alone: they go all the same, before the tail gives any room
@@ -186,7 +188,8 @@ class OverBudget:
             # The steps they and the notes among them named, as one range of tool names (every step
             # number stays covered), when that fits too; else the count alone.
             dropped = [i for i in range(len(messages)) if i not in pinned and i not in kept]
-            entries = span_entries(read_conversation(messages, request.dialect), dropped, None)
+            entries = span_entries(read_conversation(messages, request.dialect, steps_before=request.steps_before),
+                                   dropped, None)
             forms = ([count + "\n" + folded(entries, None, failures=False).text] if entries else []) + [count]
             at = len(pinned)
             for text in forms:

@@ -31,11 +31,15 @@ class CompressionRequest:
     keep: frozenset[str] = frozenset()
     """Fingerprints of messages every level keeps verbatim, like the task statement: the text the
     agent's edit format must match (`tail.kept_for_edits`)."""
+    steps_before: int = 0
+    """The highest step number that notes taken out of `messages` named (a fallback that sheds
+    the notes before it cuts the oldest turns): a note made then numbers its steps on from it,
+    not from 1 again (`Conversation.steps_before`)."""
 
     @cached_property
     def conversation(self) -> Conversation:
         """The messages as the conversation model reads them (read once per request)."""
-        return read_conversation(self.messages, self.dialect)
+        return read_conversation(self.messages, self.dialect, steps_before=self.steps_before)
 
     def shape(self, pin_first_user: bool) -> Shape:
         """Where the levels may work on these messages (`Conversation.shape`)."""

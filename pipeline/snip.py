@@ -142,11 +142,12 @@ class SnipStrategy:
         if len(messages) < cfg.min_messages:
             return None
         conversation = request.conversation
-        # What Snip cuts depends on the messages' content, the budget, the counter and the
-        # settings alone: decided once per content, and re-applied when the history comes again.
+        # What Snip cuts depends on the messages' content, the budget, the counter, the settings
+        # and the step number its ledger goes on from alone: decided once per content, and
+        # re-applied when the history comes again.
         plans = conversation.memo(("snip", counter, request.token_budget, self.pin_first_user, request.window,
                                    request.anchored, cfg.keep_recent, cfg.min_block, cfg.preview_chars,
-                                   request.cuts is not None))
+                                   request.cuts is not None, request.steps_before))
         if "plan" not in plans:
             plans["plan"] = self._plan(request)
         plan = plans["plan"]

@@ -12,13 +12,16 @@ from ctxgate.pipeline.budget import Turn
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint
-from ctxgate.pipeline.ledger import Entry, fit, folded, note_entries, parse, step_entry, step_numbers
+from ctxgate.pipeline.ledger import Entry, fit, folded, highest_step, note_entries, parse, step_entry, step_numbers
 from ctxgate.pipeline.notes import is_compaction_note, quoted_text
 from ctxgate.pipeline.planner import Action
 from ctxgate.pipeline.protocols.base import Action as Call, observation
 from ctxgate.pipeline.refs import CutLog
 from ctxgate.pipeline.views import compaction_view, forwarded_view
+from ctxgate.proxy.replay.driver import replay
+from ctxgate.proxy.replay.upstream import ProviderCount
 from pipeline_builders import Facts, Message, call, calls, counter, filler, system, tool, user
+from trajectories import swe_agent
 
 LIMIT = 4000
 
@@ -182,3 +185,50 @@ def test_numbers_continue_from_the_notes_before_them() -> None:
     numbers = step_numbers(read_conversation(messages, "tool_calls"))
     assert [n for ns in numbers for n in ns] == [13, 14]
     assert quoted_text(note).endswith("ref ctx:0123456789ab")
+
+
+def test_numbers_go_on_from_the_notes_taken_out_after_the_task() -> None:
+    """Read without the notes that named steps 1–12 (a fallback shed them to fit), the steps are
+    numbered on from 12, as they are with the notes there."""
+    note = {"role": "user", "content": '<ctxgate-context source="compaction: snip previews">\n'
+                                      "[ctxgate: context snipped] 4 earlier messages were removed.\n"
+                                      "- steps 1–12: bash ×12; ref ctx:0123456789ab\n</ctxgate-context>",
+            "ctxgate": {"kind": "snip"}}
+    assert highest_step([system(), note]) == 12
+    messages = [system(), user("task"), *_step(12), *_step(13)]
+    assert [n for ns in step_numbers(read_conversation(messages, "tool_calls", steps_before=12)) for n in ns] \
+        == [13, 14]
+    assert [n for ns in step_numbers(read_conversation(messages, "tool_calls")) for n in ns] == [1, 2]
+    with_note = [system(), user("task"), note, *_step(12), *_step(13)]
+    assert step_numbers(read_conversation(with_note, "tool_calls", steps_before=12)) \
+        == step_numbers(read_conversation(with_note, "tool_calls"))  # the notes there say the same
+
+
+async def _summary(_: list[Message]) -> str:
+    return "1. goal: fix\n2. steps: some\n3. decisions: none\n4. open: none\n5. files: setup.py\n6. tools: bash"
+
+
+async def test_a_note_made_after_the_notes_were_shed_does_not_name_their_numbers_again() -> None:
+    """A recorded SWE-agent run (a fenced command per assistant turn) replayed at a quarter of
+    its size, the upstream enforcing the limit: the fallbacks shed the notes to fit, keep the one
+    line naming their steps, and cut the oldest turns under a note of their own. That note numbers
+    its steps on from the line's: it named `steps 1–2: pip ×1, create ×1` beside `steps 1–2: ls ×1,
+    open ×1`, and their fold read `steps 1–2: ls ×1, open ×1, pip ×1, create ×1`: four calls under
+    two numbers. In every request forwarded, each step number is named once, in order, and a range
+    names as many calls as numbers."""
+    run_ = next(t for t in swe_agent() if "install_from_source" in t.name)
+    c = counter()
+    provider = ProviderCount(c, run_.tools)
+    done = await replay(run_.messages, run_.tools, int(0.25 * provider(run_.messages)), counter=c,
+                        provider_count=provider, summarize=_summary, wait_background=True, enforce_limit=True)
+    beside = 0
+    for sent in done.forwarded:
+        notes = [entries for m in sent.messages if (entries := note_entries(m))]
+        entries = [e for found in notes for e in found]
+        for before, after in zip(entries, entries[1:]):
+            assert after.first > before.last, [e.text for e in entries]
+        for e in entries:
+            assert sum(n for _, n in e.tools) == e.last - e.first + 1, e.text
+        beside += len(notes) > 1 and any("Earlier compaction notes were dropped" in str(m.get("content"))
+                                         for m in sent.messages)
+    assert beside, "the notes were never shed beside a later note: the case is not exercised"

@@ -109,8 +109,7 @@ class CtxgateSettings(_Strict):
     byte-exact, lower overhead), every other provider through litellm.acompletion."""
     count_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
     """Worker processes a large new conversation is counted on (`engine/count_pool.py`), started
-    at the first: auto: one per core, used while two cores are idle; N: N of them, used whenever
-    they are idle; 0: none (counted in a thread)."""
+    at the first: auto: one per core; N: N of them; 0: none (counted in a thread)."""
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     session_idle_ttl_s: float = Field(default=3600.0, gt=0)

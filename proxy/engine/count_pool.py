@@ -8,12 +8,8 @@ slice with the same tokenizer (`TokenCounter.count_message`, the BPE files the l
 ships, nothing downloaded), and the per-message counts come back. A count is per message, so
 the slices' counts are exactly the whole's.
 
-Only for tiktoken (a Hugging Face tokenizer would load transformers into every worker), only
-past `POOL_CHARACTERS` of text (below it the pipes cost what they save), and by default only
-while at least two cores are idle: on a busy machine the slices wait for cores like any other
-work, the count ends with the slowest, and the pipes and each worker's wake-up add to it (at a
-load of 4 on 2 cores a new 107K-token chat took 92 ms through the workers, 67 in a thread; at
-2.2, 42 against 46). With no idle
+Only for tiktoken (a Hugging Face tokenizer would load transformers into every worker) and
+only past `POOL_CHARACTERS` of text (below it the pipes cost what they save). With no idle
 worker (busy with another request's count, dead, not started yet) the count runs in a thread
 as before. The workers are `python -m ctxgate.proxy.engine.count_pool <tokenizer>...`, one per
 core. `serve` enables them for its models' tokenizers (`enable`), and they start at the first
@@ -81,10 +77,8 @@ class CountPool:
     """Worker processes that count a large conversation's messages, a slice each."""
 
     def __init__(self, size: int | None = None, on_workers: Callable[[], None] | None = None) -> None:
-        """`size`: that many workers, used whenever one is idle; None: one per core, used while
-        two cores are idle (`idle_cores`)."""
+        """`size`: that many workers; None: one per core."""
         self.size = cores() if size is None else size
-        self._gated = size is None
         self._on_workers = on_workers
         """Told of each count done on the workers (`ctxgate_counts_on_workers_total`)."""
         self.specs: frozenset[str] = frozenset()
@@ -162,10 +156,9 @@ class CountPool:
             self._started = True
             for _ in range(self.size):
                 self._spawn()
-        room = min(len(todo), idle_cores(self.size)) if self._gated else len(todo)
-        if not self._idle or room < 2 <= self.size:
+        if not self._idle:
             return None
-        workers, self._idle = self._idle[:room], self._idle[room:]
+        workers, self._idle = self._idle[:len(todo)], self._idle[len(todo):]
         cuts = _balanced(weights, len(workers))
         self._idle += workers[len(cuts) - 1:]
         workers = workers[:len(cuts) - 1]
@@ -221,17 +214,6 @@ class CountPool:
                 worker.kill()
                 await worker.process.wait()
         self._workers.clear()
-
-
-def idle_cores(cores: int) -> int:
-    """The cores not running anything but this thread now: the runnable tasks Linux counts in
-    /proc/loadavg (this one among them); all of them where it cannot be read."""
-    try:
-        with open("/proc/loadavg", "rb") as f:
-            running = int(f.read().split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return cores
-    return max(0, cores - (running - 1))
 
 
 def _widen(stdin: asyncio.StreamWriter) -> None:

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from . import launcher, wal_cli, workers
+from . import gc_policy, launcher, wal_cli, workers
 from ctxgate.redis_backend import RedisTarget, RedisUrlError, is_redis_url
 from .config import Config, ConfigError, load_config
 from .replay import command as replay_command
@@ -109,6 +109,7 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
         gw.metrics.watch_connections(guard)
         runner = web.AppRunner(create_app(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
+        gc_policy.settle()  # the process's start built: never walked by a full collection again
         await guard.listen(runner, host, port, reuse_port=worker is not None)
         where = f"http://{host}:{port}/v1"
         stop = asyncio.Event()

@@ -6,6 +6,7 @@ Prometheus collectors live in a registry of their own per app, so two apps in on
 """
 from __future__ import annotations
 
+import gc
 import hmac
 import logging
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.registry import Collector
 
 from ..config import Config
@@ -110,6 +112,11 @@ class Metrics:
             "than in a thread (proxy/engine/count_pool.py)", registry=self.registry)
         self.count_workers_idle = Gauge("ctxgate_count_workers_idle", "Count worker processes started and idle",
                                         registry=self.registry)
+        # The collector's work per generation, and what it never walks (proxy/gc_policy.py).
+        GCCollector(registry=self.registry)
+        Gauge("ctxgate_gc_frozen_objects", "Objects the garbage collector never walks: those the process made "
+              "before it served (frozen at start; 0 with CTXGATE_GC=python)",
+              registry=self.registry).set_function(gc.get_freeze_count)
         self.calibration: dict[str, CalibrationFigures] = {}
 
     def summary_wasted(self, reason: str, calls: int, tokens: int) -> None:

@@ -118,7 +118,8 @@ class Journal:
         # A steady turn logs its one or two new messages: inline, as its index is extended (a
         # thread hop costs a long session's turn more than the work; the size of the whole
         # conversation does not decide it).
-        inline = len(new) <= INLINE_MESSAGES and index_inline(len(new), sum(len(orjson.dumps(m, default=str)) for m in new))
+        inline = len(new) <= INLINE_MESSAGES and index_inline(len(new), sum(len(orjson.dumps(m, default=str))
+                                                                           for m in new))
         events = self._message_events(state, turn, start) if inline else \
             await run_sync(turn, lambda: self._message_events(state, turn, start))
         events += [_compression(step) for step in steps if step["level"] != "chain"]

@@ -15,6 +15,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
+from ctxgate.proxy.doors.gemini_chat import chat_body
 from servers import KEYS, Gateway, _model, launch, main_config, stop_all
 from upstream import REPLY, ScriptedUpstream
 
@@ -330,6 +331,26 @@ def test_a_steady_turn_checks_its_new_turns(gw: Gateway, up: ScriptedUpstream) -
     status, _, raw = post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)
     assert status == 400 and json.loads(raw)["error"]["message"].startswith("contents.0.parts.0.text")
     assert len(chats(up)) == 1
+
+
+def test_a_chat_routes_body_arrives_whole_with_its_length(gw: Gateway, up: ScriptedUpstream) -> None:
+    """A steady turn's chat body is sent as the pieces the session's turns made: the upstream
+    is told its exact length (no chunked encoding) and reads the chat body made afresh."""
+    headers = {**session(), "x-goog-api-key": KEY}
+    body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": "first"}]}], "tools": [TOOL],
+                            "systemInstruction": {"parts": [{"text": "Be brief."}]}}
+    before = len(chats(up))
+    for turn in range(3):
+        assert post(gw, "/v1beta/models/gpt-4o:generateContent", body, headers)[0] == 200
+        body["contents"] += [{"role": "model", "parts": [{"functionCall": {"name": "run_shell_command",
+                                                                           "args": {"command": f"ls {turn}"}}}]},
+                             {"role": "user", "parts": [{"functionResponse": {"name": "run_shell_command",
+                                                                              "response": {"output": f"f{turn}"}}}]}]
+    sent = chats(up)[before:]
+    assert len(sent) == 3
+    for turn, got in enumerate(sent):
+        assert got.headers["content-length"] == str(len(got.raw)) and "transfer-encoding" not in got.headers
+        assert got.body == chat_body({**body, "contents": body["contents"][:1 + 2 * turn]}, "gpt-4o", False)
 
 
 def test_a_steady_turn_whose_history_was_edited_is_read_afresh(gw: Gateway, up: ScriptedUpstream) -> None:

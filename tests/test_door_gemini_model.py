@@ -221,7 +221,7 @@ def test_a_chat_routes_body_is_serialised_for_the_new_messages_only() -> None:
         body = copy.deepcopy(_body(steps, signed=False))
         read = read_contents(body, read, known_turns(read, body["contents"]))
         fields = {"temperature": 0.5, **chat_fields(body, "gpt-4o", True)}
-        assert orjson.loads(chat_json(fields, read)) == orjson.loads(orjson.dumps(
+        assert orjson.loads(chat_json(fields, read).joined()) == orjson.loads(orjson.dumps(
             {"temperature": 0.5, **chat_body(copy.deepcopy(body), "gpt-4o", True)}))
     assert read is not None and read.known and read.chat.count == len(read.messages)
 

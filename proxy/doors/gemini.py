@@ -86,12 +86,12 @@ class GeminiWire(GeminiExpansion):
         direct = route.direct and not route.demo
         # The client's body unchanged: its conversation was read already, and its JSON for a
         # chat route is made for the new messages only.
-        raw = chat_json(chat, self._read) if direct and payload is self._body else None
-        if raw is None:
+        made = chat_json(chat, self._read) if direct and payload is self._body else None
+        if made is None:
             read = self._read.messages if payload is self._body else conversation_of(payload)
             chat["messages"] = chat_messages(read)
         if direct:
-            reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key, raw=raw)
+            reply = await self._gw.direct.send(route, chat, stream=stream, api_key=api_key, raw=made)
         else:
             reply = await self._gw.forwarder_for(route).send(route, chat, stream=stream, api_key=api_key)
         if reply.chunks is None:

@@ -16,6 +16,7 @@ import orjson
 from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..upstream.errors import BAD_REPLY
+from ..upstream.pieces import Pieces
 from .gemini_model import ORIGIN, ReadContents, conversation_of
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "function_call": "STOP",
@@ -58,24 +59,21 @@ def chat_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class ChatJson:
     """The JSON of a conversation's first `count` messages as chat messages, a piece per turn
-    that added some (each comma-separated within), kept with the session's history
-    (`ReadContents.chat`): a steady turn serialises only its new messages, and the body is
-    put together in one copy."""
+    that added some (each comma-separated within, and each but the first led by its comma),
+    kept with the session's history (`ReadContents.chat`): a steady turn serialises only its
+    new messages, and the body is sent as these pieces, never joined (`Pieces`)."""
     pieces: tuple[bytes, ...]
     count: int
 
 
-def chat_json(fields: dict[str, Any], read: ReadContents) -> bytes:
+def chat_json(fields: dict[str, Any], read: ReadContents) -> Pieces:
     """`fields` (`chat_fields`) with `read`'s conversation as chat messages, as JSON."""
     done = read.chat if isinstance(read.chat, ChatJson) else ChatJson((), 0)
     if done.count < len(read.messages):
         new = orjson.dumps(chat_messages(read.messages[done.count:]))[1:-1]
-        done = read.chat = ChatJson((*done.pieces, new), len(read.messages))
-    out = [orjson.dumps(fields)[:-1], b',"messages":[']
-    for i, piece in enumerate(done.pieces):
-        out += (b",", piece) if i else (piece,)
-    out.append(b"]}")
-    return b"".join(out)
+        done = read.chat = ChatJson((*done.pieces, b"," + new if done.pieces else new), len(read.messages))
+    # The settings first, small: aiohttp joins the first piece with the request's headers.
+    return Pieces((orjson.dumps(fields)[:-1] + b',"messages":[', *done.pieces, b"]}"))
 
 
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import orjson
 
 from ..errors import ErrorKind, GatewayError
 from .errors import BAD_REPLY, ContextTooLong, UpstreamError, passed_headers, raise_for_error
+from .pieces import Pieces
 from .retry import Retrier
 from .routing import Route
 
@@ -58,10 +59,11 @@ class DirectForwarder:
         return self._session
 
     async def send(self, route: Route, payload: dict[str, Any], *, stream: bool, api_key: str | None,
-                   path: str = "chat/completions", raw: bytes | None = None) -> Reply:
+                   path: str = "chat/completions", raw: bytes | Pieces | None = None) -> Reply:
         """POST to `{api_base}/{path}`: chat completions, or another OpenAI endpoint (`responses`).
         `raw`: the client's own bytes, when `payload` is exactly what it sent (no re-serialising,
-        and the upstream's prompt cache sees what the client would have sent)."""
+        and the upstream's prompt cache sees what the client would have sent), or `payload`'s
+        JSON made already, in pieces."""
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream" if stream else "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -69,7 +71,7 @@ class DirectForwarder:
         return await self.post(route, f"{route.api_base}/{path}", data, headers, stream=stream,
                                where=str(route.api_base))
 
-    async def post(self, route: Route, url: str, data: bytes, headers: dict[str, str], *, stream: bool,
+    async def post(self, route: Route, url: str, data: bytes | Pieces, headers: dict[str, str], *, stream: bool,
                    where: str) -> Reply:
         """POST `data` on the pooled session: the reply's bytes untouched, an error reply raised
         (`raise_for_error`), retried as `route.retry` says until a reply is handed back. Shared by
@@ -81,7 +83,7 @@ class DirectForwarder:
         return await self.retrier.run(route.retry, route.model_name,
                                       lambda: self._attempt(url, data, headers, stream, where, timeout))
 
-    async def _attempt(self, url: str, data: bytes, headers: dict[str, str], stream: bool, where: str,
+    async def _attempt(self, url: str, data: bytes | Pieces, headers: dict[str, str], stream: bool, where: str,
                        timeout: aiohttp.ClientTimeout) -> Reply:
         started = time.perf_counter()
         try:

@@ -256,6 +256,28 @@ def merged(notes: list[Message], counter: TokenCounter, keep: Keep) -> Message:
     return merged_note(len(notes), keep(render_span(notes)), ledger, own_words=own)
 
 
+def named_steps(messages: list[Message]) -> set[int]:
+    """The step numbers the ledgers of the compaction notes among `messages` name."""
+    return {n for m in messages for e in note_entries(m) for n in range(e.first, e.last + 1)}
+
+
+def widened(note: Message, cover: Message) -> Message | None:
+    """`note`, whose first ledger line is a range of the steps right after those `cover` names,
+    with `cover`'s steps folded into that range: the line that names the earlier steps, where it
+    has no room of its own, costs the range a few tool names. None when `note` is no such note."""
+    content = note.get("content")
+    before, found = note_entries(cover), note_entries(note)
+    if not isinstance(content, str) or not before or not found or not found[0].text.startswith("- steps ") \
+            or found[0].first != max(e.last for e in before) + 1:
+        return None
+    # No reference: the range's gave back the later lines only (the note's own still gives back
+    # the messages it stands for), and `cover`'s lines had none. A note of ctxgate's own wording
+    # (Snip's count) stays so: no failure line quoted in it.
+    own = content.startswith(SNIP_MARKER)
+    line = folded([*before, found[0]], None, failures=not own).text
+    return {**note, "content": content.replace(found[0].text, line, 1)}
+
+
 def render(entries: list[Entry]) -> str:
     return "\n".join([HEADING, *(e.text for e in entries)]) if entries else ""
 

@@ -16,7 +16,7 @@ from .refs import SIZING_REF, render_span
 from .restore import ActiveRestore, error_section, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .conversation import read_conversation
-from .ledger import covering_note, folded, highest_step, merged, span_entries
+from .ledger import covering_note, folded, highest_step, merged, named_steps, span_entries, widened
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .turns import is_valid_sequence, leading_instructions, task_index
@@ -64,10 +64,14 @@ class OverBudget:
         result = await self._turn_in_progress(request, result)
         # The notes may go from here on: a note made after them numbers its steps on from theirs.
         request = replace(request, steps_before=max(request.steps_before, highest_step(result.compressed_messages)))
+        notes = [m for m in result.compressed_messages if is_compaction_note(m)]
         result = shed(result, self.counter, hard, everything=True)
         cover = None
         if result.tokens_after > hard:  # not enough alone: they go all the same, before the tail gives any room
             result, cover = without_own_messages(result, self.counter, hard, cfg.pin_first_user)
+        if cover is None:  # notes shed with the line naming their steps: it comes back where room is left
+            named = named_steps(result.compressed_messages)
+            cover = covering_note([m for m in notes if not named_steps([m]) <= named])
         result = await self._oldest_turns(request, result, PROTECTED_TAIL)
         if cover is not None:  # the one line naming their steps, back in the room the oldest turns left
             result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
@@ -359,11 +363,20 @@ def without_own_messages(result: CompressionResult, counter: TokenCounter, limit
 
 def with_cover(result: CompressionResult, cover: Message, counter: TokenCounter, limit: int,
                pin_first_user: bool) -> CompressionResult:
-    """`result` with `cover` before the notes after the task, if that fits under `limit`."""
+    """`result` with `cover` before the notes after the task, if that fits under `limit`; else
+    with its steps folded into the range of the note that counts the turns cut after them
+    (`ledger.widened`), if that fits; as it is when its notes name those steps already."""
     messages = result.compressed_messages
+    if named_steps([cover]) <= named_steps(messages):
+        return result
     at = leading_instructions(messages)
     if pin_first_user and at < len(messages) and task_index(messages) == at:
         at += 1
-    out = messages[:at] + [cover] + messages[at:]
-    tokens = counter.count_messages(out) + notice_tokens(counter, out)
-    return result if tokens > limit else replace(result, compressed_messages=out, tokens_after=tokens)
+    forms = [messages[:at] + [cover] + messages[at:]]
+    forms += [messages[:i] + [wide] + messages[i + 1:] for i, m in enumerate(messages)
+              if is_compaction_note(m) and (wide := widened(m, cover)) is not None]
+    for out in forms:
+        tokens = counter.count_messages(out) + notice_tokens(counter, out)
+        if tokens <= limit:
+            return replace(result, compressed_messages=out, tokens_after=tokens)
+    return result

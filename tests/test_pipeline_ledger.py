@@ -12,11 +12,14 @@ from ctxgate.pipeline.budget import Turn
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint
-from ctxgate.pipeline.ledger import Entry, fit, folded, highest_step, note_entries, parse, step_entry, step_numbers
-from ctxgate.pipeline.notes import is_compaction_note, quoted_text
+from ctxgate.pipeline.ledger import (Entry, covering_note, fit, folded, highest_step, named_steps, note_entries, parse,
+                                     step_entry, step_numbers)
+from ctxgate.pipeline.notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
+from ctxgate.pipeline.over_budget import with_cover
 from ctxgate.pipeline.planner import Action
 from ctxgate.pipeline.protocols.base import Action as Call, observation
 from ctxgate.pipeline.refs import CutLog
+from ctxgate.pipeline.types import CompressionResult
 from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ctxgate.proxy.replay.driver import replay
 from ctxgate.proxy.replay.upstream import ProviderCount
@@ -232,3 +235,33 @@ async def test_a_note_made_after_the_notes_were_shed_does_not_name_their_numbers
         beside += len(notes) > 1 and any("Earlier compaction notes were dropped" in str(m.get("content"))
                                          for m in sent.messages)
     assert beside, "the notes were never shed beside a later note: the case is not exercised"
+
+
+def test_the_line_naming_shed_steps_folds_into_the_next_range_when_it_has_no_room_of_its_own() -> None:
+    """Notes shed to fit leave one line naming their steps (`covering_note`); where that line has
+    no room, its steps fold into the range of the note that counts the turns cut after them, and
+    a line whose steps are named already is not added again."""
+    shed = plain_note(SNIP, f"{SNIP_MARKER} 4 earlier messages were removed to fit the context budget.\n"
+                            "- steps 1–2: ls ×1, open ×1; ref ctx:0123456789ab")
+    cover = covering_note([shed])
+    assert cover is not None and named_steps([cover]) == {1, 2}
+    count = plain_note(SNIP, f"{SNIP_MARKER} 4 earlier messages were removed to fit the context budget (the "
+                             "originals: ref ctx:aaaaaaaaaaaa).\n- steps 3–4: pip ×1, create ×1; ref ctx:bbbbbbbbbbbb")
+    messages = [system(), user("TASK: fix the bug"), count, *_step(4), *_step(5)]
+    c = counter()
+
+    def result(ms: list[Message]) -> CompressionResult:
+        return CompressionResult(compressed_messages=ms, tokens_freed=0, level_used=None,
+                                 tokens_after=c.count_messages(ms))
+
+    roomy = with_cover(result(messages), cover, c, 10_000, True).compressed_messages
+    assert roomy == messages[:2] + [cover] + messages[2:]  # its own line where it fits
+    assert with_cover(result(roomy), cover, c, 10_000, True).compressed_messages == roomy  # never twice
+    tight = c.count_messages(messages) + c.count_structured(cover) - 1
+    folded_in = with_cover(result(messages), cover, c, tight, True).compressed_messages
+    assert len(folded_in) == len(messages)
+    assert folded_in[2]["content"] == (f"{SNIP_MARKER} 4 earlier messages were removed to fit the context budget "
+                                       "(the originals: ref ctx:aaaaaaaaaaaa).\n"
+                                       "- steps 1–4: ls ×1, open ×1, pip ×1, create ×1")
+    assert named_steps(folded_in) == {1, 2, 3, 4}
+    assert with_cover(result(messages), cover, c, c.count_messages(messages), True).compressed_messages == messages

@@ -12,8 +12,8 @@ writes it in each door's wire format (bench/doors.py: the same content in each, 
 Messages and Gemini bodies declaring the same tools, those the conversation calls; a `-stream`
 door's whole stream is read, to its terminator) and sends it through every (door, target) lane
 in a shuffled order; `direct` is a POST to the upstream's own endpoint for that door.
-*Added*: target − direct on the same door, paired per iteration (p50 / p95 of the differences). `X-Ctx-Overhead-Ms`:
-ctxgate's own report of its time, upstream excluded. conv-<size>: a conversation never seen
+*Added*: target − direct on the same door, paired per iteration (p50 / p95 / p99 of the differences).
+`X-Ctx-Overhead-Ms`: ctxgate's own report of its time, upstream excluded. conv-<size>: a conversation never seen
 (every message prefixed anew); turn-<size>: the next turn of a session. Routes: `gpt-4o` →
 `openai/gpt-4o` (chat, Responses, and Gemini's generateContent, which ctxgate sends on as a chat
 completion and renders back; its `direct` is the upstream's own generateContent; the LiteLLM
@@ -24,7 +24,7 @@ bytes / 3, where chat and Responses run tiktoken).
 
     .venv/bin/python bench/overhead.py [--sizes 1K,10K,50K,100K,200K,400K] [--kinds conv,turn]
         [--small 40] [--mid 20] [--large 10] [--doors chat,messages,...] [--litellm-proxy PATH]
-        [--forwarding auto,litellm] [--delay-ms 0,200]
+        [--forwarding auto,litellm] [--delay-ms 0,200] [--gc python,server]
 """
 from __future__ import annotations
 
@@ -162,7 +162,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[doors.Sam
                          "added_p99": common.pct(paired, 0.99),
                          "hdr_p50": common.pct(over, 0.5), "hdr_p95": common.pct(over, 0.95),
                          "cold": samples.get(f"_cold|{k}", [doors.Sample(float("nan"))])[0].ms}
-        added = "—" if t.name == DIRECT else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])}"
+        added = "—" if t.name == DIRECT else f"{fmt(st['added_p50'])} / {fmt(st['added_p95'])} / {fmt(st['added_p99'])}"
         hdr = f"{fmt(st['hdr_p50'])} / {fmt(st['hdr_p95'])}" if over else "—"
         rows.append([door.name, t.name, fmt(st["p50"]), fmt(st["p95"]), added,
                      ratio(st["p50"], common.pct([s.ms for s in direct], 0.5), 2), hdr, fmt(st["cold"], 1),
@@ -173,7 +173,7 @@ def summarise(sc: Scenario, lanes: list[Lane], samples: dict[str, list[doors.Sam
     text = (f"### {sc.name}: {sc.what}\n\n{sc.iterations} measured iterations after {sc.warmup} warm-up; "
             f"request size {toks} tokens (o200k_base, OpenAI's message formula), {len(sc.base)} base messages; "
             f"body bytes of the last iteration per door: {sizes}.\n\n"
-            + common.table(["door", "target", "p50 ms", "p95 ms", "added vs direct p50 / p95 ms (paired)",
+            + common.table(["door", "target", "p50 ms", "p95 ms", "added vs direct p50 / p95 / p99 ms (paired)",
                             "p50 ratio", "X-Ctx-Overhead-Ms p50 / p95", "first (warm-up) request ms", "X-Ctx-Levels",
                             "X-Ctx-Tokenizer"], rows, "llrrrrrrll") + "\n")
     return text, stats
@@ -202,8 +202,12 @@ async def run_delay(args: argparse.Namespace, scenarios: list[Scenario], counter
     active = [doors.DOORS[n] for n in args.doors.split(",")]
     with processes.Servers("ctxgate-bench-") as servers:
         upstream = servers.upstream(delay)
-        gws = {fwd: servers.ctxgate(processes.ctxgate_config(upstream.url, servers.workdir, fwd), f"ctxgate-{fwd}")
-               for fwd in args.forwarding.split(",")}
+        # The serving policy's lane keeps its plain name; another CTXGATE_GC policy's is named by it.
+        gws = {fwd + ("" if gc == "server" else f" gc={gc}"):
+               servers.ctxgate(processes.ctxgate_config(upstream.url, servers.workdir, fwd,
+                                                        data_dir=str(servers.workdir / f"data-{fwd}-{gc}")),
+                               f"ctxgate-{fwd}-{gc}", env={"CTXGATE_GC": gc})
+               for fwd in args.forwarding.split(",") for gc in args.gc.split(",")}
         relay = servers.relay(upstream.url)
         common.progress(f"overhead: upstream {upstream.url} (answers {delay:g} ms late), relay {relay.url}, "
                         + ", ".join(f"ctxgate {fwd} {gw.url}" for fwd, gw in gws.items()))
@@ -372,6 +376,10 @@ def main() -> None:
     p.add_argument("--doors", default=",".join(doors.DOORS),
                    help="comma-separated doors to measure")
     p.add_argument("--forwarding", default="auto,litellm", help="ctxgate's forwarding modes, one lane each")
+    p.add_argument("--gc", default="server",
+                   help="comma-separated CTXGATE_GC policies (proxy/gc_policy.py): server (what serve does; the lane "
+                        "`ctxgate forwarding=<mode>`) or python (Python's own: `... gc=python`), one lane each "
+                        "per forwarding mode")
     p.add_argument("--delay-ms", type=lambda v: [float(x) for x in v.split(",")], default=[0.0],
                    help="comma-separated upstream answer delays (ms): a run of every lane for each")
     args = p.parse_args()

@@ -4,13 +4,15 @@ For each policy, a fresh process runs the gateway in-process (Gateway.build and 
 loopback port, as `ctxgate serve` builds them, then proxy/gc_policy.py's `settle` with
 `CTXGATE_GC` set to the policy: `python` is the interpreter's own, `server` what serve does) in
 front of bench/upstream.py, and one client in the same event loop sends steady chat turns of
-100K-token sessions (common.turn: ten turns a session, each resending the last; the bodies
-built before the first is sent). A `gc.callbacks` timer records every collection after the
+100K-token sessions (common.turn: ten turns a session, each resending the last; with
+`--new-every N`, every Nth request a new 100K conversation instead; the bodies built before the
+first is sent). A `gc.callbacks` timer records every collection after the
 warm-up: how many per generation and how long each held the process (p50 / p99 / max), the
 tracked objects the collector walks at the start and at the end, the time of one full
 `gc.collect()` at the end, and each request's time as the client saw it.
 
-    .venv/bin/python bench/gc_pauses.py [--turns 1000] [--size 100K] [--policies python,server] [--out FILE]
+    .venv/bin/python bench/gc_pauses.py [--turns 1000] [--size 100K] [--new-every 0] [--policies python,server]
+        [--out FILE]
 """
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ class Pauses:
             self.by_generation[info["generation"]].append((time.perf_counter() - self._started) * 1000)
 
 
-async def measure(turns: int, size: int) -> dict[str, Any]:
-    """One policy (`CTXGATE_GC` of this process): the figures of `turns` steady turns."""
+async def measure(turns: int, size: int, new_every: int) -> dict[str, Any]:
+    """One policy (`CTXGATE_GC` of this process): the figures of `turns` requests."""
     import yaml
     from aiohttp import ClientSession, web
 
@@ -68,7 +70,8 @@ async def measure(turns: int, size: int) -> dict[str, Any]:
         await web.TCPSite(runner, "127.0.0.1", port).start()
         gc_policy.settle()
         tracked_start, frozen = len(gc.get_objects()), gc.get_freeze_count()
-        bodies = [doors.CHAT.payload(common.turn(base, i)) for i in range(WARMUP + turns)]
+        bodies = [doors.CHAT.payload(common.fresh(base, i) if new_every and i % new_every == 0 else
+                                     common.turn(base, i)) for i in range(WARMUP + turns)]
         pauses, ms = Pauses(), []
         async with ClientSession() as http:
             for i, body in enumerate(bodies):
@@ -90,9 +93,10 @@ async def measure(turns: int, size: int) -> dict[str, Any]:
             "frozen": frozen, "full_ms": full_ms}
 
 
-def child(policy: str, turns: int, size: int) -> dict[str, Any]:
+def child(policy: str, turns: int, size: int, new_every: int) -> dict[str, Any]:
     """`measure` in a fresh interpreter with `CTXGATE_GC=policy`."""
-    r = subprocess.run([sys.executable, __file__, "--child", "--turns", str(turns), "--size", str(size)],
+    r = subprocess.run([sys.executable, __file__, "--child", "--turns", str(turns), "--size", str(size),
+                        "--new-every", str(new_every)],
                        env={**os.environ, "CTXGATE_GC": policy}, capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"policy {policy} failed:\n{r.stderr[-3000:]}")
@@ -105,7 +109,7 @@ def figures(values: list[float]) -> str:
     return f"{common.pct(values, 0.5):.2f} / {common.pct(values, 0.99):.2f} / {max(values):.2f}"
 
 
-def report(results: dict[str, dict[str, Any]], turns: int, size: int) -> str:
+def report(results: dict[str, dict[str, Any]], turns: int, size: int, new_every: int) -> str:
     rows = []
     for policy, r in results.items():
         pauses = {int(g): v for g, v in r["pauses"].items()}
@@ -116,8 +120,9 @@ def report(results: dict[str, dict[str, Any]], turns: int, size: int) -> str:
     return "\n".join([
         common.section_header("Garbage-collection pauses over steady turns, per collector policy"), "",
         common.about(__doc__), "",
-        f"{turns} measured steady chat turns of {label}-token sessions after {WARMUP} warm-up, one policy per "
-        "process, one after the other.", "",
+        f"{turns} measured chat requests after {WARMUP} warm-up: steady turns of {label}-token sessions"
+        + (f", every {new_every}th a new {label}-token conversation" if new_every else "")
+        + "; one policy per process, one after the other.", "",
         common.table(["CTXGATE_GC", "frozen objects", "tracked objects walked: start → end",
                       "gen0 collections", "gen1", "gen2", "gen0 pause ms p50 / p99 / max", "gen1 pause ms",
                       "gen2 pause ms", "all pauses ms", "one full gc.collect() at the end ms",
@@ -129,18 +134,20 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=1000, help="measured steady turns per policy")
     p.add_argument("--size", type=lambda v: int(float(v[:-1]) * 1000) if v.upper().endswith("K") else int(v),
                    default=100_000, help="session size in tokens (1K = 1,000)")
+    p.add_argument("--new-every", type=int, default=0, help="every Nth request a new conversation (0: none)")
     p.add_argument("--policies", default="python,server", help="comma-separated CTXGATE_GC values, one process each")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         common.use_uvloop()
-        print(json.dumps(asyncio.run(measure(args.turns, args.size))))
+        print(json.dumps(asyncio.run(measure(args.turns, args.size, args.new_every))))
         return
     results = {}
     for policy in args.policies.split(","):
         common.progress(f"gc_pauses: CTXGATE_GC={policy}, {args.turns} turns")
-        results[policy] = child(policy, args.turns, args.size)
-    common.publish("gc-pauses", report(results, args.turns, args.size), args.out)
+        results[policy] = child(policy, args.turns, args.size, args.new_every)
+    key = "gc-pauses" + (f"-new-every-{args.new_every}" if args.new_every else "")
+    common.publish(key, report(results, args.turns, args.size, args.new_every), args.out)
 
 
 if __name__ == "__main__":

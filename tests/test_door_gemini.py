@@ -31,6 +31,9 @@ def gw(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> 
     config = main_config(upstream.url, "auto")
     config["model_list"] += [_model(name, f"{upstream.url}/v1", max_input_tokens=100_000)
                              for name in ("fault-shape", "fault-brokensse", "fault-unterminated")]
+    flaky = _model("flaky-503", f"{upstream.url}/v1", max_input_tokens=100_000)
+    flaky["litellm_params"]["num_retries"] = 1
+    config["model_list"].append(flaky)
     config["ctxgate"]["tenants"]["capped"] = {"api_keys": ["sk-capped"], "max_messages": 3, "max_content_parts": 4}
     gateway = launch("gemini", Path(tmp_path_factory.mktemp("gemini-door")), config).wait_ready()
     yield gateway
@@ -351,6 +354,20 @@ def test_a_chat_routes_body_arrives_whole_with_its_length(gw: Gateway, up: Scrip
     for turn, got in enumerate(sent):
         assert got.headers["content-length"] == str(len(got.raw)) and "transfer-encoding" not in got.headers
         assert got.body == chat_body({**body, "contents": body["contents"][:1 + 2 * turn]}, "gpt-4o", False)
+
+
+def test_a_retried_chat_body_in_pieces_is_sent_again_whole(gw: Gateway, up: ScriptedUpstream) -> None:
+    """A steady turn's chat body (its pieces) that the upstream refused once is sent again, the
+    same bytes with the same length (`flaky-503` fails the first request with given bytes)."""
+    headers = {**session(), "x-goog-api-key": KEY}
+    body: dict[str, Any] = {"contents": [{"role": "user", "parts": [{"text": "first"}]}]}
+    assert post(gw, "/v1beta/models/flaky-503:generateContent", body, headers)[0] == 200
+    body["contents"] += [{"role": "model", "parts": [{"text": "ok"}]}, {"role": "user", "parts": [{"text": "next"}]}]
+    before = len(chats(up))
+    assert post(gw, "/v1beta/models/flaky-503:generateContent", body, headers)[0] == 200
+    first, again = chats(up)[before:]
+    assert first.raw == again.raw and again.headers["content-length"] == str(len(again.raw))
+    assert again.body == chat_body(body, "flaky-503", False)
 
 
 def test_a_steady_turn_whose_history_was_edited_is_read_afresh(gw: Gateway, up: ScriptedUpstream) -> None:

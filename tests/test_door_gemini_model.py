@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
 from ctxgate.pipeline.tokens import TokenizerRegistry
 from ctxgate.proxy.doors.gemini_chat import chat_body, chat_fields, chat_json, chat_tools
+from ctxgate.proxy.upstream.pieces import JOINED_BELOW, Pieces
 from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
 from ctxgate.proxy.doors.nesting import nests_deeper
@@ -224,6 +225,14 @@ def test_a_chat_routes_body_is_serialised_for_the_new_messages_only() -> None:
         assert orjson.loads(chat_json(fields, read).joined()) == orjson.loads(orjson.dumps(
             {"temperature": 0.5, **chat_body(copy.deepcopy(body), "gpt-4o", True)}))
     assert read is not None and read.known and read.chat.count == len(read.messages)
+    assert len(read.chat.pieces) == 1  # small turns grow one piece: a write each would cost a send()
+
+
+def test_pieces_join_their_small_neighbours_and_keep_large_ones() -> None:
+    big = b"x" * JOINED_BELOW
+    made = Pieces((b"{", b"a", big, b"b", b"c", big, b"}"))
+    assert made.joined() == b"{a" + big + b"bc" + big + b"}" and made.size == len(made.joined())
+    assert made._value == (b"{a", big, b"bc", big, b"}")
 
 
 json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3)),

@@ -16,7 +16,7 @@ import orjson
 from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..upstream.errors import BAD_REPLY
-from ..upstream.pieces import Pieces
+from ..upstream.pieces import JOINED_BELOW, Pieces
 from .gemini_model import ORIGIN, ReadContents, conversation_of
 
 FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "function_call": "STOP",
@@ -59,7 +59,8 @@ def chat_messages(neutral: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @dataclass(frozen=True)
 class ChatJson:
     """The JSON of a conversation's first `count` messages as chat messages, a piece per turn
-    that added some (each comma-separated within, and each but the first led by its comma),
+    that added some, small ones grown into one (each comma-separated within, and each but the
+    first led by its comma),
     kept with the session's history (`ReadContents.chat`): a steady turn serialises only its
     new messages, and the body is sent as these pieces, never joined (`Pieces`)."""
     pieces: tuple[bytes, ...]
@@ -71,7 +72,12 @@ def chat_json(fields: dict[str, Any], read: ReadContents) -> Pieces:
     done = read.chat if isinstance(read.chat, ChatJson) else ChatJson((), 0)
     if done.count < len(read.messages):
         new = orjson.dumps(chat_messages(read.messages[done.count:]))[1:-1]
-        done = read.chat = ChatJson((*done.pieces, b"," + new if done.pieces else new), len(read.messages))
+        pieces = done.pieces
+        if pieces and len(pieces[-1]) < JOINED_BELOW:  # small turns grow one piece: little to join each turn
+            pieces = (*pieces[:-1], pieces[-1] + b"," + new)
+        else:
+            pieces = (*pieces, b"," + new if pieces else new)
+        done = read.chat = ChatJson(pieces, len(read.messages))
     # The settings first, small: aiohttp joins the first piece with the request's headers.
     return Pieces((orjson.dumps(fields)[:-1] + b',"messages":[', *done.pieces, b"]}"))
 

@@ -4,6 +4,9 @@ A chat route's body for a Gemini conversation is its settings, then the JSON of 
 new messages (kept with the session's history, `gemini_chat.ChatJson`): joining them copied the
 whole conversation (~400 KB at 100K tokens) every turn. aiohttp writes a `Payload` piece by
 piece and declares its `size` as the Content-Length, so the upstream reads the same bytes.
+Small pieces side by side are joined first: a write of its own costs a send() when nothing is
+queued on the socket (a 1K-token turn's ten pieces made seven more sends than its joined body,
+~135 us), more than copying it costs.
 """
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ from typing import Sequence
 
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.payload import Payload
+
+JOINED_BELOW = 1 << 16
+"""Pieces under this many bytes are joined with their small neighbours; larger ones are written as they are."""
 
 
 class Pieces(Payload):
@@ -20,7 +26,7 @@ class Pieces(Payload):
     _autoclose = True  # bytes in memory: nothing to close, and a retry may send it again
 
     def __init__(self, pieces: Sequence[bytes]) -> None:
-        super().__init__(tuple(pieces), content_type="application/json")
+        super().__init__(_coalesced(pieces), content_type="application/json")
         self._size = sum(map(len, self._value))
 
     def joined(self) -> bytes:
@@ -36,3 +42,20 @@ class Pieces(Payload):
         # Payload.write_with_length comes here too: the writer clips what passes a declared length.
         for piece in self._value:
             await writer.write(piece)
+
+
+def _coalesced(pieces: Sequence[bytes]) -> tuple[bytes, ...]:
+    """`pieces` with each run of small ones joined."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    for piece in pieces:
+        if len(piece) < JOINED_BELOW:
+            run.append(piece)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(piece)
+    if run:
+        out.append(b"".join(run))
+    return tuple(out)

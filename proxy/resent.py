@@ -32,6 +32,25 @@ parse as they did. Its fields after the history are the kept ones, the same obje
 that checked or converted them last turn knows them by identity (`is`). Its cut is where
 those bytes start, when the item before them ends the way a kept prefix must (`}`).
 
+A client that moves a cache breakpoint to its newest message every turn (Claude Code) sends
+the last turn's newest message again without it: the next body does not start with the kept
+bytes, but with them up to the end of the history's second-to-last item. That second cut is
+kept too (with the items before it), and a body starting there has the rest parsed the same
+way. It is found once per body, after the first: from the end of the last item, a lexer
+walking backwards (a quote is a string's delimiter unless an odd run of backslashes precedes
+it, exact for JSON read from a point outside strings) finds the last item's opening brace and
+the comma before it, in windows that grow from the end, so the work is bounded by the last
+item's size. The lexer only proposes: the comma is taken when the bytes from it to the first
+cut parse, as `[[0` + bytes + `]]`, to one list holding 0 and the last item alone. A comma
+inside a string cannot pass (from it to the cut the string's quotes are read inverted, and the
+cut is outside any string, so the synthetic ends inside one, or meets a backslash outside
+one); one inside the last item cannot either (those bytes close more lists or objects than
+they open); one before an earlier item gives two items. So only the comma between the last two
+items passes, and the second cut is where the item before it ends (`}`).
+
+The body's bytes are kept as the object the door read (no copy): the cuts are offsets into
+it, compared through memoryviews; what is counted against the limit is its length.
+
 The kept items and fields are shared with the history cache and the engine, which never change
 a parsed message or field in place (they build new ones), as the history cache already relies on.
 """
@@ -70,19 +89,35 @@ class Resent:
     parsed_bytes: int
     cut: int | None = None
     """Where its history's last item ends, when what follows is the kept bytes (its fields the kept ones)."""
+    start: int = 0
+    """Where the bytes parsed anew start: the end of a kept item."""
 
 
 @dataclass(frozen=True)
 class _Kept:
-    prefix: bytes
-    """The body's bytes up to the end of its history list's last item."""
+    raw: bytes
+    """The body's bytes, the door's own object."""
+    cut: int
+    """Where its history list's last item ends: the bytes after it are the list's end and the
+    fields after it."""
+    second: int | None
+    """Where the item before that ends (the second cut), when the history has one."""
     head: dict[str, Any]
     """The fields before the history list, as parsed."""
     items: list[Any]
-    after: bytes
-    """The body's bytes from there on: the history list's end and the fields after it."""
     tail: dict[str, Any]
-    """Those fields, as parsed."""
+    """The fields after the history list, as parsed."""
+
+    def shortest(self) -> memoryview:
+        return memoryview(self.raw)[:self.cut if self.second is None else self.second]
+
+    def start(self, raw: bytes) -> tuple[int, list[Any]] | None:
+        """Where `raw` leaves this body's bytes, at a cut, with the items before it; None: before both."""
+        if not raw.startswith(self.shortest()):
+            return None
+        if self.second is None or raw.startswith(memoryview(self.raw)[self.second:self.cut], self.second):
+            return self.cut, self.items
+        return self.second, self.items[:-1]
 
 
 class ResentBodies:
@@ -93,6 +128,8 @@ class ResentBodies:
         self._max_bytes = max_bytes
         self._max_entries = max_entries
         self.hits = 0
+        self.second_hits = 0
+        """Of the hits, the bodies read from a second cut."""
         self._lock = threading.Lock()
 
     def parse(self, key: tuple[str, ...], raw: bytes, history: str) -> Resent | None:
@@ -101,15 +138,17 @@ class ResentBodies:
         kept = self._kept.get(key)
         if kept is None or len(raw) < MIN_BYTES:
             return None
-        found = next((k for k in kept if raw.startswith(k.prefix)), None)
-        if found is None:
+        found, at = next(((k, at) for k in kept if (at := k.start(raw)) is not None), (None, None))
+        if found is None or at is None:
             return None
-        start, end = len(found.prefix), len(raw) - len(found.after)
-        if end >= start and raw.endswith(found.after):
+        start, items = at
+        after = memoryview(found.raw)[found.cut:]
+        end = len(raw) - len(after)
+        if end >= start and raw.endswith(after):
             between = _items_between(raw, start, end)
             if between is not None:  # only new items before the kept bytes: the kept fields after them
-                self.hits += 1
-                return Resent({**found.head, history: found.items + between, **found.tail}, end - start, end)
+                self._hit(start != found.cut)
+                return Resent({**found.head, history: items + between, **found.tail}, end - start, end, start)
         if raw.find(b'"' + history.encode() + b'"', start) >= 0:
             return None  # the history's key again: the whole body decides which one counts
         try:
@@ -118,14 +157,18 @@ class ResentBodies:
             return None
         if not isinstance(parsed, dict):
             return None
-        items = parsed.pop(history, None)
-        if not isinstance(items, list) or not items or items[0] != _MARK:
+        new = parsed.pop(history, None)
+        if not isinstance(new, list) or not new or new[0] != _MARK:
             return None
         if not parsed.keys().isdisjoint(found.head):
             return None  # a field before the history repeated after it: the whole body decides
+        self._hit(start != found.cut)
+        body = {**found.head, history: items + new[1:], **parsed}
+        return Resent(body, len(raw) - start, start=start)
+
+    def _hit(self, second: bool) -> None:
         self.hits += 1
-        body = {**found.head, history: found.items + items[1:], **parsed}
-        return Resent(body, len(raw) - start)
+        self.second_hits += second
 
     def keep(self, key: tuple[str, ...], raw: bytes, body: dict[str, Any], history: str,
              known: Resent | None = None) -> None:
@@ -138,17 +181,18 @@ class ResentBodies:
         at = keys.index(history)
         head, after = {k: body[k] for k in keys[:at]}, {k: body[k] for k in keys[at + 1:]}
         cut: int | None
+        lowest = known.start if known is not None else 0
         if known is not None and known.cut is not None and known.body is body and raw[known.cut - 1] == ord("}"):
             cut = known.cut  # the kept bytes follow its items: their cut holds
         else:
-            lowest = len(raw) - known.parsed_bytes if known is not None else 0
             if not all(_once(raw, k, lowest) for k in after):
                 return  # a field after the history named twice (or spelt otherwise): see `_cut`
             cut = _cut(raw, history, after, lowest)
         if cut is None:
             return
+        second = _second_cut(raw, cut, items[-1], lowest) if len(items) > 1 else None
         # The items copied: callers may build on theirs.
-        self._add(key, _Kept(raw[:cut], head, list(items), raw[cut:], after))
+        self._add(key, _Kept(raw, cut, second, head, list(items), after))
 
     def _add(self, key: tuple[str, ...], kept: _Kept) -> None:
         with self._lock:  # a large request's door keeps its body from a thread (`HeavyWork`)
@@ -157,12 +201,12 @@ class ResentBodies:
     def _added(self, key: tuple[str, ...], kept: _Kept) -> None:
         entries = [kept]
         for old in self._kept.pop(key, []):
-            if len(entries) < PER_KEY and not kept.prefix.startswith(old.prefix):
+            if len(entries) < PER_KEY and not kept.raw.startswith(old.shortest()):
                 entries.append(old)
             else:  # the same conversation's earlier body, or one too many
                 self._drop(old)
         self._kept[key] = entries
-        self._bytes += len(kept.prefix) + len(kept.after)
+        self._bytes += len(kept.raw)
         self._entries += 1
         while self._kept and (self._bytes > self._max_bytes or self._entries > self._max_entries):
             _, oldest = self._kept.popitem(last=False)
@@ -170,7 +214,7 @@ class ResentBodies:
                 self._drop(k)
 
     def _drop(self, kept: _Kept) -> None:
-        self._bytes -= len(kept.prefix) + len(kept.after)
+        self._bytes -= len(kept.raw)
         self._entries -= 1
 
     def __len__(self) -> int:
@@ -188,6 +232,34 @@ def _once(raw: bytes, key: str, start: int) -> bool:
 def _key_token(token: bytes) -> re.Pattern[bytes]:
     """`"key":` as a key is written (a string value is never followed by a colon)."""
     return re.compile(re.escape(token) + rb"[ \t\r\n]*:")
+
+
+_BACKWARDS = re.compile(rb'"[^"]*(?:"(?=(?:\\\\)*\\(?!\\))[^"]*)*"|([\]}])|([\[{])|(,)')
+"""JSON's tokens read from the end, reversed: a string (its quotes preceded by an odd run of
+backslashes are in it), a closing and an opening bracket, a comma."""
+_WINDOW = 4096
+
+
+def _second_cut(raw: bytes, cut: int, last: Any, lowest: int) -> int | None:
+    """Where the history's second-to-last item ends in `raw`, `cut` being where its last item
+    (`last`) ends, not below `lowest`; None when no comma passes (see the module's docstring)."""
+    window = _WINDOW
+    while True:
+        low = max(lowest, cut - window)
+        depth = 0
+        for token in _BACKWARDS.finditer(raw[low:cut][::-1]):
+            kind = token.lastindex
+            depth += 1 if kind == 1 else -1 if kind == 2 else 0
+            if depth < 0:
+                break  # the history's own `[` (or a string cut by the window)
+            if kind == 3 and depth == 0:
+                at = cut - 1 - token.start()
+                if _items_between(raw, at, cut) == [last]:
+                    return _ends_item(raw, at)
+                break  # a comma in a string cut by the window
+        if low == lowest:
+            return None
+        window *= 4
 
 
 def _synthetic(history: str, tail: bytes | memoryview) -> bytes:
@@ -217,7 +289,11 @@ def _cut(raw: bytes, history: str, after: dict[str, Any], lowest: int) -> int | 
         except orjson.JSONDecodeError:
             continue
         if isinstance(parsed, dict) and parsed.pop(history, None) == [_MARK] and parsed == after:
-            end = at
-            while end > 0 and raw[end - 1] in _WHITESPACE:
-                end -= 1
-            return end if end > 0 and raw[end - 1] == ord("}") else None
+            return _ends_item(raw, at)
+
+
+def _ends_item(raw: bytes, at: int) -> int | None:
+    """Where the item before `at` (and whitespace) ends, when it is an object: a kept prefix ends there."""
+    while at > 0 and raw[at - 1] in _WHITESPACE:
+        at -= 1
+    return at if at > 0 and raw[at - 1] == ord("}") else None

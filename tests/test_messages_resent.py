@@ -82,7 +82,7 @@ def _unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_a_steady_turn_forwards_and_counts_what_a_new_session_does(up: ScriptedUpstream, tmp_path: Path) -> None:
     """Turns that resend the last body's bytes (tail parsed) and turns whose newest message lost
-    its breakpoint (parsed whole, read from the first changed message on) alike."""
+    its breakpoint (tail parsed from the second cut, read from the first changed message on) alike."""
     async def run(gw: Gateway, base: str) -> None:
         client = anthropic.AsyncAnthropic(base_url=base, api_key=KEYS["acme"], max_retries=0)
         session = f"msg-resent-{uuid.uuid4().hex[:8]}"
@@ -93,7 +93,7 @@ def test_a_steady_turn_forwards_and_counts_what_a_new_session_does(up: ScriptedU
                 # Every other turn marks its newest message, as Claude Code does every turn: the
                 # next turn sends that message again without its breakpoint.
                 history = [*_unmarked(history), *_turn(i, i % 2 == 1)]
-                hits = gw.resent.hits
+                hits, second = gw.resent.hits, gw.resent.second_hits
 
                 async def post(name: str) -> tuple[Any, Any]:
                     reply = await client.messages.with_raw_response.create(
@@ -109,14 +109,57 @@ def test_a_steady_turn_forwards_and_counts_what_a_new_session_does(up: ScriptedU
                 assert isinstance(read, ReadMessages) and read.neutral is not None
                 if i > 0:
                     # Resent bytes: the tail alone was parsed. A breakpoint taken off the last
-                    # turn's newest message: parsed whole (its bytes changed), but the messages
-                    # before it are still read once: their neutral copies are last turn's own.
-                    assert gw.resent.hits == hits + (0 if i % 2 == 0 else 1)
+                    # turn's newest message: its bytes changed, so the tail from the second cut
+                    # (the end of the message before it) was parsed, and the messages before it
+                    # are still read once: their neutral copies are last turn's own.
+                    assert gw.resent.hits == hits + 1
+                    assert gw.resent.second_hits == second + (1 if i % 2 == 0 else 0)
                     assert last is not None and last.neutral is not None
                     same = len(last.neutral) - (1 if i % 2 == 0 else 0)
                     assert all(a is b for a, b in zip(read.neutral[:same], last.neutral[:same]))
                     assert read.neutral[same:] == _unmarked(history[same - 1:])
                 last = read
+        finally:
+            await client.close()
+
+    _serving(up, tmp_path, run)
+
+
+def test_claude_codes_moving_breakpoint_reads_from_the_second_cut(up: ScriptedUpstream, tmp_path: Path) -> None:
+    """Claude Code's shape: every turn marks its newest message, so the last turn's newest
+    message comes back with other bytes. Each steady turn after the second is read from the second cut (the end
+    of the message before it) and forwards and counts what a whole body's parse does, its tools
+    and system the same too."""
+    tools = [{"name": "bash", "description": "Runs a command: `a, b` [x] {y} \"z\"",
+              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}]
+
+    async def run(gw: Gateway, base: str) -> None:
+        client = anthropic.AsyncAnthropic(base_url=base, api_key=KEYS["acme"], max_retries=0)
+        session = f"msg-cc-{uuid.uuid4().hex[:8]}"
+        history: list[dict[str, Any]] = [{"role": "user", "content": [
+            {"type": "text", "text": "Find the failing line: },{ ], [ \\\" ,", "cache_control": MARK}]}]
+        try:
+            for i in range(5):
+                if i:
+                    history = [*_unmarked(history), *_turn(i, True)]
+                hits, second = gw.resent.hits, gw.resent.second_hits
+
+                async def post(name: str) -> tuple[Any, Any]:
+                    reply = await client.messages.with_raw_response.create(
+                        model=MODEL, max_tokens=64, system=[{"type": "text", "text": PAD, "cache_control": MARK}],
+                        messages=history, tools=tools, extra_headers={"X-Ctx-Session": name})  # type: ignore[arg-type]
+                    return reply, _forwarded(up)[-1]
+
+                steady, sent = await post(session)
+                fresh, fresh_sent = await post(f"fresh-{uuid.uuid4().hex[:8]}")
+                answers = [{k: v for k, v in orjson.loads(r.http_response.content).items() if k != "id"}
+                           for r in (steady, fresh)]
+                assert steady.status_code == 200 and answers[0] == answers[1]
+                assert steady.headers["x-ctx-tokens-in"] == fresh.headers["x-ctx-tokens-in"]
+                assert sent.raw == fresh_sent.raw and sent.body["messages"] == history
+                assert sent.body["tools"][0]["description"] == tools[0]["description"]
+                # The first turn's one message has no message before it: the second turn parses whole.
+                assert (gw.resent.hits, gw.resent.second_hits) == ((hits, second) if i < 2 else (hits + 1, second + 1))
         finally:
             await client.close()
 

@@ -86,10 +86,14 @@ def _kept(body: dict[str, Any]) -> tuple[ResentBodies, bytes]:
 
 
 def test_a_changed_history_or_another_key_is_parsed_whole() -> None:
-    messages = [{"role": "system", "content": PAD}, {"role": "user", "content": "hi"}]
+    """A changed last message is read from the second cut; a change before it, or another key, parses whole."""
+    messages = [{"role": "system", "content": PAD}, {"role": "user", "content": "hi"}, {"role": "user", "content": "x"}]
     resent, _ = _kept({"model": "m", "messages": messages})
-    changed = orjson.dumps({"model": "m", "messages": [messages[0], {"role": "user", "content": "ho"}]})
-    assert resent.parse(KEY, changed, "messages") is None
+    changed = orjson.dumps({"model": "m", "messages": [*messages[:2], {"role": "user", "content": "y"}]})
+    found = resent.parse(KEY, changed, "messages")
+    assert found is not None and found.body == orjson.loads(changed) and resent.second_hits == 1
+    earlier = orjson.dumps({"model": "m", "messages": [messages[0], {"role": "user", "content": "ho"}, messages[2]]})
+    assert resent.parse(KEY, earlier, "messages") is None
     assert resent.parse(("acme", "chat", "s2"), orjson.dumps({"model": "m", "messages": messages}), "messages") is None
 
 
@@ -134,7 +138,7 @@ def test_whatever_stands_between_the_kept_bytes_is_read_as_the_whole_body_reads_
     the kept ones is the whole body's parse, and one that is not JSON is never taken."""
     resent, raw = _kept({"model": "m", "messages": [{"role": "system", "content": PAD}], **tail})
     kept = resent._kept[KEY][0]
-    raw2 = kept.prefix + "".join(tokens).encode() + kept.after
+    raw2 = kept.raw[:kept.cut] + "".join(tokens).encode() + kept.raw[kept.cut:]
     found = resent.parse(KEY, raw2, "messages")
     if found is not None:
         assert found.body == orjson.loads(raw2)

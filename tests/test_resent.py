@@ -79,6 +79,52 @@ def test_a_resent_body_parses_as_the_whole_body(old: list[dict[str, Any]], new: 
         assert third.cut is not None and all(third.body[k] is parsed1[k] for k in tail1)
 
 
+heavy = st.lists(st.sampled_from(['},{', '"},{"', ', ', '],[', '\\', '\\"', '{"a":[', ']}', ',', '"', 'x']),
+                 max_size=10).map("".join)
+"""Strings made of JSON's brackets, commas, quotes and backslashes: what a lexer could take for structure."""
+marked = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.lists(
+    st.fixed_dictionaries({"type": st.just("text"), "text": st.one_of(text, heavy)},
+                          optional={"cache_control": st.just({"type": "ephemeral"}), "z": nested}),
+    min_size=1, max_size=4)}, optional={"name": heavy})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(message, marked), min_size=1, max_size=5), marked, marked,
+       st.lists(st.one_of(message, marked), max_size=3), trailing, trailing, st.booleans(), st.integers(0, 3),
+       st.booleans())
+def test_a_body_whose_last_item_changed_parses_from_the_second_cut_as_the_whole_body(
+        old: list[dict[str, Any]], last: dict[str, Any], changed: dict[str, Any], new: list[dict[str, Any]],
+        tail1: dict[str, Any], tail2: dict[str, Any], model_first: bool, style: int, same_tail: bool) -> None:
+    """The last turn's newest message sent again with other bytes (a breakpoint moved off it, or
+    anything else): the body is read from the end of the message before it, and parses exactly
+    as the whole body does, whatever the spacing, key order, fields after the history and
+    strings full of brackets and commas; the next turn goes on the same way."""
+    head = {"model": "gpt-4o"} if model_first else {}
+    first = [{"role": "system", "content": PAD}, *old]
+    if not model_first:
+        tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
+    if same_tail:
+        tail2 = tail1
+    encode = (lambda b: json.dumps(b, separators=(" ,\n", " :\t")).encode()) if style == 3 else \
+        (lambda b: _encode(b, style))
+    resent = ResentBodies()
+    raw1 = encode(_body(head, [*first, last], tail1))
+    parsed1 = orjson.loads(raw1)
+    resent.keep(KEY, raw1, parsed1, "messages")
+    raw2 = encode(_body(head, [*first, changed, *new], tail2))
+    found = resent.parse(KEY, raw2, "messages")
+    assert found is not None and found.body == orjson.loads(raw2)
+    assert resent.second_hits == (0 if raw2.startswith(raw1[:resent._kept[KEY][0].cut]) else 1)
+    assert all(m is k for m, k in zip(found.body["messages"][:len(first)], parsed1["messages"]))
+    resent.keep(KEY, raw2, found.body, "messages", found)
+    raw3 = encode(_body(head, [*first, changed, *new[:-1], last, {"role": "user", "content": "more"}], tail1))
+    third = resent.parse(KEY, raw3, "messages")
+    if new or changed == last:  # the message before the changed one is kept: the third is read from a cut
+        assert third is not None
+    if third is not None:
+        assert third.body == orjson.loads(raw3)
+
+
 def _kept(body: dict[str, Any]) -> tuple[ResentBodies, bytes]:
     resent, raw = ResentBodies(), orjson.dumps(body)
     resent.keep(KEY, raw, orjson.loads(raw), "messages")

@@ -16,6 +16,9 @@ the body each API takes, and its reply read back as text.
 - gemini-native: the same body to a `gemini/` route (`gemini-2.5-flash` on the bench upstream's
   own generateContent), which ctxgate forwards natively, the client's bytes as they came below
   the trigger;
+- messages-cc: the messages body as Claude Code sends it: `system` as a text block and the
+  newest message's last block each with a `cache_control` breakpoint, so every turn resends the
+  last turn's newest message without its breakpoint (other bytes than last time);
 - `<door>-stream`: the same with `stream: true` (Gemini's: `:streamGenerateContent?alt=sse`); a
   stream not ending on its API's terminator (`[DONE]`, `message_stop`, `response.completed`, a
   Gemini chunk with a `finishReason`) fails the reply check.
@@ -104,6 +107,18 @@ def to_anthropic(messages: list[Message], model: str = CLAUDE_MODEL) -> dict[str
     if tools:
         body["tools"] = [{"name": name, "description": f"the {name} tool",
                           "input_schema": {"type": "object", "additionalProperties": True}} for name in tools]
+    return body
+
+
+def to_claude_code(messages: list[Message]) -> dict[str, Any]:
+    """`to_anthropic` with Claude Code's breakpoints: on the system prompt and on the newest
+    message's last block (moved there every turn)."""
+    body = to_anthropic(messages)
+    mark = {"type": "ephemeral"}
+    if "system" in body:
+        body["system"] = [{"type": "text", "text": body["system"], "cache_control": mark}]
+    last = body["messages"][-1]
+    last["content"] = [*last["content"][:-1], {**last["content"][-1], "cache_control": mark}]
     return body
 
 
@@ -299,6 +314,7 @@ MESSAGES = Door("messages", "/v1/messages", CLAUDE_MODEL, to_anthropic, _anthrop
 MESSAGES_STREAM = Door("messages-stream", "/v1/messages", CLAUDE_MODEL,
                        lambda msgs: {**to_anthropic(msgs), "stream": True}, _stream_reply("message_stop"),
                        anthropic=True)
+MESSAGES_CC = Door("messages-cc", "/v1/messages", CLAUDE_MODEL, to_claude_code, _anthropic_reply, anthropic=True)
 RESPONSES = Door("responses", "/v1/responses", CHAT_MODEL, to_responses, _responses_reply)
 RESPONSES_STREAM = Door("responses-stream", "/v1/responses", CHAT_MODEL,
                         lambda msgs: {**to_responses(msgs), "stream": True},
@@ -311,8 +327,8 @@ GEMINI_NATIVE = Door("gemini-native", f"/v1beta/models/{GEMINI_MODEL}:generateCo
                      _gemini_reply, google=True)
 GEMINI_NATIVE_STREAM = Door("gemini-native-stream", f"/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse",
                             GEMINI_MODEL, to_gemini, _gemini_stream_reply, google=True)
-DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, RESPONSES, RESPONSES_STREAM, GEMINI,
-                              GEMINI_STREAM, GEMINI_NATIVE, GEMINI_NATIVE_STREAM)}
+DOORS = {d.name: d for d in (CHAT, CHAT_STREAM, MESSAGES, MESSAGES_STREAM, MESSAGES_CC, RESPONSES, RESPONSES_STREAM,
+                              GEMINI, GEMINI_STREAM, GEMINI_NATIVE, GEMINI_NATIVE_STREAM)}
 """`<door>-stream` is that door with `stream: true` (the bench upstream streams each API's SSE events);
 its reply parser also checks the stream ended on the API's terminator."""
 

@@ -201,12 +201,30 @@ def test_a_body_repeating_a_field_after_the_history_is_not_kept() -> None:
     assert resent.parse(KEY, grown, "messages") is None
 
 
+def test_a_body_is_kept_as_the_doors_own_bytes_and_replaces_its_conversations_last() -> None:
+    """No copy of the body is kept, and the next body of the same conversation (a moved
+    breakpoint: only its second cut matches) replaces the last one's entry."""
+    resent = ResentBodies()
+    messages = [{"role": "system", "content": PAD}, {"role": "user", "content": "a", "mark": 1}]
+    raw = orjson.dumps({"messages": messages})
+    resent.keep(KEY, raw, orjson.loads(raw), "messages")
+    assert resent._kept[KEY][0].raw is raw and resent._bytes == len(raw)
+    moved = orjson.dumps({"messages": [messages[0], {"role": "user", "content": "a"},
+                                       {"role": "user", "content": "b", "mark": 1}]})
+    found = resent.parse(KEY, moved, "messages")
+    assert found is not None and resent.second_hits == 1
+    resent.keep(KEY, moved, found.body, "messages", found)
+    assert len(resent) == 1 and resent._kept[KEY][0].raw is moved and resent._bytes == len(moved)
+
+
 def test_kept_bodies_are_bounded() -> None:
     resent = ResentBodies(max_bytes=5 * MIN_BYTES, max_entries=100)
     for i in range(20):
         raw = orjson.dumps({"messages": [{"role": "user", "content": f"{i}" + PAD}]})
         resent.keep(("acme", "chat", f"s{i}"), raw, orjson.loads(raw), "messages")
     assert 0 < len(resent) <= 5
+    kept = [k for ks in resent._kept.values() for k in ks]
+    assert resent._bytes == sum(len(k.raw) for k in kept) <= 5 * MIN_BYTES  # what is held is what is counted
     small = orjson.dumps({"messages": [{"role": "user", "content": "hi"}]})
     resent.keep(("acme", "chat", "small"), small, orjson.loads(small), "messages")
     assert resent.parse(("acme", "chat", "small"), small[:-2] + b',{"role":"user","content":"x"}]}',

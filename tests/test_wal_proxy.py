@@ -71,6 +71,20 @@ def test_a_turn_logs_its_input_the_reply_and_its_tool_calls(walgw: Gateway, up: 
     assert events[2]["prompt_tokens"] == up.chats()[0].prompt_tokens
 
 
+def test_a_periodic_checkpoint_follows_the_reply_that_made_it_due(walgw: Gateway, up: ScriptedUpstream) -> None:
+    """101 user messages in one request pass `checkpoint_every` (100): their lines are written
+    before it is forwarded, the periodic CHECKPOINT after its RESPONSE (no reply waits for its
+    fsync), and it holds the answered turn."""
+    session = _session()
+    messages = [m for i in range(101) for m in ({"role": "user", "content": f"step {i}"},
+                                                 {"role": "assistant", "content": "ok"})][:-1]
+    client(walgw).chat.completions.create(model="gpt-4o", messages=messages, extra_headers={"X-Ctx-Session": session})
+    events = wait_until(lambda: (found := _events(walgw, session)) and found[-1]["type"] == "CHECKPOINT" and found,
+                        what="the periodic checkpoint")
+    assert [e["type"] for e in events] == ["USER_INPUT"] * 101 + ["RESPONSE", "CHECKPOINT"]
+    assert events[-1]["reason"] == "periodic" and events[-1]["state"]["answered_turns"] == 1
+
+
 def test_the_minimal_profile_keeps_no_log(walgw: Gateway) -> None:
     session = _session()
     client(walgw).chat.completions.create(model="gpt-4o", messages=MESSAGES, extra_headers={

@@ -13,7 +13,7 @@ import redis
 import yaml
 
 from clients import MESSAGES, assert_error_shape, post
-from servers import Gateway, RedisServer, model_list, run_ctxgate, start_gateways, stop_all
+from servers import Gateway, RedisServer, model_list, run_ctxgate, start_gateways, stop_all, wait_until
 from upstream import ScriptedUpstream
 
 BODY = {"model": "gpt-4o", "messages": MESSAGES}
@@ -100,9 +100,11 @@ def test_the_cli_reads_replays_rolls_back_and_archives_the_redis_log(gateways: d
     code, out = _cli(tmp_path, config, "wal", "verify", session)
     assert code == 0 and "0 damaged lines" in out
 
-    status, listed = gw.get(f"/v1/ctx/sessions/{session}/checkpoints")
-    seqs = [c["seq"] for c in listed["data"]]
-    assert status == 200 and seqs  # wal.checkpoint_every: 3
+    def checkpoints() -> list[int]:  # wal.checkpoint_every: 3, written after the reply
+        status, listed = gw.get(f"/v1/ctx/sessions/{session}/checkpoints")
+        assert status == 200
+        return [c["seq"] for c in listed["data"]]
+    seqs = wait_until(checkpoints, what="a periodic checkpoint")
     code, out = _cli(tmp_path, config, "wal", "rollback", session, "--to", str(seqs[0]))
     assert code == 0 and f"rolled back to checkpoint {seqs[0]}" in out
     assert _stream(redis_server.url, session)[-1]["rolled_back_to"] == seqs[0]

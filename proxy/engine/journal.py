@@ -1,11 +1,12 @@
 """The session WAL as the proxy writes and reads it (docs/wal.md).
 
 Before forwarding: USER_INPUT and TOOL_RESULT for the client's messages the log has not
-seen yet, a COMPRESSION per compaction step, then a CHECKPOINT (fsynced) holding a full
-snapshot of the session state, after every compaction and every `checkpoint_every`
-events. After the reply: RESPONSE (the upstream call completed) and a TOOL_CALL per tool
-call in it. Recovery is the latest intact checkpoint's snapshot plus the events after it,
-so a restarted gateway forwards exactly what it would have forwarded without the crash.
+seen yet (`wal_events.py`), a COMPRESSION per compaction step, then, after a compaction, a
+CHECKPOINT (fsynced) holding a full snapshot of the session state. After the reply: RESPONSE
+(the upstream call completed) and a TOOL_CALL per tool call in it; once `checkpoint_every`
+events are logged since the last CHECKPOINT, a periodic one, after the reply is on its way.
+Recovery is the latest intact checkpoint's snapshot plus the events after it, so a restarted
+gateway forwards exactly what it would have forwarded without the crash.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Callable
 
 import orjson
 
-from ctxgate.wal.backend import Fence, WalFenced
+from ctxgate.wal.backend import Appended, Fence, WalFenced
 from ctxgate.wal.open_log import open_log
 from ctxgate.wal.config import WalConfig
 from ctxgate.wal.events import EventType, content_hash
@@ -26,12 +27,12 @@ from ctxgate.wal.mirror import DB_NAME, SqliteMirror
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import Recovery, find_checkpoint, recover
 from ctxgate.wal.records import REF, record_key, resolved
-from .failed_output import failed as output_failed, first_failure_line
-from .off_loop import index_inline, run_sync
+from .off_loop import heavy, index_inline
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import lease_lost
 from .state import SessionState
+from .wal_events import compression, first_unlogged, message_events
 
 log = logging.getLogger("ctxgate.wal")
 INLINE_EVENTS = 256
@@ -41,7 +42,6 @@ INLINE_MESSAGES = 16
 APPEND_FENCE: ContextVar[Fence | None] = ContextVar("append_fence", default=None)
 """The session lock of the transaction committing now (`Sessions._commit` sets it): every
 append the commit makes is fenced by it, wherever in the journal the append is made."""
-# What a failed tool run looks like in its output, for TOOL_RESULT's `success`.
 
 
 class RollbackError(ValueError):
@@ -108,29 +108,29 @@ class Journal:
         return self.writer.checks(fence)
 
     async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
-        """What this turn brought and what compaction did, before anything is forwarded."""
+        """What this turn brought and what compaction did, before anything is forwarded; a
+        CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`)."""
         steps, state.wal_pending = state.wal_pending, []
         if not self.enabled(state.profile):
             return
         before = (state.wal_logged, state.wal_logged_hash)
-        start = _first_unlogged(state, turn)
+        start = first_unlogged(state, turn)
         new = turn.messages[start:]
-        # A steady turn logs its one or two new messages: inline, as its index is extended (a
-        # thread hop costs a long session's turn more than the work; the size of the whole
-        # conversation does not decide it).
+        # A steady turn logs its one or two new messages on the loop, as its index is extended;
+        # a heavy turn's many are made into events and written in one thread hop (a hop costs
+        # a long session's turn more than the work; the size of the whole conversation does not decide it).
         inline = len(new) <= INLINE_MESSAGES and index_inline(len(new), sum(len(orjson.dumps(m, default=str))
                                                                            for m in new))
-        events = self._message_events(state, turn, start) if inline else \
-            await run_sync(turn, lambda: self._message_events(state, turn, start))
-        events += [_compression(step) for step in steps if step["level"] != "chain"]
+        rest = [compression(step) for step in steps if step["level"] != "chain"]
         logged_speculation = bool(state.speculation.get("logged"))
         if state.speculation and not logged_speculation:
             state.speculation["logged"] = True
-            events.append({"type": EventType.SPECULATION.value,
-                           **{k: v for k, v in state.speculation.items() if k != "logged"}})
-        reason = "compaction" if steps else "periodic"
+            rest.append({"type": EventType.SPECULATION.value,
+                         **{k: v for k, v in state.speculation.items() if k != "logged"}})
+        store = self.config.store_content
         try:
-            await self._write(state, events, reason, tokens_out, budget, force_checkpoint=bool(steps))
+            await self._write(state, lambda: message_events(state, turn, start, store) + rest, "compaction",
+                              tokens_out, budget, checkpoint=bool(steps), off_loop=not inline and heavy(turn))
         except GatewayError:  # nothing was written: the next write carries it all
             state.wal_logged, state.wal_logged_hash = before
             state.wal_pending = steps + state.wal_pending
@@ -162,47 +162,64 @@ class Journal:
             fn = call.get("function") or {}
             events.append({"type": EventType.TOOL_CALL.value, "tool": fn.get("name"), "call_id": call.get("id"),
                            "params_hash": content_hash(str(fn.get("arguments", "")))})
-        await self._write(state, events, "periodic", None, None, force_checkpoint=False)
+        await self._write(state, events, "periodic", None, None, checkpoint=False)
 
     async def log_dream(self, state: SessionState, event: dict[str, Any]) -> None:
-        """Auto-dream consolidated the session's short-term memory (the memory system's event)."""
+        """Auto-dream consolidated the session's short-term memory (the memory system's event):
+        written after the turn, so with the periodic checkpoint when it is due."""
         if self.enabled(state.profile):
+            due = state.wal_since_checkpoint + 1 >= self.config.checkpoint_every
             await self._write(state, [{"type": EventType.AUTO_DREAM.value, **event}], "periodic", None, None,
-                              force_checkpoint=False)
+                              checkpoint=due)
+
+    def due(self, state: SessionState) -> bool:
+        """`checkpoint_every` events are logged since the session's last CHECKPOINT: a periodic
+        one is owed. It only shortens replay (recovery is the last checkpoint plus the events
+        after it), so no reply waits for it: `Sessions.checkpoint_later` writes it after."""
+        return self.enabled(state.profile) and state.wal_since_checkpoint >= self.config.checkpoint_every
 
     async def checkpoint(self, state: SessionState, reason: str) -> None:
         if self.enabled(state.profile):
-            await self._write(state, [], reason, None, None, force_checkpoint=True)
+            await self._write(state, [], reason, None, None, checkpoint=True)
 
-    async def _write(self, state: SessionState, events: list[dict[str, Any]], reason: str,
-                     tokens_out: int | None, budget: int | None, force_checkpoint: bool) -> None:
-        since = state.wal_since_checkpoint + len(events)
-        checkpoint = force_checkpoint or since >= self.config.checkpoint_every
-        full: list[str] = []
-        if checkpoint:
-            # A copy of the whole state (its records, the collapse store): off the event loop,
-            # as the checkpoint's fsync is.
-            event, full = await asyncio.to_thread(self._checkpoint_event, state, reason, tokens_out, budget)
-            events = events + [event]
-        if not events:
-            return
+    async def _write(self, state: SessionState, events: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]],
+                     reason: str, tokens_out: int | None, budget: int | None, checkpoint: bool,
+                     off_loop: bool = False) -> None:
+        """Append `events` (or those `events()` makes), and a CHECKPOINT after them when
+        `checkpoint`. In one thread hop when there is a checkpoint (a copy of the whole state
+        and an fsync), a round trip (a remote log), many events to encode, or, `off_loop`,
+        events to make; on the event loop otherwise."""
+        if callable(events) and not off_loop:
+            events = events()
         fence = APPEND_FENCE.get()
+        made: list[dict[str, Any]] = []
+        full: list[str] = []
+
+        def append() -> Appended | None:
+            nonlocal made, full
+            made = events() if callable(events) else events
+            written = made
+            if checkpoint:
+                event, full = self._checkpoint_event(state, reason, tokens_out, budget)
+                written = made + [event]
+            if not written:
+                return None
+            return self.writer.append(state.tenant, state.session_id, written, state.wal_seq, checkpoint, fence)
+
+        hop = off_loop or checkpoint or self._remote or (isinstance(events, list) and len(events) > INLINE_EVENTS)
         try:
-            if checkpoint or self._remote or len(events) > INLINE_EVENTS:  # an fsync, a round trip, or
-                # many events to encode: off the event loop
-                appended = await asyncio.to_thread(self.writer.append, state.tenant, state.session_id, events,
-                                                   state.wal_seq, checkpoint, fence)
-            else:
-                appended = self.writer.append(state.tenant, state.session_id, events, state.wal_seq, fence=fence)
+            appended = await asyncio.to_thread(append) if hop else append()
         except WalFenced:
             raise lease_lost(*state.key) from None
         except OSError as e:
             log.error("WAL of session %s/%s not written: %s", state.tenant, state.session_id, e)
             raise GatewayError(ErrorKind.UNAVAILABLE,
                                f"the session log could not be written ({e.strerror or e}); nothing was forwarded",
-                           code="wal_unavailable") from None
+                               code="wal_unavailable") from None
+        if appended is None:
+            return
         state.wal_seq = appended.last_seq
-        state.wal_since_checkpoint = 0 if checkpoint else since
+        state.wal_since_checkpoint = 0 if checkpoint else state.wal_since_checkpoint + len(made)
         if checkpoint:
             state.wal_full_records = full
         if appended.archived is not None:
@@ -210,48 +227,6 @@ class Journal:
                      appended.events[-1]["seq"], appended.archived)
         if self.config.sqlite_for(state.profile):
             self.mirror.put(state.tenant, state.session_id, appended.events)
-
-    def _message_events(self, state: SessionState, turn: Turn, start: int) -> list[dict[str, Any]]:
-        """USER_INPUT / TOOL_RESULT for each client message from `start` (`_first_unlogged`) on."""
-        messages = turn.messages
-        hashes = turn.prefix_hashes
-        events = []
-        for i in range(start, len(messages)):
-            m = messages[i]
-            role = m.get("role")
-            base = {"turn": state.turns, "index": i, "prefix_hash": hashes[i]}
-            results = _tool_result_blocks(m) if role == "user" else []
-            if results:  # Anthropic's tool results travel in a user turn, one block per call
-                events += [self._tool_result(base, _text(b.get("content")), _tool_use_name(messages, i, b),
-                                             b.get("tool_use_id"), turn.counter.count_cached(_text(b.get("content"))),
-                                             bool(b.get("is_error"))) for b in results]
-            content = m.get("content")
-            if results and isinstance(content, list):
-                content = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
-            if role == "user" and (content or not results):  # the user's own words, also beside tool results
-                event = {"type": EventType.USER_INPUT.value, **base, "content_hash": content_hash(content or "")}
-                if state.users:  # whose words: what deleting a user's data finds the session by
-                    event["user"] = state.users[-1]
-                if self.config.store_content:
-                    event["content"] = content
-                events.append(event)
-            if role == "tool":
-                events.append(self._tool_result(base, _text(m.get("content")), _tool_name(messages, i),
-                                                m.get("tool_call_id"),
-                                                turn.counter.count_structured(m, turn.fingerprints[i]), False))
-        if messages:
-            state.wal_logged, state.wal_logged_hash = len(messages), hashes[-1]
-        return events
-
-    @staticmethod
-    def _tool_result(base: dict[str, Any], text: str, tool: str | None, call_id: Any, tokens: int,
-                     reported_error: bool) -> dict[str, Any]:
-        failed = reported_error or output_failed(text)
-        event = {"type": EventType.TOOL_RESULT.value, **base, "tool": tool, "call_id": call_id,
-                 "result_tokens": tokens, "success": not failed, "duration_ms": None}
-        if failed:
-            event["error"] = first_failure_line(text)
-        return event
 
     def _checkpoint_event(self, state: SessionState, reason: str, tokens_out: int | None,
                           budget: int | None) -> tuple[dict[str, Any], list[str]]:
@@ -358,54 +333,3 @@ def _resolved_state(checkpoint: dict[str, Any], known: dict[str, dict[str, Any]]
         log.warning("WAL %s/%s: checkpoint %s names %d compaction records no checkpoint holds; recovered "
                     "without them", tenant, session, checkpoint.get("seq"), len(missing))
     return state
-
-
-def _compression(step: dict[str, Any]) -> dict[str, Any]:
-    return {"type": EventType.COMPRESSION.value, "level": step["level"], "input_tokens": step.get("tokens_before"),
-            "output_tokens": step.get("tokens_after"), "duration_ms": step.get("duration_ms"),
-            "span": step.get("span"), "reason": step.get("reason")}
-
-
-def _tool_name(messages: list[dict[str, Any]], i: int) -> str | None:
-    call_id = messages[i].get("tool_call_id")
-    for j in range(i - 1, -1, -1):
-        m = messages[j]
-        if m.get("role") == "assistant":
-            for call in m.get("tool_calls") or []:
-                if isinstance(call, dict) and call.get("id") == call_id:
-                    return (call.get("function") or {}).get("name")
-            return messages[i].get("name")
-    return messages[i].get("name")
-
-
-def _tool_result_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    content = message.get("content")
-    if not isinstance(content, list):
-        return []
-    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-
-
-def _tool_use_name(messages: list[dict[str, Any]], i: int, result: dict[str, Any]) -> str | None:
-    """The tool a `tool_result` block answers, from the `tool_use` blocks of the turn before it."""
-    previous = messages[i - 1].get("content") if i > 0 else None
-    for block in previous if isinstance(previous, list) else []:
-        if isinstance(block, dict) and block.get("type") == "tool_use" and block.get("id") == result.get("tool_use_id"):
-            name = block.get("name")
-            return name if isinstance(name, str) else None
-    return None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return "" if content is None else orjson.dumps(content).decode()
-
-
-def _first_unlogged(state: SessionState, turn: Turn) -> int:
-    """The first of the turn's messages past what the log has seen."""
-    start = state.wal_logged
-    if start > len(turn.messages) or (start and turn.prefix_hashes[start - 1] != state.wal_logged_hash):
-        return 0  # the client rewrote its history: log it again from the start
-    return start

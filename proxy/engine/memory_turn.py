@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from ctxgate.memory.capture import project_id, text_of, workspace_root
 from ctxgate.memory.config import MemoryConfig
 from ctxgate.memory.file_store import FileMemoryStore
+from ctxgate.memory.manager import MemoryManager
 from ctxgate.memory.short_term import LocalShortTermStore, ShortTermStore
 from ctxgate.memory.store import LongTermStore
 from ctxgate.pipeline.notes import MEMORY, context_note, with_notice
@@ -20,6 +21,7 @@ from ctxgate.pipeline.tokens import TokenCounter
 from ..errors import ErrorKind, GatewayError
 from ..ids import derived_id, require_id
 from .state import SessionState
+from .turn_budget import Turn, budget_of
 
 log = logging.getLogger("ctxgate.memory")
 Embed = Callable[[list[str]], Awaitable[list[list[float]]]]
@@ -166,3 +168,16 @@ def open_memory_store(config: MemoryConfig, state_url: str, data_dir: Path, embe
             return QdrantMemoryStore(embed, url=config.qdrant_url)
         return QdrantMemoryStore(embed, path=config.qdrant_path or str(data_dir / "qdrant"))
     return FileMemoryStore(data_dir / "memory")
+
+
+async def session_block(memory: MemoryManager, blocks: BlockRefresher, state: SessionState, scope: MemoryScope,
+                        turn: Turn) -> str:
+    """The session's memory block for this turn; a memory store that fails leaves the last one in place."""
+    budget = int(budget_of(state, turn) * memory.config.budget_share)
+    try:
+        version = await memory.store.version(state.tenant)
+        return await blocks.block(state, version, scope, lambda: memory.context_block(
+            state.tenant, scope.user, scope.project, query_of(turn.messages), budget, turn.counter.count))
+    except Exception as e:
+        log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)
+        return state.memory_block

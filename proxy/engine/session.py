@@ -13,6 +13,8 @@ it before. The same holds when the WAL cannot take the change: it is not saved.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
@@ -22,6 +24,7 @@ from ..upstream.errors import UpstreamError
 from .journal import APPEND_FENCE, Journal
 from .state import SessionState, SessionStore
 
+log = logging.getLogger("ctxgate.wal")
 WriteLog = Callable[[SessionState], Awaitable[None]]
 
 
@@ -36,6 +39,8 @@ class Sessions:
     def __init__(self, store: SessionStore, journal: Journal) -> None:
         self.store = store
         self.journal = journal
+        self._later: set[asyncio.Task[None]] = set()
+        """Periodic checkpoints being written (`checkpoint_later`)."""
 
     @asynccontextmanager
     async def transaction(self, tenant: str, session_id: str) -> AsyncIterator[Transaction]:
@@ -73,6 +78,28 @@ class Sessions:
                 APPEND_FENCE.reset(fenced)
         await self.store.save(tx.state)
 
+    def checkpoint_later(self, tenant: str, session_id: str) -> None:
+        """The periodic CHECKPOINT a session owes (`Journal.due`), written once the turn that
+        made it due has handed its reply on (the next turn of the loop): the session's next
+        turn waits for it (the session lock), no reply does. A crash before it only leaves
+        recovery more events to read after the last checkpoint."""
+        asyncio.get_running_loop().call_soon(self._start_checkpoint, tenant, session_id)
+
+    def _start_checkpoint(self, tenant: str, session_id: str) -> None:
+        task = asyncio.ensure_future(self._checkpoint(tenant, session_id))
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def _checkpoint(self, tenant: str, session_id: str) -> None:
+        try:
+            async with self.store.lock(tenant, session_id):
+                state = await self.store.load(tenant, session_id)
+                if state is None or self.journal.stale(state) or not self.journal.due(state):
+                    return  # erased, changed from the CLI, or checkpointed by a turn since
+                await self._commit(Transaction(state, lambda s: self.journal.checkpoint(s, "periodic")))
+        except Exception as e:  # the turn is logged and answered: the next turn owes it again
+            log.warning("session %s/%s: periodic checkpoint not written: %s", tenant, session_id, e)
+
     async def read(self, tenant: str, session_id: str) -> SessionState | None:
         """The session as it is now, without changing it; None when it never existed."""
         async with self.store.lock(tenant, session_id):
@@ -100,4 +127,6 @@ class Sessions:
         return await self.store.ping()
 
     async def close(self) -> None:
+        if self._later:  # owed checkpoints are written before the state goes
+            await asyncio.gather(*self._later, return_exceptions=True)
         await self.store.close()

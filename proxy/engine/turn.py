@@ -28,31 +28,31 @@ from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.provenance import message_spans
 from ctxgate.pipeline.turns import kept_characters
 from ctxgate.redis_backend import UNAVAILABLE
-from ..errors import ErrorKind, GatewayError, context_exhausted
+from ..errors import GatewayError, context_exhausted
 from ..tenancy import Caller
 from ..upstream.errors import ContextTooLong, UpstreamError
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
-from .compaction import Compactor, fingerprints_of
 from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definition, tool_tokens,
                         without_exchanges)
 from .count_beside import INLINE_COUNT_BOUND, before_headers, beside_upstream, count_beside, may_compact
-from .turn_budget import (Plan, Turn, budget_of, calibration_of, count_offset_key, measured_calibration,
+from .turn_budget import (Plan, Turn, budget_of, count_offset_key, measured_calibration,
                           watermark)
 from .history import KnownPrefix
 from .off_loop import index_inline
 from .quiet import QUIET
 from .session import Transaction
 from .summary_reuse import reusing_summaries
-from .memory_turn import MemoryScope, block_tokens, forwarded, query_of
+from .memory_turn import MemoryScope, block_tokens, forwarded, session_block
 from .state import SessionState
-from .wire import ReplyFacts, Wire
+from .preview import preview
+from .provider_count import ProviderCounts
+from .wire import ReplyFacts, Wire, upstream_key
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
 
 log = logging.getLogger("ctxgate.turn")
-MAX_PROVIDER_COUNTS = 4096
 HOPELESS_MARGIN = 2
 """A request is refused from its lengths alone only when its floor is over this many times
 every limit it may go to: the exact check (in the compactor) handles anything closer, with
@@ -132,8 +132,7 @@ class PreparedTurn:
 class TurnEngine:
     def __init__(self, gw: "Gateway") -> None:
         self.gw = gw
-        self._counts: dict[str, int] = {}
-        """The provider's counts of whole conversations, by model, tools and prefix hash (oldest first)."""
+        self.provider_counts = ProviderCounts(gw)
 
     def refuse_hopeless(self, caller: Caller, route: Route, messages: list[dict[str, Any]]) -> None:
         """A request whose instructions and task alone are far over every model it may go to
@@ -212,9 +211,9 @@ class TurnEngine:
             state.profile = caller.profile
             if state.count_offset_key == offset_key:
                 turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
-            if scope is not None:
+            if memory is not None and scope is not None:
                 state.note_user(scope.user)
-                block = await self._memory_block(state, scope, turn)
+                block = await session_block(memory, gw.memory_blocks, state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
             if late and may_compact(state, turn, bound):  # counted before anything else
                 turn.index = await gw.counts.counted(index, messages, counter)
@@ -259,7 +258,8 @@ class TurnEngine:
                                                         budget_of(s, turn))
         tokens_in = turn.tokens_in()
         if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > watermark(turn, state):
-            await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
+            await self.provider_counts.calibrate(wire, route, turn, state, offset_key, headers,
+                                                 upstream_key(caller, route))
         reserved = offered if state.records else 0
         turn.reserved_tokens += reserved
         plan = await gw.compactor.prepare(state, turn)
@@ -295,41 +295,9 @@ class TurnEngine:
 
     async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str]) -> int:
-        """How many tokens the upstream would be sent for this conversation now: the stored
-        compactions applied, the levels that need no model call run if it is over the trigger,
-        the memory block in; the provider's own count of that where it offers one. Changes
-        nothing: the session is read, never saved."""
-        gw = self.gw
-        counter = gw.tokenizers.for_model(route.model_name, route.upstream_model)
-        fps = fingerprints_of(request.messages)
-        config = gw.pipeline_config(caller.profile, caller.tenant)
-        config = config.model_copy(update={"levels": [lv for lv in config.levels if lv != "autocompact"]})
-        turn = Turn(messages=request.messages, fingerprints=fps, tools=request.tools, counter=counter, config=config,
-                    max_input_tokens=caller.budget or route.max_input_tokens, summarize=_no_summary)
-        found = await gw.sessions.read(caller.tenant, session_id)
-        state = SessionState.from_dict(found.to_dict()) if found else SessionState(caller.tenant, session_id)
-        offset_key = count_offset_key(route.model_name, turn.tools)
-        if state.count_offset_key == offset_key:
-            turn.count_offset, turn.count_scale = state.count_offset, state.count_scale
-        block = state.memory_block if request.memory_scope is not None else ""
-        turn.reserved_tokens = block_tokens(block, counter)
-        headers["X-Ctx-Tokenizer"] = counter.name
-        tokens_in = counter.count_request(request.messages, request.tools, fps)
-        if state.count_offset_key != offset_key and tokens_in + turn.reserved_tokens > watermark(turn, state):
-            await self._provider_count(wire, caller, route, turn, state, offset_key, headers)
-        plan = await Compactor().prepare(state, turn, fit=False)  # a count, however large
-        headers["X-Ctx-Levels"] = ",".join(plan.levels) or "none"
-        try:
-            exact = await wire.upstream_count(route, forwarded(plan.messages, block, route.single_system),
-                                              upstream_key(caller, route))
-        except GatewayError as e:
-            log.warning("session %s: the provider's count failed (%s); the estimate answers", session_id, e.message)
-            exact = None
-        if exact is not None:
-            headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
-            return exact
-        # In the provider's tokens, as calibrated: the tools schema and the memory block included.
-        return round(plan.counted_tokens() * turn.count_scale) + turn.count_offset
+        """How many tokens the upstream would be sent for this conversation now (`preview.py`)."""
+        return await preview(self.gw, self.provider_counts, caller, route, session_id, request.messages,
+                             request.tools, request.memory_scope is not None, wire, headers)
 
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         """Send the planned request; when the upstream says it is too long, compact once
@@ -410,6 +378,8 @@ class TurnEngine:
                 if calibration is not None:
                     state.count_offset, state.count_scale = calibration
                     state.count_offset_key = prepared.offset_key
+            if gw.journal.due(state):
+                gw.sessions.checkpoint_later(caller.tenant, prepared.session_id)
         except GatewayError as e:  # the reply exists and the turn is logged: answer it rather than lose it
             log.error("session %s: the reply could not be logged: %s", prepared.session_id, e.message)
         try:
@@ -417,52 +387,3 @@ class TurnEngine:
         except Exception as e:  # the same: a reply the upstream was paid for reaches the client
             log.error("session %s: the reply could not be kept by its door: %s", prepared.session_id, e)
         prepared.captured()
-
-    async def _provider_count(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
-                              offset_key: str, headers: dict[str, str]) -> None:
-        """A session with no measured count offset for this model and tools (its first turn, or
-        new tools) that may compact: the provider's own count decides where it offers one, and
-        the offset it gives is kept until a reply's usage measures a newer one. The count is
-        cached per conversation, so a retried turn asks again for nothing."""
-        key = f"{offset_key}:{turn.prefix_hashes[-1]}" if turn.messages else offset_key
-        reported = self._counts.get(key)
-        if reported is None:
-            try:
-                reported = await wire.upstream_count(route, turn.messages, upstream_key(caller, route))
-            except GatewayError as e:
-                log.warning("session %s: the provider's count failed (%s); the estimate decides", state.session_id,
-                            e.message)
-                return
-            if reported is None:
-                return
-            self._counts[key] = reported
-            while len(self._counts) > MAX_PROVIDER_COUNTS:
-                self._counts.pop(next(iter(self._counts)))
-        counted = turn.tokens_in()
-        turn.count_offset, turn.count_scale = calibration_of(turn, counted, reported)
-        state.count_offset, state.count_scale, state.count_offset_key = turn.count_offset, turn.count_scale, offset_key
-        headers["X-Ctx-Tokenizer"] = f"{route.provider}:count_tokens"
-        self.gw.metrics.calibrate(route.model_name, counted, reported)
-
-    async def _memory_block(self, state: SessionState, scope: MemoryScope, turn: Turn) -> str:
-        """The session's memory block; a memory store that fails leaves the last one in place."""
-        memory = self.gw.memory
-        assert memory is not None
-        budget = int(budget_of(state, turn) * memory.config.budget_share)
-        try:
-            version = await memory.store.version(state.tenant)
-            return await self.gw.memory_blocks.block(state, version, scope, lambda: memory.context_block(
-                state.tenant, scope.user, scope.project, query_of(turn.messages), budget, turn.counter.count))
-        except Exception as e:
-            log.warning("session %s: memory unavailable (%s); the previous block is kept", state.session_id, e)
-            return state.memory_block
-
-
-
-def upstream_key(caller: Caller, route: Route) -> str | None:
-    """The key the upstream is called with: the route's, or the caller's own when its tenant passes it through."""
-    return caller.bearer if caller.tenant_config.pass_through_key else route.api_key
-
-
-async def _no_summary(messages: list[dict[str, Any]]) -> str:
-    raise GatewayError(ErrorKind.INTERNAL, "a preview never asks for a summary")

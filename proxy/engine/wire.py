@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import GatewayError
+from ..tenancy import Caller
 from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 
@@ -79,3 +80,8 @@ class Wire(Protocol):
         route offers one (Anthropic's count_tokens, for models with no public tokenizer); None
         elsewhere. May raise GatewayError: a count is an aid, the engine goes on without it."""
         ...
+
+
+def upstream_key(caller: Caller, route: Route) -> str | None:
+    """The key the upstream is called with: the route's, or the caller's own when its tenant passes it through."""
+    return caller.bearer if caller.tenant_config.pass_through_key else route.api_key

@@ -136,6 +136,7 @@ def test_claude_codes_moving_breakpoint_reads_from_the_second_cut(up: ScriptedUp
     async def run(gw: Gateway, base: str) -> None:
         client = anthropic.AsyncAnthropic(base_url=base, api_key=KEYS["acme"], max_retries=0)
         session = f"msg-cc-{uuid.uuid4().hex[:8]}"
+        system: list[dict[str, Any]] = [{"type": "text", "text": PAD, "cache_control": MARK}]
         history: list[dict[str, Any]] = [{"role": "user", "content": [
             {"type": "text", "text": "Find the failing line: },{ ], [ \\\" ,", "cache_control": MARK}]}]
         try:
@@ -146,8 +147,8 @@ def test_claude_codes_moving_breakpoint_reads_from_the_second_cut(up: ScriptedUp
 
                 async def post(name: str) -> tuple[Any, Any]:
                     reply = await client.messages.with_raw_response.create(
-                        model=MODEL, max_tokens=64, system=[{"type": "text", "text": PAD, "cache_control": MARK}],
-                        messages=history, tools=tools, extra_headers={"X-Ctx-Session": name})  # type: ignore[arg-type]
+                        model=MODEL, max_tokens=64, system=system, messages=history,  # type: ignore[arg-type]
+                        tools=tools, extra_headers={"X-Ctx-Session": name})  # type: ignore[arg-type]
                     return reply, _forwarded(up)[-1]
 
                 steady, sent = await post(session)

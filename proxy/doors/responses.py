@@ -246,7 +246,10 @@ class ResponsesDoor:
             validate_responses_request(body, input_required=input_required, start=known)
             self.gw.resent.keep(key, raw, body, "input", resent)  # checked: the next body parses only its tail
             return known
-        known = await heavy.run(caller.tenant, slots, size, validated)
+        listed = body.get("input")
+        # A large body of few items is checked on the loop: its work costs less than a thread hop (`HeavyWork.heavy`).
+        known = await heavy.run(caller.tenant, slots, size, validated,
+                                items=len(listed) if isinstance(listed, list) else None)
         route = self.gw.router.resolve(body["model"])
         history, chained_session = await self.store.conversation(caller.tenant, previous) if previous else ([], None)
         asked = Asked(emulated(self.gw, caller, route) or compacting)
@@ -258,7 +261,8 @@ class ResponsesDoor:
         asked.changed = asked.changed or asked.trigger or found is not items
         if found is not items:
             last = None  # the conversation is not the request's input as sent
-        converted = await heavy.run(caller.tenant, slots, size, lambda: convert(body.get("instructions"), found, last))
+        converted = await heavy.run(caller.tenant, slots, size, lambda: convert(body.get("instructions"), found, last),
+                                    items=len(found))
         if not previous and not asked.changed:  # every item is the request's own input, checked above
             converted = replace(converted, checked=len(converted.items))
         messages = converted.messages
@@ -266,8 +270,9 @@ class ResponsesDoor:
             raise GatewayError(ErrorKind.INVALID_REQUEST,
                                "the conversation is empty: give `input` or `instructions`", param="input",
                            code="invalid_request")
-        session_id = await heavy.run(caller.tenant, slots, size, lambda: self._placed(caller, http.headers, route, body,
-                                                                                     messages))
+        session_id = await heavy.run(caller.tenant, slots, size,
+                                     lambda: self._placed(caller, http.headers, route, body, messages),
+                                     items=len(messages))
         if chained_session is not None and session_id.startswith("fp-") and "X-Ctx-Session" not in http.headers:
             # A fingerprint names the conversation by its start, and instructions are not
             # inherited along a chain: the chain's own session is the better name.

@@ -15,7 +15,7 @@ from ctxgate.pipeline.fingerprint import message_fingerprint
 from ctxgate.pipeline.ledger import (Entry, covered_steps, covering_note, fit, folded, folded_runs, highest_step,
                                      named_steps, note_entries, parse, step_entry, step_numbers)
 from ctxgate.pipeline.notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
-from ctxgate.pipeline.over_budget import named_once, with_cover
+from ctxgate.pipeline.over_budget import with_cover
 from ctxgate.pipeline.planner import Action
 from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.protocols.base import Action as Call, observation
@@ -358,18 +358,3 @@ def test_a_record_names_the_steps_it_stands_for_and_reads_without_it() -> None:
     assert CompactionRecord.from_dict(old).steps == 0
     assert CompactionRecord.from_dict({**old, "steps": 7, "later_field": [1]}).steps == 7
 
-
-
-def test_the_line_standing_for_shed_notes_names_only_those_that_are_gone() -> None:
-    """Notes shed oldest first: the first becomes the line naming every note's steps, and where a
-    later note stays, the line names the steps of those gone only (it named `steps 2–6` beside
-    `steps 5–6: calculate ×2`: two numbers named twice)."""
-    first = plain_note(SNIP, f"{SNIP_MARKER} 6 earlier messages were removed.\n- steps 2–4: search ×2, think ×1")
-    later = plain_note(SNIP, f"{SNIP_MARKER} 4 earlier messages were removed.\n- steps 5–6: calculate ×2")
-    cover = covering_note([first, later])
-    assert cover is not None and named_steps([cover]) == set(range(2, 7))
-    c = counter()
-    before = [system(), user("task"), first, later, *_step(6)]
-    out = named_once(before, [system(), user("task"), cover, later, *_step(6)], c, 10_000)
-    assert [sorted(named_steps([m])) for m in out if note_entries(m)] == [[2, 3, 4], [5, 6]]
-    assert named_once(before, [system(), user("task"), cover, *_step(6)], c, 10_000)[2] == cover  # all gone

@@ -338,23 +338,8 @@ def shed(result: CompressionResult, counter: TokenCounter, limit: int, everythin
     shed_messages = shed_own_messages(result.compressed_messages, counter, limit, everything)
     if shed_messages is None:
         return result
-    shed_messages = named_once(result.compressed_messages, shed_messages, counter, limit)
     return replace(result, compressed_messages=shed_messages,
                    tokens_after=counter.count_messages(shed_messages) + notice_tokens(counter, shed_messages))
-
-
-def named_once(before: list[Message], after: list[Message], counter: TokenCounter, limit: int) -> list[Message]:
-    """`after` (`before` with notes shed), its line naming the shed notes' steps naming only those
-    of the notes that are gone: it stands for them all, and a later note kept names its own."""
-    notes = [m for m in before if is_compaction_note(m)]
-    new = [i for i, m in enumerate(after) if is_compaction_note(m) and m not in notes]
-    if len(new) != 1 or not named_steps([after[new[0]]]) & named_steps([m for m in after if m in notes]):
-        return after
-    cover = covering_note([m for m in notes if m not in after])
-    out = [m for i, m in enumerate(after) if i != new[0] or cover is not None]
-    if cover is not None:
-        out[new[0]] = cover
-    return out if counter.count_messages(out) + notice_tokens(counter, out) <= limit else after
 
 
 def without_own_messages(result: CompressionResult, counter: TokenCounter, limit: int,

@@ -91,8 +91,7 @@ class Shape:
 class Conversation:
     def __init__(self, messages: list[Message], dialect: str, infos: list[MessageInfo], units: list[Unit],
                  task: int | None | object = ..., fingerprints: list[str] | None = None,
-                 memo: dict[Any, Any] | None = None, steps_before: int = 0,
-                 steps_named: frozenset[int] = frozenset()) -> None:
+                 memo: dict[Any, Any] | None = None, steps_before: int = 0) -> None:
         self.messages = messages
         self.dialect = dialect
         self.infos = infos
@@ -103,10 +102,6 @@ class Conversation:
         """What is derived from the messages' content alone (shapes, token counts), shared by
         every reading of the same messages (`read_conversation` memoises them)."""
         self.steps_before = steps_before
-        self.steps_named = steps_named
-        """The step numbers that notes taken out of these messages named, where they are known
-        (a fallback shed them): read after the task as a note naming them would be, so a step
-        kept in place between them keeps its number (`ledger.step_numbers`)."""
         """The highest step number that notes taken out of these messages named: the agent's
         steps after the task are numbered on from it (`ledger.step_numbers`)."""
 
@@ -251,13 +246,12 @@ def counted_result(level: Any, request: Any, conversation: Conversation, message
 
 def read_conversation(messages: list[Message], dialect: str | None = None,
                       plan_tools: Collection[str] = PLAN_TOOLS + TODO_TOOLS,
-                      fingerprints: list[str] | None = None, steps_before: int = 0,
-                      steps_named: frozenset[int] = frozenset()) -> Conversation:
+                      fingerprints: list[str] | None = None, steps_before: int = 0) -> Conversation:
     """Read `messages` in `dialect` (detected from the messages when None). `plan_tools`
     names the tools whose calls update the plan or the todo list. A reading depends on the
     messages' content alone, so the last few are memoised by the messages' fingerprints
     (`fingerprints` when the caller has them): the same history sent again, or read again
-    by the next level of the chain, is not parsed again. `steps_before`, `steps_named`: `Conversation`'s."""
+    by the next level of the chain, is not parsed again. `steps_before`: `Conversation.steps_before`."""
     fps = [message_fingerprint(m) for m in messages] if fingerprints is None else fingerprints
     key = (dialect, frozenset(name.lower() for name in plan_tools), tuple(fps))
     with _memo_lock:
@@ -273,7 +267,7 @@ def read_conversation(messages: list[Message], dialect: str | None = None,
                 _memo.popitem(last=False)
     found_dialect, infos, units, task, memo = seen
     return Conversation(messages, found_dialect, infos, units, task=task, fingerprints=fps, memo=memo,
-                        steps_before=steps_before, steps_named=steps_named)
+                        steps_before=steps_before)
 
 
 def _read_conversation(messages: list[Message], dialect: str | None,

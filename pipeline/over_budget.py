@@ -16,7 +16,7 @@ from .refs import SIZING_REF, render_span
 from .restore import ActiveRestore, error_section, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .conversation import read_conversation
-from .ledger import covering_note, folded_runs, merged, named_steps, span_entries, widened
+from .ledger import covering_note, folded, highest_step, merged, named_steps, span_entries, widened
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
 from .turns import is_valid_sequence, leading_instructions, task_index
@@ -62,17 +62,19 @@ class OverBudget:
         # (`tail.py`): everything older, as deep as the levels go; then the rest of the restored
         # state and the notes; then the oldest turns, whole, under a note that counts them.
         result = await self._turn_in_progress(request, result)
-        # The notes may go from here on: a note made after them numbers its steps on from theirs,
-        # and a step kept in place between theirs keeps its number.
-        request = replace(request, steps_named=request.steps_named | named_steps(result.compressed_messages))
+        # The notes may go from here on: a note made after them numbers its steps on from theirs.
+        request = replace(request, steps_before=max(request.steps_before, highest_step(result.compressed_messages)))
         notes = [m for m in result.compressed_messages if is_compaction_note(m)]
         result = shed(result, self.counter, hard, everything=True)
+        cover = None
         if result.tokens_after > hard:  # not enough alone: they go all the same, before the tail gives any room
-            result = without_own_messages(result, self.counter, hard, cfg.pin_first_user)[0]
+            result, cover = without_own_messages(result, self.counter, hard, cfg.pin_first_user)
+        if cover is None:  # notes shed with the line naming their steps: it comes back where room is left
+            named = named_steps(result.compressed_messages)
+            cover = covering_note([m for m in notes if not named_steps([m]) <= named])
         result = await self._oldest_turns(request, result, PROTECTED_TAIL)
-        # Notes shed with the line naming their steps: it comes back in the room the oldest turns
-        # left, naming those still not there (a note their cut kept again is not named twice).
-        result = with_cover(result, cover_of(notes, result), self.counter, hard, cfg.pin_first_user)
+        if cover is not None:  # the one line naming their steps, back in the room the oldest turns left
+            result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
         # The tail alone is over: its observations are cut oldest first, the newest last, and
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
@@ -80,15 +82,14 @@ class OverBudget:
         # the line naming the steps too: it comes back after them, and would take the block's room.
         error = self.restore.state.last_error if self.restore is not None else ""
         out_of_view = error and error not in "\n".join(map(readable_text, result.compressed_messages))
-        cover = cover_of(notes, result)
         back = self.counter.count_structured(cover) if cover is not None and out_of_view else 0
         result = await self._tail(request, result, back)
         result = await self._last_observation(request, result, back)
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
-        # Or in the room the cuts of the tail left (measured on Codex: 2K of 19K).
-        result = with_cover(result, cover_of(notes, result), self.counter, hard, cfg.pin_first_user)
+        if cover is not None:  # or in the room the cuts of the tail left (measured on Codex: 2K of 19K)
+            result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
         # What ctxgate added goes next, to fit the budget (the engine refuses a plan over it:
         # `Compactor.fitted`), else the context limit itself, the line where what no level
         # removes is over the budget already.
@@ -191,10 +192,9 @@ class OverBudget:
             # The steps they and the notes among them named, as one range of tool names (every step
             # number stays covered), when that fits too; else the count alone.
             dropped = [i for i in range(len(messages)) if i not in pinned and i not in kept]
-            entries = span_entries(read_conversation(messages, request.dialect, steps_before=request.steps_before,
-                                                     steps_named=request.steps_named), dropped, None)
-            ranges = "\n".join(e.text for e in folded_runs(entries, None, failures=False))
-            forms = ([count + "\n" + ranges] if entries else []) + [count]
+            entries = span_entries(read_conversation(messages, request.dialect, steps_before=request.steps_before),
+                                   dropped, None)
+            forms = ([count + "\n" + folded(entries, None, failures=False).text] if entries else []) + [count]
             at = len(pinned)
             for text in forms:
                 noted = out[:at] + [plain_note(SNIP, text)] + out[at:]
@@ -361,27 +361,17 @@ def without_own_messages(result: CompressionResult, counter: TokenCounter, limit
     return covered, (None if covered is not bare else cover)
 
 
-def cover_of(notes: list[Message], result: CompressionResult) -> Message | None:
-    """The one line naming the steps of those of `notes` that `result` no longer names."""
-    named = named_steps(result.compressed_messages)
-    return covering_note([m for m in notes if not named_steps([m]) <= named])
-
-
-def with_cover(result: CompressionResult, cover: Message | None, counter: TokenCounter, limit: int,
+def with_cover(result: CompressionResult, cover: Message, counter: TokenCounter, limit: int,
                pin_first_user: bool) -> CompressionResult:
-    """`result` with `cover` before the notes after the task that name later steps, if that fits under `limit`; else
+    """`result` with `cover` before the notes after the task, if that fits under `limit`; else
     with its steps folded into the range of the note that counts the turns cut after them
     (`ledger.widened`), if that fits; as it is when its notes name those steps already."""
     messages = result.compressed_messages
-    if cover is None or named_steps([cover]) <= named_steps(messages):
+    if named_steps([cover]) <= named_steps(messages):
         return result
     at = leading_instructions(messages)
     if pin_first_user and at < len(messages) and task_index(messages) == at:
         at += 1
-    first = min(named_steps([cover]))
-    while at < len(messages) and is_compaction_note(messages[at]) and max(named_steps([messages[at]]),
-                                                                           default=0) < first:
-        at += 1  # after the notes naming earlier steps: the ledger reads in order of the numbers
     forms = [messages[:at] + [cover] + messages[at:]]
     forms += [messages[:i] + [wide] + messages[i + 1:] for i, m in enumerate(messages)
               if is_compaction_note(m) and (wide := widened(m, cover)) is not None]

@@ -35,14 +35,11 @@ class CompressionRequest:
     """The highest step number that notes taken out of `messages` named (a fallback that sheds
     the notes before it cuts the oldest turns): a note made then numbers its steps on from it,
     not from 1 again (`Conversation.steps_before`)."""
-    steps_named: frozenset[int] = frozenset()
-    """The step numbers those notes named, where they are known (`Conversation.steps_named`)."""
 
     @cached_property
     def conversation(self) -> Conversation:
         """The messages as the conversation model reads them (read once per request)."""
-        return read_conversation(self.messages, self.dialect, steps_before=self.steps_before,
-                                 steps_named=self.steps_named)
+        return read_conversation(self.messages, self.dialect, steps_before=self.steps_before)
 
     def shape(self, pin_first_user: bool) -> Shape:
         """Where the levels may work on these messages (`Conversation.shape`)."""

@@ -12,12 +12,11 @@ from ctxgate.pipeline.budget import Turn
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint
-from ctxgate.pipeline.ledger import (Entry, covered_steps, covering_note, fit, folded, folded_runs, highest_step,
-                                     named_steps, note_entries, parse, step_entry, step_numbers)
+from ctxgate.pipeline.ledger import (Entry, covering_note, fit, folded, highest_step, named_steps, note_entries, parse,
+                                     step_entry, step_numbers)
 from ctxgate.pipeline.notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
 from ctxgate.pipeline.over_budget import with_cover
 from ctxgate.pipeline.planner import Action
-from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.protocols.base import Action as Call, observation
 from ctxgate.pipeline.refs import CutLog
 from ctxgate.pipeline.types import CompressionResult
@@ -25,7 +24,7 @@ from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ctxgate.proxy.replay.driver import replay
 from ctxgate.proxy.replay.upstream import ProviderCount
 from pipeline_builders import Facts, Message, call, calls, counter, filler, system, tool, user
-from trajectories import openhands, swe_agent
+from trajectories import swe_agent
 
 LIMIT = 4000
 
@@ -266,95 +265,3 @@ def test_the_line_naming_shed_steps_folds_into_the_next_range_when_it_has_no_roo
                                        "- steps 1–4: ls ×1, open ×1, pip ×1, create ×1")
     assert named_steps(folded_in) == {1, 2, 3, 4}
     assert with_cover(result(messages), cover, c, c.count_messages(messages), True).compressed_messages == messages
-
-
-def _ledger_faults(client: list[Message], sent: list[Message]) -> tuple[list[str], bool, bool]:
-    """What is wrong with the step ledger of `sent` (forwarded for the agent's `client` messages),
-    checked against the client's own steps (numbered 1, 2, … in the order it took them): each
-    number named once and in order, a range naming as many calls as numbers, a line naming the
-    tools the client's steps at those numbers called, no step both named and still verbatim.
-    Also: whether `sent` names no step though some are neither named nor verbatim (a point with
-    no room for a note), and whether a step kept verbatim sits after a note naming later steps
-    (a step kept in place inside a cut)."""
-    read = read_conversation(client)
-    tools: dict[int, str] = {}
-    numbers: dict[str, tuple[int, ...]] = {}
-    for i, found in enumerate(step_numbers(read)):
-        for n, action in zip(found, read.infos[i].actions):
-            tools[n] = "".join(action.tool.split()) or "?"
-        numbers.setdefault(read.fingerprints[i], found)
-    faults: list[str] = []
-    named: list[int] = []
-    verbatim: set[int] = set()
-    kept_inside = False
-    for m in sent:
-        kept = numbers.get(message_fingerprint(m), ())
-        verbatim.update(kept)
-        kept_inside |= bool(kept and named and min(kept) < max(named))
-        for e in note_entries(m):
-            named += range(e.first, e.last + 1)
-            if sum(k for _, k in e.tools) != e.last - e.first + 1:
-                faults.append(f"{e.last - e.first + 1} numbers, other calls: {e.text}")
-            calls_ = [tools.get(n) for n in range(e.first, e.last + 1)]
-            if sorted(t for t, k in e.tools for _ in range(k)) != sorted(map(str, calls_)):
-                faults.append(f"the client's steps {e.first}–{e.last} called {calls_}: {e.text}")
-    if named != sorted(set(named)):
-        faults.append(f"named twice or out of order: {named}")
-    if set(named) & verbatim:
-        faults.append(f"named and verbatim: {sorted(set(named) & verbatim)}")
-    unnamed = set(tools) - set(named) - verbatim
-    return faults, bool(unnamed and not named), kept_inside
-
-
-async def test_every_step_keeps_its_number_across_points_and_beside_steps_kept_in_place() -> None:
-    """Every recorded SWE-agent run (text and tool calls) and OpenHands run, replayed at half and
-    a quarter of its size with the limit enforced. Two paths numbered steps anew: a point with
-    room for no note left a record without one, and the next point numbered from 1 again (its
-    line named the client's steps 3–4 as `steps 1–2: ls ×1, find_file ×1`); a step kept in place
-    inside a Snip cut (the latest view of the file under edit) came after the note and took a
-    new number, so its range named fewer calls than numbers (`steps 2–6: create ×1, edit ×2,
-    python ×1`) and a later line named a step by another's number. In every request forwarded,
-    each line names the client's steps at its numbers, each number once and in order."""
-    c = counter()
-    bare_then_named = kept_inside = 0
-    for run_ in [*swe_agent(), *openhands()]:
-        provider = ProviderCount(c, run_.tools)
-        for share in (0.5, 0.25):
-            done = await replay(run_.messages, run_.tools, int(share * provider(run_.messages)), counter=c,
-                                provider_count=provider, summarize=_summary, wait_background=True,
-                                enforce_limit=True)
-            bare = False
-            for sent in done.forwarded:
-                faults, unnamed, inside = _ledger_faults(run_.messages[:sent.turn], sent.messages)
-                assert not faults, (run_.name, share, sent.turn, faults)
-                named = any(note_entries(m) for m in sent.messages)
-                bare_then_named += bare and named
-                bare = bare or (sent.compacted and unnamed)
-                kept_inside += inside
-    assert bare_then_named, "no point numbered steps after one that kept no note: the case is not exercised"
-    assert kept_inside, "no step kept in place inside a cut: the case is not exercised"
-
-
-def test_a_step_kept_in_place_takes_the_number_its_note_skips() -> None:
-    """A Snip note over steps 2–6 whose step 4 stayed (pinned): its lines skip 4, folded they are
-    one range per run of numbers, and the kept step after the note is read as step 4."""
-    entries = [step_entry(n, Call("bash", {"command": f"make t{n}"}, f"make t{n}"), None, None) for n in (2, 3, 5, 6)]
-    assert [(e.first, e.last, sum(k for _, k in e.tools)) for e in folded_runs(entries, None)] == [(2, 3, 2), (5, 6, 2)]
-    assert [(e.first, e.last) for e in fit(entries, 1, counter(), None)] == [(2, 3), (5, 6)]
-    ledger = "\n".join(e.text for e in fit(entries, 1, counter(), None))
-    note = plain_note(SNIP, f"{SNIP_MARKER} 8 earlier messages were removed.\n{ledger}")
-    messages = [system(), user("task"), *_step(0), note, *_step(3), *_step(6)]
-    read = read_conversation(messages, "tool_calls")
-    assert [n for ns in step_numbers(read) for n in ns] == [1, 4, 7]
-    assert covered_steps(read, messages) == 0  # step 1 is verbatim: nothing stands before it
-    assert covered_steps(read, [system(), user("task"), note, *_step(6)]) == 6  # 1 and 4 gone unnamed
-
-
-def test_a_record_names_the_steps_it_stands_for_and_reads_without_it() -> None:
-    """`CompactionRecord.steps` defaults to 0 (records written before it load and replay as
-    then), and a field a newer replica wrote is ignored rather than refused."""
-    old = {"prefix_len": 4, "prefix_hash": "h", "messages": [], "levels": ["snip"], "tokens_before": 10,
-           "tokens_after": 5, "created_at": 0.0, "counted_by": "c", "notes_version": 2}
-    assert CompactionRecord.from_dict(old).steps == 0
-    assert CompactionRecord.from_dict({**old, "steps": 7, "later_field": [1]}).steps == 7
-

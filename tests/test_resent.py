@@ -44,18 +44,24 @@ def _body(head: dict[str, Any], messages: list[dict[str, Any]], tail: dict[str, 
     return {**head, "messages": messages, **tail}
 
 
+def _bodies(old: list[dict[str, Any]], tail1: dict[str, Any], tail2: dict[str, Any], model_first: bool,
+            same_tail: bool) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+    """The fields before the history, its first messages and the two bodies' fields after it:
+    `model` before the history or after it, the second body's trailing fields the first's or not."""
+    head = {"model": "gpt-4o"} if model_first else {}
+    first = [{"role": "system", "content": PAD}, *old]
+    if not model_first:
+        tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
+    return head, first, tail1, tail1 if same_tail else tail2
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(message, min_size=0, max_size=6), st.lists(message, min_size=0, max_size=4), trailing, trailing,
        st.booleans(), st.integers(0, 2), st.booleans())
 def test_a_resent_body_parses_as_the_whole_body(old: list[dict[str, Any]], new: list[dict[str, Any]],
                                                 tail1: dict[str, Any], tail2: dict[str, Any], model_first: bool,
                                                 style: int, same_tail: bool) -> None:
-    head = {"model": "gpt-4o"} if model_first else {}
-    first = [{"role": "system", "content": PAD}, *old]
-    if not model_first:
-        tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
-    if same_tail:
-        tail2 = tail1
+    head, first, tail1, tail2 = _bodies(old, tail1, tail2, model_first, same_tail)
     resent = ResentBodies()
     raw1 = _encode(_body(head, first, tail1), style)
     parsed1 = orjson.loads(raw1)
@@ -99,12 +105,7 @@ def test_a_body_whose_last_item_changed_parses_from_the_second_cut_as_the_whole_
     anything else): the body is read from the end of the message before it, and parses exactly
     as the whole body does, whatever the spacing, key order, fields after the history and
     strings full of brackets and commas; the next turn goes on the same way."""
-    head = {"model": "gpt-4o"} if model_first else {}
-    first = [{"role": "system", "content": PAD}, *old]
-    if not model_first:
-        tail1, tail2 = {**tail1, "model": "gpt-4o"}, {**tail2, "model": "gpt-4o"}
-    if same_tail:
-        tail2 = tail1
+    head, first, tail1, tail2 = _bodies(old, tail1, tail2, model_first, same_tail)
     encode = (lambda b: json.dumps(b, separators=(" ,\n", " :\t")).encode()) if style == 3 else \
         (lambda b: _encode(b, style))
     resent = ResentBodies()

@@ -15,7 +15,6 @@ from ctxgate.proxy.doors.gemini_chat import chat_body, chat_fields, chat_json, c
 from ctxgate.proxy.upstream.pieces import JOINED_BELOW, Pieces
 from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
-from ctxgate.proxy.doors.nesting import nests_deeper
 from ctxgate.proxy.doors.validation import MAX_NESTING, check_nesting
 from ctxgate.proxy.errors import GatewayError
 
@@ -241,14 +240,22 @@ json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st
                            max_leaves=30)
 
 
+def _deepest(value: Any, level: int) -> int:
+    """The level of the deepest container in `value` (found `level` deep), 0 when it holds none."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    children = value.values() if isinstance(value, dict) else value
+    return max([level, *(_deepest(c, level + 1) for c in children)])
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(json_values, max_size=4), st.integers(MAX_NESTING - 12, MAX_NESTING + 1))
 def test_the_contents_nesting_is_counted_as_every_door_counts_it(value: list[Any], level: int) -> None:
-    """The door's count a level at a time (`nesting.py`) refuses what `check_nesting` refuses,
-    for the list of turns it is given."""
+    """`check_nesting` (its count a level at a time, `nesting.py`) refuses exactly what nests
+    deeper than MAX_NESTING, counted container by container."""
     try:
         check_nesting(value, level)
         refused = False
     except GatewayError:
         refused = True
-    assert nests_deeper(value, level, MAX_NESTING) == refused
+    assert refused == (_deepest(value, level) > MAX_NESTING)

@@ -24,8 +24,7 @@ from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_confi
 from typing_extensions import Annotated, Required, TypedDict
 
 from ctxgate.pipeline.tokens import TOKENS_PER_TOOL, json_bound
-from .nesting import nests_deeper
-from .validation import MAX_NESTING, check_nesting, validate_slices, validation_error
+from .validation import check_nesting, validate_slices, validation_error
 from ..errors import ErrorKind, GatewayError
 
 Message = dict[str, Any]
@@ -150,8 +149,7 @@ def validate_request(body: dict[str, Any], start: int = 0, checked: dict[str, An
         _REQUEST.validate_python(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
-    if nests_deeper(body["contents"][start:], 2, MAX_NESTING):
-        check_nesting(body["contents"][start:], 2)  # which says so in the words of every door
+    check_nesting(body["contents"][start:], 2)
     validate_slices(_CONTENTS, body["contents"][start:], start, "contents")
     for i, content in enumerate(body["contents"][start:], start):
         if content.get("role") == "user" and any("functionCall" in p for p in content["parts"]):

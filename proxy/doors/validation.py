@@ -15,6 +15,7 @@ from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..large_json import BodyNotJson, JsonParser
 from ..resent import Resent, ResentBodies
+from .nesting import nests_deeper
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")
@@ -113,14 +114,9 @@ def check_nesting(value: Any, level: int = 1) -> None:
     """`value`, found `level` containers deep in a body, nests no deeper than MAX_NESTING:
     a body ctxgate parsed but could not re-encode (orjson's own limit is 254 levels) would
     fail after the turn was logged; the same limit is checked before anything happens."""
-    stack = [(value, level)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item
-        if depth > MAX_NESTING:
-            raise GatewayError(ErrorKind.INVALID_REQUEST, f"the request body nests objects and arrays more than "
-                               f"{MAX_NESTING} levels deep", code="nesting_too_deep")
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    if nests_deeper(value, level, MAX_NESTING):
+        raise GatewayError(ErrorKind.INVALID_REQUEST, f"the request body nests objects and arrays more than "
+                           f"{MAX_NESTING} levels deep", code="nesting_too_deep")
 
 
 def validate_chat_request(body: dict[str, Any]) -> None:

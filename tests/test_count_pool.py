@@ -33,7 +33,7 @@ def large(tag: str) -> list[dict[str, Any]]:
 
 def shapes(tag: str) -> list[dict[str, Any]]:
     """Every kind of message a count reads: content parts, images, names, calls, a legacy call,
-    a Responses reasoning item, Anthropic tool blocks, empty content."""
+    a Responses reasoning item, Anthropic tool blocks, empty content, a door's own fields."""
     out = large(tag)
     out += [
         {"role": "user", "name": "ana", "content": [{"type": "text", "text": f"{tag} look"},
@@ -45,6 +45,9 @@ def shapes(tag: str) -> list[dict[str, Any]]:
                                      {"type": "tool_use", "id": "u", "name": "ls", "input": {"path": "/"}},
                                      {"type": "other", "data": [1, 2]}]},
         {"role": "assistant", "content": None},
+        # A door's own key (the Gemini door's original turn: not counted, not sent to a worker)
+        # and a string under a key no other message has (counted, so sent).
+        {"role": "user", "content": f"{tag} go", "gemini": [{"text": f"{tag} go"}], "origin": f"{tag} aside"},
     ]
     return out
 

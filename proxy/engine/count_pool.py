@@ -149,7 +149,8 @@ class CountPool:
         when that is not worth it or fails (the caller counts in a thread)."""
         counts = [counter.cached(fp) for fp in fingerprints]
         todo = [i for i, n in enumerate(counts) if n is None]
-        weights = [_characters(messages[i]) for i in todo]
+        sent = [_counted(messages[i]) for i in todo]
+        weights = [_characters(m) for m in sent]
         if sum(weights) < POOL_CHARACTERS:
             return None
         if not self._started:  # in the background; this count in a thread
@@ -163,7 +164,7 @@ class CountPool:
         self._idle += workers[len(cuts) - 1:]
         workers = workers[:len(cuts) - 1]
         try:
-            frames = [orjson.dumps([counter.name, [messages[i] for i in todo[a:b]]]) for a, b in zip(cuts, cuts[1:])]
+            frames = [orjson.dumps([counter.name, sent[a:b]]) for a, b in zip(cuts, cuts[1:])]
         except TypeError:  # not JSON (no wire body gives this): the thread counts it
             self._idle += workers
             return None
@@ -225,6 +226,20 @@ def _widen(stdin: asyncio.StreamWriter) -> None:
         fcntl.fcntl(pipe.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
     except (OSError, AttributeError, ValueError):  # not Linux, or over the system's pipe-max-size
         pass
+
+
+_READ = frozenset(("content", "tool_calls", "function_call", "items", "name"))
+"""The fields `TokenCounter.count_message` looks into (besides every string)."""
+_PLAIN = _READ | {"role", "tool_call_id"}
+
+
+def _counted(message: dict[str, Any]) -> dict[str, Any]:
+    """What of `message` `TokenCounter.count_message` reads: its strings and the fields it looks
+    into. A door's own keys are neither (the Gemini door keeps each message's original turn
+    under one, as large as the message): a worker is not sent them, nor are they weighed."""
+    if message.keys() <= _PLAIN:
+        return message
+    return {k: v for k, v in message.items() if k in _READ or isinstance(v, str)}
 
 
 def _characters(value: Any) -> int:

@@ -42,7 +42,7 @@ from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
 from ctxgate.proxy.replay.baselines import BASELINES, baseline_replay
 from ctxgate.proxy.replay.driver import agent_turns, replay
 from ctxgate.proxy.replay.probes import (ERROR_MARKERS, LATEST, PATH_RE, PROBES, floor_of, needs_of, observations,
-                                         squash, task_statement_index)
+                                         probe, squash, task_statement_index)
 from ctxgate.proxy.replay.scores import PRICES, RunScore, pooled, score_run, whole_history_cost
 from ctxgate.proxy.replay.upstream import ProviderCount
 from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of
@@ -197,8 +197,9 @@ def slug(text: str) -> str:
 
 
 def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], counter: Any,
-             loop: asyncio.AbstractEventLoop) -> RunResult:
-    """Every method on one run at every ratio."""
+             loop: asyncio.AbstractEventLoop, per_turn: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Every method on one run at every ratio. `per_turn` gets each turn of ctxgate (stand-in)
+    with its probes: how `--turns` compares two commits turn by turn (bench/replay_old_commit.py)."""
     provider = ProviderCount(counter, t.tools)
     needs = needs_of(messages, dialect != TOOL_CALLS, provider)
     reference = whole_history_cost(messages, provider)
@@ -216,6 +217,11 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
                                                   enforce_limit=True))
                    if method in SUMMARIES else baseline_replay(messages, limit, BASELINES[method], provider))
             scores[method] = score_run(run, needs, limit, provider, messages, reference)
+            if per_turn is not None and method == STAND_IN:
+                for f in run.turns:
+                    per_turn({"run": name, "dialect": dialect, "ratio": ratio, "turn": f.turn,
+                              "refused_by": f.refused_by, "refused": f.refused[:200], "tokens": f.tokens,
+                              "needed": needs[f.turn].tokens, "levels": f.levels, **probe(f, needs[f.turn])})
         out[ratio] = scores
 
     def fewest(trigger: float) -> int:
@@ -499,6 +505,8 @@ def report(results: list[RunResult], long: list[RunResult], elapsed: float, note
 def main() -> None:
     p = common.parser(__doc__)
     p.add_argument("--limit", type=int, default=None, help="at most N runs per dialect")
+    p.add_argument("--turns", default=None, metavar="FILE",
+                   help="also write ctxgate's (stand-in) turns with their probes here, one JSON object a line")
     p.add_argument("--only", default=None, help="one dialect: 'tool calls', 'OpenHands text', 'SWE-agent text' or "
                                                 "'mini-swe-agent' (case and dashes ignored)")
     args = p.parse_args()
@@ -510,9 +518,15 @@ def main() -> None:
     loop = asyncio.new_event_loop()
     started = time.perf_counter()
     results = []
+    turns_out = open(args.turns, "wb") if args.turns else None
+
+    def per_turn(record: dict[str, Any]) -> None:
+        if turns_out is not None:
+            turns_out.write(orjson.dumps(record) + b"\n")
+
     for k, (name, t, dialect, msgs) in enumerate(chosen):
         t0 = time.perf_counter()
-        result = evaluate(name, t, dialect, msgs, counter, loop)
+        result = evaluate(name, t, dialect, msgs, counter, loop, per_turn)
         results.append(result)
         half = result.scores[RATIOS[0]]
         ours = half[STAND_IN] if half is not None else None
@@ -523,9 +537,11 @@ def main() -> None:
     long = []
     for name, t, dialect, msgs in long_sessions(chosen, counter):
         t0 = time.perf_counter()
-        long.append(evaluate(name, t, dialect, msgs, counter, loop))
+        long.append(evaluate(name, t, dialect, msgs, counter, loop, per_turn))
         print(f"[long] {name} ({len(agent_turns(msgs))} turns, {time.perf_counter() - t0:.1f}s)", file=sys.stderr,
               flush=True)
+    if turns_out is not None:
+        turns_out.close()
     note = "" if args.limit is None and args.only is None else (
         f" (a partial run: --limit {args.limit}, --only {args.only})")
     markdown = report(results, long, time.perf_counter() - started, note)

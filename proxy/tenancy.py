@@ -48,8 +48,10 @@ def _tenant_by_key(config: Config, key: str | None) -> str | None:
     return found
 
 
-def resolve_caller(config: Config, headers: Mapping[str, str]) -> Caller:
-    bearer = _bearer(headers)
+def resolve_caller(config: Config, headers: Mapping[str, str], key: str | None = None) -> Caller:
+    """`key`: the client's key as its door found it elsewhere (Google's `x-goog-api-key`), read
+    as a bearer key; None: the headers' bearer key."""
+    bearer = (key.strip() or None) if key is not None else _bearer(headers)
     keys_configured = any(t.api_keys for t in config.ctxgate.tenants.values())
     if keys_configured:
         tenant = _tenant_by_key(config, bearer)

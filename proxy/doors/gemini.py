@@ -18,7 +18,6 @@ from typing import Any, Callable, Mapping
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
 from ..engine.memory_turn import scope_of
 from ..engine.turn import TurnEngine, TurnInput
@@ -36,7 +35,7 @@ from .gemini_chat import (Frames, chat_fields, chat_json, chat_messages, chat_to
 from .gemini_model import (ReadContents, conversation_of, count_bound, counted_body, known_turns, read_contents,
                            validate_request)
 from .gemini_render import render
-from .gemini_replies import GeminiStream, error_body, google_response, reply_facts, upstream_error
+from .gemini_replies import GeminiStream, error_body, facts_of, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
 from .validation import read_resent_body
 
@@ -61,6 +60,8 @@ class GeminiWire(GeminiExpansion):
         self._model = model
         self._sse = sse
         self._frames = Frames(sse)
+        self._facts: tuple[bytes, ReplyFacts] | None = None
+        """The reply rendered from a chat completion and what it says, read as it was rendered."""
 
     def payload(self, messages: list[dict[str, Any]], route: Route) -> dict[str, Any]:
         if messages is self._read.messages:
@@ -95,7 +96,10 @@ class GeminiWire(GeminiExpansion):
         else:
             reply = await self._gw.forwarder_for(route).send(route, chat, stream=stream, api_key=api_key)
         if reply.chunks is None:
-            reply.body = gemini_reply(reply.body or b"", self._model)
+            rendered = gemini_reply(reply.body or b"", self._model)
+            if rendered is not None:
+                reply.body = orjson.dumps(rendered)
+                self._facts = (reply.body, facts_of(rendered))
             reply.content_type = "application/json"
             return reply
         self._frames = Frames(self._sse)  # an expansion's follow-up is a stream of its own, sent instead
@@ -104,6 +108,8 @@ class GeminiWire(GeminiExpansion):
         return reply
 
     def reply_facts(self, body: bytes) -> ReplyFacts:
+        if self._facts is not None and body is self._facts[0]:
+            return self._facts[1]
         return reply_facts(body)
 
     def stream_watch(self, keep_all: bool) -> GeminiStream:
@@ -124,16 +130,13 @@ def google_errors(handler: Handler) -> Handler:
     return shaped_errors(handler, google_response)
 
 
-def with_key(http: web.Request) -> Mapping[str, str]:
-    """The headers the caller is resolved from: Google's key (`x-goog-api-key`, or `?key=`) as
-    the bearer key every door reads the tenant from (nothing later reads the key but from the
-    caller: the request itself is not cloned)."""
-    key = http.headers.get("x-goog-api-key") or http.query.get("key")
-    if not key or "Authorization" in http.headers or "x-api-key" in http.headers:
-        return http.headers
-    headers = CIMultiDict(http.headers)
-    headers["Authorization"] = f"Bearer {key}"
-    return headers
+def google_key(http: web.Request) -> str | None:
+    """Google's key (`x-goog-api-key`, or `?key=`), read as the bearer key every door reads the
+    tenant from, unless the request carries one of those (nothing later reads the key but from
+    the caller: neither the request nor its headers are copied)."""
+    if "Authorization" in http.headers or "x-api-key" in http.headers:
+        return None
+    return http.headers.get("x-goog-api-key") or http.query.get("key") or None
 
 
 class GeminiDoor:
@@ -147,7 +150,7 @@ class GeminiDoor:
             raise GatewayError(ErrorKind.NOT_FOUND, f"ctxgate's Gemini door serves POST /v1beta/models/"
                                f"{{model}}:{{{','.join(METHODS)}}}, not {http.path}", code="not_found")
         started = time.perf_counter()
-        caller = resolve_caller(self.gw.config, with_key(http))  # who asks first: a 401 before any 400
+        caller = resolve_caller(self.gw.config, http.headers, google_key(http))  # who asks first: a 401 before any 400
         key = (caller.tenant, "gemini", http.headers.get("X-Ctx-Session", ""))
         sent, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
                                               caller.tenant_config.max_body_bytes, "contents")

@@ -136,15 +136,15 @@ def _call_part(call: dict[str, Any]) -> dict[str, Any]:
     return {"functionCall": found}
 
 
-def gemini_reply(body: bytes, model: str) -> bytes:
-    """A chat completion as a `GenerateContentResponse`; a body that is not one passes as it
-    came (the edge answers it with a 502, `gemini_replies.reply_facts`)."""
+def gemini_reply(body: bytes, model: str) -> dict[str, Any] | None:
+    """A chat completion as a `GenerateContentResponse`; None for a body that is not one, which
+    passes as it came (the edge answers it with a 502, `gemini_replies.reply_facts`)."""
     try:
         chat = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return body
+        return None
     if not isinstance(chat, dict) or not isinstance(chat.get("choices"), list):
-        return body
+        return None
     candidates = []
     for i, choice in enumerate(c for c in chat["choices"] if isinstance(c, dict)):
         message = choice.get("message") or {}
@@ -157,8 +157,8 @@ def gemini_reply(body: bytes, model: str) -> bytes:
         candidates.append({"content": {"role": "model", "parts": parts or [{"text": ""}]},
                            "finishReason": FINISH.get(choice.get("finish_reason") or "stop", "OTHER"),
                            "index": choice.get("index", i)})
-    return orjson.dumps({"candidates": candidates, "usageMetadata": usage_metadata(chat.get("usage")),
-                         "modelVersion": chat.get("model") or model, "responseId": chat.get("id")})
+    return {"candidates": candidates, "usageMetadata": usage_metadata(chat.get("usage")),
+            "modelVersion": chat.get("model") or model, "responseId": chat.get("id")}
 
 
 class Frames:

@@ -42,7 +42,8 @@ def upstream_error(error: dict[str, Any]) -> dict[str, Any]:
                       "message": str(error.get("message") or "upstream error"), "status": status}}
 
 
-def _facts(data: dict[str, Any]) -> ReplyFacts:
+def facts_of(data: dict[str, Any]) -> ReplyFacts:
+    """What ctxgate keeps of a `GenerateContentResponse` (or a chunk of its stream)."""
     usage = data.get("usageMetadata")
     tokens = usage.get("promptTokenCount") if isinstance(usage, dict) else None
     calls = []
@@ -63,7 +64,7 @@ def reply_facts(body: bytes) -> ReplyFacts:
         return ReplyFacts(malformed="not JSON")
     if not isinstance(data, dict) or not isinstance(data.get("candidates"), list):
         return ReplyFacts(malformed="JSON without a `candidates` list")
-    return _facts(data)
+    return facts_of(data)
 
 
 class GeminiStream(SseWatch):
@@ -95,7 +96,7 @@ class GeminiStream(SseWatch):
             if "error" in chunk:
                 self._failed = True
                 continue
-            found = _facts(chunk)
+            found = facts_of(chunk)
             if found.prompt_tokens is not None:
                 self._facts.prompt_tokens = found.prompt_tokens
             self._facts.tool_calls += found.tool_calls

@@ -22,6 +22,9 @@ on and ended well) is not what failed last.
 from __future__ import annotations
 
 import re
+from itertools import islice
+
+from .boundaries import head_at_boundary
 
 KEY_LINE_CHARS = 300
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -105,6 +108,10 @@ output that mentions one ("child exited with code 2 after 3s")."""
 def exit_status_of(text: str) -> int | None:
     """The exit status `text` reports: its first line that is an exit-status report (Codex's
     header, OpenHands' footer, mini-swe-agent's `<returncode>`), if it has one."""
+    if text.isascii():  # the pattern tries every line; most outputs name no exit at all
+        low = text.lower()
+        if "exit" not in low and "returncode>" not in low:
+            return None
     found = _EXIT_REPORT.search(text)
     return int(found.group(1)) if found else None
 
@@ -129,6 +136,11 @@ def traceback_tails(lines: list[str]) -> set[int]:
     return tails
 
 
+SCAN_LINES = 2000
+"""How many lines at each end of a long output are searched for its key line: a report of how
+it ended stands near an end, and a hostile output of a million lines costs no more than this."""
+
+
 def key_error_line(text: str, exit_status: int | None = None, flagged: bool = False) -> str:
     """The line of `text` that says what failed, when the output reports a failure by its
     structure (see the module's docstring; `exit_status`, `flagged`: what its wrapper says): the
@@ -136,24 +148,76 @@ def key_error_line(text: str, exit_status: int | None = None, flagged: bool = Fa
     something failed (an exit status, a tally); a line too short to say anything ("Error:")
     comes with the line after it. Empty if none. The line as the output has it (colour codes
     too): activeRestore looks for it in what is still in view."""
+    # The structure first, from a few lines: most outputs report no failure, and judging every
+    # line of each is what reading a long conversation (and logging a new one) would cost.
+    stated = flagged or exit_status not in (None, 0)
+    if not (stated or _TRACEBACK in text or "\x1b" in text or _fails(_ends(text, True) + _ends(text, False))):
+        return ""
     lines = text.splitlines()
+    if len(lines) > 2 * SCAN_LINES:
+        lines = lines[:SCAN_LINES] + lines[-SCAN_LINES:]
     strengths = [strength(line) for line in lines]
     tails = traceback_tails(lines)
     for i in tails:
         strengths[i] = STRONG
     edges = [s for line, s in zip(lines, strengths) if _ANSI.sub("", line).strip()]
-    failed = (flagged or exit_status not in (None, 0) or bool(tails)
-              or any(edges[:EDGE_LINES]) or any(edges[-EDGE_LINES:]))
-    judged = list(enumerate(strengths))
-    best = max(strengths, default=0) if failed else 0
+    if not (stated or tails or any(edges[:EDGE_LINES]) or any(edges[-EDGE_LINES:])):
+        return ""
+    best = max(strengths, default=0)
     if not best:
         return ""
-    at = max(i for i, s in judged if s == best)
+    at = max(i for i, s in enumerate(strengths) if s == best)
     key = lines[at].strip()
     if len(key) < 12:
         following = next((line.strip() for line in lines[at + 1:] if line.strip()), "")
         key = f"{key}\n{following}" if following else key
-    return key[:KEY_LINE_CHARS]
+    return head_at_boundary(key, KEY_LINE_CHARS)
+
+
+def _ends(text: str, head: bool) -> list[str]:
+    """The first (or last) `EDGE_LINES` non-blank lines of `text` (which holds no colour
+    codes), read from a window at that end that grows until it holds them, not from the whole
+    text split into lines."""
+    window = 512
+    while True:
+        whole = window >= len(text)
+        piece = text if whole else text[:window] if head else text[-window:]
+        lines = piece.splitlines()
+        if not whole:  # the line the window's edge falls in may be cut
+            lines = lines[:-1] if head else lines[1:]
+        shown = list(islice((line for line in (lines if head else reversed(lines)) if line.strip()), EDGE_LINES))
+        if whole or len(shown) == EDGE_LINES:
+            return shown
+        window *= 4
+
+
+_MARKERS = ("error", "exception", "fail", "interrupt", "traceback", "fatal", "panic", "not ok", "exit", "returncode",
+            "command not found", "no such file or directory", "permission denied", "segmentation fault",
+            "core dumped")
+"""What every line `strength` finds a failure in holds (lowered), unless it starts with `E`
+(pytest's `E   …`) or holds a non-ASCII mark."""
+
+
+def _fails(lines: list[str]) -> bool:
+    joined = "\n".join(lines)
+    if joined.isascii():
+        low = joined.lower()
+        if not any(marker in low for marker in _MARKERS) and not any(line.startswith("E") for line in lines):
+            return False
+    return any(strength(line) for line in lines)
+
+
+def failure_line(text: str, exit_status: int | None = None, flagged: bool = False) -> str:
+    """What an output's failure is named by (the conversation model's observations, the WAL's
+    TOOL_RESULT): its key line (`key_error_line`), else, for a non-zero exit status or a result
+    flagged as an error, its last line not marked as passing. Empty: it did not fail."""
+    line = key_error_line(text, exit_status, flagged)
+    if line or not (flagged or exit_status not in (None, 0)):
+        return line
+    said = last_said_line(text)
+    if said:
+        return head_at_boundary(said, KEY_LINE_CHARS)
+    return f"exit status {exit_status}" if exit_status not in (None, 0) else "the tool reported an error"
 
 
 def last_said_line(text: str) -> str:

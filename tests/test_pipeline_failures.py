@@ -5,9 +5,13 @@ on every turn of the recorded runs."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ctxgate.pipeline.config import RestoreConfig
-from ctxgate.pipeline.failures import STRONG, WEAK, exit_status_of, key_error_line, strength
+from ctxgate.pipeline.boundaries import head_at_boundary
+from ctxgate.pipeline.failures import (_ANSI, _EXIT_REPORT, EDGE_LINES, KEY_LINE_CHARS, STRONG, WEAK, exit_status_of,
+                                       failure_line, key_error_line, strength, traceback_tails)
 from ctxgate.pipeline.restore import ActiveRestore, extract_working_state
 from ctxgate.proxy.replay.driver import agent_turns
 from ctxgate.proxy.replay.probes import failure_rank, last_error_line
@@ -275,3 +279,67 @@ def test_the_middle_of_an_output_that_reports_no_failure_does_not_hide_the_failu
     failed = [*h[:-1], tool("c2", BUILD + "\nProcess exited with code 2")]
     assert extract_working_state(failed, CFG).last_error == "error: MIDDLE-MARKER undefined reference to frobnicate"
     assert last_error_line(failed, text_mode=False) == extract_working_state(failed, CFG).last_error
+
+
+LINES = ["ok", "", "   ", "collected 3 items", "PASSED tests/t.py::a", "✓ adds", "ValueError: bad value 3",
+         "Traceback (most recent call last):", '  File "x.py", line 2, in <module>', "    raise KeyError(k)",
+         "KeyError: 'k'", "error: cannot open x", "1 failed, 2 passed", "warning: unused", "\x1b[31mFAILED\x1b[0m t",
+         "Exit code: 1", "Process exited with code 0", "def f(): raise ValueError(x)", "some words",
+         "E   assert 1 == 2"]
+
+
+def _judged_line_by_line(text: str, exit_status: int | None, flagged: bool) -> str:
+    """`key_error_line` as written before its structure check took the shortcut: every line judged first."""
+    lines = text.splitlines()
+    strengths = [strength(line) for line in lines]
+    for i in traceback_tails(lines):
+        strengths[i] = STRONG
+    edges = [s for line, s in zip(lines, strengths) if _ANSI.sub("", line).strip()]
+    if not (flagged or exit_status not in (None, 0) or traceback_tails(lines)
+            or any(edges[:EDGE_LINES]) or any(edges[-EDGE_LINES:])):
+        return ""
+    best = max(strengths, default=0)
+    if not best:
+        return ""
+    at = max(i for i, s in enumerate(strengths) if s == best)
+    key = lines[at].strip()
+    if len(key) < 12:
+        following = next((line.strip() for line in lines[at + 1:] if line.strip()), "")
+        key = f"{key}\n{following}" if following else key
+    return head_at_boundary(key, KEY_LINE_CHARS)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(LINES), max_size=30), st.sampled_from([None, 0, 1, 2]), st.booleans())
+def test_the_structure_shortcut_names_what_judging_every_line_names(lines: list[str], exit_status: int | None,
+                                                                    flagged: bool) -> None:
+    text = "\n".join(lines)
+    assert key_error_line(text, exit_status, flagged) == _judged_line_by_line(text, exit_status, flagged)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*LINES, "EXIT CODE 3", "<returncode>4</returncode>", "exited with status 5",
+                                 "the child exited with code 2 after 3s", "exit", "Ret 1"]), max_size=12))
+def test_the_exit_status_shortcut_reads_what_the_pattern_reads(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    found = _EXIT_REPORT.search(text)
+    assert exit_status_of(text) == (int(found.group(1)) if found else None)
+
+
+def test_a_long_output_is_judged_by_its_ends() -> None:
+    """A million lines cost what `2 * SCAN_LINES` do: the failure at its end is named, an
+    error line in its unread middle is not."""
+    middle = ["fine"] * 500_000 + ["ValueError: in the middle"] + ["fine"] * 500_000
+    assert key_error_line("\n".join(["start", *middle, "KeyError: 'end'"])) == "KeyError: 'end'"
+    assert key_error_line("\n".join(["start", *middle, "done"]), exit_status=1) == ""
+    assert failure_line("\n".join(["start", *middle, "done"]), exit_status=1) == "done"
+
+
+def test_a_failure_is_named_however_little_the_output_says() -> None:
+    assert failure_line("", exit_status=2) == "exit status 2"
+    assert failure_line("", flagged=True) == "the tool reported an error"
+    assert failure_line("all good\n✓ passes", exit_status=1) == "all good"
+    assert failure_line("step\n" * 6 + "error: in the middle\n" + "step\n" * 6 + "done") == ""
+    long_line = "ValueError: " + "word " * 100
+    assert failure_line(long_line) == head_at_boundary(long_line.strip(), KEY_LINE_CHARS)
+    assert not failure_line(long_line).endswith(("wor", "wo", " "))

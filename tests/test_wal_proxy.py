@@ -66,7 +66,7 @@ def test_a_turn_logs_its_input_the_reply_and_its_tool_calls(walgw: Gateway, up: 
     assert events[3]["tool"] == "read_file" and events[3]["call_id"] == call.id and events[3]["params_hash"]
     result = events[4]
     assert result["tool"] == "read_file" and result["index"] == 5 and result["success"] is False
-    assert "Traceback" in result["error"] and result["result_tokens"] > 5
+    assert result["error"] == "ValueError: x" and result["result_tokens"] > 5  # what activeRestore would name
     assert events[2]["status"] == 200 and events[2]["tool_calls"] == 1
     assert events[2]["prompt_tokens"] == up.chats()[0].prompt_tokens
 

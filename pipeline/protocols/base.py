@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..failures import key_error_line, last_said_line
+from ..failures import failure_line
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,9 @@ class Observation:
 
 def observation(tool: str | None, output: str, exit_status: int | None = None,
                 call_id: str | None = None, is_error: bool = False) -> Observation:
-    """An observation with its failure judged: the line that reports a failure, in an output
-    that reports one by its structure (`failures.key_error_line`), else, for a non-zero exit
-    status or a result flagged as an error, the output's last line that is not marked as passing."""
-    line = key_error_line(output, exit_status, is_error)
-    if not line and (is_error or exit_status not in (None, 0)):
-        line = last_said_line(output) or f"exit status {exit_status}"
-    return Observation(tool=tool, output=output, exit_status=exit_status, error_line=line, call_id=call_id)
+    """An observation with its failure judged (`failures.failure_line`)."""
+    return Observation(tool=tool, output=output, exit_status=exit_status,
+                       error_line=failure_line(output, exit_status, is_error), call_id=call_id)
 
 
 class TextReader(Protocol):

@@ -1,7 +1,7 @@
 """A turn's client messages as WAL events: USER_INPUT and TOOL_RESULT (docs/wal.md).
 
 Kept apart from `journal.py`, which decides when and how events are written: this only
-reads a turn's messages (either API's tool results, the failure scan of their outputs, who
+reads a turn's messages (either API's tool results, whether their outputs failed, who
 said it) and says what the log records of each.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
+from ctxgate.pipeline.failures import exit_status_of, failure_line
 from ctxgate.wal.events import EventType, content_hash
-from .failed_output import failed as output_failed, first_failure_line
 from .state import SessionState
 from .turn_budget import Turn
 
@@ -65,11 +65,13 @@ def compression(step: dict[str, Any]) -> dict[str, Any]:
 
 def _tool_result(base: dict[str, Any], text: str, tool: str | None, call_id: Any, tokens: int,
                  reported_error: bool) -> dict[str, Any]:
-    failed = reported_error or output_failed(text)
+    # The conversation model's rule (what activeRestore restores as the last failure), so the
+    # log and the prompt never disagree on whether a step failed.
+    error = failure_line(text, exit_status_of(text), reported_error)
     event = {"type": EventType.TOOL_RESULT.value, **base, "tool": tool, "call_id": call_id,
-             "result_tokens": tokens, "success": not failed, "duration_ms": None}
-    if failed:
-        event["error"] = first_failure_line(text)
+             "result_tokens": tokens, "success": not error, "duration_ms": None}
+    if error:
+        event["error"] = error
     return event
 
 

@@ -16,7 +16,10 @@ from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import prefix_hashes
 from ctxgate.pipeline.notes import SUMMARY, context_note
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
+from ctxgate.proxy.engine.content_store import MemoryContentStore
 from ctxgate.proxy.engine.state import CompactionRecord, SessionState
+from ctxgate.proxy.engine.summary_cost import SummaryCost, costed
+from ctxgate.proxy.engine.summary_reuse import reusing_summaries
 from ctxgate.proxy.engine.turn_budget import Turn
 from ctxgate.proxy.replay.driver import replay
 from pipeline_builders import Message, bash_step, counter, filler, system, tool_turn, user
@@ -180,3 +183,24 @@ def test_a_background_summary_dropped_with_its_span_shows_in_the_metrics(gw: Gat
     assert resp.headers["x-ctx-levels"] != "none", "the rewritten history is compacted afresh"
     after = _wasted(gw, "stale")
     assert after[0] == before[0] + 1 and after[1] > before[1], (before, after)
+
+
+async def test_a_summary_an_earlier_attempt_paid_for_is_not_counted_again() -> None:
+    """A retried compaction reads its summary back from the content store (`summary_reuse`):
+    the retry's cost counts no second call, so no waste is reported for a summary paid once."""
+    paid: list[list[Message]] = []
+
+    async def complete(model: str, prompt: list[Message]) -> str:
+        paid.append(prompt)
+        return SUMMARY_TEXT
+
+    store = MemoryContentStore()
+    summarize = reusing_summaries(store, "acme", "s-1", "gpt-4o", PipelineConfig().expand, complete)
+    prompt = [user("summarise: steps 1-3")]
+    first, retry = SummaryCost(), SummaryCost()
+    assert await costed(_turn([system()], summarize), first).summarize(prompt) == SUMMARY_TEXT
+    assert await costed(_turn([system()], summarize), retry).summarize(prompt) == SUMMARY_TEXT
+    assert len(paid) == 1 and first.calls == 1 and first.tokens > 0
+    assert retry == SummaryCost()
+    await costed(_turn([system()], summarize), retry).summarize([user("summarise: steps 4-6")])
+    assert len(paid) == 2 and retry.calls == 1

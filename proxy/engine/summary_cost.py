@@ -14,6 +14,7 @@ from typing import Any, Callable
 import orjson
 
 from ctxgate.pipeline.notes import is_summary_note
+from .summary_reuse import ReusedSummary
 from .turn_budget import Turn
 
 Waste = Callable[[str, int, int], None]
@@ -40,13 +41,15 @@ class SummaryCost:
 
 
 def costed(turn: Turn, cost: SummaryCost) -> Turn:
-    """`turn` whose summaries are added to `cost` as they answer."""
+    """`turn` whose summaries are added to `cost` as they answer, but for one an earlier
+    attempt paid for (`summary_reuse.ReusedSummary`)."""
     ask = turn.summarize
 
     async def summarize(prompt: list[dict[str, Any]]) -> str:
         text = await ask(prompt)
-        cost.calls += 1
-        cost.tokens += turn.counter.count_messages(prompt) + turn.counter.count(text)
+        if not isinstance(text, ReusedSummary):
+            cost.calls += 1
+            cost.tokens += turn.counter.count_messages(prompt) + turn.counter.count(text)
         return text
 
     return replace(turn, summarize=summarize)

@@ -23,6 +23,11 @@ from .content_store import ContentStore
 Summarize = Callable[[list[dict[str, Any]]], Awaitable[str]]
 
 
+class ReusedSummary(str):
+    """A summary read back from the content store: an earlier attempt paid for it, so this
+    point's cost (`summary_cost.costed`) does not count it again."""
+
+
 def summary_ref(model: str, prompt: list[dict[str, Any]]) -> str:
     """The content store's key for the summary `model` writes for `prompt`."""
     digest = hashlib.sha256(model.encode() + b"\0" + orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS))
@@ -36,7 +41,7 @@ def reusing_summaries(content: ContentStore, tenant: str, session_id: str, model
         ref = summary_ref(model, prompt)
         kept = await content.get(tenant, session_id, ref, store.store_ttl_s)
         if kept is not None:
-            return kept
+            return ReusedSummary(kept)
         text = await complete(model, prompt)
         await content.put(tenant, session_id, {ref: text}, store.store_max_bytes, store.store_ttl_s)
         return text

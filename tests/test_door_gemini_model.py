@@ -3,6 +3,7 @@ rendered back as the Gemini API accepts it, and what it left alone goes back as 
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import orjson
@@ -15,6 +16,7 @@ from ctxgate.proxy.doors.gemini_chat import chat_body, chat_fields, chat_json, c
 from ctxgate.proxy.upstream.pieces import JOINED_BELOW, Pieces
 from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
+from ctxgate.proxy.doors.nesting import shallow
 from ctxgate.proxy.doors.validation import MAX_NESTING, check_nesting
 from ctxgate.proxy.errors import GatewayError
 
@@ -259,3 +261,15 @@ def test_the_contents_nesting_is_counted_as_every_door_counts_it(value: list[Any
     except GatewayError:
         refused = True
     assert refused == (_deepest(value, level) > MAX_NESTING)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.integers(1, 8), st.booleans())
+def test_a_small_body_said_shallow_nests_no_deeper(value: Any, limit: int, spaced: bool) -> None:
+    """`shallow` (a small body's brackets counted, those in strings too) never passes a body
+    nesting deeper than its limit, however it is spaced; and passes one with that few brackets."""
+    raw = json.dumps({"contents": value}, indent=2 if spaced else None).encode()
+    if shallow(raw, limit):
+        assert _deepest({"contents": value}, 1) <= limit
+    containers = raw.count(b"{") + raw.count(b"[")
+    assert shallow(raw, limit) == (containers <= limit)

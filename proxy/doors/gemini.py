@@ -35,9 +35,10 @@ from .gemini_chat import (Frames, chat_fields, chat_json, chat_messages, chat_to
 from .gemini_model import (ReadContents, conversation_of, count_bound, counted_body, known_turns, read_contents,
                            validate_request)
 from .gemini_render import render
+from .nesting import shallow
 from .gemini_replies import GeminiStream, error_body, facts_of, google_response, reply_facts, upstream_error
 from .respond import DoorRequest, Handler, add_door_route, answer, shaped_errors
-from .validation import read_resent_body
+from .validation import MAX_NESTING, read_resent_body
 
 log = logging.getLogger("ctxgate.doors")
 PATHS = ("/v1beta/models/{target}", "/v1/models/{target}")
@@ -170,7 +171,7 @@ class GeminiDoor:
         listed = body.get("contents")
         route, read, session_id = await self.gw.heavy.run(
             caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
-            lambda: self._read(caller, http.headers, body, model, keep),
+            lambda: self._read(caller, http.headers, body, model, keep, not shallow(raw, MAX_NESTING)),
             items=len(listed) if isinstance(listed, list) else None)
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
@@ -187,15 +188,16 @@ class GeminiDoor:
         return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
 
     def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], model: str,
-              keep: Callable[[], None]) -> tuple[Route, ReadContents, str]:
-        """The request checked (then `keep`), read into the neutral model and placed: its route,
-        conversation and session. In a thread when large (`HeavyWork`)."""
+              keep: Callable[[], None], nested: bool) -> tuple[Route, ReadContents, str]:
+        """The request checked (then `keep`; `nested`: its new turns' nesting too), read into the
+        neutral model and placed: its route, conversation and session. In a thread when large
+        (`HeavyWork`)."""
         named = named_session(headers)
         # The session's last request as this door read it: a steady turn checks and reads only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
         last = last if isinstance(last, ReadContents) else None
         known = known_turns(last, body.get("contents"))
-        validate_request(body, known, last.fields if last is not None else None)
+        validate_request(body, known, last.fields if last is not None else None, nested)
         keep()
         route = self.gw.router.resolve(model)
         read = read_contents(body, last, known)

@@ -138,18 +138,21 @@ def known_turns(last: Any, contents: Any) -> int:
     return n if len(contents) >= n and contents[:n] == last.contents else 0
 
 
-def validate_request(body: dict[str, Any], start: int = 0, checked: dict[str, Any] | None = None) -> None:
+def validate_request(body: dict[str, Any], start: int = 0, checked: dict[str, Any] | None = None,
+                     nested: bool = True) -> None:
     """A clear 400 naming the field for a body the door cannot read; other fields pass as they are
     (how deep they nest was checked as the body was read: `read_json_body`). Turns before
     `start` were checked when they arrived, and so were the fields that are the very objects
-    (`is`) `checked` holds: the session's last request's, resent as they were."""
+    (`is`) `checked` holds: the session's last request's, resent as they were. `nested`: False
+    when the body is known not to nest too deep (`nesting.shallow`)."""
     if checked:
         body = {k: v for k, v in body.items() if k == "contents" or checked.get(k, _UNSEEN) is not v}
     try:
         _REQUEST.validate_python(body)
     except ValidationError as e:
         raise validation_error(e, 0) from None
-    check_nesting(body["contents"][start:], 2)
+    if nested:
+        check_nesting(body["contents"][start:], 2)
     validate_slices(_CONTENTS, body["contents"][start:], start, "contents")
     for i, content in enumerate(body["contents"][start:], start):
         if content.get("role") == "user" and any("functionCall" in p for p in content["parts"]):

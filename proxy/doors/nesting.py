@@ -1,4 +1,5 @@
-"""How deep a parsed request body nests, counted a level at a time in C.
+"""How deep a parsed request body nests, counted a level at a time in C (or bounded by its
+brackets, when small).
 
 Every door's `validation.check_nesting` counts with this. Walking a body's containers one by
 one in Python cost 0.6 ms for a new Gemini conversation's `contents` at 100K tokens (a turn, its
@@ -10,6 +11,8 @@ from __future__ import annotations
 from itertools import chain
 from typing import Any
 
+SHALLOW_BYTES = 16 * 1024
+"""Bodies up to this size are bounded by their brackets (`shallow`): a count costs less than a walk there."""
 _is_dict = dict.__instancecheck__
 _is_list = list.__instancecheck__
 
@@ -26,3 +29,10 @@ def nests_deeper(value: Any, level: int, limit: int) -> bool:
         dicts, lists = list(filter(_is_dict, values)), list(filter(_is_list, values))
         level += 1
     return False
+
+
+def shallow(raw: bytes, limit: int) -> bool:
+    """Whether the JSON `raw` (a small body) cannot nest more than `limit` containers deep: each
+    container opens with a bracket of its own, so it holds no more than it has `{` and `[`
+    (those in strings counted too: a bound). A steady turn's small body is not walked then."""
+    return len(raw) <= SHALLOW_BYTES and raw.count(b"{") + raw.count(b"[") <= limit

@@ -15,7 +15,7 @@ from ctxgate.pipeline.notes import TAG
 from ..errors import ErrorKind, GatewayError
 from ..large_json import BodyNotJson, JsonParser
 from ..resent import Resent, ResentBodies
-from .nesting import nests_deeper
+from .nesting import nests_deeper, shallow
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 CONTENT_REQUIRED = ("system", "developer", "user", "tool", "function")
@@ -106,7 +106,8 @@ async def read_resent_body(request: web.Request, parser: JsonParser, resent: Res
                                f"request body is not valid JSON (UTF-8): {e}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(ErrorKind.INVALID_REQUEST, "request body must be a JSON object", code="invalid_json")
-    check_nesting({k: v for k, v in body.items() if k != history})
+    if not shallow(raw, MAX_NESTING):
+        check_nesting({k: v for k, v in body.items() if k != history})
     return body, known
 
 

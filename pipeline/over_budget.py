@@ -13,7 +13,7 @@ from .protocols.base import readable_text
 from .notes import (RESTORE, SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_message, is_quoted, is_restore_block,
                     is_summary_note, kind_of, notice_message, notice_tokens, plain_note)
 from .refs import SIZING_REF, render_span
-from .restore import ActiveRestore, error_section, shed_own_messages, state_block
+from .restore import ActiveRestore, error_section, names_section, shed_own_messages, state_block
 from .snip import SnipStrategy
 from .conversation import read_conversation
 from .ledger import covering_note, folded, highest_step, merged, named_steps, span_entries, widened
@@ -78,10 +78,12 @@ class OverBudget:
         # The tail alone is over: its observations are cut oldest first, the newest last, and
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
-        # Both leave room for the failure's block (`_error_room`); with the failure out of view, for
-        # the line naming the steps too: it comes back after them, and would take the block's room.
+        # Both leave room for the restored state's block (`_error_room`: the failure's line and the
+        # names of the files out of view); with the failure or a name out of view, for the line
+        # naming the steps too: it comes back after them, and would take the block's room.
         error = self.restore.state.last_error if self.restore is not None else ""
-        out_of_view = error and error not in "\n".join(map(readable_text, result.compressed_messages))
+        out_of_view = (error and error not in "\n".join(map(readable_text, result.compressed_messages))
+                       or self._unnamed(result.compressed_messages))
         back = self.counter.count_structured(cover) if cover is not None and out_of_view else 0
         result = await self._tail(request, result, back)
         result = await self._last_observation(request, result, back)
@@ -103,7 +105,7 @@ class OverBudget:
         if error and error not in shown and restored.tokens_after <= hard:
             # The last failure's line out of view and no room for it: worth more than the
             # oldest turn of the tail (a step the agent took before it failed).
-            aim = hard - self._error_room(restored.compressed_messages)
+            aim = hard - self._error_room(restored.compressed_messages, names=False)
             trimmed = await self._oldest_turns(unkept, restored, last, aim)
             restored = self._restored(trimmed, cuts) if trimmed is not restored else restored
             shown = "\n".join(map(readable_text, restored.compressed_messages))
@@ -206,15 +208,30 @@ class OverBudget:
                        recovery_hints=[*result.recovery_hints, "over the budget with every fallback: the newest "
                                                                "turns alone kept"])
 
-    def _error_room(self, messages: list[Message]) -> int:
-        """What the restored state's block takes with the last error's line alone (and the notice
-        its quote brings, when none is there yet): left free by the cuts of the newest outputs,
-        which may take that line out of view (`_restored` puts it back)."""
-        error = self.restore.state.last_error if self.restore is not None else ""
-        if not error:
+    def _error_room(self, messages: list[Message], names: bool = True) -> int:
+        """What the restored state's block takes with the last error's line and, with `names`, the
+        names of the files nothing but ctxgate's notes in `messages` names (and the notice its quote
+        brings, when none is there yet): left free by the cuts of the newest outputs, which may take
+        that line out of view (`_restored` puts it back). The middle of an output, kept by
+        reference, is worth less than the names of the files the agent works on, which were shed
+        for it (replayed on the bench's runs: files in view below the code before quoting)."""
+        if self.restore is None:
+            return 0
+        state = self.restore.state
+        sections = [error_section(state.last_error, SIZING_REF)] if state.last_error else []
+        unnamed = self._unnamed(messages) if names else []
+        sections += [names_section(unnamed)] if unnamed else []
+        if not sections:
             return 0
         notice = 0 if any(is_quoted(m) for m in messages) else self.counter.count_structured(notice_message())
-        return self.counter.count_structured(state_block([error_section(error, SIZING_REF)])) + notice
+        return self.counter.count_structured(state_block(sections)) + notice
+
+    def _unnamed(self, messages: list[Message]) -> list[str]:
+        """The restored state's file names that nothing but ctxgate's own messages names."""
+        if self.restore is None or not self.restore.state.current_files:
+            return []
+        shown = "\n".join(readable_text(m) for m in messages if not is_ctxgate_message(m))
+        return [f.path for f in self.restore.state.current_files if f.path not in shown]
 
     def _restored(self, result: CompressionResult, cuts: dict[str, str] | None) -> CompressionResult:
         """The restored state's block made again for what the fallbacks left, in the room they

@@ -217,7 +217,7 @@ class ActiveRestore:
             parts.append("Active skill:\n" + counter.head(s.active_skill, self.config.skill_tokens))
         names = [f.path for f in s.current_files if f.path not in shown]  # the kept messages name the others
         if names:
-            parts.append(_FILE_NAMES + ", ".join(names))
+            parts.append(names_section(names))
         out: list[Message] = []
         used = 0
         tries = [parts[:n] for n in range(len(parts), 0, -1)]  # as many sections as fit, the least important go first
@@ -263,6 +263,11 @@ def _with_room_used(out: list[Message], used: int, parts: list[str], counter: To
         return out, used
     block = state_block(grown)
     return [block, *out[1:]], counter.count_structured(block)
+
+
+def names_section(names: list[str]) -> str:
+    """The state's section naming the files the agent works on."""
+    return _FILE_NAMES + ", ".join(names)
 
 
 def error_section(line: str, ref: str | None, in_view: bool = False) -> str:

@@ -8,9 +8,13 @@ the kept messages show are not listed twice, and merged compaction notes of step
 quote; and that the per-dialect bench's probe counts files, not URLs or code."""
 from __future__ import annotations
 
+import asyncio
+
+from ctxgate.pipeline.chain import CompressionPipeline, build_pipeline
 from ctxgate.pipeline.config import PipelineConfig, RestoreConfig
 from ctxgate.pipeline.ledger import merged, note_entries
-from ctxgate.pipeline.notes import OPEN, SNIP, context_note, is_quoted, kind_of, plain_note, quoted_text
+from ctxgate.pipeline.notes import (OPEN, SNIP, context_note, is_quoted, kind_of, plain_note, quoted_text,
+                                    with_notice)
 from ctxgate.pipeline.over_budget import OverBudget
 from ctxgate.pipeline.refs import CutLog
 from ctxgate.pipeline.request import CompressionRequest
@@ -19,7 +23,7 @@ from ctxgate.pipeline.restore import (ActiveRestore, CurrentFile, WorkingState, 
 from ctxgate.pipeline.types import CompressionResult
 from ctxgate.proxy.replay.probes import code_paths, command_paths, touched_files
 
-from pipeline_builders import call, calls, counter, system, tool, user
+from pipeline_builders import call, calls, counter, filler, system, tool, user
 
 CFG = RestoreConfig()
 FAILURE = "AssertionError: " + "the serialised value was rounded down instead of to the nearest " * 6
@@ -108,3 +112,36 @@ def test_the_probe_counts_files_not_urls_nor_code() -> None:
          calls(call("2", "execute_ipython_cell", code="print(open('notes.txt').read()); os.environ")),
          tool("2", "ok")]
     assert touched_files(h, text_mode=False) == ["src/server.js", "notes.txt"]
+
+
+def test_the_last_output_is_cut_deeper_to_keep_the_file_names() -> None:
+    """The newest output alone over the budget, the files the agent read named only by steps an
+    earlier point removed: the output's middle (kept by reference) gives the room for the quoted
+    block naming them. Before, the cut kept as much of the output as the budget held and the
+    names were shed: the request named none of the files the agent worked on."""
+    c = counter()
+    cfg = PipelineConfig()
+    read = [calls(call("1", "read_file", path="/w/src/fields.py")), tool("1", "def serialise(): ..."),
+            calls(call("2", "read_file", path="/w/tests/test_fields.py")), tool("2", "def test_round(): ...")]
+    run = [calls(call("3", "bash", command="python -m pytest -q")), tool("3", filler(3000, 3))]
+    history = [system(), user("The duration field rounds down; make it round to the nearest unit."), *read, *run]
+    working = extract_working_state(history, cfg.restore)
+    assert {f.path for f in working.current_files} == {"/w/src/fields.py", "/w/tests/test_fields.py"}
+    kept = [history[0], history[1], *run]  # the reads went at an earlier point
+    hard = c.count_messages(kept[:3]) + 600  # far less than the output's head and tail (Microcompact's 2,000)
+
+    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
+        return build_pipeline(config, working_state=working, effective_budget=hard)
+
+    budget = OverBudget(cfg, c, pipeline_of, lambda: 0, hard, hard, ActiveRestore(cfg.restore, working))
+    request = CompressionRequest(messages=kept, token_budget=hard // 2, counter=c, cuts=CutLog())
+    result = CompressionResult(compressed_messages=kept, tokens_freed=0, level_used=None,
+                               tokens_after=c.count_messages(kept))
+    _, out = asyncio.run(budget.fit(request, result))
+    sent = out.compressed_messages
+    assert out.tokens_after <= hard and c.count_messages(with_notice(sent)) <= hard
+    state = [m for m in sent if kind_of(m) == "restore"]
+    assert len(state) == 1 and is_quoted(state[0]) and state[0]["role"] == "user"
+    assert "/w/src/fields.py" in quoted_text(state[0]) and "/w/tests/test_fields.py" in quoted_text(state[0])
+    assert not any("fields.py" in str(m.get("content")) for m in sent if m["role"] == "system")
+    assert sent[-1]["role"] == "tool" and "truncated" in sent[-1]["content"]  # the output's middle went instead

@@ -143,7 +143,10 @@ async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: d
                 ErrorKind.UPSTREAM_UNREACHABLE, f"upstream for {prepared.route.model_name} answered HTTP "
                 f"{reply.status} with a body that is not a {wire.name} reply ({facts.malformed})",
                 code=BAD_REPLY, headers=dict(reply.headers)))
-        await _uncancellable(done(reply, body, facts))
+        try:
+            await _uncancellable(done(reply, body, facts))
+        finally:  # once aiohttp has written the reply: it does so without yielding after the handler returns
+            asyncio.get_running_loop().call_soon(prepared.finish)
         return web.Response(status=reply.status, body=reply.body, headers={
             "Content-Type": reply.content_type, **reply.headers, **headers})
     return await _relay(request.http, reply, done, wire)
@@ -197,13 +200,19 @@ async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -
             _failed(prepared, wire, e)
     except (ConnectionResetError, asyncio.CancelledError):
         log.info("client left session %s mid-stream; upstream call cancelled", prepared.session_id)
+        if settled:
+            prepared.finish()
         raise
     finally:
         if reply.close is not None:
             reply.close()
     if (watch.failed or ended_by_error) and not settled:  # not a reply: nothing settled
         done.engine.gw.metrics.requests.labels(prepared.route.model_name, "stream_error").inc()
-    await response.write_eof()
+    try:
+        await response.write_eof()
+    finally:
+        if settled:
+            prepared.finish()
     return response
 
 

@@ -79,14 +79,9 @@ class OverBudget:
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
         # Both leave room for the restored state's block (`_error_room`: the failure's line and the
-        # names of the files out of view); with the failure or a name out of view, for the line
-        # naming the steps too: it comes back after them, and would take the block's room.
-        error = self.restore.state.last_error if self.restore is not None else ""
-        out_of_view = (error and error not in "\n".join(map(readable_text, result.compressed_messages))
-                       or self._unnamed(result.compressed_messages))
-        back = self.counter.count_structured(cover) if cover is not None and out_of_view else 0
-        result = await self._tail(request, result, back)
-        result = await self._last_observation(request, result, back)
+        # names of the files out of view), and for the line naming the steps (`_cover_room`).
+        result = await self._tail(request, result, cover)
+        result = await self._last_observation(request, result, cover)
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
@@ -226,6 +221,13 @@ class OverBudget:
         notice = 0 if any(is_quoted(m) for m in messages) else self.counter.count_structured(notice_message())
         return self.counter.count_structured(state_block(sections)) + notice
 
+    def _cover_room(self, messages: list[Message], cover: Message | None) -> int:
+        """Room for `cover`, the line naming the steps of the notes shed, with the failure's line or
+        a file name out of view: it comes back after the cuts, and would take the state's room."""
+        error = self.restore.state.last_error if self.restore is not None else ""
+        out = (error and error not in "\n".join(map(readable_text, messages))) or self._unnamed(messages)
+        return self.counter.count_structured(cover) if cover is not None and out else 0
+
     def _unnamed(self, messages: list[Message]) -> list[str]:
         """The restored state's file names that nothing but ctxgate's own messages names."""
         if self.restore is None or not self.restore.state.current_files:
@@ -270,19 +272,19 @@ class OverBudget:
         return joined(result, await self.pipeline_of(config).compact(again))
 
     async def _last_observation(self, request: CompressionRequest, result: CompressionResult,
-                                back: int = 0) -> CompressionResult:
+                                cover: Message | None = None) -> CompressionResult:
         """Still over: the last message, an observation, is cut head and tail. Towards the target,
         not only to the limit (the turn would land at it and the next turn compact again), but
         keeping what Microcompact keeps of any output: the newest output's head and tail are where
         its failure lines mostly are (measured: cut to the target alone, the last error line was
-        in view a tenth less often). `back`: room kept for the line naming the steps, which comes
-        back after it."""
+        in view a tenth less often). `cover`: the line naming the steps, which comes back after it."""
         cfg, hard = self.config, self.hard
         if result.tokens_after <= hard or "microcompact" not in cfg.levels:
             return result
         others = result.tokens_after - self.counter.count_structured(result.compressed_messages[-1])
         keep = cfg.microcompact.head_tokens + cfg.microcompact.tail_tokens
-        aim = min(hard - self._error_room(result.compressed_messages) - back, max(request.token_budget, others + keep))
+        room = self._error_room(result.compressed_messages) + self._cover_room(result.compressed_messages, cover)
+        aim = min(hard - room, max(request.token_budget, others + keep))
         cutter = LastObservationCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, hard))
         cut = None
         for _ in range(2):  # once more, lower by what the first cut landed over its aim (the notice, the separator)
@@ -295,7 +297,8 @@ class OverBudget:
                 break
         return result if cut is None else joined(result, cut)
 
-    async def _tail(self, request: CompressionRequest, result: CompressionResult, back: int = 0) -> CompressionResult:
+    async def _tail(self, request: CompressionRequest, result: CompressionResult,
+                    cover: Message | None = None) -> CompressionResult:
         """The protected tail alone is over the budget: its observations are cut oldest first,
         each to its tool's threshold or to what the budget leaves it, the newest last; the last
         message and the newest user message stay (`RecentWindowCut` with nothing protected)."""
@@ -303,7 +306,8 @@ class OverBudget:
         if result.tokens_after <= self.hard or "microcompact" not in cfg.levels:
             return result
         cutter = RecentWindowCut(MicrocompactStrategy(cfg.microcompact, cfg.pin_first_user, self.hard), protect=None)
-        aim = self.hard - self._error_room(result.compressed_messages) - back
+        aim = self.hard - self._error_room(result.compressed_messages) - self._cover_room(result.compressed_messages,
+                                                                                           cover)
         cut = await cutter.compress(replace(request, messages=result.compressed_messages, token_budget=aim,
                                             window=PROTECTED_TAIL, anchored=True))
         return result if cut is None else joined(result, self._as_forwarded(cut))

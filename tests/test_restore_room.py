@@ -145,3 +145,38 @@ def test_the_last_output_is_cut_deeper_to_keep_the_file_names() -> None:
     assert "/w/src/fields.py" in quoted_text(state[0]) and "/w/tests/test_fields.py" in quoted_text(state[0])
     assert not any("fields.py" in str(m.get("content")) for m in sent if m["role"] == "system")
     assert sent[-1]["role"] == "tool" and "truncated" in sent[-1]["content"]  # the output's middle went instead
+
+
+def test_the_line_naming_the_steps_and_the_file_names_both_come_back() -> None:
+    """The earlier note shed with the line naming its steps, and the one file name in view only in
+    the middle of an older output that the tail's cut takes out: the last output's cut leaves room
+    for both, measured after that cut (before, the room for the line was decided before it, with
+    the name still in view, and the line took the names' room)."""
+    c = counter()
+    cfg = PipelineConfig()
+    read = [calls(call("1", "read_file", path="/w/reproduce.py")), tool("1", "print(round(0.345, 2))")]
+    listing = [calls(call("2", "bash", command="ls -R")),
+               tool("2", f"{filler(600, 2)}\n/w/reproduce.py\n{filler(600, 4)}")]
+    run = [calls(call("3", "bash", command="python -m pytest -q")), tool("3", filler(3000, 3))]
+    task = user("The duration field rounds down; make it round to the nearest unit.")
+    working = extract_working_state([system(), task, *read, *listing, *run], cfg.restore)
+    assert [f.path for f in working.current_files] == ["/w/reproduce.py"]
+    note = _note("- steps 1–1: read_file ×1; ref ctx:000000000001", "ctx:000000000002")
+    kept = [system(), task, note, *listing, *run]
+    hard = c.count_messages([system(), task, listing[0], run[0]]) + 500
+
+    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
+        return build_pipeline(config, working_state=working, effective_budget=hard)
+
+    budget = OverBudget(cfg, c, pipeline_of, lambda: 0, hard, hard, ActiveRestore(cfg.restore, working))
+    request = CompressionRequest(messages=kept, token_budget=hard // 2, counter=c, cuts=CutLog())
+    result = CompressionResult(compressed_messages=kept, tokens_freed=0, level_used=None,
+                               tokens_after=c.count_messages(kept))
+    _, out = asyncio.run(budget.fit(request, result))
+    sent = out.compressed_messages
+    assert c.count_messages(with_notice(sent)) <= hard
+    assert any(1 in {n for e in note_entries(m) for n in range(e.first, e.last + 1)} for m in sent)
+    state = [m for m in sent if kind_of(m) == "restore"]
+    assert len(state) == 1 and is_quoted(state[0]) and "/w/reproduce.py" in quoted_text(state[0])
+    shown = [m for m in sent if m.get("tool_call_id") == "2"]
+    assert len(shown) == 1 and "/w/reproduce.py" not in shown[0]["content"]  # the listing's middle went

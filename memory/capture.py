@@ -227,10 +227,14 @@ def project_id(root: str) -> str:
     return safe_name(root.strip("/").replace("/", ":"))
 
 
+ROOT_MESSAGES = 4
+"""The leading messages a workspace root is looked for in (`workspace_root`)."""
+
+
 def workspace_root(messages: list[dict[str, Any]]) -> str | None:
     """The workspace root an agent names in its system prompt or task (OpenHands
     `/workspace/<repo>`, SWE-agent `/testbed` or `/<repo>`), as the project's id."""
-    for m in messages[:4]:
+    for m in messages[:ROOT_MESSAGES]:
         if m.get("role") in ("system", "developer", "user"):
             found = _WORKSPACE.search(text_of(m.get("content"))[:20000])
             if found:

@@ -170,6 +170,28 @@ def test_a_next_turn_is_read_on_from_the_last_and_reads_as_afresh() -> None:
     assert known and fifth.messages[-1]["tool_call_id"] == fifth.messages[-2]["tool_calls"][0]["id"]
 
 
+def test_a_steady_turn_keeps_the_workspace_root_its_first_turns_name() -> None:
+    """The workspace root (memory's project) is looked for once in a conversation's first
+    messages, and kept by the next turn only when those were all the last request's: a
+    conversation too short to hold them is looked at again."""
+    def user(text: str) -> dict[str, Any]:
+        return {"role": "user", "parts": [{"text": text}]}
+
+    def model(text: str) -> dict[str, Any]:
+        return {"role": "model", "parts": [{"text": text}]}
+
+    short = {"contents": [user("hi"), model("hello")]}
+    first = read_contents(short)
+    assert first.workspace_root(first.messages) is None and first.rooted
+    grown = {"contents": [*short["contents"], user("now see /workspace/shop/README"), model("ok")]}
+    second = read_contents(grown, first, known_turns(first, grown["contents"]))
+    assert second.known == 2 and second.workspace_root(second.messages) == "/workspace/shop"
+    longer = {"contents": [*grown["contents"], user("and /workspace/other"), model("ok")]}
+    third = read_contents(longer, second, known_turns(second, longer["contents"]))
+    assert third.known == 4 and third.rooted and third.workspace_root(third.messages) == "/workspace/shop"
+    assert read_contents(longer).workspace_root(third.messages) == "/workspace/shop"  # as found afresh
+
+
 def test_an_edited_history_is_read_afresh() -> None:
     """A changed earlier turn, or a changed system instruction, reuses nothing stale."""
     body = _body(4, signed=False)

@@ -175,10 +175,12 @@ class GeminiDoor:
             items=len(listed) if isinstance(listed, list) else None)
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
+        # The workspace root a steady turn's scope names was found in its first turns, last turn.
+        scope = scope_of(http.headers, None, messages, read.workspace_root) if memory_on else None
         tools = read.tools
         turn = TurnInput(messages=messages, tools=tools or None,
                          stream=method == "streamGenerateContent",
-                         memory_scope=scope_of(http.headers, None, messages) if memory_on else None,
+                         memory_scope=scope,
                          body_bytes=len(raw), door_state=read,
                          count_bound=count_bound(raw, body) if not read.known else None,
                          fresh_bytes=fresh if read.known else None)

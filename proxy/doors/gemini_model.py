@@ -23,6 +23,7 @@ import orjson
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import Annotated, Required, TypedDict
 
+from ctxgate.memory.capture import ROOT_MESSAGES, workspace_root
 from ctxgate.pipeline.tokens import TOKENS_PER_TOOL, json_bound
 from .validation import check_nesting, validate_slices, validation_error
 from ..errors import ErrorKind, GatewayError
@@ -127,6 +128,16 @@ class ReadContents:
     that resends them as they were has the same objects (`ResentBodies`), not checked again."""
     tools: list[dict[str, Any]] | None = None
     """`fields["tools"]` as chat tools, once made (`gemini.GeminiDoor`)."""
+    root: str | None = None
+    """The workspace root its leading messages name, once looked for (`rooted`, `workspace_root`)."""
+    rooted: bool = False
+
+    def workspace_root(self, messages: list[Message]) -> str | None:
+        """`capture.workspace_root` of `messages` (these messages), looked for once: a next
+        request that keeps the leading messages it is looked for in keeps it (`read_contents`)."""
+        if not self.rooted:
+            self.root, self.rooted = workspace_root(messages), True
+        return self.root
 
 
 def known_turns(last: Any, contents: Any) -> int:
@@ -207,8 +218,9 @@ def read_contents(body: dict[str, Any], last: ReadContents | None = None, known:
         # The answers of the first new turn name the calls of the last known one.
         calls = [(c["id"], c["function"]["name"]) for c in out[-1].get("tool_calls", [])] \
             if before.get("role") == "model" else []
+        rooted = last.rooted and len(last.messages) >= ROOT_MESSAGES  # its leading messages are last's
         return ReadContents(last.system, last.contents + contents[known:], _read(contents, known, calls, out),
-                            known, last.chat, _fields(body))
+                            known, last.chat, _fields(body), root=last.root, rooted=rooted)
     out = []
     if system and system_text(system):
         out.append({"role": "system", "content": system_text(system), ORIGIN: system})

@@ -38,12 +38,14 @@ class MemoryScope:
         return f"{self.user or ''}\x00{self.project or ''}"
 
 
-def scope_of(headers: Mapping[str, str], user: Any, messages: list[dict[str, Any]]) -> MemoryScope:
+def scope_of(headers: Mapping[str, str], user: Any, messages: list[dict[str, Any]],
+             root: Callable[[list[dict[str, Any]]], str | None] = workspace_root) -> MemoryScope:
     """User: `X-Ctx-User` (an id under the one rule, else 400), else the body's free-form
     end-user id (OpenAI `user`, Anthropic `metadata.user_id`), which clients fill with
     emails or anything: one that breaks the rule is hashed into an id, never refused.
     Project: `X-Ctx-Project` (the rule, else 400), else the workspace root the conversation
-    names, as an id (`/workspace/shop` is `workspace:shop`)."""
+    names (`root`: `workspace_root`, or a door's copy of it found already), as an id
+    (`/workspace/shop` is `workspace:shop`)."""
     header_user = headers.get("X-Ctx-User")
     if header_user is not None:
         user = require_id(header_user, "user", "X-Ctx-User")
@@ -55,8 +57,8 @@ def scope_of(headers: Mapping[str, str], user: Any, messages: list[dict[str, Any
     project = headers.get("X-Ctx-Project")
     if project is not None:
         return MemoryScope(user, require_id(project, "project", "X-Ctx-Project"))
-    root = workspace_root(messages)
-    return MemoryScope(user, project_id(root) if root else None)
+    found = root(messages)
+    return MemoryScope(user, project_id(found) if found else None)
 
 
 def query_of(messages: list[dict[str, Any]]) -> str:

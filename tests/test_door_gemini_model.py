@@ -14,6 +14,7 @@ from ctxgate.pipeline.notes import NOTICE, SNIP, context_note, notice_message
 from ctxgate.pipeline.tokens import TokenizerRegistry
 from ctxgate.proxy.doors.gemini_chat import chat_body, chat_fields, chat_json, chat_tools
 from ctxgate.proxy.upstream.pieces import JOINED_BELOW, Pieces
+from ctxgate.proxy.doors.gemini_replies import GeminiStream
 from ctxgate.proxy.doors.gemini_model import conversation_of, count_bound, known_turns, read_contents
 from ctxgate.proxy.doors.gemini_render import COMPACTED_OPENING, CONTEXT_ACK, render
 from ctxgate.proxy.doors.nesting import shallow
@@ -295,3 +296,33 @@ def test_a_small_body_said_shallow_nests_no_deeper(value: Any, limit: int, space
         assert _deepest({"contents": value}, 1) <= limit
     containers = raw.count(b"{") + raw.count(b"[")
     assert shallow(raw, limit) == (containers <= limit)
+
+
+@pytest.mark.parametrize("sse", [True, False])
+def test_the_stream_watch_reads_the_elements_that_say_something(sse: bool) -> None:
+    """Text deltas pass unread; the usage, a call, the finish and an error are read, also with
+    a key spelt with an escape, in SSE events or a JSON array's elements, split anywhere."""
+    def frame(obj: dict[str, Any], i: int) -> bytes:
+        data = orjson.dumps(obj)
+        return b"data: " + data + b"\r\n\r\n" if sse else (b"," if i else b"[") + data + b"\n\n"
+
+    text = {"candidates": [{"content": {"role": "model", "parts": [{"text": "he said \"finish\""}]}, "index": 0}]}
+    call = {"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": "ls", "args": {}}}]}}]}
+    final = {"candidates": [{"content": {"role": "model", "parts": [{"text": ""}]}, "finishReason": "STOP"}],
+             "usageMetadata": {"promptTokenCount": 42}}
+    stream = b"".join(frame(o, i) for i, o in enumerate((text, call, text, final))) + (b"" if sse else b"]")
+    for cut in (1, 7, len(stream) // 2, len(stream)):
+        watch = GeminiStream(keep_all=False)
+        watch.feed(stream[:cut])
+        watch.feed(stream[cut:])
+        facts = watch.facts()
+        assert watch.complete and not watch.failed and facts.prompt_tokens == 42
+        assert [c["function"]["name"] for c in facts.tool_calls] == ["ls"]
+    escaped = frame(text, 0).replace(b'"text"', b'"te\\u0078t"') + \
+        frame({"candidates": final["candidates"]}, 1).replace(b'"finishReason"', b'"\\u0066inishReason"')
+    watch = GeminiStream(keep_all=False)
+    watch.feed(escaped)
+    assert watch.complete
+    failed = GeminiStream(keep_all=False)
+    failed.feed(frame({"error": {"code": 503, "message": "x", "status": "UNAVAILABLE"}}, 0))
+    assert failed.failed and not failed.complete

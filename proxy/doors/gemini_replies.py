@@ -67,6 +67,10 @@ def reply_facts(body: bytes) -> ReplyFacts:
     return facts_of(data)
 
 
+_READ = (b'"error"', b'"usageMetadata"', b'"functionCall"', b'"finishReason"', b"\\u")
+"""What an element the stream watch reads holds: a key it reads, or an escape (a key may be spelt with one)."""
+
+
 class GeminiStream(SseWatch):
     """Watches a Gemini stream go by, SSE or a JSON array cut into whole elements: the chunk
     with a `finishReason` completes it, an `error` element fails it."""
@@ -87,6 +91,8 @@ class GeminiStream(SseWatch):
         for event in events:
             raw = event.strip()
             raw = raw[5:] if raw.startswith(b"data:") else raw.lstrip(b"[,").rstrip(b"]")
+            if not any(key in raw for key in _READ):
+                continue  # a text delta: nothing in it is kept
             try:
                 chunk = orjson.loads(raw)
             except orjson.JSONDecodeError:

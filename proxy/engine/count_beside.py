@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import TokenCounter
@@ -44,13 +44,17 @@ def may_compact(state: SessionState, turn: Turn, bound: int | None) -> bool:
 
 
 def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
-                 messages: list[dict[str, Any]], index: HistoryIndex, headers: dict[str, str],
+                 messages: list[dict[str, Any]], index: HistoryIndex,
+                 fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
                  counted: Callable[[], None]) -> "asyncio.Task[None]":
     """Start the count of a turn forwarded uncounted (`ctxgate_counts_beside_upstream_total`).
-    `counted` reports it and keeps the index, as for a counted turn. Awaited by `settle`, so an
-    answered turn is in the WAL before its reply is, and calibrated with its count."""
+    `index`: what is known of its messages; when it does not hold them all, `fingerprinted()`
+    takes their fingerprints once the turn is forwarded (they decide nothing it sends).
+    `counted` reports the count and keeps the index, as for a counted turn. Awaited by
+    `settle`, so an answered turn is in the WAL before its reply is, and calibrated with its count."""
     gw.metrics.counts_beside_upstream.inc()
-    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, index, headers, counted))
+    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, index, fingerprinted, headers,
+                                        counted))
 
 
 async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
@@ -66,14 +70,18 @@ async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
 
 
 async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
-                 messages: list[dict[str, Any]], index: HistoryIndex, headers: dict[str, str],
+                 messages: list[dict[str, Any]], index: HistoryIndex,
+                 fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
                  counted: Callable[[], None]) -> None:
-    """Count the turn (in a thread, beside the upstream call), then log its messages as
-    `prepare` logs a counted turn's."""
+    """Fingerprint and count the turn (on the count workers or in a thread, beside the upstream
+    call), then log its messages as `prepare` logs a counted turn's."""
     try:
-        # One turn of the event loop first: `forward` writes the request before the count's
-        # thread takes a core, so it adds nothing to the time the upstream starts at.
+        # One turn of the event loop first: `forward` writes the request before the count
+        # takes a core, so it adds nothing to the time the upstream starts at.
         await asyncio.sleep(0)
+        if len(index) != len(messages):
+            index = await fingerprinted()
+            turn.fingerprints = index.fingerprints
         turn.index = await gw.counts.counted(index, messages, turn.counter)
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
         counted()

@@ -178,16 +178,22 @@ class TurnEngine:
         def indexed() -> HistoryIndex:
             return (known.index or HistoryIndex.build([], counter)).extend(messages, known.length, counter, count=False)
 
-        index = indexed() if index_inline(len(messages) - known.length, work) else \
-            await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, work, indexed)
+        async def fingerprinted() -> HistoryIndex:
+            return indexed() if index_inline(len(messages) - known.length, work) else \
+                await gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, work, indexed)
+
+        # A new conversation the bytes bound far below the trigger is fingerprinted and counted
+        # beside the upstream call (`late`): nothing of it is counted yet, unless another
+        # replica left its counts in Redis, which takes its fingerprints to look up.
+        late = not known.length and gw.shared_counts is None and beside_upstream(0, bound, counter)
+        index = HistoryIndex.build([], counter) if late else await fingerprinted()
         mine = len(index.cumulative_tokens) - 1
         if mine == 0 and messages and gw.shared_counts is not None:
             index = await self._shared_counts(caller.tenant, session_id, index)
         counted = len(index.cumulative_tokens) - 1
         gw.metrics.message_counts.labels("shared").inc(counted - mine)
         gw.metrics.message_counts.labels("counted").inc(len(messages) - counted)
-        # A new conversation the bytes bound far below the trigger is counted beside the upstream call (`late`).
-        late = beside_upstream(counted, bound, counter)
+        late = late or beside_upstream(counted, bound, counter)
         if late:
             pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
@@ -227,6 +233,9 @@ class TurnEngine:
                 block = await session_block(memory, gw.memory_blocks, state, scope, turn)
                 turn.reserved_tokens = block_tokens(block, counter)
             if late and may_compact(state, turn, bound):  # counted before anything else
+                if len(index) != len(messages):
+                    index = await fingerprinted()
+                    turn.fingerprints = index.fingerprints
                 turn.index = await gw.counts.counted(index, messages, counter)
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
@@ -244,9 +253,9 @@ class TurnEngine:
         if memory is not None and scope is not None:
             dialect = state.dialect or None  # None: detected from the messages
             buffer = BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns)
-            fingerprints = turn.fingerprints
-            prepared.capture = lambda: memory.observe((caller.tenant, session_id), buffer, messages, fingerprints,
-                                                      counter.head,
+            # The turn's fingerprints when the capture starts: a late turn takes them once forwarded.
+            prepared.capture = lambda: memory.observe((caller.tenant, session_id), buffer, messages,
+                                                      turn.fingerprints, counter.head,
                                                       lambda unseen: message_spans(messages, unseen, dialect))
         if offered and compacted:
             # Offered from the first compaction on, the same bytes every turn: the prompt cache holds.
@@ -254,8 +263,8 @@ class TurnEngine:
                                            on_answer=gw.metrics.expanded,
                                            room=expansion_room(turn, state, plan))
         if late:
-            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, index, headers,
-                                             lambda: self._counted(caller, session_id, request, turn, headers))
+            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, index, fingerprinted,
+                                             headers, lambda: self._counted(caller, session_id, request, turn, headers))
         return prepared
 
     async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
@@ -397,3 +406,4 @@ class TurnEngine:
             await wire.settled(caller.tenant, facts)
         except Exception as e:  # the same: a reply the upstream was paid for reaches the client
             log.error("session %s: the reply could not be kept by its door: %s", prepared.session_id, e)
+

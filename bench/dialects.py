@@ -40,11 +40,11 @@ import common
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.turns import is_valid_sequence, leading_instructions
 from ctxgate.proxy.replay.baselines import BASELINES, baseline_replay
-from ctxgate.proxy.replay.driver import agent_turns, replay
+from ctxgate.proxy.replay.driver import Forwarded, Replay, agent_turns, replay
 from ctxgate.proxy.replay.probes import (ERROR_MARKERS, LATEST, PATH_RE, PROBES, floor_of, needs_of, observations,
                                          probe, squash, task_statement_index)
-from ctxgate.proxy.replay.scores import PRICES, RunScore, pooled, score_run, whole_history_cost
-from ctxgate.proxy.replay.upstream import ProviderCount
+from ctxgate.proxy.replay.scores import PRICES, RunScore, costed, pooled, score_run, whole_history_cost
+from ctxgate.proxy.replay.upstream import CTXGATE, ProviderCount
 from trajectories import DIALECTS, TOOL_CALLS, Trajectory, dialect_of
 
 Message = dict[str, Any]
@@ -196,6 +196,51 @@ def slug(text: str) -> str:
     return "-".join(text.lower().replace("-", " ").split())
 
 
+class TurnSummaries:
+    """A summarizer that keeps its calls' tokens (prompt, reply; counted as the driver counts
+    them) by the turn they were made for: while that turn was prepared, or in the background
+    after the turn before it (a speculation ready for it)."""
+
+    def __init__(self, summarize: Callable[[list[Message]], Awaitable[str]], counter: Any) -> None:
+        self.summarize, self.counter = summarize, counter
+        self.pending, self.by_turn = (0, 0), dict[int, tuple[int, int]]()
+
+    async def __call__(self, prompt: list[Message]) -> str:
+        text = await self.summarize(prompt)
+        self.pending = (self.pending[0] + self.counter.count_messages(prompt),
+                        self.pending[1] + self.counter.count(text))
+        return text
+
+    def on_turn(self, f: Forwarded) -> None:
+        self.by_turn[f.turn], self.pending = self.pending, (0, 0)
+
+
+def turn_costs(run: Replay, messages: list[Message], provider: ProviderCount,
+               paid: TurnSummaries) -> dict[int, dict[str, Any]]:
+    """Per turn, the pieces `score_run` prices (`--turns`): the request priced (`sent` tokens, of
+    them `cached`, a common prefix of `prefix` messages with the previous answered request),
+    whether an answered request starts with the previous answered one (`stable`), the summary
+    calls made for it (a call still pending when the run ends goes with the last turn), and the
+    whole history's `whole_sent` / `whole_cached` that turn (what the cost is relative to)."""
+    priced = costed([(f.messages if f.refused_by != CTXGATE else messages[:f.turn], not f.refused)
+                     for f in run.turns], provider)
+    whole = dict(zip(agent_turns(messages), costed([(messages[:i], True) for i in agent_turns(messages)], provider)))
+    summaries = {f.turn: paid.by_turn.get(f.turn, (0, 0)) for f in run.turns}
+    if run.turns and paid.pending != (0, 0):
+        last = summaries[run.turns[-1].turn]
+        summaries[run.turns[-1].turn] = (last[0] + paid.pending[0], last[1] + paid.pending[1])
+    out: dict[int, dict[str, Any]] = {}
+    previous: list[Message] | None = None
+    for f, (sent, cached, prefix) in zip(run.turns, priced):
+        stable = None if f.refused or previous is None else f.messages[:len(previous)] == previous
+        if not f.refused:
+            previous = f.messages
+        out[f.turn] = {"sent": sent, "cached": cached, "prefix": prefix, "stable": stable, "compacted": f.compacted,
+                       "summary": list(summaries[f.turn]), "whole_sent": whole[f.turn][0],
+                       "whole_cached": whole[f.turn][1]}
+    return out
+
+
 def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], counter: Any,
              loop: asyncio.AbstractEventLoop, per_turn: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
     """Every method on one run at every ratio. `per_turn` gets each turn of ctxgate (stand-in)
@@ -212,16 +257,19 @@ def evaluate(name: str, t: Trajectory, dialect: str, messages: list[Message], co
             continue
         scores = {}
         for method in METHODS:
+            paid = TurnSummaries(SUMMARIES[method], counter) if method in SUMMARIES else None
             run = (loop.run_until_complete(replay(messages, t.tools, limit, counter=counter, provider_count=provider,
-                                                  summarize=SUMMARIES[method], wait_background=True,
-                                                  enforce_limit=True))
-                   if method in SUMMARIES else baseline_replay(messages, limit, BASELINES[method], provider))
+                                                  summarize=paid, wait_background=True, enforce_limit=True,
+                                                  on_turn=paid.on_turn))
+                   if paid is not None else baseline_replay(messages, limit, BASELINES[method], provider))
             scores[method] = score_run(run, needs, limit, provider, messages, reference)
-            if per_turn is not None and method == STAND_IN:
+            if per_turn is not None and paid is not None and method == STAND_IN:
+                cost = turn_costs(run, messages, provider, paid)
                 for f in run.turns:
                     per_turn({"run": name, "dialect": dialect, "ratio": ratio, "turn": f.turn,
                               "refused_by": f.refused_by, "refused": f.refused[:200], "tokens": f.tokens,
-                              "needed": needs[f.turn].tokens, "levels": f.levels, **probe(f, needs[f.turn])})
+                              "needed": needs[f.turn].tokens, "levels": f.levels, **probe(f, needs[f.turn]),
+                              **cost[f.turn]})
         out[ratio] = scores
 
     def fewest(trigger: float) -> int:

@@ -36,11 +36,11 @@ def mean(values: Sequence[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def priced(requests: list[tuple[list[Message], bool]], provider: ProviderCount, prices: Prices,
-           summaries: Sequence[tuple[int, int]] = ()) -> float:
-    """The cache-aware cost of (request, answered) in order, and of the summary calls (prompt
-    and reply tokens)."""
-    total, previous = 0.0, None
+def costed(requests: list[tuple[list[Message], bool]], provider: ProviderCount) -> list[tuple[int, int, int]]:
+    """Per (request, answered) in order: its tokens, the tokens of its longest common prefix in
+    whole messages (with the tools schema) with the previous answered request when that is at
+    least `CACHE_MIN_TOKENS` (else 0), and that prefix's length in messages."""
+    out, previous = [], None
     for msgs, answered in requests:
         fps = [message_fingerprint(m) for m in msgs]
         k = 0
@@ -48,10 +48,18 @@ def priced(requests: list[tuple[list[Message], bool]], provider: ProviderCount, 
             while k < min(len(fps), len(previous)) and fps[k] == previous[k]:
                 k += 1
         cached = provider.tools_tokens + sum(provider.counter.count_structured(m) for m in msgs[:k]) if k else 0
-        total += prices.request(provider(msgs), cached if cached >= CACHE_MIN_TOKENS else 0)
+        out.append((provider(msgs), cached if cached >= CACHE_MIN_TOKENS else 0, k))
         if answered:
             previous = fps
-    return total + sum(prices.summary(prompt, reply) for prompt, reply in summaries)
+    return out
+
+
+def priced(requests: list[tuple[list[Message], bool]], provider: ProviderCount, prices: Prices,
+           summaries: Sequence[tuple[int, int]] = ()) -> float:
+    """The cache-aware cost of (request, answered) in order, and of the summary calls (prompt
+    and reply tokens)."""
+    return (sum(prices.request(tokens, cached) for tokens, cached, _ in costed(requests, provider))
+            + sum(prices.summary(prompt, reply) for prompt, reply in summaries))
 
 
 def whole_history_cost(messages: list[Message], provider: ProviderCount) -> dict[str, float]:

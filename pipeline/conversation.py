@@ -40,7 +40,7 @@ TODO_TOOLS = ("TodoWrite", "todo_write", "task_tracker", "todo")
 """Tools whose calls update the plan or the todo list (restore's defaults too)."""
 
 __all__ = ["Action", "Conversation", "Kind", "MessageInfo", "Observation", "RecentWindow", "Shape", "Unit",
-           "read_conversation", "shape_of", "split_units"]
+           "client_task_index", "read_conversation", "shape_of", "split_units"]
 
 
 class Kind(str, Enum):
@@ -91,7 +91,8 @@ class Shape:
 class Conversation:
     def __init__(self, messages: list[Message], dialect: str, infos: list[MessageInfo], units: list[Unit],
                  task: int | None | object = ..., fingerprints: list[str] | None = None,
-                 memo: dict[Any, Any] | None = None, steps_before: int = 0) -> None:
+                 memo: dict[Any, Any] | None = None, steps_before: int = 0,
+                 steps_named: frozenset[int] = frozenset()) -> None:
         self.messages = messages
         self.dialect = dialect
         self.infos = infos
@@ -104,6 +105,10 @@ class Conversation:
         self.steps_before = steps_before
         """The highest step number that notes taken out of these messages named: the agent's
         steps after the task are numbered on from it (`ledger.step_numbers`)."""
+        self.steps_named = steps_named
+        """The step numbers that notes taken out of these messages named, where they are known
+        (a fallback shed them): read after the task as a note naming them would be, so a step
+        kept in place between them keeps its number (`ledger.step_numbers`)."""
 
     @property
     def fingerprints(self) -> list[str]:
@@ -246,33 +251,55 @@ def counted_result(level: Any, request: Any, conversation: Conversation, message
 
 def read_conversation(messages: list[Message], dialect: str | None = None,
                       plan_tools: Collection[str] = PLAN_TOOLS + TODO_TOOLS,
-                      fingerprints: list[str] | None = None, steps_before: int = 0) -> Conversation:
+                      fingerprints: list[str] | None = None, steps_before: int = 0,
+                      steps_named: frozenset[int] = frozenset(), task: str | None = None) -> Conversation:
     """Read `messages` in `dialect` (detected from the messages when None). `plan_tools`
     names the tools whose calls update the plan or the todo list. A reading depends on the
     messages' content alone, so the last few are memoised by the messages' fingerprints
     (`fingerprints` when the caller has them): the same history sent again, or read again
-    by the next level of the chain, is not parsed again. `steps_before`: `Conversation.steps_before`."""
+    by the next level of the chain, is not parsed again. `steps_before`, `steps_named`: `Conversation`'s.
+    `task`: the fingerprint of the client's task statement, where the caller knows it
+    (`client_task_index`)."""
     fps = [message_fingerprint(m) for m in messages] if fingerprints is None else fingerprints
-    key = (dialect, frozenset(name.lower() for name in plan_tools), tuple(fps))
+    at = _told(fps, task)
+    key = (dialect, frozenset(name.lower() for name in plan_tools), tuple(fps), at)
     with _memo_lock:
         seen = _memo.get(key)
         if seen is not None:
             _memo.move_to_end(key)
     if seen is None:
-        read = _read_conversation(messages, dialect, plan_tools)
+        read = _read_conversation(messages, dialect, plan_tools, at)
         seen = (read.dialect, read.infos, read.units, read.task, read._memo)
         with _memo_lock:
             _memo[key] = seen
             if len(_memo) > _MEMO_SIZE:
                 _memo.popitem(last=False)
-    found_dialect, infos, units, task, memo = seen
-    return Conversation(messages, found_dialect, infos, units, task=task, fingerprints=fps, memo=memo,
-                        steps_before=steps_before)
+    found_dialect, infos, units, found_task, memo = seen
+    return Conversation(messages, found_dialect, infos, units, task=found_task, fingerprints=fps, memo=memo,
+                        steps_before=steps_before, steps_named=steps_named)
+
+
+def client_task_index(messages: list[Message], task: str | None, fingerprints: list[str] | None = None) -> int | None:
+    """Where `messages` hold the client's task statement, `task` its fingerprint (None: unknown):
+    the message that has it, wherever a view puts it, when one alone has it; else the task as
+    `task_index` reads these messages. In a view an earlier point made, the task kept beside a
+    note can sit right before a reply that was never its own (aider's "Ok" to a command's output
+    whose turn was cut): read alone, that is context the client acknowledged, and the next user
+    turn ("continue") the task, which a level would then keep ahead of its note and the real
+    task after it."""
+    at = None if task is None else _told(
+        [message_fingerprint(m) for m in messages] if fingerprints is None else fingerprints, task)
+    return task_index(messages) if at is None else at
+
+
+def _told(fingerprints: list[str], task: str | None) -> int | None:
+    """Where the one message with the fingerprint `task` is; None: unknown, or not one alone."""
+    return fingerprints.index(task) if task is not None and fingerprints.count(task) == 1 else None
 
 
 def _read_conversation(messages: list[Message], dialect: str | None,
-                       plan_tools: Collection[str]) -> Conversation:
-    task = task_index(messages)
+                       plan_tools: Collection[str], told: int | None) -> Conversation:
+    task = task_index(messages) if told is None else told
     dialect = dialect or detect_dialect(messages, task)
     reader = text_reader(dialect, messages)
     plan = {name.lower() for name in plan_tools}
@@ -307,7 +334,7 @@ def _read_conversation(messages: list[Message], dialect: str | None,
             infos.append(_text_turn(m, i, messages, infos, reader))
         else:
             infos.append(MessageInfo(Kind.TALK))
-    return Conversation(messages, dialect, infos, _units(messages, infos, dialect))
+    return Conversation(messages, dialect, infos, _units(messages, infos, dialect), task=task)
 
 
 def _text_turn(message: Message, i: int, messages: list[Message], infos: list[MessageInfo], reader: Any) -> MessageInfo:

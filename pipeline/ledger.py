@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from .conversation import Conversation, Kind, Unit
+from .fingerprint import message_fingerprint
 from .notes import SNIP, SNIP_MARKER, is_compaction_note, merged_note, plain_note, quoted_text
 from .previews import call_text, output_body
 from .protocols.base import Action, Observation
@@ -91,6 +92,23 @@ def folded(entries: list[Entry], ref: str | None, failures: bool = True) -> Entr
     return Entry(first, last, tuple(tools.items()), failure, text + (f"; ref {ref}" if ref else ""))
 
 
+def runs(entries: list[Entry]) -> list[list[Entry]]:
+    """`entries` in order of their numbers, in runs of consecutive numbers: a range names the
+    numbers of one run only, never one a step kept in place between them has."""
+    out: list[list[Entry]] = []
+    for entry in sorted(entries, key=lambda e: e.first):
+        if out and entry.first <= max(e.last for e in out[-1]) + 1:
+            out[-1].append(entry)
+        else:
+            out.append([entry])
+    return out
+
+
+def folded_runs(entries: list[Entry], ref: str | None, failures: bool = True) -> list[Entry]:
+    """`entries` as range lines, one per run of consecutive numbers (`runs`), each as `folded`."""
+    return [folded(run, ref, failures) for run in runs(entries)]
+
+
 def parse(text: str) -> list[Entry]:
     """The ledger lines of a note's text."""
     out: list[Entry] = []
@@ -117,21 +135,38 @@ def step_numbers(conversation: Conversation) -> list[tuple[int, ...]]:
     """Per message, the numbers of the steps its actions are: counted on from the highest
     number the notes before it name, and after the task from the highest that notes taken out
     of the messages named (`Conversation.steps_before`: a note made without them numbers on,
-    where it would name steps 1, 2, … again beside the line that names those)."""
-    memo = conversation.memo(("ledger-numbers", conversation.steps_before))
+    where it would name steps 1, 2, … again beside the line that names those). A number a note's
+    ledger skips between the steps it names is a step kept in place inside its cut (a pinned
+    action, placed after the note): the actions after the note take those numbers first."""
+    memo = conversation.memo(("ledger-numbers", conversation.steps_before, conversation.steps_named))
     found = memo.get("numbers")
     if found is None:
         n, found = 0, []
+        held: list[int] = []
         after_task = 0 if conversation.task is None else conversation.task + 1
+
+        def note(named: set[int] | frozenset[int]) -> None:
+            nonlocal n, held
+            held = [k for k in held if k not in named]
+            # A number it skips is a step kept in place, after it; one a shed note or a point
+            # with no room for a note took is below `n` already (`steps_before`).
+            held += [k for k in range(n + 1, max(named, default=n)) if k not in named]
+            n = max([n, *named])
+
         for i, (message, info) in enumerate(zip(conversation.messages, conversation.infos)):
             if i == after_task:
                 n = max(n, conversation.steps_before)
+                note(conversation.steps_named)
             if info.kind is Kind.NOTE:
-                n = max([n, *(e.last for e in note_entries(message))])
+                note({k for e in note_entries(message) for k in range(e.first, e.last + 1)})
                 found.append(())
             elif info.actions and info.kind in (Kind.ACTION, Kind.PLAN):
-                found.append(tuple(range(n + 1, n + 1 + len(info.actions))))
-                n += len(info.actions)
+                numbers = []
+                for _ in info.actions:
+                    if not held:
+                        n += 1
+                    numbers.append(held.pop(0) if held else n)
+                found.append(tuple(numbers))
             else:
                 found.append(())
         memo["numbers"] = found
@@ -141,6 +176,22 @@ def step_numbers(conversation: Conversation) -> list[tuple[int, ...]]:
 def highest_step(messages: list[Message]) -> int:
     """The highest step number the ledgers of the compaction notes among `messages` name (0: none)."""
     return max((e.last for m in messages for e in note_entries(m)), default=0)
+
+
+def covered_steps(conversation: Conversation, out: list[Message]) -> int:
+    """The highest step number that `out` (a compaction point's messages for `conversation`'s)
+    stands for ahead of the first action it keeps verbatim after the task, named or not: what
+    the next point's reading numbers on from (`CompactionRecord.steps`), where a point with room
+    for no note would leave it to number from 1 again."""
+    numbers = step_numbers(conversation)
+    kept = {message_fingerprint(m) for m in out}
+    after_task = 0 if conversation.task is None else conversation.task + 1
+    verbatim = {n for i, ns in enumerate(numbers) if i >= after_task and conversation.fingerprints[i] in kept
+                for n in ns}
+    every = named_steps(conversation.messages) | {n for ns in numbers for n in ns} | {conversation.steps_before} \
+        | conversation.steps_named
+    first = min(verbatim, default=max(every) + 1)
+    return max((n for n in every if n < first and n not in verbatim), default=0)
 
 
 def _answered(conversation: Conversation) -> dict[int, list[tuple[Action, Observation | None]]]:
@@ -202,10 +253,10 @@ def fit(entries: list[Entry], allowance: int, counter: TokenCounter, keep: Keep 
     after = [sum(costs[n:]) for n in range(len(costs) + 1)]
     sizing = SIZING_REF if keep is not None else None
     k = next((n for n in range(2, len(entries))
-              if counter.count(folded(entries[:n], sizing).text) + 1 + after[n] <= allowance), len(entries))
+              if size(folded_runs(entries[:n], sizing), counter) + after[n] <= allowance), len(entries))
     head = entries[:k]
     ref = keep("\n".join(e.text for e in head)) if keep is not None else None
-    return [folded(head, ref), *entries[k:]]
+    return [*folded_runs(head, ref), *entries[k:]]
 
 
 SHARE = 0.02
@@ -242,7 +293,7 @@ def covering_note(notes: list[Message]) -> Message | None:
     if not entries:
         return None
     return plain_note(SNIP, f"{SNIP_MARKER} Earlier compaction notes were dropped to fit the context budget.\n"
-                            + folded(entries, None, failures=False).text)
+                            + "\n".join(e.text for e in folded_runs(entries, None, failures=False)))
 
 
 def merged(notes: list[Message], counter: TokenCounter, keep: Keep) -> Message:
@@ -274,7 +325,7 @@ def widened(note: Message, cover: Message) -> Message | None:
     # the messages it stands for), and `cover`'s lines had none. A note of ctxgate's own wording
     # (Snip's count) stays so: no failure line quoted in it.
     own = content.startswith(SNIP_MARKER)
-    line = folded([*before, found[0]], None, failures=not own).text
+    line = "\n".join(e.text for e in folded_runs([*before, found[0]], None, failures=not own))
     return {**note, "content": content.replace(found[0].text, line, 1)}
 
 

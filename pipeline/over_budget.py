@@ -10,16 +10,17 @@ from .chain import CompressionPipeline, restore_position
 from .config import PipelineConfig
 from .microcompact import LastObservationCut, MicrocompactStrategy, RecentWindowCut
 from .protocols.base import readable_text
-from .notes import (RESTORE, SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_message, is_quoted, is_restore_block,
-                    is_summary_note, kind_of, notice_message, notice_tokens, plain_note)
+from .notes import (RESTORE, SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_message, is_quoted, is_summary_note,
+                    kind_of, notice_message, notice_tokens, plain_note)
 from .refs import SIZING_REF, render_span
 from .restore import ActiveRestore, error_section, names_section, shed_own_messages, state_block
 from .snip import SnipStrategy
-from .conversation import read_conversation
-from .ledger import covering_note, folded, highest_step, merged, named_steps, span_entries, widened
+from .conversation import client_task_index, read_conversation
+from .covers import cover_of, named_once, with_cover, without_own_messages
+from .ledger import covering_note, folded_runs, merged, named_steps, span_entries
 from .tail import PROTECTED_TAIL
 from .tokens import TokenCounter
-from .turns import is_valid_sequence, leading_instructions, task_index
+from .turns import is_valid_sequence, leading_instructions
 from .request import CompressionRequest
 from .types import CompressionResult, Message, RecentWindow
 from .depth import chain_config, with_window
@@ -62,31 +63,30 @@ class OverBudget:
         # (`tail.py`): everything older, as deep as the levels go; then the rest of the restored
         # state and the notes; then the oldest turns, whole, under a note that counts them.
         result = await self._turn_in_progress(request, result)
-        # The notes may go from here on: a note made after them numbers its steps on from theirs.
-        request = replace(request, steps_before=max(request.steps_before, highest_step(result.compressed_messages)))
+        # The notes may go from here on: a note made after them numbers its steps on from theirs,
+        # and a step kept in place between theirs keeps its number.
+        request = replace(request, steps_named=request.steps_named | named_steps(result.compressed_messages))
         notes = [m for m in result.compressed_messages if is_compaction_note(m)]
         result = shed(result, self.counter, hard, everything=True)
-        cover = None
         if result.tokens_after > hard:  # not enough alone: they go all the same, before the tail gives any room
-            result, cover = without_own_messages(result, self.counter, hard, cfg.pin_first_user)
-        if cover is None:  # notes shed with the line naming their steps: it comes back where room is left
-            named = named_steps(result.compressed_messages)
-            cover = covering_note([m for m in notes if not named_steps([m]) <= named])
+            result = without_own_messages(result, self.counter, hard, cfg.pin_first_user, request.task)[0]
         result = await self._oldest_turns(request, result, PROTECTED_TAIL)
-        if cover is not None:  # the one line naming their steps, back in the room the oldest turns left
-            result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
+        # Notes shed with the line naming their steps: it comes back in the room the oldest turns
+        # left, naming those still not there (a note their cut kept again is not named twice).
+        result = with_cover(result, cover_of(notes, result), self.counter, hard, cfg.pin_first_user, request.task)
         # The tail alone is over: its observations are cut oldest first, the newest last, and
         # then older turns of it go, down to the last message; then what ctxgate added (below).
         # Forwarding what the provider refuses would cost the turn.
         # Both leave room for the restored state's block (`_error_room`: the failure's line and the
         # names of the files out of view), and for the line naming the steps (`_cover_room`).
+        cover = cover_of(notes, result)
         result = await self._tail(request, result, cover)
         result = await self._last_observation(request, result, cover)
         # The text an edit must match, kept so far (`tail.kept_for_edits`), goes with them.
         last, unkept = RecentWindow(messages=1, steps=0), replace(request, keep=frozenset())
         result = await self._oldest_turns(unkept, result, last)
-        if cover is not None:  # or in the room the cuts of the tail left (measured on Codex: 2K of 19K)
-            result = with_cover(result, cover, self.counter, hard, cfg.pin_first_user)
+        # Or in the room the cuts of the tail left (measured on Codex: 2K of 19K).
+        result = with_cover(result, cover_of(notes, result), self.counter, hard, cfg.pin_first_user, request.task)
         # What ctxgate added goes next, to fit the budget (the engine refuses a plan over it:
         # `Compactor.fitted`), else the context limit itself, the line where what no level
         # removes is over the budget already.
@@ -161,7 +161,7 @@ class OverBudget:
         is one it can still work from (drop-oldest, with no note at all, served these turns)."""
         messages = result.compressed_messages
         head = leading_instructions(messages)
-        task = task_index(messages) if self.config.pin_first_user else None
+        task = client_task_index(messages, request.task) if self.config.pin_first_user else None
         pinned = list(range(head)) + ([task] if task is not None and task >= head else [])
         counter = self.counter
         line = self.hard if counter.count_messages([messages[i] for i in pinned]) <= self.hard else self.limit
@@ -189,9 +189,10 @@ class OverBudget:
             # The steps they and the notes among them named, as one range of tool names (every step
             # number stays covered), when that fits too; else the count alone.
             dropped = [i for i in range(len(messages)) if i not in pinned and i not in kept]
-            entries = span_entries(read_conversation(messages, request.dialect, steps_before=request.steps_before),
-                                   dropped, None)
-            forms = ([count + "\n" + folded(entries, None, failures=False).text] if entries else []) + [count]
+            entries = span_entries(read_conversation(messages, request.dialect, steps_before=request.steps_before,
+                                                     steps_named=request.steps_named, task=request.task), dropped, None)
+            ranges = "\n".join(e.text for e in folded_runs(entries, None, failures=False))
+            forms = ([count + "\n" + ranges] if entries else []) + [count]
             at = len(pinned)
             for text in forms:
                 noted = out[:at] + [plain_note(SNIP, text)] + out[at:]
@@ -359,45 +360,6 @@ def shed(result: CompressionResult, counter: TokenCounter, limit: int, everythin
     shed_messages = shed_own_messages(result.compressed_messages, counter, limit, everything)
     if shed_messages is None:
         return result
+    shed_messages = named_once(result.compressed_messages, shed_messages, counter, limit)
     return replace(result, compressed_messages=shed_messages,
                    tokens_after=counter.count_messages(shed_messages) + notice_tokens(counter, shed_messages))
-
-
-def without_own_messages(result: CompressionResult, counter: TokenCounter, limit: int,
-                         pin_first_user: bool) -> tuple[CompressionResult, Message | None]:
-    """`result` without any of ctxgate's notes and restore blocks, but for the one line that
-    names the notes' steps (`ledger.covering_note`) where it fits under `limit`; with that line
-    when it was left out for want of room (`with_cover` puts it back when the oldest turns make
-    some), else None. Without it the steps the notes named are lost from the agent's picture."""
-    notes = [m for m in result.compressed_messages if is_compaction_note(m)]
-    kept = [m for m in result.compressed_messages if not (is_compaction_note(m) or is_restore_block(m))]
-    if len(kept) == len(result.compressed_messages):
-        return result, None
-    bare = replace(result, compressed_messages=kept,
-                   tokens_after=counter.count_messages(kept) + notice_tokens(counter, kept))
-    cover = covering_note(notes)
-    if cover is None:
-        return bare, None
-    covered = with_cover(bare, cover, counter, limit, pin_first_user)
-    return covered, (None if covered is not bare else cover)
-
-
-def with_cover(result: CompressionResult, cover: Message, counter: TokenCounter, limit: int,
-               pin_first_user: bool) -> CompressionResult:
-    """`result` with `cover` before the notes after the task, if that fits under `limit`; else
-    with its steps folded into the range of the note that counts the turns cut after them
-    (`ledger.widened`), if that fits; as it is when its notes name those steps already."""
-    messages = result.compressed_messages
-    if named_steps([cover]) <= named_steps(messages):
-        return result
-    at = leading_instructions(messages)
-    if pin_first_user and at < len(messages) and task_index(messages) == at:
-        at += 1
-    forms = [messages[:at] + [cover] + messages[at:]]
-    forms += [messages[:i] + [wide] + messages[i + 1:] for i, m in enumerate(messages)
-              if is_compaction_note(m) and (wide := widened(m, cover)) is not None]
-    for out in forms:
-        tokens = counter.count_messages(out) + notice_tokens(counter, out)
-        if tokens <= limit:
-            return replace(result, compressed_messages=out, tokens_after=tokens)
-    return result

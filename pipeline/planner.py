@@ -27,14 +27,14 @@ from .collapse import CollapseStore
 from .config import PipelineConfig
 from .conversation import Kind, read_conversation
 from .depth import Depth, anchored, chain_config, growth_per_turn, merge_due, plan_depth
-from .ledger import merged
+from .ledger import covered_steps, merged
 from .notes import is_summary_note, requoted, with_notice
 from .over_budget import OverBudget
 from .records import CompactionRecord
 from .refs import REF_RE, CutLog
 from .request import CompressionRequest
 from .restore import ActiveRestore, extract_working_state
-from .stable_head import match, with_stable_head
+from .stable_head import best_match, match, with_stable_head
 from .tail import kept_for_edits
 from .turns import leading_instructions, task_index
 from .types import CompressionResult, Reason
@@ -247,10 +247,15 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
     pipeline = pipeline_of(cfg)
     started = time.perf_counter()
     cuts = CutLog() if cfg.expand.enabled else None
+    # The steps the applied record stood for are numbered on from, even where it kept no note.
+    applied = best_match(facts.records, turn)
+    task = _client_task(turn)
     request = CompressionRequest(messages=view, token_budget=max(1, target or 1), counter=turn.counter,
-                                 reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts)
+                                 reason=reason, dialect=turn.dialect, window=cfg.window(), cuts=cuts,
+                                 steps_before=applied.record.steps if applied is not None else 0, task=task)
+    pinned = frozenset({task}) if task is not None and cfg.pin_first_user else frozenset()
     request = replace(request, keep=kept_for_edits(request.conversation, turn.counter, budget - turn.outside_tokens())
-                      | _client_task(turn))
+                      | pinned)
     depth = None
     if target is None:
         depth = plan_depth(turn, view, budget, pipeline.reserve(request))
@@ -300,6 +305,7 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
     fallbacks = OverBudget(cfg, turn.counter, pipeline_of, lambda: summaries, budget - turn.outside_tokens(),
                            context_limit(turn, facts.learned_max_input_tokens) - turn.outside_tokens(),
                            ActiveRestore(cfg.restore, working))
+    numbered = request  # its steps numbered as the levels read them (the fallbacks' numbers what they left)
     request, result = await fallbacks.fit(request, result)
     record = with_stable_head(CompactionRecord(
         prefix_len=len(turn.messages), prefix_hash=turn.prefix_hashes[-1],
@@ -307,7 +313,7 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
         tokens_before=turn.counter.count_messages(with_notice(view)),
         # With the notice its quoted notes bring (added when forwarded): what the provider counts.
         tokens_after=turn.counter.count_messages(with_notice(result.compressed_messages)), created_at=time.time(),
-        counted_by=turn.counter.name), turn)
+        counted_by=turn.counter.name, steps=covered_steps(numbered.conversation, result.compressed_messages)), turn)
     return CompactionPlan(record, result, collapse.to_dict(), breaker.to_dict(), working.to_dict(),
                           (time.perf_counter() - started) * 1000, _named(cuts, record.messages), depth,
                           folded or (0 if request.anchored else _merged(view, record.messages, cfg.pin_first_user,
@@ -315,15 +321,15 @@ async def plan(turn: Turn, facts: SessionFacts, view: list[dict[str, Any]], targ
                           as_is=not result.steps and reason == "proactive" and fits)
 
 
-def _client_task(turn: Turn) -> frozenset[str]:
-    """The task statement as the client's own messages place it, kept by fingerprint wherever the
-    view puts it: in a view an earlier point made, a task kept beside a note can sit right before
-    a reply that was never its own (aider's "Ok" to a command's output), and would read as context
-    the client acknowledged, to be cut at the next point."""
-    task = task_index(turn.messages) if turn.config.pin_first_user else None
+def _client_task(turn: Turn) -> str | None:
+    """The fingerprint of the task statement as the client's own messages place it: read as the
+    task and kept wherever the view puts it. In a view an earlier point made, a task kept beside a
+    note can sit right before a reply that was never its own (aider's "Ok" to a command's output),
+    and would read as context the client acknowledged (`conversation.client_task_index`)."""
+    task = task_index(turn.messages)
     if task is None or turn.fingerprints.count(turn.fingerprints[task]) > 1:
-        return frozenset()  # a task said again later ("continue") would pin every turn that says it
-    return frozenset({turn.fingerprints[task]})
+        return None  # a task said again later ("continue") would pin every turn that says it
+    return turn.fingerprints[task]
 
 
 def _fold_notes(request: CompressionRequest, pin_first_user: bool) -> tuple[CompressionRequest, int]:

@@ -38,13 +38,19 @@ class CompactionRecord:
     fingerprint, tokens]` each (`pipeline/rebuilt.py`)."""
     segments: list[str] = field(default_factory=list)
     """The span hashes of the client's runs of the stable part before, between and after them."""
+    steps: int = 0
+    """The highest step number the record's messages stand for ahead of the first action they keep
+    verbatim, named by a note or not (`ledger.covered_steps`): the next point numbers on from it
+    (`CompressionRequest.steps_before`). 0 in records made before it was kept: numbered from
+    their notes alone, as then."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CompactionRecord":
         """A stored record. One made before notes were tagged has its system-role notes tagged
         (recognised as ctxgate's because this record, ctxgate's own store, holds them); their
         text, and so the prompt, is unchanged until the session's next compaction point."""
-        record = cls(**{"notes_version": 1, **data})
+        known = cls.__dataclass_fields__  # a field a newer replica added is left to it
+        record = cls(**{"notes_version": 1, **{k: v for k, v in data.items() if k in known}})
         if record.notes_version < NOTES_VERSION:
             record.messages = [tag_legacy(m) for m in record.messages]
             record.notes_version = NOTES_VERSION

@@ -35,11 +35,18 @@ class CompressionRequest:
     """The highest step number that notes taken out of `messages` named (a fallback that sheds
     the notes before it cuts the oldest turns): a note made then numbers its steps on from it,
     not from 1 again (`Conversation.steps_before`)."""
+    steps_named: frozenset[int] = frozenset()
+    """The step numbers those notes named, where they are known (`Conversation.steps_named`)."""
+    task: str | None = None
+    """The fingerprint of the client's task statement, as the client's own messages place it
+    (`planner._client_task`): the levels read that message as the task wherever the view puts it
+    (`conversation.client_task_index`)."""
 
     @cached_property
     def conversation(self) -> Conversation:
         """The messages as the conversation model reads them (read once per request)."""
-        return read_conversation(self.messages, self.dialect, steps_before=self.steps_before)
+        return read_conversation(self.messages, self.dialect, steps_before=self.steps_before,
+                                 steps_named=self.steps_named, task=self.task)
 
     def shape(self, pin_first_user: bool) -> Shape:
         """Where the levels may work on these messages (`Conversation.shape`)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 from .config import SnipConfig
 from .conversation import Conversation, Kind, counted_result
 from .fingerprint import message_fingerprint
-from .ledger import Entry, Keep, fit, folded, heading_tokens, render, size, span_entries
+from .ledger import Entry, Keep, fit, folded_runs, heading_tokens, render, runs, size, span_entries
 from .notes import SNIP, SNIP_MARKER, context_note, plain_note
 from .previews import preview
 from .refs import SIZING_REF, content_ref, render_span
@@ -101,7 +101,8 @@ class SnipNote:
         ledger = 0
         if self.entries:  # within its allowance, or folded to it (one range may overrun it)
             room = self.ledger_allowance
-            folded = max(room, 48) + 8
+            # One range per run of consecutive numbers (a step kept in place splits them).
+            folded = max(room, 48) + 8 + 32 * (len(runs(self.entries)) - 1)
             ledger = heading_tokens(self.counter) + (self.ledger_used if self.ledger_used <= room else folded)
         more = 8 if len(self.lines) < self.previewed else 0
         return self.used + ledger + sum(c for _, c in self.lines) + more + 8
@@ -113,7 +114,8 @@ class SnipNote:
             # only, so no quote (nor the notice a quote brings) at a point with no room.
             if self.entries:
                 lines = "\n".join(e.text for e in self.entries)
-                header += "\n" + folded(self.entries, self.keep(lines) if self.keep else None, failures=False).text
+                ref = self.keep(lines) if self.keep else None
+                header += "\n" + "\n".join(e.text for e in folded_runs(self.entries, ref, failures=False))
             return plain_note(SNIP, header)
         entries = fit(self.entries, self.ledger_allowance, self.counter, self.keep)
         room = self.allowance - self.used
@@ -147,7 +149,7 @@ class SnipStrategy:
         # re-applied when the history comes again.
         plans = conversation.memo(("snip", counter, request.token_budget, self.pin_first_user, request.window,
                                    request.anchored, cfg.keep_recent, cfg.min_block, cfg.preview_chars,
-                                   request.cuts is not None, request.steps_before))
+                                   request.cuts is not None, request.steps_before, request.steps_named))
         if "plan" not in plans:
             plans["plan"] = self._plan(request)
         plan = plans["plan"]
@@ -158,8 +160,15 @@ class SnipStrategy:
             for original in originals:
                 request.cuts.keep(original)
         fps, counts = conversation.fingerprints, conversation.counts(counter)
-        out = messages[:head] + [dict(made)] + [messages[i] for i in kept_inside] + messages[cut:]
-        out_fps = fps[:head] + [made_fp] + [fps[i] for i in kept_inside] + fps[cut:]
+        # Earlier notes kept inside stay before the note (they name earlier steps, and keep their
+        # place in the prefix); pinned steps come after it, where the numbers it skips are theirs.
+        notes = [i for i in kept_inside if conversation.kind(i) is Kind.NOTE]
+        order = notes + [i for i in kept_inside if i not in notes]
+        at = head + len(notes)
+        out = messages[:head] + [messages[i] for i in order] + messages[cut:]
+        out_fps = fps[:head] + [fps[i] for i in order] + fps[cut:]
+        out.insert(at, dict(made))
+        out_fps.insert(at, made_fp)
         after = (REPLY_PRIMING + sum(counts[:head]) + made_count + sum(counts[i] for i in kept_inside)
                  + sum(counts[cut:]))
         return counted_result(self.level, request, conversation, out, out_fps, (head, cut), watch,

@@ -12,19 +12,21 @@ from ctxgate.pipeline.budget import Turn
 from ctxgate.pipeline.config import CostConfig, PipelineConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.fingerprint import message_fingerprint
-from ctxgate.pipeline.ledger import (Entry, covering_note, fit, folded, highest_step, named_steps, note_entries, parse,
-                                     step_entry, step_numbers)
-from ctxgate.pipeline.notes import SNIP, SNIP_MARKER, is_compaction_note, plain_note, quoted_text
-from ctxgate.pipeline.over_budget import with_cover
+from ctxgate.pipeline.ledger import (Entry, covered_steps, covering_note, fit, folded, folded_runs, highest_step,
+                                     named_steps, note_entries, parse, step_entry, step_numbers)
+from ctxgate.pipeline.notes import SNIP, SNIP_MARKER, is_compaction_note, is_ctxgate_message, plain_note, quoted_text
+from ctxgate.pipeline.covers import named_once, with_cover
 from ctxgate.pipeline.planner import Action
+from ctxgate.pipeline.records import CompactionRecord
 from ctxgate.pipeline.protocols.base import Action as Call, observation
 from ctxgate.pipeline.refs import CutLog
 from ctxgate.pipeline.types import CompressionResult
 from ctxgate.pipeline.views import compaction_view, forwarded_view
 from ctxgate.proxy.replay.driver import replay
 from ctxgate.proxy.replay.upstream import ProviderCount
-from pipeline_builders import Facts, Message, call, calls, counter, filler, system, tool, user
-from trajectories import swe_agent
+from ledger_checks import ledger_faults
+from pipeline_builders import Facts, Message, assistant, call, calls, counter, filler, system, tool, user
+from trajectories import openhands, swe_agent
 
 LIMIT = 4000
 
@@ -70,7 +72,12 @@ class Session:
 
     async def step(self, k: int) -> None:
         self.history += _step(k)
-        turn = _turn(list(self.history), self.config, self.limit)
+        await self.send(list(self.history))
+
+    async def send(self, messages: list[Message]) -> None:
+        """The client sends `messages`: forwarded as the records have it, or as the compaction
+        point the planner makes for it, whose record the later turns apply."""
+        turn = _turn(messages, self.config, self.limit)
         view, tokens = forwarded_view(self.facts, turn)
         decision = planner.decide(turn, self.facts, tokens, False, False)
         if decision.action is Action.COMPACT:
@@ -265,3 +272,128 @@ def test_the_line_naming_shed_steps_folds_into_the_next_range_when_it_has_no_roo
                                        "- steps 1–4: ls ×1, open ×1, pip ×1, create ×1")
     assert named_steps(folded_in) == {1, 2, 3, 4}
     assert with_cover(result(messages), cover, c, c.count_messages(messages), True).compressed_messages == messages
+
+
+async def test_every_step_keeps_its_number_across_points_and_beside_steps_kept_in_place() -> None:
+    """Every recorded SWE-agent run (text and tool calls) and OpenHands run, replayed at half and
+    a quarter of its size with the limit enforced. Two paths numbered steps anew: a point with
+    room for no note left a record without one, and the next point numbered from 1 again (its
+    line named the client's steps 3–4 as `steps 1–2: ls ×1, find_file ×1`); a step kept in place
+    inside a Snip cut (the latest view of the file under edit) came after the note and took a
+    new number, so its range named fewer calls than numbers (`steps 2–6: create ×1, edit ×2,
+    python ×1`) and a later line named a step by another's number. In every request forwarded,
+    each line names the client's steps at its numbers, each number once and in order."""
+    c = counter()
+    bare_then_named = kept_inside = 0
+    for run_ in [*swe_agent(), *openhands()]:
+        provider = ProviderCount(c, run_.tools)
+        for share in (0.5, 0.25):
+            done = await replay(run_.messages, run_.tools, int(share * provider(run_.messages)), counter=c,
+                                provider_count=provider, summarize=_summary, wait_background=True,
+                                enforce_limit=True)
+            bare = False
+            for sent in done.forwarded:
+                faults, unnamed, inside = ledger_faults(run_.messages[:sent.turn], sent.messages)
+                assert not faults, (run_.name, share, sent.turn, faults)
+                named = any(note_entries(m) for m in sent.messages)
+                bare_then_named += bare and named
+                bare = bare or (sent.compacted and unnamed)
+                kept_inside += inside
+    assert bare_then_named, "no point numbered steps after one that kept no note: the case is not exercised"
+    assert kept_inside, "no step kept in place inside a cut: the case is not exercised"
+
+
+def test_a_step_kept_in_place_takes_the_number_its_note_skips() -> None:
+    """A Snip note over steps 2–6 whose step 4 stayed (pinned): its lines skip 4, folded they are
+    one range per run of numbers, and the kept step after the note is read as step 4."""
+    entries = [step_entry(n, Call("bash", {"command": f"make t{n}"}, f"make t{n}"), None, None) for n in (2, 3, 5, 6)]
+    assert [(e.first, e.last, sum(k for _, k in e.tools)) for e in folded_runs(entries, None)] == [(2, 3, 2), (5, 6, 2)]
+    assert [(e.first, e.last) for e in fit(entries, 1, counter(), None)] == [(2, 3), (5, 6)]
+    ledger = "\n".join(e.text for e in fit(entries, 1, counter(), None))
+    note = plain_note(SNIP, f"{SNIP_MARKER} 8 earlier messages were removed.\n{ledger}")
+    messages = [system(), user("task"), *_step(0), note, *_step(3), *_step(6)]
+    read = read_conversation(messages, "tool_calls")
+    assert [n for ns in step_numbers(read) for n in ns] == [1, 4, 7]
+    assert covered_steps(read, messages) == 0  # step 1 is verbatim: nothing stands before it
+    assert covered_steps(read, [system(), user("task"), note, *_step(6)]) == 6  # 1 and 4 gone unnamed
+
+
+def test_a_record_names_the_steps_it_stands_for_and_reads_without_it() -> None:
+    """`CompactionRecord.steps` defaults to 0 (records written before it load and replay as
+    then), and a field a newer replica wrote is ignored rather than refused."""
+    old = {"prefix_len": 4, "prefix_hash": "h", "messages": [], "levels": ["snip"], "tokens_before": 10,
+           "tokens_after": 5, "created_at": 0.0, "counted_by": "c", "notes_version": 2}
+    assert CompactionRecord.from_dict(old).steps == 0
+    assert CompactionRecord.from_dict({**old, "steps": 7, "later_field": [1]}).steps == 7
+
+
+
+def test_the_line_standing_for_shed_notes_names_only_those_that_are_gone() -> None:
+    """Notes shed oldest first: the first becomes the line naming every note's steps, and where a
+    later note stays, the line names the steps of those gone only (it named `steps 2–6` beside
+    `steps 5–6: calculate ×2`: two numbers named twice)."""
+    first = plain_note(SNIP, f"{SNIP_MARKER} 6 earlier messages were removed.\n- steps 2–4: search ×2, think ×1")
+    later = plain_note(SNIP, f"{SNIP_MARKER} 4 earlier messages were removed.\n- steps 5–6: calculate ×2")
+    cover = covering_note([first, later])
+    assert cover is not None and named_steps([cover]) == set(range(2, 7))
+    c = counter()
+    before = [system(), user("task"), first, later, *_step(6)]
+    out = named_once(before, [system(), user("task"), cover, later, *_step(6)], c, 10_000)
+    assert [sorted(named_steps([m])) for m in out if note_entries(m)] == [[2, 3, 4], [5, 6]]
+    assert named_once(before, [system(), user("task"), cover, *_step(6)], c, 10_000)[2] == cover  # all gone
+
+
+AIDER_TASK = "Run the steps you are given, one at a time."
+AIDER_REMINDER = "\n\n# *SEARCH/REPLACE block* Rules:\n\n" + filler(700, 99)
+
+
+def _aider(steps: int) -> list[Message]:
+    """What aider sends after `steps` steps, as tests/test_real_agent_aider.py drives it: its
+    worked examples closed by a turn setting them aside, context it answers itself ("Ok."), the
+    task; each step a fenced command, its output as a user turn, aider's own "Ok" and the user's
+    `continue`; the reminder of its edit format on the newest user turn, rebuilt every turn."""
+    h = [system("Act as an expert software developer.\n" + filler(1200, 98)),
+         user("Change get_factorial() to use math.factorial"),
+         assistant("mathweb/flask/app.py\n```python\n<<<<<<< SEARCH\nfrom flask import Flask\n=======\n"
+                   "import math\nfrom flask import Flask\n>>>>>>> REPLACE\n```"),
+         user("I switched to a new code base. Please don't consider the above files or try to edit them any "
+              "longer."), assistant("Ok."),
+         user("I am not sharing any files that you can edit yet."), assistant("Ok."), user(AIDER_TASK)]
+    for k in range(1, steps + 1):
+        command = f"echo STEP-{k}-OK && seq 1 2500"
+        h += [assistant(f"Running step {k}.\n\n```bash\n{command}\n```"),
+              user(f"Output from {command}\nSTEP-{k}-OK\n" + "\n".join(map(str, range(1, 2501)))),
+              assistant("Ok"), user("continue")]
+    return [*h[:-1], {**h[-1], "content": h[-1]["content"] + AIDER_REMINDER}]
+
+
+async def test_aiders_task_stays_its_own_turn_before_everything_it_sent_after_it() -> None:
+    """aider through 14 steps at a 24,000-token limit, as tests/test_real_agent_aider.py runs it,
+    with one Autocompact point among Snip's (there, a background compaction's). A Snip point
+    keeps the task in place and, right after it, the "Ok" of a step whose output it cut: read
+    alone, that view holds the task as context the client acknowledged and `continue` as the
+    task, so Autocompact kept `continue` ahead of its summary and the real task after it; when a
+    later Snip put the earlier notes before its own, `continue` and the task met, two user turns
+    the Messages door joins into one (the clean-clone CI at aea7de3). The task is read as the
+    client's own messages place it (`conversation.client_task_index`): in every request
+    forwarded, it comes before anything the client sent after it, and the turn before it is
+    not the client's."""
+    session = Session(PipelineConfig(), limit=24_000)
+    for steps in range(8):
+        await session.send(_aider(steps))
+    summarising = PipelineConfig(levels=["autocompact"], recent_messages=4, recent_steps=1)
+    turn = _turn(_aider(8), summarising, session.limit)
+    run = await planner.plan(turn, session.facts, compaction_view(session.facts, turn), 12_000, "proactive")
+    assert run.record.levels == ["autocompact"]
+    session.facts.records = [*session.facts.records, run.record]
+    session.views.append(forwarded_view(session.facts, turn)[0])
+    for steps in range(9, 15):
+        await session.send(_aider(steps))
+    assert len(session.points) >= 5
+    for steps, view in enumerate(session.views):
+        client = _aider(steps)
+        task = next(m for m in view if m.get("content") == AIDER_TASK) if steps else view[-1]
+        at = next(i for i, m in enumerate(view) if m is task)
+        before = [m for m in view[:at] if not is_ctxgate_message(m)]
+        assert all(m in client[:client.index(task)] for m in before), (steps, before[-2:])
+        assert view[at - 1]["role"] != "user" or is_ctxgate_message(view[at - 1]), (steps, view[at - 1])

@@ -84,8 +84,9 @@ def test_chat_tool_text_reaches_the_upstream_only_as_quoted_user_data(gw: Gatewa
         assert not any(m["role"] in ("system", "developer") and CANARY in str(m["content"]) for m in sent)
         assert not any("ctxgate" in m for m in sent), "ctxgate's own field never reaches the upstream"
         notes = [m for m in sent if m["role"] == "user" and str(m["content"]).startswith("<ctxgate-context")]
-        if notes:  # compacted: ctxgate's fixed notice right after the client's system prompt
-            assert sent[0] == history[0] and sent[1] == {"role": "system", "content": NOTICE}
+        if notes:  # compacted: ctxgate's fixed notice right before its first quoted note, the task before both
+            assert sent[:2] == history[:2] and sent[sent.index(notes[0]) - 1] == {"role": "system", "content": NOTICE}
+            assert [m for m in sent if m["role"] == "system"] == [history[0], {"role": "system", "content": NOTICE}]
         assert all(quoted_once(m["content"]) for m in notes if CANARY in m["content"])
         quoted += restored_error([m["content"] for m in notes])
         assert sent[-1] == history[-1]

@@ -7,6 +7,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ctxgate.pipeline.autocompact import AutocompactStrategy
 from ctxgate.pipeline.chain import build_pipeline
 from ctxgate.pipeline.collapse import CollapseEntry, collapse_note
@@ -14,7 +17,7 @@ from ctxgate.pipeline.config import PipelineConfig, RestoreConfig
 from ctxgate.pipeline.conversation import Kind, read_conversation
 from ctxgate.pipeline.fingerprint import prefix_hashes
 from ctxgate.pipeline.notes import (CLOSE, NOTICE, OPEN, TAG, context_note, is_ctxgate_message, is_restore_block,
-                                    kind_of, merged_note, quoted_text, strip_tag, with_notice)
+                                    kind_of, merged_note, plain_note, quoted_text, strip_tag, with_notice)
 from ctxgate.pipeline.request import CompressionRequest
 from ctxgate.pipeline.restore import ActiveRestore, CurrentFile, WorkingState
 from ctxgate.pipeline.snip import SnipStrategy
@@ -107,6 +110,37 @@ def test_the_notice_follows_the_leading_instructions_or_joins_the_last_of_them()
         {"role": "system", "content": NOTICE, TAG: {"kind": "notice"}}, note]
 
 
+def test_the_notice_stands_right_before_the_first_quoted_note() -> None:
+    task, kept = user("TASK: fix app.py"), plain_note("snip", "[ctxgate: context snipped] 4 earlier messages")
+    quoted = context_note("restore", "restored state", "Current files: src/app.py")
+    notice = {"role": "system", "content": NOTICE, TAG: {"kind": "notice"}}
+    assert with_notice([system("A"), task, kept, quoted, tool("c", "x")]) == [system("A"), task, kept, notice, quoted,
+                                                                             tool("c", "x")]
+    assert with_notice([system("A"), task, kept]) == [system("A"), task, kept], "nothing quoted: no notice"
+
+
+_PARTS = {"system": system("A"), "task": user("TASK: fix app.py"), "step": tool("c", "output"),
+          "plain": plain_note("snip", "[ctxgate: context snipped] 4 earlier messages"),
+          "quoted": context_note("restore", "restored state", "Current files: src/app.py"),
+          "other": context_note("snip", "compaction: snip previews", "- tool: output")}
+_LISTS = st.lists(st.sampled_from(sorted(_PARTS)), max_size=8).map(lambda names: [_PARTS[n] for n in names])
+
+
+def _common(a: list[Message], b: list[Message]) -> int:
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return k
+
+
+@given(_LISTS, _LISTS)
+def test_the_notice_never_shortens_the_prefix_two_requests_share(a: list[Message], b: list[Message]) -> None:
+    """What a compaction point changes decides what the provider's cache loses, not the notice:
+    a point that brings the first quoted note (or takes the last away) after an unchanged task
+    and notes kept before it must not rewrite them by placing the notice ahead of them."""
+    assert _common(with_notice(a), with_notice(b)) >= _common(a, b)
+
+
 def _legacy_record(client: list[Message], k: int) -> dict[str, Any]:
     """A record as ctxgate stored it before notes were quoted: system-role notes, no version."""
     notes = [{"role": "system", "content": "[ctxgate: context snipped] 12 earlier messages were removed to fit the "
@@ -150,5 +184,5 @@ async def test_a_record_made_before_quoting_still_applies_and_changes_once_at_th
     assert not any(m["role"] == "system" and "[ctxgate:" in str(m["content"]) for m in sent), \
         "at the next point the old notes are quoted data"
     assert any(kind_of(m) == "snip" and m["role"] == "user" and "12 earlier messages" in m["content"] for m in sent)
-    assert sent[1] == {"role": "system", "content": NOTICE, TAG: {"kind": "notice"}}
-    assert sent[0] == client[0] and sent[2] == client[1] and str(sent[3]["content"]).startswith(OPEN)
+    assert sent[:3] == [client[0], client[1], {"role": "system", "content": NOTICE, TAG: {"kind": "notice"}}]
+    assert str(sent[3]["content"]).startswith(OPEN), "the notice right before the first quoted note"

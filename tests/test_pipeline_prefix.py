@@ -7,6 +7,7 @@ from typing import Any
 
 from ctxgate.pipeline.config import PipelineConfig
 from ctxgate.pipeline.fingerprint import prefix_hashes
+from ctxgate.pipeline.notes import has_quoted, with_notice
 from ctxgate.proxy.engine.compaction import Compactor, fingerprints_of
 from ctxgate.proxy.engine.turn_budget import Turn
 from ctxgate.proxy.engine.state import CompactionRecord, SessionState
@@ -109,6 +110,23 @@ async def test_a_history_over_the_trigger_is_compacted_by_the_chain() -> None:
     assert plan.levels and summaries <= 1, "Snip, or a summary, takes the oldest outputs away"
     assert filler(200, 0) not in str(plan.messages)
     assert plan.messages[-1] == grown[-1], "the last message is never changed"
+
+
+async def test_the_point_that_brings_the_first_quoted_note_rewrites_only_what_it_changes() -> None:
+    """The notice ctxgate's quoted notes bring stands right before the first of them, so the
+    point that brings it leaves what it kept before its notes (the system prompt and the task)
+    as the provider cached it: placed after the system prompt, the notice rewrote the task at
+    every such point (measured on the per-dialect bench, bench/RESULTS.md issue34-cache)."""
+    compactor, state = Compactor(), SessionState("t", "s")
+    history = _near_trigger()
+    before = with_notice(await _forward(compactor, state, history))  # as the gateway forwards it
+    assert before == history, "below the trigger: transparent"
+    grown = history + tool_turn(99, size=600)
+    planned = await _forward(compactor, state, grown, _summary)
+    after = with_notice(planned)
+    assert state.records and has_quoted(after), "a point with a quoted note"
+    kept = next(i for i, (a, b) in enumerate(zip(planned, grown)) if a != b)
+    assert kept >= 2 and after[:kept] == before[:kept], "the system prompt and the task stay as they were sent"
 
 
 def _speculation(history: list[Message], k: int, replacement: list[Message]) -> dict[str, Any]:

@@ -60,12 +60,15 @@ _STRONG_ANYWHERE = re.compile(r"\bFAIL(?:ED)?\b|\bERROR\b|command not found|No s
 _PYTEST_E = re.compile(r"^E\s{2,}\S")
 _CODE = re.compile(r"^(?:raise|except|def|class|import|from|return|assert|throw|catch|if|elif|with|try|yield|await)\b")
 WEAK, STRONG = 1, 2
+JUDGED_CHARS = 2000
+"""How much of a line is judged: a report of a failure says so early, and the patterns cost
+time with a line's length (a minified or hostile output may be one line of megabytes)."""
 
 
 def strength(line: str) -> int:
     """0 for a line that reports no failure; WEAK for a non-zero exit's message or a tally of
     failures (they say that something failed, not what); STRONG for one that says what."""
-    raw = _ANSI.sub("", line).rstrip()
+    raw = _ANSI.sub("", line[:JUDGED_CHARS]).rstrip()
     if not raw.strip() or _LISTING_LINE.match(raw):
         return 0
     tally = [int(n) for n in _COUNTS.findall(raw)]
@@ -108,12 +111,28 @@ output that mentions one ("child exited with code 2 after 3s")."""
 def exit_status_of(text: str) -> int | None:
     """The exit status `text` reports: its first line that is an exit-status report (Codex's
     header, OpenHands' footer, mini-swe-agent's `<returncode>`), if it has one."""
-    if text.isascii():  # the pattern tries every line; most outputs name no exit at all
-        low = text.lower()
-        if "exit" not in low and "returncode>" not in low:
-            return None
-    found = _EXIT_REPORT.search(text)
-    return int(found.group(1)) if found else None
+    if not text.isascii():
+        found = _EXIT_REPORT.search(text)
+        return int(found.group(1)) if found else None
+    # The pattern tries every line: on ASCII text (where its case-folding is lowering) only the
+    # lines that write an exit at all are tried, in order; the first report among them is the
+    # text's first (a report is one line: `^` and `$` are a line's ends).
+    low = text.lower()
+    starts = sorted({text.rfind("\n", 0, at) + 1 for marker in ("exit", "returncode>") for at in _finds(low, marker)})
+    for start in starts:
+        end = text.find("\n", start)
+        found = _EXIT_REPORT.search(text, start, len(text) if end < 0 else end)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def _finds(text: str, literal: str) -> list[int]:
+    found, at = [], text.find(literal)
+    while at >= 0:
+        found.append(at)
+        at = text.find(literal, at + 1)
+    return found
 
 
 EDGE_LINES = 5
@@ -156,12 +175,11 @@ def key_error_line(text: str, exit_status: int | None = None, flagged: bool = Fa
     lines = text.splitlines()
     if len(lines) > 2 * SCAN_LINES:
         lines = lines[:SCAN_LINES] + lines[-SCAN_LINES:]
-    strengths = [strength(line) for line in lines]
-    tails = traceback_tails(lines)
+    strengths = [strength(line) if _may_report(line) else 0 for line in lines]
+    tails = traceback_tails(lines) if _TRACEBACK in text or "\x1b" in text else set()
     for i in tails:
         strengths[i] = STRONG
-    edges = [s for line, s in zip(lines, strengths) if _ANSI.sub("", line).strip()]
-    if not (stated or tails or any(edges[:EDGE_LINES]) or any(edges[-EDGE_LINES:])):
+    if not (stated or tails or _edge_strength(lines, strengths, True) or _edge_strength(lines, strengths, False)):
         return ""
     best = max(strengths, default=0)
     if not best:
@@ -172,6 +190,13 @@ def key_error_line(text: str, exit_status: int | None = None, flagged: bool = Fa
         following = next((line.strip() for line in lines[at + 1:] if line.strip()), "")
         key = f"{key}\n{following}" if following else key
     return head_at_boundary(key, KEY_LINE_CHARS)
+
+
+def _edge_strength(lines: list[str], strengths: list[int], head: bool) -> bool:
+    """A failure among the first (`head`) or the last `EDGE_LINES` non-blank lines."""
+    order = range(len(lines)) if head else range(len(lines) - 1, -1, -1)
+    shown = islice((i for i in order if _ANSI.sub("", lines[i]).strip()), EDGE_LINES)
+    return any(strengths[i] for i in shown)
 
 
 def _ends(text: str, head: bool) -> list[str]:
@@ -198,13 +223,16 @@ _MARKERS = ("error", "exception", "fail", "interrupt", "traceback", "fatal", "pa
 (pytest's `E   …`) or holds a non-ASCII mark."""
 
 
+def _may_report(line: str) -> bool:
+    """Whether `strength` could find a failure in `line`: a few literal checks, not its patterns."""
+    if not line.isascii() or "\x1b" in line or line.startswith("E"):
+        return True
+    low = line.lower()
+    return any(marker in low for marker in _MARKERS)
+
+
 def _fails(lines: list[str]) -> bool:
-    joined = "\n".join(lines)
-    if joined.isascii():
-        low = joined.lower()
-        if not any(marker in low for marker in _MARKERS) and not any(line.startswith("E") for line in lines):
-            return False
-    return any(strength(line) for line in lines)
+    return any(strength(line) for line in lines if _may_report(line))
 
 
 def failure_line(text: str, exit_status: int | None = None, flagged: bool = False) -> str:

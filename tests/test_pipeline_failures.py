@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from ctxgate.pipeline.config import RestoreConfig
 from ctxgate.pipeline.boundaries import head_at_boundary
-from ctxgate.pipeline.failures import (_ANSI, _EXIT_REPORT, EDGE_LINES, KEY_LINE_CHARS, STRONG, WEAK, exit_status_of,
-                                       failure_line, key_error_line, strength, traceback_tails)
+from ctxgate.pipeline.failures import (_ANSI, _EXIT_REPORT, EDGE_LINES, JUDGED_CHARS, KEY_LINE_CHARS, STRONG, WEAK,
+                                       exit_status_of, failure_line, key_error_line, strength, traceback_tails)
 from ctxgate.pipeline.restore import ActiveRestore, extract_working_state
 from ctxgate.proxy.replay.driver import agent_turns
 from ctxgate.proxy.replay.probes import failure_rank, last_error_line
@@ -343,3 +343,11 @@ def test_a_failure_is_named_however_little_the_output_says() -> None:
     long_line = "ValueError: " + "word " * 100
     assert failure_line(long_line) == head_at_boundary(long_line.strip(), KEY_LINE_CHARS)
     assert not failure_line(long_line).endswith(("wor", "wo", " "))
+
+
+def test_a_line_is_judged_by_its_start() -> None:
+    """A one-line output of megabytes costs what its first `JUDGED_CHARS` do: a failure it
+    reports at its start is one, a word far into it is not read."""
+    assert strength("error: " + "a/b.c:1:" * 200_000) == STRONG
+    assert strength("x" * JUDGED_CHARS + " FAILED") == 0
+    assert key_error_line("ok\n" + "a/b.c:1:" * 200_000 + " FAILED") == ""

@@ -60,6 +60,21 @@ def _note(steps: str, ref: str) -> dict:
     return plain_note(SNIP, f"[ctxgate: context snipped] 2 earlier messages were removed (the originals: ref {ref}).\n"
                             f"{steps}")
 
+def _fitted(kept: list[dict], working: WorkingState, hard: int) -> CompressionResult:
+    """`kept`, over its budget, through the fallbacks (`OverBudget.fit`) with the full pipeline
+    and activeRestore of `working`, at a hard budget of `hard` tokens."""
+    cfg, c = PipelineConfig(), counter()
+
+    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
+        return build_pipeline(config, working_state=working, effective_budget=hard)
+
+    budget = OverBudget(cfg, c, pipeline_of, lambda: 0, hard, hard, ActiveRestore(cfg.restore, working))
+    request = CompressionRequest(messages=kept, token_budget=hard // 2, counter=c, cuts=CutLog())
+    result = CompressionResult(compressed_messages=kept, tokens_freed=0, level_used=None,
+                               tokens_after=c.count_messages(kept))
+    return asyncio.run(budget.fit(request, result))[1]
+
+
 
 def test_merged_notes_of_step_ranges_are_own_wording_and_keep_every_step() -> None:
     notes = [_note("- steps 1–2: open ×1, edit ×1; ref ctx:000000000001", "ctx:000000000002"),
@@ -129,15 +144,7 @@ def test_the_last_output_is_cut_deeper_to_keep_the_file_names() -> None:
     assert {f.path for f in working.current_files} == {"/w/src/fields.py", "/w/tests/test_fields.py"}
     kept = [history[0], history[1], *run]  # the reads went at an earlier point
     hard = c.count_messages(kept[:3]) + 600  # far less than the output's head and tail (Microcompact's 2,000)
-
-    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
-        return build_pipeline(config, working_state=working, effective_budget=hard)
-
-    budget = OverBudget(cfg, c, pipeline_of, lambda: 0, hard, hard, ActiveRestore(cfg.restore, working))
-    request = CompressionRequest(messages=kept, token_budget=hard // 2, counter=c, cuts=CutLog())
-    result = CompressionResult(compressed_messages=kept, tokens_freed=0, level_used=None,
-                               tokens_after=c.count_messages(kept))
-    _, out = asyncio.run(budget.fit(request, result))
+    out = _fitted(kept, working, hard)
     sent = out.compressed_messages
     assert out.tokens_after <= hard and c.count_messages(with_notice(sent)) <= hard
     state = [m for m in sent if kind_of(m) == "restore"]
@@ -164,15 +171,7 @@ def test_the_line_naming_the_steps_and_the_file_names_both_come_back() -> None:
     note = _note("- steps 1–1: read_file ×1; ref ctx:000000000001", "ctx:000000000002")
     kept = [system(), task, note, *listing, *run]
     hard = c.count_messages([system(), task, listing[0], run[0]]) + 500
-
-    def pipeline_of(config: PipelineConfig) -> CompressionPipeline:
-        return build_pipeline(config, working_state=working, effective_budget=hard)
-
-    budget = OverBudget(cfg, c, pipeline_of, lambda: 0, hard, hard, ActiveRestore(cfg.restore, working))
-    request = CompressionRequest(messages=kept, token_budget=hard // 2, counter=c, cuts=CutLog())
-    result = CompressionResult(compressed_messages=kept, tokens_freed=0, level_used=None,
-                               tokens_after=c.count_messages(kept))
-    _, out = asyncio.run(budget.fit(request, result))
+    out = _fitted(kept, working, hard)
     sent = out.compressed_messages
     assert c.count_messages(with_notice(sent)) <= hard
     assert any(1 in {n for e in note_entries(m) for n in range(e.first, e.last + 1)} for m in sent)

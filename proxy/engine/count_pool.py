@@ -37,7 +37,7 @@ from .quiet import QUIET
 log = logging.getLogger("ctxgate.count_pool")
 
 POOL_CHARACTERS = 100_000
-"""Text (about 25K tokens, ~5 ms of tiktoken) below which a count stays in one thread."""
+"""Messages' JSON (about 25K tokens, ~5 ms of tiktoken) below which a count stays in one thread."""
 _LENGTH = struct.Struct(">Q")
 PIPE_BYTES = 1 << 20
 """A worker's input pipe is made this large (Linux's default most, /proc/sys/fs/pipe-max-size)."""
@@ -149,8 +149,11 @@ class CountPool:
         when that is not worth it or fails (the caller counts in a thread)."""
         counts = [counter.cached(fp) for fp in fingerprints]
         todo = [i for i, n in enumerate(counts) if n is None]
-        sent = [_counted(messages[i]) for i in todo]
-        weights = [_characters(m) for m in sent]
+        try:  # each message as its frame will hold it, weighed by its JSON's length
+            sent = [orjson.dumps(_counted(messages[i])) for i in todo]
+        except TypeError:  # not JSON (no wire body gives this): the thread counts it
+            return None
+        weights = [len(m) for m in sent]
         if sum(weights) < POOL_CHARACTERS:
             return None
         if not self._started:  # in the background; this count in a thread
@@ -163,11 +166,8 @@ class CountPool:
         cuts = _balanced(weights, len(workers))
         self._idle += workers[len(cuts) - 1:]
         workers = workers[:len(cuts) - 1]
-        try:
-            frames = [orjson.dumps([counter.name, sent[a:b]]) for a, b in zip(cuts, cuts[1:])]
-        except TypeError:  # not JSON (no wire body gives this): the thread counts it
-            self._idle += workers
-            return None
+        name = orjson.dumps(counter.name)
+        frames = [b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]" for a, b in zip(cuts, cuts[1:])]
         # Shielded: a cancelled request does not leave a worker half way through a frame.
         answers = await asyncio.shield(self._asked(workers, frames))
         if answers is None:
@@ -240,17 +240,6 @@ def _counted(message: dict[str, Any]) -> dict[str, Any]:
     if message.keys() <= _PLAIN:
         return message
     return {k: v for k, v in message.items() if k in _READ or isinstance(v, str)}
-
-
-def _characters(value: Any) -> int:
-    """About how much text a message holds to count: its strings' lengths."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_characters(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(_characters(v) for v in value)
-    return 0
 
 
 def _balanced(weights: list[int], parts: int) -> list[int]:

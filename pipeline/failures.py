@@ -181,6 +181,12 @@ def key_error_line(text: str, exit_status: int | None = None, flagged: bool = Fa
         strengths[i] = STRONG
     if not (stated or tails or _edge_strength(lines, strengths, True) or _edge_strength(lines, strengths, False)):
         return ""
+    return strongest_line(lines, strengths)
+
+
+def strongest_line(lines: list[str], strengths: list[int]) -> str:
+    """The last of the strongest failure lines (with the line after it when it is too short to
+    say anything), cut at a boundary; empty when no line reports a failure."""
     best = max(strengths, default=0)
     if not best:
         return ""

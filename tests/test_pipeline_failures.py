@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from ctxgate.pipeline.config import RestoreConfig
 from ctxgate.pipeline.boundaries import head_at_boundary
 from ctxgate.pipeline.failures import (_ANSI, _EXIT_REPORT, EDGE_LINES, JUDGED_CHARS, KEY_LINE_CHARS, STRONG, WEAK,
-                                       exit_status_of, failure_line, key_error_line, strength, traceback_tails)
+                                       exit_status_of, failure_line, key_error_line, strength, strongest_line,
+                                       traceback_tails)
 from ctxgate.pipeline.restore import ActiveRestore, extract_working_state
 from ctxgate.proxy.replay.driver import agent_turns
 from ctxgate.proxy.replay.probes import failure_rank, last_error_line
@@ -289,7 +290,8 @@ LINES = ["ok", "", "   ", "collected 3 items", "PASSED tests/t.py::a", "✓ adds
 
 
 def _judged_line_by_line(text: str, exit_status: int | None, flagged: bool) -> str:
-    """`key_error_line` as written before its structure check took the shortcut: every line judged first."""
+    """`key_error_line` as written before its structure check took the shortcut: every line judged
+    first, the failure decided from all their judgements (the line then chosen the same way)."""
     lines = text.splitlines()
     strengths = [strength(line) for line in lines]
     for i in traceback_tails(lines):
@@ -298,15 +300,7 @@ def _judged_line_by_line(text: str, exit_status: int | None, flagged: bool) -> s
     if not (flagged or exit_status not in (None, 0) or traceback_tails(lines)
             or any(edges[:EDGE_LINES]) or any(edges[-EDGE_LINES:])):
         return ""
-    best = max(strengths, default=0)
-    if not best:
-        return ""
-    at = max(i for i, s in enumerate(strengths) if s == best)
-    key = lines[at].strip()
-    if len(key) < 12:
-        following = next((line.strip() for line in lines[at + 1:] if line.strip()), "")
-        key = f"{key}\n{following}" if following else key
-    return head_at_boundary(key, KEY_LINE_CHARS)
+    return strongest_line(lines, strengths)
 
 
 @settings(max_examples=400, deadline=None)

@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 
 from .conversation import Conversation, Kind, Unit
 from .fingerprint import message_fingerprint
-from .notes import SNIP, SNIP_MARKER, is_compaction_note, merged_note, plain_note, quoted_text
+from .notes import SNIP, SNIP_MARKER, context_note, is_compaction_note, merged_note, plain_note, quoted_text
 from .previews import call_text, output_body
 from .protocols.base import Action, Observation
 from .refs import SIZING_REF, clip, render_span
@@ -288,12 +288,33 @@ def within_share(entries: list[Entry], budget: int, counter: TokenCounter, keep:
 def covering_note(notes: list[Message]) -> Message | None:
     """What stands for compaction notes that must all go (a request with no room for them): one
     line of ctxgate's own wording naming every step their ledgers named, as a range of tool
-    names, so the step numbers stay covered; None when they named no step."""
+    names, so the step numbers stay covered (quoted when a name does not read as one); None
+    when they named no step."""
     entries = [e for m in notes for e in note_entries(m)]
     if not entries:
         return None
-    return plain_note(SNIP, f"{SNIP_MARKER} Earlier compaction notes were dropped to fit the context budget.\n"
-                            + "\n".join(e.text for e in folded_runs(entries, None, failures=False)))
+    text = (f"{SNIP_MARKER} Earlier compaction notes were dropped to fit the context budget.\n"
+            + "\n".join(e.text for e in folded_runs(entries, None, failures=False)))
+    return plain_note(SNIP, text) if all(map(_named_plainly, entries)) else context_note(
+        SNIP, "compaction: dropped notes", text)
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.:/\-]{1,64}")
+"""A tool's or program's name as ctxgate may write it unquoted."""
+
+
+def _named_plainly(entry: Entry) -> bool:
+    """`entry` names its tools as names: a ledger line is read back from a note's quoted text,
+    where a summary or a preview could hold a line shaped like one (and any words in it)."""
+    return all(_TOOL_NAME.fullmatch(tool) for tool, _ in entry.tools)
+
+
+def _own_words(entry: Entry) -> bool:
+    """`entry` is a range of step numbers and tool names alone, as `folded` writes one without
+    its failure: it may stand unquoted, as ctxgate's own wording."""
+    line = f"- steps {entry.first}–{entry.last}: " + ", ".join(f"{t} ×{n}" for t, n in entry.tools)
+    return (entry.failure is None and _named_plainly(entry)
+            and re.fullmatch(re.escape(line) + _REF, entry.text) is not None)
 
 
 def merged(notes: list[Message], counter: TokenCounter, keep: Keep) -> Message:
@@ -302,7 +323,7 @@ def merged(notes: list[Message], counter: TokenCounter, keep: Keep) -> Message:
     range's reference gives their lines back). Ranges of tool names alone are ctxgate's own
     wording, as Snip's count is: not quoted, so they bring no delimiters and no notice."""
     entries = fit([e for m in notes for e in note_entries(m)], 0, counter, keep)
-    own = all(e.failure is None and e.text.startswith("- steps ") for e in entries)
+    own = all(map(_own_words, entries))
     ledger = "\n".join(e.text for e in entries) if own else render(entries)
     return merged_note(len(notes), keep(render_span(notes)), ledger, own_words=own)
 
@@ -325,6 +346,8 @@ def widened(note: Message, cover: Message) -> Message | None:
     # the messages it stands for), and `cover`'s lines had none. A note of ctxgate's own wording
     # (Snip's count) stays so: no failure line quoted in it.
     own = content.startswith(SNIP_MARKER)
+    if own and not all(map(_named_plainly, [*before, found[0]])):
+        return None
     line = "\n".join(e.text for e in folded_runs([*before, found[0]], None, failures=not own))
     return {**note, "content": content.replace(found[0].text, line, 1)}
 

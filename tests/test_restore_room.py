@@ -60,6 +60,7 @@ def _note(steps: str, ref: str) -> dict:
     return plain_note(SNIP, f"[ctxgate: context snipped] 2 earlier messages were removed (the originals: ref {ref}).\n"
                             f"{steps}")
 
+
 def _fitted(kept: list[dict], working: WorkingState, hard: int) -> CompressionResult:
     """`kept`, over its budget, through the fallbacks (`OverBudget.fit`) with the full pipeline
     and activeRestore of `working`, at a hard budget of `hard` tokens."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -81,17 +80,18 @@ def text_of(content: Any) -> str:
 
 
 def capture(messages: list[dict[str, Any]], spans: Spans, truncate: Truncate,
-            now: float | None = None) -> list[tuple[int, Candidate]]:
+            now: float | None = None, pause: Callable[[], None] | None = None) -> list[tuple[int, Candidate]]:
     """Candidates found in `messages[i]` for each i in `spans` (the messages not seen before,
     split by source). Preferences and corrections come only from the person's own words
-    (`human` spans); any span may show project facts; a fetch tool's result is a document."""
+    (`human` spans); any span may show project facts; a fetch tool's result is a document.
+    `pause`: called before each message when read in a thread (a long new history), to give
+    the GIL back (the event loop, answering a request, takes it then rather than after a
+    switch interval) and to wait while the gateway counts a turn."""
     at = time.time() if now is None else now
     found: list[tuple[int, Candidate]] = []
-    # Read in a thread (a long new history), each message gives the GIL back: the event loop,
-    # waiting for it to answer a request, takes it then rather than after a switch interval.
-    pause = time.sleep if threading.current_thread() is not threading.main_thread() else _stay
     for i in sorted(spans):
-        pause(0)
+        if pause is not None:
+            pause()
         tool, args = _call_of(messages, i) if messages[i].get("role") == "tool" else (None, {})
         for span in spans[i]:
             text = span.text
@@ -104,10 +104,6 @@ def capture(messages: list[dict[str, Any]], spans: Spans, truncate: Truncate,
             else:
                 found += [(i, _sourced(c, span.source, text)) for c in project_facts(text, at)]
     return found
-
-
-def _stay(_: float) -> None:
-    return None
 
 
 def _sourced(candidate: Candidate, source: str, span: str) -> Candidate:

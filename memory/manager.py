@@ -13,6 +13,7 @@ import asyncio
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -54,10 +55,17 @@ def _text_chars(messages: list[dict[str, Any]], indices: set[int]) -> int:
     return total
 
 
+def _give_back() -> None:
+    time.sleep(0)
+
+
 class MemoryManager:
     def __init__(self, store: LongTermStore, config: MemoryConfig, complete: CompleteWith, on_dream: OnDream,
                  clock: Callable[[], float] = time.time, short_term: ShortTermStore | None = None,
-                 measure: Measure | None = None, sharing: Sharing | None = None) -> None:
+                 measure: Measure | None = None, sharing: Sharing | None = None,
+                 pauser: Callable[[], Callable[[], None]] = lambda: _give_back) -> None:
+        """`pauser`: makes, for each capture read in a thread, what it calls between messages
+        (the gateway's waits while it counts a turn; by default only gives the GIL back)."""
         self.store = BoundedStore(store, config, clock=clock)
         """What the API writes through: a write past the tenant's caps is refused."""
         self._captured = self.store.capturing()
@@ -70,6 +78,10 @@ class MemoryManager:
         self._sharing = sharing
         self._on_dream = on_dream
         self._clock = clock
+        self._pauser = pauser
+        self._reading = ThreadPoolExecutor(1, thread_name_prefix="ctxgate-capture")
+        """Long captures are read in a thread of their own: one paused for the gateway's count
+        must not hold a thread of the default pool, which the turn it waits for may need."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dreaming: dict[SessionKey, asyncio.Task[Any]] = {}
         self._observing: dict[SessionKey, asyncio.Task[Any]] = {}
@@ -101,7 +113,9 @@ class MemoryManager:
         if len(unseen) <= _INLINE_CAPTURE and _text_chars(messages, unseen) <= _INLINE_CAPTURE_CHARS:
             found = capture(messages, spans(unseen), truncate, now)
         else:  # a long new history: split and read off the event loop
-            found = await asyncio.to_thread(lambda: capture(messages, spans(unseen), truncate, now))
+            pause = self._pauser()
+            found = await asyncio.get_running_loop().run_in_executor(
+                self._reading, lambda: capture(messages, spans(unseen), truncate, now, pause))
         for _, candidate in found:
             candidate.turn, candidate.door = scope.turn, scope.door
         added = await self.short_term.add(key, scope, fingerprints, found, now)
@@ -241,6 +255,7 @@ class MemoryManager:
         consolidated (or written raw), not lost. Buffers in Redis stay for the replicas that
         carry the sessions on (or end them when they go idle)."""
         await self.idle_tasks()
+        self._reading.shutdown(wait=False)
         for key in await self.short_term.left_at_close():
             await self.end_session(key)
         await self.short_term.close()

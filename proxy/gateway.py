@@ -26,6 +26,7 @@ from .admin.metrics import Metrics
 from .upstream.routing import Route, Router
 from .engine.speculative import Speculator
 from .engine.count_pool import CountPool
+from .engine.quiet import QUIET
 from .engine.session import Sessions
 from .engine.open_store import open_store
 from .engine.state import SessionState
@@ -95,7 +96,8 @@ class Gateway:
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
                                                     else None), s.memory, summarizer.complete, gw._log_dream,
                                   short_term=open_short_term(s.state), measure=summarizer.room,
-                                  sharing=lambda tenant: t.share_captured if (t := s.tenants.get(tenant)) else None)
+                                  sharing=lambda tenant: t.share_captured if (t := s.tenants.get(tenant)) else None,
+                                  pauser=QUIET.pauser)
         content = open_content_store(s.state, root)
         gw.shared_counts = open_shared_counts(s.state)
         gw.speculator = Speculator(gw.sessions, on_done=gw._checkpoint_speculative, content=content,

@@ -18,8 +18,10 @@ from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import TokenCounter
 from ..errors import GatewayError
 from ..upstream.forwarders import Reply
+from .quiet import QUIET
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of, watermark
+from .wal_events import judged
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
@@ -74,21 +76,31 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
                  fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
                  counted: Callable[[], None]) -> None:
     """Fingerprint and count the turn (on the count workers or in a thread, beside the upstream
-    call), then log its messages as `prepare` logs a counted turn's."""
-    try:
-        # One turn of the event loop first: `forward` writes the request before the count
-        # takes a core, so it adds nothing to the time the upstream starts at.
-        await asyncio.sleep(0)
+    call), then log its messages as `prepare` logs a counted turn's. The reply waits for all
+    of it: background work in threads waits meanwhile (`QUIET`)."""
+    async def count_and_log() -> None:
+        nonlocal index
         if len(index) != len(messages):
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints
-        turn.index = await gw.counts.counted(index, messages, turn.counter)
+        # The tool results judged for the WAL meanwhile: its lines follow the count.
+        judging = asyncio.ensure_future(asyncio.to_thread(judged, messages))
+        try:
+            turn.index = await gw.counts.counted(index, messages, turn.counter)
+        finally:
+            failures = await judging
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
         counted()
         headers["X-Ctx-Tokens-Out"] = str(tokens_out)
         async with gw.sessions.transaction(tenant, session_id) as tx:
             if tx.state.wal_logged == 0:  # unless a later turn of the session logged its messages already
-                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
+                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn), failures)
+
+    try:
+        # One turn of the event loop first: `forward` writes the request before the count
+        # takes a core, so it adds nothing to the time the upstream starts at.
+        await asyncio.sleep(0)
+        await QUIET.around(count_and_log())
     except Exception as e:  # forwarded already: the reply is answered rather than lost
         log.error("session %s: the turn could not be logged: %s", session_id,
                   e.message if isinstance(e, GatewayError) else repr(e))

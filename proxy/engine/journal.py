@@ -32,7 +32,7 @@ from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import lease_lost
 from .state import SessionState
-from .wal_events import compression, first_unlogged, message_events
+from .wal_events import Judged, compression, first_unlogged, message_events
 
 log = logging.getLogger("ctxgate.wal")
 INLINE_EVENTS = 256
@@ -107,9 +107,11 @@ class Journal:
         """Whether the log's appends check `fence` themselves (it is in the lock's Redis)."""
         return self.writer.checks(fence)
 
-    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
+    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int,
+                          failures: Judged | None = None) -> None:
         """What this turn brought and what compaction did, before anything is forwarded; a
-        CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`)."""
+        CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`).
+        `failures`: its tool results judged already (`wal_events.judged`)."""
         steps, state.wal_pending = state.wal_pending, []
         if not self.enabled(state.profile):
             return
@@ -129,7 +131,7 @@ class Journal:
                          **{k: v for k, v in state.speculation.items() if k != "logged"}})
         store = self.config.store_content
         try:
-            await self._write(state, lambda: message_events(state, turn, start, store) + rest, "compaction",
+            await self._write(state, lambda: message_events(state, turn, start, store, failures) + rest, "compaction",
                               tokens_out, budget, checkpoint=bool(steps), off_loop=not inline and heavy(turn))
         except GatewayError:  # nothing was written: the next write carries it all
             state.wal_logged, state.wal_logged_hash = before

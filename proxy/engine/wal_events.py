@@ -16,21 +16,47 @@ from .state import SessionState
 from .turn_budget import Turn
 
 
-def message_events(state: SessionState, turn: Turn, start: int, store_content: bool) -> list[dict[str, Any]]:
+Judged = dict[tuple[int, int], "str | None"]
+"""Each tool result's failure line (None: it did not fail), by (message index, its block's
+index in the message, -1 for a chat tool message): `judged`."""
+
+
+def judged(messages: list[dict[str, Any]], start: int = 0) -> Judged:
+    """The failure of every tool result from `start` on: the part of a turn's events that reads
+    the outputs (~3 ms for a new 107K conversation), which needs neither the session nor the
+    count, so a turn counted beside its upstream call judges them beside the count."""
+    out: Judged = {}
+    for i in range(start, len(messages)):
+        m = messages[i]
+        role = m.get("role")
+        if role == "tool":
+            out[(i, -1)] = _failure(_text(m.get("content")), False)
+        elif role == "user":
+            for j, b in _tool_result_blocks(m):
+                out[(i, j)] = _failure(_text(b.get("content")), bool(b.get("is_error")))
+    return out
+
+
+def message_events(state: SessionState, turn: Turn, start: int, store_content: bool,
+                   failures: Judged | None = None) -> list[dict[str, Any]]:
     """USER_INPUT / TOOL_RESULT for each client message from `start` (`first_unlogged`) on;
-    the session then counts them as logged."""
+    the session then counts them as logged. `failures`: the tool results' judged already
+    (`judged`); those it lacks are judged here."""
     messages = turn.messages
     hashes = turn.prefix_hashes
+    known = failures or {}
     events = []
     for i in range(start, len(messages)):
         m = messages[i]
         role = m.get("role")
         base = {"turn": state.turns, "index": i, "prefix_hash": hashes[i]}
         results = _tool_result_blocks(m) if role == "user" else []
-        if results:  # Anthropic's tool results travel in a user turn, one block per call
-            events += [_tool_result(base, _text(b.get("content")), _tool_use_name(messages, i, b),
-                                    b.get("tool_use_id"), turn.counter.count_cached(_text(b.get("content"))),
-                                    bool(b.get("is_error"))) for b in results]
+        # Anthropic's tool results travel in a user turn, one block per call
+        for j, b in results:
+            text = _text(b.get("content"))
+            error = known[(i, j)] if (i, j) in known else _failure(text, bool(b.get("is_error")))
+            events.append(_tool_result(base, _tool_use_name(messages, i, b), b.get("tool_use_id"),
+                                       turn.counter.count_cached(text), error))
         content = m.get("content")
         if results and isinstance(content, list):
             content = [b for b in content if not (isinstance(b, dict) and b.get("type") == "tool_result")]
@@ -42,8 +68,9 @@ def message_events(state: SessionState, turn: Turn, start: int, store_content: b
                 event["content"] = content
             events.append(event)
         if role == "tool":
-            events.append(_tool_result(base, _text(m.get("content")), _tool_name(messages, i), m.get("tool_call_id"),
-                                       turn.counter.count_structured(m, turn.fingerprints[i]), False))
+            error = known[(i, -1)] if (i, -1) in known else _failure(_text(m.get("content")), False)
+            events.append(_tool_result(base, _tool_name(messages, i), m.get("tool_call_id"),
+                                       turn.counter.count_structured(m, turn.fingerprints[i]), error))
     if messages:
         state.wal_logged, state.wal_logged_hash = len(messages), hashes[-1]
     return events
@@ -63,11 +90,14 @@ def compression(step: dict[str, Any]) -> dict[str, Any]:
             "span": step.get("span"), "reason": step.get("reason")}
 
 
-def _tool_result(base: dict[str, Any], text: str, tool: str | None, call_id: Any, tokens: int,
-                 reported_error: bool) -> dict[str, Any]:
+def _failure(text: str, reported_error: bool) -> str | None:
     # The conversation model's rule (what activeRestore restores as the last failure), so the
     # log and the prompt never disagree on whether a step failed.
-    error = failure_line(text, exit_status_of(text), reported_error)
+    return failure_line(text, exit_status_of(text), reported_error)
+
+
+def _tool_result(base: dict[str, Any], tool: str | None, call_id: Any, tokens: int,
+                 error: str | None) -> dict[str, Any]:
     event = {"type": EventType.TOOL_RESULT.value, **base, "tool": tool, "call_id": call_id,
              "result_tokens": tokens, "success": not error, "duration_ms": None}
     if error:
@@ -87,11 +117,11 @@ def _tool_name(messages: list[dict[str, Any]], i: int) -> str | None:
     return messages[i].get("name")
 
 
-def _tool_result_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+def _tool_result_blocks(message: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     content = message.get("content")
     if not isinstance(content, list):
         return []
-    return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+    return [(j, b) for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "tool_result"]
 
 
 def _tool_use_name(messages: list[dict[str, Any]], i: int, result: dict[str, Any]) -> str | None:

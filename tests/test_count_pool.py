@@ -131,6 +131,37 @@ def test_the_pool_counts_every_kind_of_message_as_one_thread_does() -> None:
             .fingerprints] == [b - a for a, b in zip(expected, expected[1:])]
 
 
+def test_a_count_sent_ahead_of_the_fingerprints_is_the_same_count_and_kept() -> None:
+    """`ahead`: the workers count a new conversation before its fingerprints are taken; the
+    index they then go into, and the counts kept by fingerprint, are a thread's."""
+    messages = shapes(uuid.uuid4().hex)
+    expected = HistoryIndex.build(messages, TokenizerRegistry().counter(SPEC)).cumulative_tokens
+    registry = TokenizerRegistry()
+    counter = registry.counter(SPEC)
+
+    async def run() -> tuple[bool, list[int]]:
+        pool = CountPool(size=2)
+        pool.enable(registry.loaded())
+        try:
+            none_idle = pool.ahead(messages, counter) is None  # the first starts the workers
+            deadline = asyncio.get_running_loop().time() + 60
+            while pool.ready < 2 and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            ahead = pool.ahead(messages, counter)
+            assert ahead is not None and pool.ready == 0  # sent: both workers count it
+            index = HistoryIndex.build([], counter).extend(messages, 0, counter, count=False)
+            counted = await pool.counted(index, messages, counter, ahead)
+            assert pool.ready == 2
+            return none_idle, counted.cumulative_tokens
+        finally:
+            await pool.close()
+
+    none_idle, counted = asyncio.run(run())
+    assert none_idle and counted == expected
+    fingerprints = HistoryIndex.build([], counter).extend(messages, 0, counter, count=False).fingerprints
+    assert [counter.cached(fp) for fp in fingerprints] == [b - a for a, b in zip(expected, expected[1:])]
+
+
 def test_with_no_worker_started_the_count_is_a_threads() -> None:
     messages = large(uuid.uuid4().hex)
     counter = TokenizerRegistry().counter(SPEC)

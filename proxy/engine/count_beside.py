@@ -80,13 +80,15 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
     of it: background work in threads waits meanwhile (`QUIET`)."""
     async def count_and_log() -> None:
         nonlocal index
+        # The workers count while the fingerprints are taken (they only keep the counts),
+        # and the tool results are judged for the WAL meanwhile: its lines follow the count.
+        ahead = gw.counts.ahead(messages, turn.counter) if len(index) != len(messages) else None
         if len(index) != len(messages):
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints
-        # The tool results judged for the WAL meanwhile: its lines follow the count.
         judging = asyncio.ensure_future(asyncio.to_thread(judged, messages))
         try:
-            turn.index = await gw.counts.counted(index, messages, turn.counter)
+            turn.index = await gw.counts.counted(index, messages, turn.counter, ahead)
         finally:
             failures = await judging
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()

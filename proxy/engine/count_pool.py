@@ -58,9 +58,12 @@ class _Worker:
         self.stdin = process.stdin
         self.stdout = process.stdout
 
-    async def ask(self, frame: bytes) -> Any:
+    def send(self, frame: bytes) -> None:
+        """Written at once: the pipe holds a whole frame (`_widen`)."""
         self.stdin.write(_LENGTH.pack(len(frame)))
         self.stdin.write(frame)
+
+    async def reply(self) -> Any:
         await self.stdin.drain()
         return await self.answer()
 
@@ -127,30 +130,63 @@ class CountPool:
         self._workers.discard(worker)
         worker.kill()
 
-    async def counted(self, index: HistoryIndex, messages: list[dict[str, Any]], counter: TokenCounter) -> HistoryIndex:
-        """`index.counted(messages, counter)`: on the workers when it is large and they are
-        free, else in a thread; either way a count in flight for `QUIET`."""
-        return await QUIET.around(self._counted(index, messages, counter))
+    def ahead(self, messages: list[dict[str, Any]], counter: TokenCounter) -> "asyncio.Future[list[int] | None] | None":
+        """Every message of a conversation none of which is counted, sent to the idle workers
+        now: they count while its fingerprints are taken, which `counted(..., ahead)` needs
+        only to keep the counts. Each message's count (None if a worker failed), or None when
+        not sent (not for the workers, none idle): `counted` then counts as usual."""
+        if counter.name not in self.specs or len(messages) < 2:
+            return None
+        sent = self._send(counter, messages)
+        return None if sent is None else asyncio.ensure_future(QUIET.around(self._answers(sent)))
 
-    async def _counted(self, index: HistoryIndex, messages: list[dict[str, Any]],
-                       counter: TokenCounter) -> HistoryIndex:
+    async def counted(self, index: HistoryIndex, messages: list[dict[str, Any]], counter: TokenCounter,
+                      ahead: "asyncio.Future[list[int] | None] | None" = None) -> HistoryIndex:
+        """`index.counted(messages, counter)`: on the workers when it is large and they are
+        free, else in a thread; either way a count in flight for `QUIET`. `ahead`: the
+        messages' counts started before `index` held their fingerprints (`ahead`)."""
+        return await QUIET.around(self._counted(index, messages, counter, ahead))
+
+    async def _counted(self, index: HistoryIndex, messages: list[dict[str, Any]], counter: TokenCounter,
+                       ahead: "asyncio.Future[list[int] | None] | None") -> HistoryIndex:
         start = len(index.cumulative_tokens) - 1
-        if counter.name in self.specs and len(messages) - start > 1:
+        counts = await ahead if ahead is not None and start == 0 else None
+        if counts is not None:
+            for fingerprint, n in zip(index.fingerprints, counts):
+                counter.keep(fingerprint, n)
+        elif counter.name in self.specs and len(messages) - start > 1:
             counts = await self._worker_counts(counter, messages[start:], index.fingerprints[start:])
-            if counts is not None:
-                if self._on_workers is not None:
-                    self._on_workers()
-                return index.with_counts(counts)
+        if counts is not None:
+            if self._on_workers is not None:
+                self._on_workers()
+            return index.with_counts(counts)
         return await asyncio.to_thread(index.counted, messages, counter)
 
     async def _worker_counts(self, counter: TokenCounter, messages: list[dict[str, Any]],
-                          fingerprints: list[str]) -> list[int] | None:
+                             fingerprints: list[str]) -> list[int] | None:
         """Each message's count, the ones not kept already counted by the idle workers; None
         when that is not worth it or fails (the caller counts in a thread)."""
         counts = [counter.cached(fp) for fp in fingerprints]
         todo = [i for i, n in enumerate(counts) if n is None]
+        found = await self._pooled(counter, [messages[i] for i in todo])
+        if found is None:
+            return None
+        for i, n in zip(todo, found):
+            counts[i] = n
+            counter.keep(fingerprints[i], n)
+        return [n for n in counts if n is not None]
+
+    async def _pooled(self, counter: TokenCounter, messages: list[dict[str, Any]]) -> list[int] | None:
+        """Each of `messages`' counts from the idle workers; None when that is not worth it
+        (below `POOL_CHARACTERS`), none is idle, or it fails."""
+        sent = self._send(counter, messages)
+        return None if sent is None else await self._answers(sent)
+
+    def _send(self, counter: TokenCounter, messages: list[dict[str, Any]]) -> list[_Worker] | None:
+        """`messages` in slices of about equal text, one to each idle worker taken for them;
+        None when that is not worth it (below `POOL_CHARACTERS`) or none is idle."""
         try:  # each message as its frame will hold it, weighed by its JSON's length
-            sent = [orjson.dumps(_counted(messages[i])) for i in todo]
+            sent = [orjson.dumps(_counted(m)) for m in messages]
         except TypeError:  # not JSON (no wire body gives this): the thread counts it
             return None
         weights = [len(m) for m in sent]
@@ -162,24 +198,31 @@ class CountPool:
                 self._spawn()
         if not self._idle:
             return None
-        workers, self._idle = self._idle[:len(todo)], self._idle[len(todo):]
+        workers, self._idle = self._idle[:len(messages)], self._idle[len(messages):]
         cuts = _balanced(weights, len(workers))
         self._idle += workers[len(cuts) - 1:]
         workers = workers[:len(cuts) - 1]
         name = orjson.dumps(counter.name)
-        frames = [b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]" for a, b in zip(cuts, cuts[1:])]
-        # Shielded: a cancelled request does not leave a worker half way through a frame.
-        answers = await asyncio.shield(self._asked(workers, frames))
-        if answers is None:
+        try:
+            for worker, a, b in zip(workers, cuts, cuts[1:]):
+                worker.send(b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]")
+        except Exception as e:  # a pipe gone: those taken may hold part of a frame
+            log.error("a count worker could not be sent its slice (%r): counting in a thread, starting others", e)
+            for worker in workers:
+                self._drop(worker)
+                self._spawn()
             return None
-        for i, n in zip(todo, (n for answer in answers for n in answer)):
-            counts[i] = n
-            counter.keep(fingerprints[i], n)
-        return [n for n in counts if n is not None]
+        return workers
 
-    async def _asked(self, workers: list[_Worker], frames: list[bytes]) -> list[list[int]] | None:
-        """Each frame's counts from its worker; a worker that fails is replaced."""
-        answers = await asyncio.gather(*(w.ask(f) for w, f in zip(workers, frames)), return_exceptions=True)
+    async def _answers(self, workers: list[_Worker]) -> list[int] | None:
+        """The counts of the slices `_send` sent to `workers`, in order; None if one failed."""
+        # Shielded: a cancelled request does not leave a worker half way through a frame.
+        answers = await asyncio.shield(self._asked(workers))
+        return None if answers is None else [n for answer in answers for n in answer]
+
+    async def _asked(self, workers: list[_Worker]) -> list[list[int]] | None:
+        """Each worker's counts of the frame it was sent; a worker that fails is replaced."""
+        answers = await asyncio.gather(*(w.reply() for w in workers), return_exceptions=True)
         failed = False
         for worker, answer in zip(workers, answers):
             if isinstance(answer, list):

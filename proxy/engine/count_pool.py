@@ -39,6 +39,10 @@ log = logging.getLogger("ctxgate.count_pool")
 POOL_CHARACTERS = 100_000
 """Messages' JSON (about 25K tokens, ~5 ms of tiktoken) below which a count stays in one thread."""
 _LENGTH = struct.Struct(">Q")
+SLICES_PER_WORKER = 3
+"""A count is cut in this many slices per worker, handed out as workers answer: a worker that
+shares its core with the gateway or the upstream counts fewer (with one slice each, the
+slower finished ~4 ms after the other on a new 107K conversation)."""
 PIPE_BYTES = 1 << 20
 """A worker's input pipe is made this large (Linux's default most, /proc/sys/fs/pipe-max-size)."""
 _READY = b'"ready"'
@@ -130,7 +134,8 @@ class CountPool:
         self._workers.discard(worker)
         worker.kill()
 
-    def ahead(self, messages: list[dict[str, Any]], counter: TokenCounter) -> "asyncio.Future[list[int] | None] | None":
+    def ahead(self, messages: list[dict[str, Any]], counter: TokenCounter
+              ) -> "asyncio.Future[list[int] | None] | None":
         """Every message of a conversation none of which is counted, sent to the idle workers
         now: they count while its fingerprints are taken, which `counted(..., ahead)` needs
         only to keep the counts. Each message's count (None if a worker failed), or None when
@@ -182,9 +187,10 @@ class CountPool:
         sent = self._send(counter, messages)
         return None if sent is None else await self._answers(sent)
 
-    def _send(self, counter: TokenCounter, messages: list[dict[str, Any]]) -> list[_Worker] | None:
-        """`messages` in slices of about equal text, one to each idle worker taken for them;
-        None when that is not worth it (below `POOL_CHARACTERS`) or none is idle."""
+    def _send(self, counter: TokenCounter, messages: list[dict[str, Any]]) -> "_Sent | None":
+        """`messages` in `SLICES_PER_WORKER` slices of about equal text per idle worker taken for
+        them, the first slice of each sent at once (`_asked` hands out the rest); None when that
+        is not worth it (below `POOL_CHARACTERS`) or none is idle."""
         try:  # each message as its frame will hold it, weighed by its JSON's length
             sent = [orjson.dumps(_counted(m)) for m in messages]
         except TypeError:  # not JSON (no wire body gives this): the thread counts it
@@ -198,46 +204,57 @@ class CountPool:
                 self._spawn()
         if not self._idle:
             return None
-        workers, self._idle = self._idle[:len(messages)], self._idle[len(messages):]
-        cuts = _balanced(weights, len(workers))
-        self._idle += workers[len(cuts) - 1:]
-        workers = workers[:len(cuts) - 1]
+        workers, self._idle = self._idle, []
+        cuts = _balanced(weights, len(workers) * SLICES_PER_WORKER)
         name = orjson.dumps(counter.name)
+        batch = _Sent([b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]" for a, b in zip(cuts, cuts[1:])],
+                      workers[:len(cuts) - 1])
+        self._idle += workers[len(cuts) - 1:]
         try:
-            for worker, a, b in zip(workers, cuts, cuts[1:]):
-                worker.send(b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]")
+            for worker in batch.workers:
+                worker.send(batch.frames[batch.next()])
         except Exception as e:  # a pipe gone: those taken may hold part of a frame
             log.error("a count worker could not be sent its slice (%r): counting in a thread, starting others", e)
-            for worker in workers:
+            for worker in batch.workers:
                 self._drop(worker)
                 self._spawn()
             return None
-        return workers
+        return batch
 
-    async def _answers(self, workers: list[_Worker]) -> list[int] | None:
-        """The counts of the slices `_send` sent to `workers`, in order; None if one failed."""
+    async def _answers(self, batch: "_Sent") -> list[int] | None:
+        """The counts of the slices `_send` cut, in order; None if one failed."""
         # Shielded: a cancelled request does not leave a worker half way through a frame.
-        answers = await asyncio.shield(self._asked(workers))
+        answers = await asyncio.shield(self._asked(batch))
         return None if answers is None else [n for answer in answers for n in answer]
 
-    async def _asked(self, workers: list[_Worker]) -> list[list[int]] | None:
-        """Each worker's counts of the frame it was sent; a worker that fails is replaced."""
-        answers = await asyncio.gather(*(w.reply() for w in workers), return_exceptions=True)
-        failed = False
-        for worker, answer in zip(workers, answers):
-            if isinstance(answer, list):
-                self._idle.append(worker)
-                continue
-            failed = True
-            if isinstance(answer, dict):  # the worker's count raised: it is fine, the thread will say why
+    async def _asked(self, batch: "_Sent") -> list[list[int]] | None:
+        """Each slice's counts: a worker that answers is sent the next slice not sent yet, so
+        one slowed (its core shared with the gateway or the upstream) counts fewer. A worker
+        that fails is replaced; the slice it held is counted again in a thread."""
+        answers: list[list[int] | None] = [None] * len(batch.frames)
+
+        async def served(worker: _Worker, slice_: int) -> Any:
+            while True:
+                answer = await worker.reply()
+                if not isinstance(answer, list):
+                    return answer  # `{"error"}`: its count raised (the thread will say why)
+                answers[slice_] = answer
+                slice_ = batch.next()
+                if slice_ < 0:
+                    return None
+                worker.send(batch.frames[slice_])
+
+        ended = await asyncio.gather(*(served(w, i) for i, w in enumerate(batch.workers)), return_exceptions=True)
+        for worker, end in zip(batch.workers, ended):
+            if end is None or isinstance(end, dict):
                 self._idle.append(worker)
             else:
-                log.error("a count worker failed (%r): counting in a thread, starting another", answer)
+                log.error("a count worker failed (%r): counting in a thread, starting another", end)
                 self._drop(worker)
                 self._spawn()
         if self._closed:
             self._stop_idle()
-        return None if failed else [a for a in answers if isinstance(a, list)]
+        return None if any(a is None for a in answers) else [a for a in answers if a is not None]
 
     def _stop_idle(self) -> None:
         for worker in self._idle:
@@ -258,6 +275,22 @@ class CountPool:
                 worker.kill()
                 await worker.process.wait()
         self._workers.clear()
+
+
+class _Sent:
+    """A count's slices (frames), and the workers taken for them."""
+
+    def __init__(self, frames: list[bytes], workers: list[_Worker]) -> None:
+        self.frames = frames
+        self.workers = workers
+        self._next = 0
+
+    def next(self) -> int:
+        """The next slice to send, -1 when all are sent."""
+        if self._next >= len(self.frames):
+            return -1
+        self._next += 1
+        return self._next - 1
 
 
 def _widen(stdin: asyncio.StreamWriter) -> None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict
 
 from ctxgate.pipeline.notes import TAG, is_ctxgate_message
 from .validation import check_nesting, refuse_reserved, require_objects, validate_slices, validation_error
@@ -41,7 +42,9 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class _Message(_Open):
+@with_config(ConfigDict(extra="allow", strict=True))
+class _Message(TypedDict):
+    """A typed dict, as the chat door's: checked without a model instance made of each."""
     role: Literal["user", "assistant", "system"]
     """`system`: a system turn in the conversation (Claude Code sends them), kept in its place."""
     content: str | list[dict[str, Any]]

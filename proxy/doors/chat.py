@@ -6,7 +6,7 @@ is validation and rendering is putting the compacted list back in the body.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
@@ -89,22 +89,21 @@ class ChatDoor:
         listed = body.get("messages")
         route, session_id, known, bound = await self.gw.heavy.run(
             caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
-            lambda: self._read(caller, http.headers, body, raw, keep),
+            lambda: self._read(caller, http.headers, body, raw),
             items=len(listed) if isinstance(listed, list) else None)
         messages = body["messages"]
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
                          known=known, body_bytes=len(raw), count_bound=bound,
-                         fresh_bytes=fresh if known.length else None)
+                         fresh_bytes=fresh if known.length else None, keep=keep)
         request = DoorRequest(http, caller, route, session_id, turn, body, started)
         return await answer(self.engine, request, ChatWire(self.gw, body, raw))
 
-    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], raw: bytes,
-              keep: Callable[[], None]) -> tuple[Route, str, KnownPrefix, int | None]:
+    def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], raw: bytes
+              ) -> tuple[Route, str, KnownPrefix, int | None]:
         """The request checked and placed: its route, session, what of it the session knew, and
-        its count's bound (only a new conversation is bounded); once checked, kept for the next
-        body (`keep`). In a thread when large (`HeavyWork`)."""
+        its count's bound (only a new conversation is bounded). In a thread when large (`HeavyWork`)."""
         validate_chat_request(body)
         messages = body["messages"]
         route = self.gw.router.resolve(body["model"])
@@ -112,5 +111,4 @@ class ChatDoor:
         session_id = resolve_session(caller.tenant, headers, messages, body.get("prompt_cache_key"))
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_chat_messages(messages, known.length)
-        keep()
         return route, session_id, known, json_bound(raw) if known.length == 0 else None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
@@ -171,7 +171,7 @@ class GeminiDoor:
         listed = body.get("contents")
         route, read, session_id = await self.gw.heavy.run(
             caller.tenant, caller.tenant_config.heavy_concurrency, fresh,
-            lambda: self._read(caller, http.headers, body, model, keep, not shallow(raw, MAX_NESTING)),
+            lambda: self._read(caller, http.headers, body, model, not shallow(raw, MAX_NESTING)),
             items=len(listed) if isinstance(listed, list) else None)
         messages = read.messages
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
@@ -183,24 +183,22 @@ class GeminiDoor:
                          memory_scope=scope,
                          body_bytes=len(raw), door_state=read,
                          count_bound=count_bound(raw, body) if not read.known else None,
-                         fresh_bytes=fresh if read.known else None)
+                         fresh_bytes=fresh if read.known else None, keep=keep)
         wire = GeminiWire(self.gw, body, read, model, http.query.get("alt") == "sse", raw, tools)
         if method == "countTokens":
             return await self._count(DoorRequest(http, caller, route, session_id, turn, body, started), wire)
         return await answer(self.engine, DoorRequest(http, caller, route, session_id, turn, body, started), wire)
 
     def _read(self, caller: Caller, headers: Mapping[str, str], body: dict[str, Any], model: str,
-              keep: Callable[[], None], nested: bool) -> tuple[Route, ReadContents, str]:
-        """The request checked (then `keep`; `nested`: its new turns' nesting too), read into the
-        neutral model and placed: its route, conversation and session. In a thread when large
-        (`HeavyWork`)."""
+              nested: bool) -> tuple[Route, ReadContents, str]:
+        """The request checked (`nested`: its new turns' nesting too), read into the neutral model
+        and placed: its route, conversation and session. In a thread when large (`HeavyWork`)."""
         named = named_session(headers)
         # The session's last request as this door read it: a steady turn checks and reads only what is new.
         last = self.gw.histories.door_state(caller.tenant, named) if named else None
         last = last if isinstance(last, ReadContents) else None
         known = known_turns(last, body.get("contents"))
         validate_request(body, known, last.fields if last is not None else None, nested)
-        keep()
         route = self.gw.router.resolve(model)
         read = read_contents(body, last, known)
         # Declarations resent as they were (the same objects, `ResentBodies`) were made chat tools last turn.

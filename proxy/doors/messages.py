@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import orjson
 from aiohttp import web
@@ -147,26 +147,26 @@ class MessagesDoor:
         found = await expanded_blocks(self.gw, caller, body["messages"], emulated(self.gw, caller, route)) \
             if blocks else body["messages"]
 
-        def keep() -> None:  # once checked, for the next body
+        def keep() -> None:  # once checked and forwarded (or counted), for the next body
             self.gw.resent.keep(key, raw, body, "messages", resent)
 
         conversation, edits, session_id, known, read = await heavy.run(
             caller.tenant, slots, fresh,
-            lambda: self._placed(caller, http.headers, route, body, found, ReadAt(last, known_at, blocks), keep), items)
+            lambda: self._placed(caller, http.headers, route, body, found, ReadAt(last, known_at, blocks)), items)
         messages = conversation.neutral
         memory_on = self.gw.memory is not None and self.gw.memory.enabled(caller.profile)
         user = (body.get("metadata") or {}).get("user_id")
         turn = TurnInput(messages=messages, tools=body.get("tools"), stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, user, messages) if memory_on else None,
                          known=known, body_bytes=len(raw), door_state=read,
-                         fresh_bytes=fresh if known.length else None)
+                         fresh_bytes=fresh if known.length else None, keep=keep)
         return DoorRequest(http, caller, route, session_id, turn, body, started), conversation, edits
 
     def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],
-                found: list[dict[str, Any]], at: ReadAt, keep: Callable[[], None]
+                found: list[dict[str, Any]], at: ReadAt
                 ) -> tuple[Conversation, Edited | None, str, KnownPrefix, ReadMessages]:
-        """The request read into the neutral model (its context edits applied), checked (then
-        `keep`), and placed in its session. In a thread when large (`HeavyWork`)."""
+        """The request read into the neutral model (its context edits applied), checked, and
+        placed in its session. In a thread when large (`HeavyWork`)."""
         changed = found is not body["messages"]
         edits = edited(self.gw, caller, route, {**body, "messages": found} if changed else body, changed=changed)
         if edits is None:
@@ -177,7 +177,6 @@ class MessagesDoor:
         messages = conversation.neutral
         self.engine.refuse_hopeless(caller, route, messages)
         validate_messages(body["messages"], at.known)  # the client's: what was new in them is checked, as sent
-        keep()
         session_id = resolve_session(caller.tenant, headers, messages)
         return conversation, edits, session_id, self.gw.histories.match(caller.tenant, session_id, messages), read
 

@@ -192,6 +192,7 @@ class ResponsesDoor:
                                                    None if asked.trigger else asked.threshold)
             item = await sealed_item(self.gw, caller, session_id, to_request(done.messages)[1])
             if asked.trigger:  # answered by ctxgate alone: the compaction is the whole reply
+                turn.kept()
                 reply = trigger_response(body["model"], item, done.usage)
                 headers = {"X-Ctx-Session": session_id, "X-Ctx-Levels": ",".join(done.levels) or "none"}
                 if turn.stream:
@@ -209,6 +210,7 @@ class ResponsesDoor:
         messages and one compaction item, whatever the route (no model call but the summary's)."""
         caller, body, route, turn, session_id, _ = await self._read(http, input_required=False, compacting=True)
         done = await client_compaction.compact(self.gw, caller, route, session_id, turn.messages, turn.tools, None)
+        turn.kept()
         item = await sealed_item(self.gw, caller, session_id, to_request(done.messages)[1])
         reply = compacted_response(body["model"], user_items(input_items(body)), item, done.usage)
         return web.Response(body=orjson.dumps(reply), content_type="application/json",
@@ -244,7 +246,6 @@ class ResponsesDoor:
         def validated() -> int:
             known = checked_items(last, body.get("instructions"), body.get("input")) if not previous else 0
             validate_responses_request(body, input_required=input_required, start=known)
-            self.gw.resent.keep(key, raw, body, "input", resent)  # checked: the next body parses only its tail
             return known
         listed = body.get("input")
         # A large body of few items is checked on the loop: its work costs less than a thread hop (`HeavyWork.heavy`).
@@ -288,7 +289,9 @@ class ResponsesDoor:
         turn = TurnInput(messages=messages, tools=tools, stream=bool(body.get("stream")),
                          memory_scope=scope_of(http.headers, body.get("user"), messages) if memory_on else None,
                          door_state=converted, body_bytes=len(raw), fresh_bytes=size if resent is not None else None,
-                         count_bound=bound)
+                         count_bound=bound,
+                         # checked: the next body parses only its tail
+                         keep=lambda: self.gw.resent.keep(key, raw, body, "input", resent))
         return caller, body, route, turn, session_id, asked
 
     def _placed(self, caller: Caller, headers: Mapping[str, str], route: Route, body: dict[str, Any],

@@ -122,7 +122,8 @@ class PreparedTurn:
     checkpoint: "Callable[[], None] | None" = None
     """The periodic CHECKPOINT the settled turn made due (`Sessions.checkpoint_later`), started by `finish`."""
     keep: "Callable[[], None] | None" = None
-    """The door's keeping of the body (`TurnInput.keep`), called once the request is written."""
+    """The door's keeping of the body (`TurnInput.keep`), before the send; a turn counted beside
+    its upstream call keeps it there instead, once the request is written."""
 
     def captured(self) -> None:
         """Start memory's capture of the turn, once, when this process counts nothing (`quiet.py`)."""
@@ -261,7 +262,7 @@ class TurnEngine:
                 state.turns += 1
                 compacted = bool(state.records)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
-                                levels=list(plan.levels), keep=request.kept)
+                                levels=list(plan.levels), keep=None if late else request.kept)
         if memory is not None and scope is not None:
             dialect = state.dialect or None  # None: detected from the messages
             buffer = BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns)
@@ -276,7 +277,8 @@ class TurnEngine:
                                            room=expansion_room(turn, state, plan))
         if late:
             prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, index, fingerprinted,
-                                             headers, lambda: self._counted(caller, session_id, request, turn, headers))
+                                             headers, lambda: self._counted(caller, session_id, request, turn, headers),
+                                             request.kept)
         return prepared
 
     async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
@@ -353,8 +355,8 @@ class TurnEngine:
             if prepared.expansion is not None and isinstance(wire, ExpandingWire):
                 payload = wire.with_tool(payload, tool_definition(prepared.expansion.config))
             prepared.payload = payload
-            if prepared.keep is not None:  # runs once the send yields: its bytes are written by then
-                asyncio.get_running_loop().call_soon(prepared.keep)
+            if prepared.keep is not None:  # a turn counted beside the call keeps it there, after the write
+                prepared.keep()
                 prepared.keep = None
             try:
                 reply = await wire.send(route, payload, stream=stream, api_key=api_key)

@@ -48,16 +48,15 @@ def may_compact(state: SessionState, turn: Turn, bound: int | None) -> bool:
 def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
                  messages: list[dict[str, Any]], index: HistoryIndex,
                  fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
-                 counted: Callable[[], None], keep: Callable[[], None]) -> "asyncio.Task[None]":
+                 counted: Callable[[], None]) -> "asyncio.Task[None]":
     """Start the count of a turn forwarded uncounted (`ctxgate_counts_beside_upstream_total`).
     `index`: what is known of its messages; when it does not hold them all, `fingerprinted()`
     takes their fingerprints once the turn is forwarded (they decide nothing it sends).
-    `counted` reports the count and keeps the index, as for a counted turn; `keep`: the door's
-    keeping of the body for the next request (`TurnInput.keep`), once this one is written. Awaited by
+    `counted` reports the count and keeps the index, as for a counted turn. Awaited by
     `settle`, so an answered turn is in the WAL before its reply is, and calibrated with its count."""
     gw.metrics.counts_beside_upstream.inc()
     return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, index, fingerprinted, headers,
-                                        counted, keep))
+                                        counted))
 
 
 async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
@@ -75,7 +74,7 @@ async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
 async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
                  messages: list[dict[str, Any]], index: HistoryIndex,
                  fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
-                 counted: Callable[[], None], keep: Callable[[], None]) -> None:
+                 counted: Callable[[], None]) -> None:
     """Fingerprint and count the turn (on the count workers or in a thread, beside the upstream
     call), then log its messages as `prepare` logs a counted turn's. The reply waits for all
     of it: background work in threads waits meanwhile (`QUIET`)."""
@@ -84,7 +83,6 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         # The workers count while the fingerprints are taken (they only keep the counts),
         # and the tool results are judged for the WAL meanwhile: its lines follow the count.
         ahead = gw.counts.ahead(messages, turn.counter) if len(index) != len(messages) else None
-        keep()
         if len(index) != len(messages):
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints

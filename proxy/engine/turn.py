@@ -122,8 +122,7 @@ class PreparedTurn:
     checkpoint: "Callable[[], None] | None" = None
     """The periodic CHECKPOINT the settled turn made due (`Sessions.checkpoint_later`), started by `finish`."""
     keep: "Callable[[], None] | None" = None
-    """The door's keeping of the body (`TurnInput.keep`), before the send; a turn counted beside
-    its upstream call keeps it there instead, once the request is written."""
+    """The door's keeping of the body (`TurnInput.keep`), once the request is written."""
 
     def captured(self) -> None:
         """Start memory's capture of the turn, once, when this process counts nothing (`quiet.py`)."""
@@ -151,6 +150,14 @@ class PreparedTurn:
 
     def overhead_ms(self) -> float:
         return max(0.0, (time.perf_counter() - self.started) * 1000 - self.upstream_ms)
+
+
+async def _once_written(work: Callable[[], None]) -> None:
+    """`work()` once the request is written: started before the send, this task's first step
+    runs where the send first yields, and its second after aiohttp's task that writes the
+    body has run (as a turn counted beside its call starts its count, `count_beside`)."""
+    await asyncio.sleep(0)
+    work()
 
 
 class TurnEngine:
@@ -262,7 +269,7 @@ class TurnEngine:
                 state.turns += 1
                 compacted = bool(state.records)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
-                                levels=list(plan.levels), keep=None if late else request.kept)
+                                levels=list(plan.levels), keep=request.kept)
         if memory is not None and scope is not None:
             dialect = state.dialect or None  # None: detected from the messages
             buffer = BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns)
@@ -277,8 +284,7 @@ class TurnEngine:
                                            room=expansion_room(turn, state, plan))
         if late:
             prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, index, fingerprinted,
-                                             headers, lambda: self._counted(caller, session_id, request, turn, headers),
-                                             request.kept)
+                                             headers, lambda: self._counted(caller, session_id, request, turn, headers))
         return prepared
 
     async def _plan(self, wire: Wire, caller: Caller, route: Route, turn: Turn, state: SessionState,
@@ -355,8 +361,8 @@ class TurnEngine:
             if prepared.expansion is not None and isinstance(wire, ExpandingWire):
                 payload = wire.with_tool(payload, tool_definition(prepared.expansion.config))
             prepared.payload = payload
-            if prepared.keep is not None:  # a turn counted beside the call keeps it there, after the write
-                prepared.keep()
+            if prepared.keep is not None:
+                asyncio.ensure_future(_once_written(prepared.keep))
                 prepared.keep = None
             try:
                 reply = await wire.send(route, payload, stream=stream, api_key=api_key)

@@ -15,7 +15,8 @@ from ctxgate.pipeline.notes import strip_tag
 from ctxgate.pipeline.tokens import json_bound
 from ..engine.memory_turn import scope_of
 from ..engine.history import KnownPrefix
-from ..engine.turn import TurnEngine, TurnInput
+from ..engine.prepared import TurnInput
+from ..engine.turn import TurnEngine
 from ..engine.wire import ReplyFacts
 from ..errors import GatewayError
 from ..gateway import Gateway

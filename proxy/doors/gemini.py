@@ -20,7 +20,8 @@ import orjson
 from aiohttp import web
 
 from ..engine.memory_turn import scope_of
-from ..engine.turn import TurnEngine, TurnInput
+from ..engine.prepared import TurnInput
+from ..engine.turn import TurnEngine
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway

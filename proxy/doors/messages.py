@@ -15,7 +15,8 @@ from aiohttp import web
 
 from ..engine.memory_turn import scope_of
 from ..engine.history import KnownPrefix
-from ..engine.turn import TurnEngine, TurnInput
+from ..engine.prepared import TurnInput
+from ..engine.turn import TurnEngine
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway

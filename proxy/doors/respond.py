@@ -13,7 +13,8 @@ from multidict import CIMultiDict
 
 from ..engine.expansion import ExpandingWire, expanded
 from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
-from ..engine.turn import PreparedTurn, TurnEngine, TurnInput
+from ..engine.prepared import PreparedTurn, TurnInput
+from ..engine.turn import TurnEngine
 from ..engine.wire import ReplyFacts, Wire
 from ..errors import ErrorKind, GatewayError
 from .errors import http_status

@@ -21,7 +21,8 @@ from ctxgate.pipeline.tokens import TOKENS_PER_MESSAGE, TOKENS_PER_TOOL, json_bo
 from ..engine import client_compaction
 from ..engine.compaction import fingerprints_of
 from ..engine.memory_turn import scope_of
-from ..engine.turn import TurnEngine, TurnInput
+from ..engine.prepared import TurnInput
+from ..engine.turn import TurnEngine
 from ..engine.wire import ReplyFacts
 from ..errors import ErrorKind, GatewayError
 from ..gateway import Gateway

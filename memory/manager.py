@@ -55,6 +55,10 @@ def _text_chars(messages: list[dict[str, Any]], indices: set[int]) -> int:
     return total
 
 
+CAPTURE_THREADS = 2
+"""Long captures read at once (other sessions' wait their turn); each pauses while the gateway counts."""
+
+
 def _give_back() -> None:
     time.sleep(0)
 
@@ -79,8 +83,8 @@ class MemoryManager:
         self._on_dream = on_dream
         self._clock = clock
         self._pauser = pauser
-        self._reading = ThreadPoolExecutor(1, thread_name_prefix="ctxgate-capture")
-        """Long captures are read in a thread of their own: one paused for the gateway's count
+        self._reading = ThreadPoolExecutor(CAPTURE_THREADS, thread_name_prefix="ctxgate-capture")
+        """Long captures are read in threads of their own: one paused for the gateway's count
         must not hold a thread of the default pool, which the turn it waits for may need."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._dreaming: dict[SessionKey, asyncio.Task[Any]] = {}

@@ -187,6 +187,7 @@ class MessagesDoor:
         if edits is not None and (due := edits.compact_trigger) is not None:
             paused = await compact_for(self.gw, request, conversation, edits, *due)
             if paused is not None:
+                request.turn.kept()
                 return paused
         return await answer(self.engine, request, MessagesWire(self.gw, conversation, raw, http, edits=edits))
 

@@ -21,7 +21,7 @@ from ..upstream.forwarders import Reply
 from .quiet import QUIET
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of, watermark
-from .wal_events import judged
+from .wal_events import Judged, judged
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
@@ -86,11 +86,13 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         if len(index) != len(messages):
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints
-        judging = asyncio.ensure_future(asyncio.to_thread(judged, messages))
+        # Judged beside the count only while the workers count: beside a count in a thread the
+        # two would take turns at the GIL. Otherwise the WAL's events judge them, as for any turn.
+        judging = asyncio.ensure_future(asyncio.to_thread(judged, messages)) if ahead is not None else None
         try:
             turn.index = await gw.counts.counted(index, messages, turn.counter, ahead)
         finally:
-            failures = await judging
+            failures = await _judgement(judging, session_id)
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
         counted()
         headers["X-Ctx-Tokens-Out"] = str(tokens_out)
@@ -107,6 +109,18 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
     except Exception as e:  # forwarded already: the reply is answered rather than lost
         log.error("session %s: the turn could not be logged: %s", session_id,
                   e.message if isinstance(e, GatewayError) else repr(e))
+
+
+async def _judgement(judging: "asyncio.Future[Judged] | None", session_id: str) -> Judged | None:
+    """The tool results judged beside the count; None (the events judge them) when they were
+    not, or the judging failed (its error logged: the count and the reply go on)."""
+    if judging is None:
+        return None
+    try:
+        return await judging
+    except Exception as e:
+        log.error("session %s: the tool results could not be judged beside the count: %r", session_id, e)
+        return None
 
 
 def _fresh(state: SessionState) -> bool:

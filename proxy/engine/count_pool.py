@@ -230,7 +230,7 @@ class CountPool:
     async def _asked(self, batch: "_Sent") -> list[list[int]] | None:
         """Each slice's counts: a worker that answers is sent the next slice not sent yet, so
         one slowed (its core shared with the gateway or the upstream) counts fewer. A worker
-        that fails is replaced; the slice it held is counted again in a thread."""
+        that fails is replaced, and the count is None: the caller counts it again."""
         answers: list[list[int] | None] = [None] * len(batch.frames)
 
         async def served(worker: _Worker, slice_: int) -> Any:

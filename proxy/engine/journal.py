@@ -121,9 +121,12 @@ class Journal:
         # A steady turn logs its one or two new messages on the loop, as its index is extended;
         # a heavy turn's many are made into events and written in one thread hop (a hop costs
         # a long session's turn more than the work; the size of the whole conversation does not decide it).
-        # With its tool results judged already, a turn's events are a few microseconds a message
-        # (0.65 ms for a new 107K conversation's 337): made on the loop below HEAVY_MESSAGES.
-        inline = len(new) < HEAVY_MESSAGES if failures is not None else \
+        # With its tool results judged already (and counted: chat tool messages are, by the
+        # turn's count; Anthropic's tool_result blocks are not), a turn's events are a few
+        # microseconds a message (0.65 ms for a new 107K conversation's 337): made on the loop
+        # below HEAVY_MESSAGES.
+        judged_all = failures is not None and all(block == -1 for _, block in failures)
+        inline = len(new) < HEAVY_MESSAGES if judged_all else \
             len(new) <= INLINE_MESSAGES and index_inline(len(new), sum(len(orjson.dumps(m, default=str)) for m in new))
         rest = [compression(step) for step in steps if step["level"] != "chain"]
         logged_speculation = bool(state.speculation.get("logged"))

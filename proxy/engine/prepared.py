@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from ..tenancy import Caller
 from ..upstream.routing import Route
@@ -80,8 +80,8 @@ class PreparedTurn:
     competes with this one's reply. A turn that ends neither way is captured with the session's next."""
     checkpoint: "Callable[[], None] | None" = None
     """The periodic CHECKPOINT the settled turn made due (`Sessions.checkpoint_later`), started by `finish`."""
-    keep: "Callable[[], None] | None" = None
-    """The door's keeping of the body (`TurnInput.keep`), once the request is written."""
+    keep: "Callable[[], Awaitable[None]] | None" = None
+    """The door's keeping of the body (`TurnInput.keep`), started once the request is written."""
 
     def captured(self) -> None:
         """Start memory's capture of the turn, once, when this process counts nothing (`quiet.py`)."""

@@ -48,15 +48,17 @@ class Quiet:
 
     def pauser(self) -> Callable[[], None]:
         """For one piece of background work in a thread: called between its steps, gives the
-        GIL back and, while this process counts, waits for it to stop; at most `MAX_WAIT_S` in
-        all over the work's life, so counts that keep coming delay it but never starve it."""
-        deadline = time.monotonic() + MAX_WAIT_S
+        GIL back and, while this process counts, waits for it to stop; at most `MAX_WAIT_S` of
+        waiting in all over the work's life (however long it queued before it ran), so counts
+        that keep coming delay it but never starve it."""
+        left = MAX_WAIT_S
 
         def pause() -> None:
-            if not self._idle.is_set():
-                left = deadline - time.monotonic()
-                if left > 0:
-                    self._idle.wait(left)
+            nonlocal left
+            if left > 0 and not self._idle.is_set():
+                began = time.monotonic()
+                self._idle.wait(left)
+                left -= time.monotonic() - began
             time.sleep(0)
         return pause
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ctxgate.memory.short_term import BufferScope
 from ctxgate.pipeline.depth import prices_of
@@ -59,13 +59,14 @@ the calibration that can move a limit."""
 _AFTER_WRITE: set["asyncio.Task[None]"] = set()
 
 
-async def _once_written(work: Callable[[], None]) -> None:
-    """`work()` once the request is written: started before the send, this task's first step
-    runs where the send first yields, and its second after aiohttp's task that writes the
-    body has run (as a turn counted beside its call starts its count, `count_beside`)."""
+async def _once_written(work: Callable[[], Awaitable[None]]) -> None:
+    """`work()` once the request is written: started just before the send, this task's first
+    step runs where the send first yields, and its second after aiohttp's task that writes the
+    body has run (as a turn counted beside its call starts its count, `count_beside`), when the
+    send yields first on a connection already open."""
     await asyncio.sleep(0)
     try:
-        work()
+        await work()
     except Exception as e:  # work for a later request: this one goes on without it
         log.error("the body could not be kept for the next request: %r", e)
 
@@ -179,7 +180,7 @@ class TurnEngine:
                 state.turns += 1
                 compacted = bool(state.records)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
-                                levels=list(plan.levels), keep=request.kept)
+                                levels=list(plan.levels), keep=self._keeping(caller, request))
         if memory is not None and scope is not None:
             dialect = state.dialect or None  # None: detected from the messages
             buffer = BufferScope(scope.user, scope.project, caller.profile, summarizer, wire.name, state.turns)
@@ -233,6 +234,17 @@ class TurnEngine:
         if self.gw.shared_counts is not None:
             self.gw.shared_counts.keep_later(caller.tenant, session_id, turn.index)
 
+    def _keeping(self, caller: Caller, request: TurnInput) -> "Callable[[], Awaitable[None]] | None":
+        """The door's keeping of the body (`TurnInput.keep`), in a thread when the body is large
+        (`HeavyWork`: its scans for the kept fields and cuts grow with its bytes)."""
+        if request.keep is None:
+            return None
+
+        async def keep() -> None:
+            await self.gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, request.body_bytes,
+                                    request.kept, items=len(request.messages))
+        return keep
+
     async def _shared_counts(self, tenant: str, session_id: str, index: HistoryIndex) -> HistoryIndex:
         """`index` with the counts another replica left for this history (see shared_counts.py);
         unchanged when there are none, or Redis cannot say (the turn then counts them itself)."""
@@ -246,11 +258,12 @@ class TurnEngine:
     async def preview(self, caller: Caller, route: Route, session_id: str, request: TurnInput, wire: Wire,
                       headers: dict[str, str]) -> int:
         """How many tokens the upstream would be sent for this conversation now (`preview.py`)."""
-        try:
-            return await preview(self.gw, self.provider_counts, caller, route, session_id, request.messages,
-                                 request.tools, request.memory_scope is not None, wire, headers)
-        finally:
-            request.kept()
+        counted = await preview(self.gw, self.provider_counts, caller, route, session_id, request.messages,
+                                request.tools, request.memory_scope is not None, wire, headers)
+        keep = self._keeping(caller, request)
+        if keep is not None:
+            await _once_written(keep)
+        return counted
 
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:
         """Send the planned request; when the upstream says it is too long, compact once

@@ -385,15 +385,22 @@ class TokenCounter:
         return self.count_messages(messages, fingerprints) + self.count_tools(tools)
 
 
-def json_bound(body: bytes) -> int:
+def json_bound(body: bytes, parts: bool = True) -> int:
     """At least what a `byte_bounded` counter counts for every message and tool of a JSON
-    request body, at the cost of two scans of its bytes. A string's JSON is at least its
+    request body, at the cost of a scan of its bytes. A string's JSON is at least its
     UTF-8 bytes, and the JSON around each message, part, call and tool (keys, quotes, braces)
     outweighs the fixed tokens counted for it; only an image, counted at a fixed cost larger
     than its JSON may be, is added per mention (of `image`: one scan, and any image part's
-    type names it, `image_url` or `input_image`)."""
-    images = body.count(b"image")
+    type names it, `image_url` or `input_image`). `parts`: whether the messages may hold
+    content parts (`holds_parts`); without any, there is no image, and no scan (0.26 ms of a
+    new 107K conversation's 430 KB)."""
+    images = body.count(b"image") if parts else 0
     return len(body) + IMAGE_TOKENS * images + REPLY_PRIMING + TOOLS_OVERHEAD
+
+
+def holds_parts(messages: list[Message]) -> bool:
+    """Whether any message's content is a list of parts (where an image can be)."""
+    return any(type(m.get("content")) is list for m in messages)
 
 
 @dataclass(frozen=True)

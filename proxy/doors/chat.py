@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 
 from ctxgate.pipeline.notes import strip_tag
-from ctxgate.pipeline.tokens import json_bound
+from ctxgate.pipeline.tokens import holds_parts, json_bound
 from ..engine.memory_turn import scope_of
 from ..engine.history import KnownPrefix
 from ..engine.prepared import TurnInput
@@ -112,4 +112,4 @@ class ChatDoor:
         session_id = resolve_session(caller.tenant, headers, messages, body.get("prompt_cache_key"))
         known = self.gw.histories.match(caller.tenant, session_id, messages)
         validate_chat_messages(messages, known.length)
-        return route, session_id, known, json_bound(raw) if known.length == 0 else None
+        return route, session_id, known, json_bound(raw, holds_parts(messages)) if known.length == 0 else None

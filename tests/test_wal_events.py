@@ -50,13 +50,13 @@ def test_judged_beside_the_count_logs_what_judging_with_the_events_logs() -> Non
     plain = events(None)
     assert [e.get("error") is not None for e in plain if e["type"] == "TOOL_RESULT"] == [True, False, False, True]
     assert events(judged(conversation())) == plain
-    assert events(judged(conversation(), 5), 5) == events(None, 5)
+    assert events(judged(conversation()), 5) == events(None, 5)
 
 
 def test_a_judgement_given_is_the_one_logged() -> None:
     """What `judged` says is what the line says (no second judgement of the same output)."""
     given = judged(conversation())
-    given[(3, -1)] = None
+    given[(3, -1)] = ""
     given[(7, 1)] = "said so"
     results = [e for e in events(given) if e["type"] == "TOOL_RESULT"]
     assert [e["success"] for e in results] == [True, True, True, False]

@@ -82,8 +82,9 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         nonlocal index
         # The workers count while the fingerprints are taken (they only keep the counts),
         # and the tool results are judged for the WAL meanwhile: its lines follow the count.
-        ahead = gw.counts.ahead(messages, turn.counter) if len(index) != len(messages) else None
+        ahead = None
         if len(index) != len(messages):
+            ahead = gw.counts.ahead(messages, turn.counter)
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints
         # Judged beside the count only while the workers count: beside a count in a thread the

@@ -26,7 +26,7 @@ import logging
 import os
 import struct
 import sys
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 import orjson
 
@@ -207,12 +207,12 @@ class CountPool:
         workers, self._idle = self._idle, []
         cuts = _balanced(weights, len(workers) * SLICES_PER_WORKER)
         name = orjson.dumps(counter.name)
-        batch = _Sent([b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]" for a, b in zip(cuts, cuts[1:])],
-                      workers[:len(cuts) - 1])
-        self._idle += workers[len(cuts) - 1:]
+        frames = [b"[" + name + b",[" + b",".join(sent[a:b]) + b"]]" for a, b in zip(cuts, cuts[1:])]
+        batch = _Sent(frames, workers[:len(frames)], iter(range(len(frames))))
+        self._idle += workers[len(frames):]
         try:
             for worker in batch.workers:
-                worker.send(batch.frames[batch.next()])
+                worker.send(frames[next(batch.unsent)])
         except Exception as e:  # a pipe gone: those taken may hold part of a frame
             log.error("a count worker could not be sent its slice (%r): counting in a thread, starting others", e)
             for worker in batch.workers:
@@ -239,9 +239,10 @@ class CountPool:
                 if not isinstance(answer, list):
                     return answer  # `{"error"}`: its count raised (the thread will say why)
                 answers[slice_] = answer
-                slice_ = batch.next()
-                if slice_ < 0:
+                following = next(batch.unsent, None)
+                if following is None:
                     return None
+                slice_ = following
                 worker.send(batch.frames[slice_])
 
         ended = await asyncio.gather(*(served(w, i) for i, w in enumerate(batch.workers)), return_exceptions=True)
@@ -277,20 +278,11 @@ class CountPool:
         self._workers.clear()
 
 
-class _Sent:
-    """A count's slices (frames), and the workers taken for them."""
-
-    def __init__(self, frames: list[bytes], workers: list[_Worker]) -> None:
-        self.frames = frames
-        self.workers = workers
-        self._next = 0
-
-    def next(self) -> int:
-        """The next slice to send, -1 when all are sent."""
-        if self._next >= len(self.frames):
-            return -1
-        self._next += 1
-        return self._next - 1
+class _Sent(NamedTuple):
+    """A count's slices (frames), the workers taken for them, and the slices not sent yet."""
+    frames: list[bytes]
+    workers: list[_Worker]
+    unsent: Iterator[int]
 
 
 def _widen(stdin: asyncio.StreamWriter) -> None:

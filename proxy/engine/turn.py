@@ -65,10 +65,7 @@ async def _once_written(work: Callable[[], Awaitable[None]]) -> None:
     body has run (as a turn counted beside its call starts its count, `count_beside`), when the
     send yields first on a connection already open."""
     await asyncio.sleep(0)
-    try:
-        await work()
-    except Exception as e:  # work for a later request: this one goes on without it
-        log.error("the body could not be kept for the next request: %r", e)
+    await work()
 
 
 class TurnEngine:
@@ -241,8 +238,11 @@ class TurnEngine:
             return None
 
         async def keep() -> None:
-            await self.gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, request.body_bytes,
-                                    request.kept, items=len(request.messages))
+            try:
+                await self.gw.heavy.run(caller.tenant, caller.tenant_config.heavy_concurrency, request.body_bytes,
+                                        request.kept, items=len(request.messages))
+            except Exception as e:  # work for a later request: this one goes on without it
+                log.error("the body could not be kept for the next request: %r", e)
         return keep
 
     async def _shared_counts(self, tenant: str, session_id: str, index: HistoryIndex) -> HistoryIndex:
@@ -262,7 +262,7 @@ class TurnEngine:
                                 request.tools, request.memory_scope is not None, wire, headers)
         keep = self._keeping(caller, request)
         if keep is not None:
-            await _once_written(keep)
+            await keep()
         return counted
 
     async def forward(self, prepared: PreparedTurn, wire: Wire, stream: bool) -> Reply:

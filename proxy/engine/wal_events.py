@@ -16,18 +16,17 @@ from .state import SessionState
 from .turn_budget import Turn
 
 
-Judged = dict[tuple[int, int], "str | None"]
-"""Each tool result's failure line (None: it did not fail), by (message index, its block's
+Judged = dict[tuple[int, int], str]
+"""Each tool result's failure line (empty: it did not fail), by (message index, its block's
 index in the message, -1 for a chat tool message): `judged`."""
 
 
-def judged(messages: list[dict[str, Any]], start: int = 0) -> Judged:
-    """The failure of every tool result from `start` on: the part of a turn's events that reads
+def judged(messages: list[dict[str, Any]]) -> Judged:
+    """The failure of every tool result: the part of a turn's events that reads
     the outputs (~3 ms for a new 107K conversation), which needs neither the session nor the
     count, so a turn counted beside its upstream call judges them beside the count."""
     out: Judged = {}
-    for i in range(start, len(messages)):
-        m = messages[i]
+    for i, m in enumerate(messages):
         role = m.get("role")
         if role == "tool":
             out[(i, -1)] = _failure(_text(m.get("content")), False)
@@ -90,14 +89,14 @@ def compression(step: dict[str, Any]) -> dict[str, Any]:
             "span": step.get("span"), "reason": step.get("reason")}
 
 
-def _failure(text: str, reported_error: bool) -> str | None:
+def _failure(text: str, reported_error: bool) -> str:
     # The conversation model's rule (what activeRestore restores as the last failure), so the
     # log and the prompt never disagree on whether a step failed.
     return failure_line(text, exit_status_of(text), reported_error)
 
 
 def _tool_result(base: dict[str, Any], tool: str | None, call_id: Any, tokens: int,
-                 error: str | None) -> dict[str, Any]:
+                 error: str) -> dict[str, Any]:
     event = {"type": EventType.TOOL_RESULT.value, **base, "tool": tool, "call_id": call_id,
              "result_tokens": tokens, "success": not error, "duration_ms": None}
     if error:

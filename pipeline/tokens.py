@@ -15,8 +15,9 @@ O(new messages).
 from __future__ import annotations
 
 import fnmatch
-import importlib.util
 import functools
+import hashlib
+import importlib.util
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+import gigatoken
 import orjson
 import xxhash
 
@@ -71,6 +73,9 @@ from tiktoken.model import MODEL_PREFIX_TO_ENCODING, MODEL_TO_ENCODING  # noqa: 
 
 # tiktoken names each cached BPE file by the sha1 of its URL; only these are in the wheel.
 _BUNDLED_ENCODINGS = ("o200k_base", "cl100k_base", "p50k_base")
+_PRETOKENIZERS = {"o200k_base": "o200k", "cl100k_base": "cl100k"}
+"""The encodings gigatoken encodes, with its name for their split rule (a BPE file holds only
+the merges; p50k's file has gaps in its ranks, which gigatoken refuses)."""
 DEEPSEEK_TOKENIZER = _BUNDLED / "deepseek_tokenizer.json" if _BUNDLED else None
 
 
@@ -88,6 +93,8 @@ class Encoder(Protocol):
 
 
 class TiktokenEncoder:
+    """An OpenAI encoding, from the BPE file the litellm wheel ships."""
+
     def __init__(self, encoding: str) -> None:
         self._enc = tiktoken.get_encoding(encoding)
 
@@ -105,6 +112,40 @@ class TiktokenEncoder:
     @functools.cache
     def longest_token_bytes(self) -> int:
         return max(len(token) for token in self._enc.token_byte_values())
+
+
+class GigatokenEncoder(TiktokenEncoder):
+    """An OpenAI encoding that gigatoken knows how to split (o200k, cl100k), encoded by it from
+    the same BPE file: tiktoken's ids (tests/test_gigatoken.py holds it to them) in a tenth of
+    the time, a new 107K conversation in ~2.5 ms of one core rather than ~25, the GIL released.
+    tiktoken decodes, and encodes what gigatoken refuses (a lone surrogate, which tiktoken
+    replaces)."""
+
+    def __init__(self, encoding: str, path: Path) -> None:
+        super().__init__(encoding)
+        self._fast = gigatoken.Tokenizer.from_tiktoken(path, pretokenizer=_PRETOKENIZERS[encoding])
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return self._fast.encode(text).tolist()  # type: ignore[no-any-return]
+        except TypeError:  # not valid UTF-8
+            return super().encode(text)
+
+    def count(self, text: str) -> int:
+        try:
+            return len(self._fast.encode(text))
+        except TypeError:
+            return len(super().encode(text))
+
+
+def tiktoken_encoder(encoding: str) -> TiktokenEncoder:
+    """A bundled encoding's encoder: gigatoken's when it splits that encoding's text."""
+    if encoding in _PRETOKENIZERS and _BUNDLED is not None:
+        url = f"https://openaipublic.blob.core.windows.net/encodings/{encoding}.tiktoken"
+        path = _BUNDLED / hashlib.sha1(url.encode()).hexdigest()  # tiktoken's name for its file
+        if path.is_file():
+            return GigatokenEncoder(encoding, path)
+    return TiktokenEncoder(encoding)
 
 
 class HuggingFaceEncoder:
@@ -441,7 +482,7 @@ class TokenizerRegistry:
             if arg not in _BUNDLED_ENCODINGS:
                 raise ValueError(f"tiktoken encoding {arg!r} is not bundled offline"
                                  f" (have {', '.join(_BUNDLED_ENCODINGS)})")
-            made = TokenCounter(spec, TiktokenEncoder(arg), byte_bounded=True)
+            made = TokenCounter(spec, tiktoken_encoder(arg), byte_bounded=True)
         elif kind == "hf":
             made = TokenCounter(spec, HuggingFaceEncoder(arg))
         elif kind == "estimate":

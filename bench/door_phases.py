@@ -77,7 +77,6 @@ async def run(args: argparse.Namespace) -> Phases:
     with processes.Servers("door-phases") as servers:
         upstream = servers.upstream()
         gw = Gateway.build(Config.model_validate(processes.ctxgate_config(upstream.url, work)), str(work / "data"))
-        gw.counts.enable(gw.tokenizers.loaded())
         runner = web.AppRunner(create_app(gw), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)

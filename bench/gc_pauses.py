@@ -63,7 +63,6 @@ async def measure(turns: int, size: int, new_every: int) -> dict[str, Any]:
         path = servers.workdir / "ctxgate.yaml"
         path.write_text(yaml.safe_dump(processes.ctxgate_config(upstream.url, servers.workdir)))
         gw = Gateway.build(load_config(str(path)), str(servers.workdir / "data"))
-        gw.counts.enable(gw.tokenizers.loaded())
         runner = web.AppRunner(create_app(gw), access_log=None)
         await runner.setup()
         port = processes.free_port()

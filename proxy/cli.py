@@ -104,7 +104,6 @@ def _serve(config, host: str, port: int, data_dir: str | None,  # type: ignore[n
             gw = Gateway.build(config, data_dir)
         except (ConfigError, ValueError) as e:
             raise SystemExit(f"ctxgate: refusing to start: {e}") from None
-        gw.counts.enable(gw.tokenizers.loaded())  # each model's tokenizer, preloaded by `build`
         guard = ConnectionGuard(config.ctxgate.connections, raise_fd_limit())
         gw.metrics.watch_connections(guard)
         runner = web.AppRunner(create_app(gw), handler_cancellation=True, access_log=None)

@@ -6,9 +6,10 @@ of the bad key, e.g. `ctxgate.tenants.acme.profile: Input should be ...`.
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -19,6 +20,8 @@ from ctxgate.wal.config import WalConfig
 from ctxgate.redis_backend import RedisTarget, is_redis_url
 from .ids import validate_id
 from .context_settings import NativeContextChoice, NativeContextSettings
+
+log = logging.getLogger("ctxgate.config")
 
 ProfileName = Literal["minimal", "professional", "enterprise"]
 Override = Literal["profile", "budget", "expand"]
@@ -107,9 +110,6 @@ class CtxgateSettings(_Strict):
     forwarding: Literal["auto", "litellm"] = "auto"
     """auto: OpenAI-compatible upstreams go through ctxgate's pooled aiohttp client (reply
     byte-exact, lower overhead), every other provider through litellm.acompletion."""
-    count_workers: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
-    """Worker processes a large new conversation is counted on (`engine/count_pool.py`), started
-    at the first: auto: one per core; N: N of them; 0: none (counted in a thread)."""
     upstream_timeout_s: float = Field(default=600.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
     session_idle_ttl_s: float = Field(default=3600.0, gt=0)
@@ -132,6 +132,17 @@ class CtxgateSettings(_Strict):
     metrics_auth: Literal["auto", "key", "open"] = "auto"
     """Who reads /metrics (the whole gateway's series): auto: the admin key once any key is
     configured (a tenant key is refused), else anyone; key: always the admin key; open: anyone."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """A setting ctxgate no longer has is dropped with a warning, not refused: a config
+        written for an earlier release still starts."""
+        if isinstance(data, dict) and "count_workers" in data:
+            log.warning("ctxgate.count_workers is ignored: a new conversation is counted in a thread "
+                        "(gigatoken counts 107K tokens in ~3 ms); remove it from the config")
+            data = {k: v for k, v in data.items() if k != "count_workers"}
+        return data
 
     @model_validator(mode="after")
     def _metrics_readable(self) -> "CtxgateSettings":

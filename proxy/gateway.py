@@ -25,7 +25,6 @@ from ctxgate.memory.manager import MemoryManager
 from .admin.metrics import Metrics
 from .upstream.routing import Route, Router
 from .engine.speculative import Speculator
-from .engine.count_pool import CountPool
 from .engine.quiet import QUIET
 from .engine.session import Sessions
 from .engine.open_store import open_store
@@ -66,8 +65,6 @@ class Gateway:
     """The last bodies' bytes up to their history's end: a steady turn parses only its tail."""
     heavy: HeavyWork = field(default_factory=HeavyWork)
     """Large requests' CPU work, off the event loop, a few at a time per tenant."""
-    counts: CountPool = field(default_factory=CountPool)
-    """Worker processes a large new conversation is counted on (enabled by `serve`)."""
     summarizer: Summarizer = field(init=False)
     """ctxgate's own LLM calls (Autocompact, memory's consolidation); set by `build`."""
 
@@ -90,8 +87,6 @@ class Gateway:
                  via_litellm=LitellmForwarder(retrier), retrier=retrier, journal=journal,
                  idempotency=open_idempotency_store(s.state, root, s.wal.idempotency_ttl_s,
                                                     s.wal.idempotency_max_per_tenant))
-        gw.counts = CountPool(None if s.count_workers == "auto" else s.count_workers, metrics.counts_on_workers.inc)
-        metrics.count_workers_idle.set_function(lambda: gw.counts.ready)
         gw.summarizer = summarizer = Summarizer(gw.router, tokenizers, gw.forwarder_for)
         gw.memory = MemoryManager(open_memory_store(s.memory, s.state, root, gw._embed if s.memory.embedding_model
                                                     else None), s.memory, summarizer.complete, gw._log_dream,
@@ -198,6 +193,5 @@ class Gateway:
         close_idempotency = getattr(self.idempotency, "close", None)
         if close_idempotency is not None:
             await close_idempotency()
-        await self.counts.close()
         self.journal.close()
         self.json_parser.close()

@@ -9,6 +9,7 @@ import openai
 import pytest
 import yaml
 
+from ctxgate.proxy.config import load_config
 from clients import KEYS, MESSAGES, assert_error_shape, client, post
 from servers import METRICS_HEADERS, UPSTREAM_KEY, Gateway, launch, model_list, run_ctxgate
 from upstream import ScriptedUpstream
@@ -192,6 +193,17 @@ def test_bad_config_is_refused_naming_the_key(tmp_path: Path, case: str) -> None
     done = run_ctxgate(["serve", "--config", str(path), "--port", "9", "--data-dir", str(tmp_path / "d")], tmp_path)
     assert done.returncode != 0
     assert "refusing to start" in done.stderr and key in done.stderr, done.stderr[-2000:]
+
+
+def test_a_retired_setting_is_dropped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`count_workers` (the count's worker processes, gone since gigatoken counts in a thread)
+    in a config written for an earlier release: it starts, and says the setting does nothing."""
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"model_list": [GOOD_MODEL], "ctxgate": {"count_workers": 2, "profile": "minimal"}}))
+    with caplog.at_level("WARNING", logger="ctxgate.config"):
+        config = load_config(str(path))
+    assert config.ctxgate.profile == "minimal" and "count_workers" not in config.ctxgate.model_dump()
+    assert any("count_workers is ignored" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("text, what", [("model_list: [\n", "not valid YAML"), ("- 1\n- 2\n", "top level")])

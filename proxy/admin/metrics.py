@@ -107,11 +107,6 @@ class Metrics:
         self.counts_beside_upstream = Counter(
             "ctxgate_counts_beside_upstream", "Turns forwarded before their count was done (a new conversation "
             "whose bytes bound it far below the trigger), counted beside the upstream call", registry=self.registry)
-        self.counts_on_workers = Counter(
-            "ctxgate_counts_on_workers", "Large new conversations counted on the count worker processes rather "
-            "than in a thread (proxy/engine/count_pool.py)", registry=self.registry)
-        self.count_workers_idle = Gauge("ctxgate_count_workers_idle", "Count worker processes started and idle",
-                                        registry=self.registry)
         # The collector's work per generation, and what it never walks (proxy/gc_policy.py).
         GCCollector(registry=self.registry)
         Gauge("ctxgate_gc_frozen_objects", "Objects the garbage collector never walks: those the process made "

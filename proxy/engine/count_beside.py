@@ -1,7 +1,7 @@
 """A new conversation counted beside its upstream call.
 
-Tokenizing is about fifty times slower than hashing (a new 100K-token conversation is ~25 ms
-of tiktoken) and decides nothing for a conversation far below the trigger. So such a turn is
+Tokenizing is several times slower than hashing (a new 107K-token conversation is ~3 ms in
+a thread) and decides nothing for a conversation far below the trigger. So such a turn is
 forwarded uncounted, and counted in a thread once its bytes are on their way; its WAL lines,
 `X-Ctx-Tokens-In`/`-Out` and calibration wait for the count. Kept apart from `turn.py`
 because it is its own rule with its own waits: which turn goes uncounted, when the session
@@ -18,10 +18,10 @@ from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import TokenCounter
 from ..errors import GatewayError
 from ..upstream.forwarders import Reply
+from .off_loop import count_in_thread
 from .quiet import QUIET
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of, watermark
-from .wal_events import Judged, judged
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
@@ -75,31 +75,21 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
                  messages: list[dict[str, Any]], index: HistoryIndex,
                  fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
                  counted: Callable[[], None]) -> None:
-    """Fingerprint and count the turn (on the count workers or in a thread, beside the upstream
-    call), then log its messages as `prepare` logs a counted turn's. The reply waits for all
-    of it: background work in threads waits meanwhile (`QUIET`)."""
+    """Fingerprint and count the turn (in a thread, beside the upstream call), then log its
+    messages as `prepare` logs a counted turn's. The reply waits for all of it: background
+    work in threads waits meanwhile (`QUIET`)."""
     async def count_and_log() -> None:
         nonlocal index
-        # The workers count while the fingerprints are taken (they only keep the counts),
-        # and the tool results are judged for the WAL meanwhile: its lines follow the count.
-        ahead = None
         if len(index) != len(messages):
-            ahead = gw.counts.ahead(messages, turn.counter)
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints
-        # Judged beside the count only while the workers count: beside a count in a thread the
-        # two would take turns at the GIL. Otherwise the WAL's events judge them, as for any turn.
-        judging = asyncio.ensure_future(asyncio.to_thread(judged, messages)) if ahead is not None else None
-        try:
-            turn.index = await gw.counts.counted(index, messages, turn.counter, ahead)
-        finally:
-            failures = await _judgement(judging, session_id)
+        turn.index = await count_in_thread(index, messages, turn.counter)
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
         counted()
         headers["X-Ctx-Tokens-Out"] = str(tokens_out)
         async with gw.sessions.transaction(tenant, session_id) as tx:
             if tx.state.wal_logged == 0:  # unless a later turn of the session logged its messages already
-                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn), failures)
+                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
 
     try:
         # One turn of the event loop first: `forward` writes the request (aiohttp's task for
@@ -110,18 +100,6 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
     except Exception as e:  # forwarded already: the reply is answered rather than lost
         log.error("session %s: the turn could not be logged: %s", session_id,
                   e.message if isinstance(e, GatewayError) else repr(e))
-
-
-async def _judgement(judging: "asyncio.Future[Judged] | None", session_id: str) -> Judged | None:
-    """The tool results judged beside the count; None (the events judge them) when they were
-    not, or the judging failed (its error logged: the count and the reply go on)."""
-    if judging is None:
-        return None
-    try:
-        return await judging
-    except Exception as e:
-        log.error("session %s: the tool results could not be judged beside the count: %r", session_id, e)
-        return None
 
 
 def _fresh(state: SessionState) -> bool:

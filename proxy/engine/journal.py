@@ -27,12 +27,12 @@ from ctxgate.wal.mirror import DB_NAME, SqliteMirror
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import Recovery, find_checkpoint, recover
 from ctxgate.wal.records import REF, record_key, resolved
-from .off_loop import HEAVY_MESSAGES, heavy, index_inline
+from .off_loop import heavy, index_inline
 from .turn_budget import Turn
 from ..errors import ErrorKind, GatewayError
 from .redis_lock import lease_lost
 from .state import SessionState
-from .wal_events import Judged, compression, first_unlogged, message_events
+from .wal_events import compression, first_unlogged, message_events
 
 log = logging.getLogger("ctxgate.wal")
 INLINE_EVENTS = 256
@@ -107,11 +107,9 @@ class Journal:
         """Whether the log's appends check `fence` themselves (it is in the lock's Redis)."""
         return self.writer.checks(fence)
 
-    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int,
-                          failures: Judged | None = None) -> None:
+    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
         """What this turn brought and what compaction did, before anything is forwarded; a
-        CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`).
-        `failures`: its tool results judged already (`wal_events.judged`)."""
+        CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`)."""
         steps, state.wal_pending = state.wal_pending, []
         if not self.enabled(state.profile):
             return
@@ -121,13 +119,8 @@ class Journal:
         # A steady turn logs its one or two new messages on the loop, as its index is extended;
         # a heavy turn's many are made into events and written in one thread hop (a hop costs
         # a long session's turn more than the work; the size of the whole conversation does not decide it).
-        # With its tool results judged already (and counted: chat tool messages are, by the
-        # turn's count; Anthropic's tool_result blocks are not), a turn's events are a few
-        # microseconds a message (0.65 ms for a new 107K conversation's 337): made on the loop
-        # below HEAVY_MESSAGES.
-        judged_all = failures is not None and all(block == -1 for _, block in failures)
-        inline = len(new) < HEAVY_MESSAGES if judged_all else \
-            len(new) <= INLINE_MESSAGES and index_inline(len(new), sum(len(orjson.dumps(m, default=str)) for m in new))
+        inline = len(new) <= INLINE_MESSAGES and \
+            index_inline(len(new), sum(len(orjson.dumps(m, default=str)) for m in new))
         rest = [compression(step) for step in steps if step["level"] != "chain"]
         logged_speculation = bool(state.speculation.get("logged"))
         if state.speculation and not logged_speculation:
@@ -136,7 +129,7 @@ class Journal:
                          **{k: v for k, v in state.speculation.items() if k != "logged"}})
         store = self.config.store_content
         try:
-            await self._write(state, lambda: message_events(state, turn, start, store, failures) + rest, "compaction",
+            await self._write(state, lambda: message_events(state, turn, start, store) + rest, "compaction",
                               tokens_out, budget, checkpoint=bool(steps), off_loop=not inline and heavy(turn))
         except GatewayError:  # nothing was written: the next write carries it all
             state.wal_logged, state.wal_logged_hash = before

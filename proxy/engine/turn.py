@@ -36,7 +36,7 @@ from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definitio
 from .count_beside import INLINE_COUNT_BOUND, before_headers, beside_upstream, count_beside, may_compact
 from .turn_budget import (Plan, Turn, budget_of, count_offset_key, measured_calibration,
                           watermark)
-from .off_loop import index_inline
+from .off_loop import count_in_thread, index_inline
 from .session import Transaction
 from .summary_reuse import reusing_summaries
 from .prepared import PreparedTurn, TurnInput
@@ -126,7 +126,7 @@ class TurnEngine:
             pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
         elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
             # A large count in a thread: the event loop serves other requests meanwhile.
-            index = await gw.counts.counted(index, messages, counter)
+            index = await count_in_thread(index, messages, counter)
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
@@ -164,7 +164,7 @@ class TurnEngine:
                 if len(index) != len(messages):
                     index = await fingerprinted()
                     turn.fingerprints = index.fingerprints
-                turn.index = await gw.counts.counted(index, messages, counter)
+                turn.index = await count_in_thread(index, messages, counter)
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
             try:

@@ -16,34 +16,11 @@ from .state import SessionState
 from .turn_budget import Turn
 
 
-Judged = dict[tuple[int, int], str]
-"""Each tool result's failure line (empty: it did not fail), by (message index, its block's
-index in the message, -1 for a chat tool message): `judged`."""
-
-
-def judged(messages: list[dict[str, Any]]) -> Judged:
-    """The failure of every tool result: the part of a turn's events that reads
-    the outputs (~3 ms for a new 107K conversation), which needs neither the session nor the
-    count, so a turn counted beside its upstream call judges them beside the count."""
-    out: Judged = {}
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        if role == "tool":
-            out[(i, -1)] = _failure(_text(m.get("content")), False)
-        elif role == "user":
-            for j, b in _tool_result_blocks(m):
-                out[(i, j)] = _failure(_text(b.get("content")), bool(b.get("is_error")))
-    return out
-
-
-def message_events(state: SessionState, turn: Turn, start: int, store_content: bool,
-                   failures: Judged | None = None) -> list[dict[str, Any]]:
+def message_events(state: SessionState, turn: Turn, start: int, store_content: bool) -> list[dict[str, Any]]:
     """USER_INPUT / TOOL_RESULT for each client message from `start` (`first_unlogged`) on;
-    the session then counts them as logged. `failures`: the tool results' judged already
-    (`judged`); those it lacks are judged here."""
+    the session then counts them as logged."""
     messages = turn.messages
     hashes = turn.prefix_hashes
-    known = failures or {}
     events = []
     for i in range(start, len(messages)):
         m = messages[i]
@@ -53,7 +30,7 @@ def message_events(state: SessionState, turn: Turn, start: int, store_content: b
         # Anthropic's tool results travel in a user turn, one block per call
         for j, b in results:
             text = _text(b.get("content"))
-            error = known[(i, j)] if (i, j) in known else _failure(text, bool(b.get("is_error")))
+            error = _failure(text, bool(b.get("is_error")))
             events.append(_tool_result(base, _tool_use_name(messages, i, b), b.get("tool_use_id"),
                                        turn.counter.count_cached(text), error))
         content = m.get("content")
@@ -67,7 +44,7 @@ def message_events(state: SessionState, turn: Turn, start: int, store_content: b
                 event["content"] = content
             events.append(event)
         if role == "tool":
-            error = known[(i, -1)] if (i, -1) in known else _failure(_text(m.get("content")), False)
+            error = _failure(_text(m.get("content")), False)
             events.append(_tool_result(base, _tool_name(messages, i), m.get("tool_call_id"),
                                        turn.counter.count_structured(m, turn.fingerprints[i]), error))
     if messages:

@@ -17,6 +17,9 @@ import orjson
 import pytest
 
 from clients import assert_error_shape, post
+from ctxgate.proxy.config import TenantConfig
+from ctxgate.proxy.doors.caps import check_caps
+from ctxgate.proxy.errors import GatewayError
 from servers import ADMIN_KEY, KEYS, Gateway, launch, main_config, stop_all, wait_until
 from upstream import ScriptedUpstream
 
@@ -135,3 +138,20 @@ def test_the_caps_refuse_in_the_doors_shape_and_change_nothing(fgw: Gateway, up:
     resp = post(fgw, body, key=CAPPED_KEY, path=path, headers=headers)
     assert resp.status_code == 200, resp.text[:300]
     assert len(up.log) == 1 and list(fgw.data_dir.rglob(f"*{sid}*"))
+
+
+@pytest.mark.parametrize("cap", [1, 4, 1000])
+def test_a_body_too_small_to_hold_more_parts_than_the_cap_is_not_counted_and_one_that_can_is(cap: int) -> None:
+    """The parts cap skips counting a body under twice the cap's bytes (`check_caps`): the
+    tightest JSON of cap + 1 parts, one-byte values, is refused all the same."""
+    limits = TenantConfig(max_content_parts=cap)
+    for parts in (cap, cap + 1):
+        raw = orjson.dumps({"messages": [{"role": "user", "content": [1] * parts}]})
+        body = orjson.loads(raw)
+        if parts <= cap:
+            check_caps(limits, body["messages"], "messages", len(raw))
+        else:
+            with pytest.raises(GatewayError, match="max_content_parts"):
+                check_caps(limits, body["messages"], "messages", len(raw))
+    # The bound at its edge: a list of n one-byte values is 2n - 1 bytes (n values, n - 1 commas).
+    assert len(orjson.dumps([1] * (cap + 1))) - 2 == 2 * (cap + 1) - 1

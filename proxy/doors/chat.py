@@ -79,8 +79,8 @@ class ChatDoor:
         key = (caller.tenant, "chat", http.headers.get("X-Ctx-Session", ""))
         body, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
                                               caller.tenant_config.max_body_bytes)
-        check_caps(caller.tenant_config, body.get("messages"), "messages")
         raw = await http.read()
+        check_caps(caller.tenant_config, body.get("messages"), "messages", len(raw))
         # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
         fresh = resent.parsed_bytes if resent is not None else len(raw)
 

@@ -159,9 +159,9 @@ class GeminiDoor:
         body = counted_body(sent) if method == "countTokens" else sent
         system = body.get("systemInstruction")
         system_parts = system.get("parts") if isinstance(system, dict) else None
-        check_caps(caller.tenant_config, body.get("contents"), "contents", parts_key="parts",
-                   extra_parts=len(system_parts) if isinstance(system_parts, list) else 0)
         raw = await http.read()
+        check_caps(caller.tenant_config, body.get("contents"), "contents", len(raw), parts_key="parts",
+                   extra_parts=len(system_parts) if isinstance(system_parts, list) else 0)
         # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
         fresh = resent.parsed_bytes if resent is not None else len(raw)
 

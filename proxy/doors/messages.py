@@ -123,9 +123,9 @@ class MessagesDoor:
         body, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
                                               caller.tenant_config.max_body_bytes)
         system = body.get("system")
-        check_caps(caller.tenant_config, body.get("messages"), "messages",
-                   extra_parts=len(system) if isinstance(system, list) else 0)
         raw = await http.read()
+        check_caps(caller.tenant_config, body.get("messages"), "messages", len(raw),
+                   extra_parts=len(system) if isinstance(system, list) else 0)
         # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
         fresh = resent.parsed_bytes if resent is not None else len(raw)
         heavy = self.gw.heavy

@@ -233,8 +233,8 @@ class ResponsesDoor:
         key = (caller.tenant, "responses", http.headers.get("X-Ctx-Session", ""))
         body, resent = await read_resent_body(http, self.gw.json_parser, self.gw.resent, key,
                                               caller.tenant_config.max_body_bytes, "input")
-        check_caps(caller.tenant_config, body.get("input"), "input")
         raw = await http.read()
+        check_caps(caller.tenant_config, body.get("input"), "input", len(raw))
         # A body that resends the last one's bytes costs what its tail does (`ResentBodies`).
         size = resent.parsed_bytes if resent is not None else len(raw)
         heavy, slots = self.gw.heavy, caller.tenant_config.heavy_concurrency

@@ -141,6 +141,8 @@ def validate_chat_request(body: dict[str, Any]) -> None:
 def require_objects(items: list[Any], where: str) -> None:
     """Every item of a list is an object: checked apart from their contents, which a steady
     turn checks only for its new items (a model of `list[dict]` would copy every one)."""
+    if set(map(type, items)) <= {dict}:  # a loop in C: a steady turn's whole history passes through here
+        return
     for i, item in enumerate(items):
         if type(item) is not dict:
             raise GatewayError(ErrorKind.INVALID_REQUEST, f"{where}.{i}: Input should be a valid dictionary",

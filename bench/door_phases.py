@@ -9,7 +9,7 @@ wall time to the reply's last byte, and three phases of the request, timed by wr
 turn engine: `door` (the door's own reading, to `TurnEngine.prepare`), `prepare`, and
 `forward` less the upstream's time (the wire's building of the upstream body and rendering
 of its reply). `--profile DIR` also writes a cProfile of each door's requests there
-(`DIR/<door>.prof`; compare with pstats).
+(`DIR/<door>.prof`, a session's first turn left out of a `turn` run's; compare with pstats).
 
     .venv/bin/python bench/door_phases.py [--size 1K] [--kind turn] [--iterations 500] [--doors chat,gemini]
 """
@@ -94,7 +94,9 @@ async def run(args: argparse.Namespace) -> Phases:
                     session = f"s{i // common.TURNS_PER_SESSION}-{name}" if args.kind == "turn" else None
                     body = door.payload(messages)
                     current[0] = name if i >= WARMUP else "warmup"
-                    profile = profiles.get(name) if i >= WARMUP else None
+                    # A session's first turn is a new conversation: a turn's profile holds steady turns only.
+                    steady = args.kind == "conv" or i % common.TURNS_PER_SESSION
+                    profile = profiles.get(name) if i >= WARMUP and steady else None
                     if profile is not None:
                         profile.enable()
                     error, ms, headers = await door.post(http, base, messages, processes.UPSTREAM_KEY, session, body)

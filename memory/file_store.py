@@ -39,6 +39,8 @@ _MIN_DEAD_LINES = 64
 
 Op = tuple[str, MemoryEntry | str]
 """("put", entry) or ("del", entry id)."""
+_STAMPED = frozenset(name for c in Category for name in (f"{c.value}.jsonl", f"{c.value}.json"))
+"""The names of a tenant's memory files (and those of the format before, still read)."""
 
 
 @dataclass
@@ -94,15 +96,22 @@ class FileMemoryStore:
         return self._dir(tenant) / f"{category.value}.json"
 
     def _version(self, tenant: str) -> int:
-        """The files' inodes, mtimes and sizes, hashed: the same in every process sharing the directory."""
+        """The files' inodes, mtimes and sizes, hashed: the same in every process sharing the
+        directory. Asked every turn: one listing of the tenant's folder and a stat of each file
+        it holds (none for a tenant without memory), not a stat of every name a file could have."""
         stamp = []
-        for category in Category:
-            for path in (self._legacy(tenant, category), self._file(tenant, category)):
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
-                stamp.append(f"{path.name}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}")
+        try:
+            with os.scandir(self._dir(tenant)) as found:
+                for entry in found:
+                    if entry.name in _STAMPED:
+                        try:
+                            st = entry.stat()
+                        except FileNotFoundError:  # removed since the listing
+                            continue
+                        stamp.append(f"{entry.name}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}")
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        stamp.sort()  # a listing's order is the file system's
         return xxhash.xxh64_intdigest("|".join(stamp).encode()) if stamp else 0
 
     def _read(self, tenant: str, category: Category) -> _Log:

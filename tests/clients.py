@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 import openai
@@ -81,3 +81,15 @@ def feasible_turns(turns: list[list[dict[str, Any]]], limit: int) -> list[list[d
         first_user = next(i for i, m in enumerate(messages) if m["role"] == "user")
         return messages[:first_user + 1] + messages[-1:]
     return [t for t in turns if prompt_tokens(pinned(t)) <= 0.9 * limit]
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string a JSON value holds, keys aside."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings(v)

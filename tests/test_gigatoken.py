@@ -5,11 +5,11 @@ characters BPE splitting is most particular about, and on what gigatoken refuses
 from __future__ import annotations
 
 import random
-from typing import Any, Iterator
 
 import pytest
 import tiktoken
 
+from clients import strings
 from ctxgate.pipeline.tokens import GigatokenEncoder, TiktokenEncoder, TokenizerRegistry, tiktoken_encoder
 from trajectories import every_dialect
 
@@ -19,19 +19,8 @@ PIECES = [*"abcXYZ019 \t\n\r'’\"!?.,;:-_/\\()[]{}<>|@#$%^&*~`éßΩж中文日
           " \n ", "123456789", "1,000.5", "0x1F", "    def ", "\r\n", "https://x.io/a?b=c"]
 
 
-def _strings(value: Any) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
 def _recorded() -> list[str]:
-    texts = {s for run in every_dialect() for s in _strings([run.messages, run.tools])}
+    texts = {s for run in every_dialect() for s in strings([run.messages, run.tools])}
     return sorted(texts)
 
 

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from clients import strings
 from servers import KEYS, UPSTREAM_KEY, Gateway, main_config, start_gateways
 from upstream import ScriptedUpstream
 
@@ -114,18 +115,6 @@ def entries(gw: Gateway, category: str | None = None) -> list[dict[str, Any]]:
     assert listed.status_code == 200, listed.text
     assert listed.json()["has_more"] is False
     return listed.json()["data"]  # type: ignore[no-any-return]
-
-
-def strings(value: Any) -> Iterator[str]:
-    """Every string a JSON value holds, keys aside."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from strings(v)
 
 
 def _flat(text: str) -> str:

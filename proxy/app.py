@@ -25,7 +25,6 @@ from .admin.metrics import authorize_metrics
 from .admin.rollback import requested_seq, roll_back
 from .admin.ui import Dashboard
 from .connections import guard_requests
-from .engine.quiet import QUIET
 from .engine.state import reachable
 from .tenancy import resolve_caller
 
@@ -68,18 +67,6 @@ async def openai_errors(request: web.Request, handler):  # type: ignore[no-untyp
         return openai_response(GatewayError(ErrorKind.INTERNAL, f"internal error in ctxgate (request {request_id}); "
                                             "it is logged on the server", code="internal_error",
                                             headers={"X-Request-Id": request_id}))
-
-
-@web.middleware
-async def quiet_while_working(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    """A request in flight holds background work back (`QUIET`), as a count does: a capture
-    reading a new conversation in a thread took the GIL each time the event loop gave it up for
-    a system call (a lock, a stat, a write), and a steady 200K turn's ~15 of them cost 20-40 us
-    more each (1.8 -> 44 us a WAL lock). Held while a whole reply is awaited too: an upstream
-    that answers at once left the capture running when its reply came (a lock still 15 us);
-    background work waits at most `quiet.MAX_WAIT_S` in all, so under steady traffic it runs
-    late, not never. A stream lets go of it while relayed (`QUIET.aside`)."""
-    return await QUIET.around(handler(request))
 
 
 @web.middleware
@@ -173,7 +160,7 @@ async def session_end(request: web.Request) -> web.Response:
 def create_app(gw: Gateway) -> web.Application:
     # openai_errors outermost: a body over the size limit, met while guard_requests reads it, is its 413.
     guard = guard_requests(gw.config.ctxgate.connections.body_read_timeout_s)
-    app = web.Application(middlewares=[openai_errors, refuse_websocket, guard, quiet_while_working],
+    app = web.Application(middlewares=[openai_errors, refuse_websocket, guard],
                           client_max_size=gw.config.ctxgate.max_body_bytes)
     app[GATEWAY] = gw
     app[STARTED] = time.time()

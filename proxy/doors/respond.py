@@ -14,7 +14,6 @@ from multidict import CIMultiDict
 from ..engine.expansion import ExpandingWire, expanded
 from ..engine.idempotency import HEADER as IDEMPOTENCY_HEADER, StoredReply, key_of, request_hash
 from ..engine.prepared import PreparedTurn, TurnInput
-from ..engine.quiet import QUIET
 from ..engine.turn import TurnEngine
 from ..engine.wire import ReplyFacts, Wire
 from ..errors import ErrorKind, GatewayError
@@ -151,7 +150,7 @@ async def _turn(engine: TurnEngine, request: DoorRequest, wire: Wire, headers: d
             asyncio.get_running_loop().call_soon(prepared.finish)
         return web.Response(status=reply.status, body=reply.body, headers={
             "Content-Type": reply.content_type, **reply.headers, **headers})
-    return await QUIET.aside(_relay(request.http, reply, done, wire))  # a stream: relayed as it comes
+    return await _relay(request.http, reply, done, wire)
 
 
 async def _relay(http: web.Request, reply: Reply, done: "_Settle", wire: Wire) -> web.StreamResponse:

@@ -1,4 +1,4 @@
-"""Counts and requests first, background work after.
+"""Counts first, background work after.
 
 A turn's count runs in a thread that gives the GIL up while it encodes and takes it
 back after every text: a thread that holds the GIL meanwhile (memory's capture, regular expressions
@@ -33,37 +33,18 @@ class Quiet:
         self._idle.set()
 
     async def around(self, counting: Awaitable[T]) -> T:
-        """Await a count (or a request's own work, `app.quiet_while_working`), the background
-        work waiting for it."""
-        self._enter()
+        """Await a count, the background work waiting for it."""
+        self.counting += 1
+        self._idle.clear()
         try:
             return await counting
         finally:
-            self._leave()
-
-    async def aside(self, waiting: Awaitable[T]) -> T:
-        """Await, within `around`, what this process mostly waits for (a stream relayed as it
-        comes): the background work goes on meanwhile, unless a count or another request holds it."""
-        held = self.counting > 0
-        if held:
-            self._leave()
-        try:
-            return await waiting
-        finally:
-            if held:
-                self._enter()
-
-    def _enter(self) -> None:
-        self.counting += 1
-        self._idle.clear()
-
-    def _leave(self) -> None:
-        self.counting -= 1
-        if not self.counting:
-            self._idle.set()
-            waiting, self._waiting = self._waiting, []
-            for start in waiting:
-                start()
+            self.counting -= 1
+            if not self.counting:
+                self._idle.set()
+                waiting, self._waiting = self._waiting, []
+                for start in waiting:
+                    start()
 
     def pauser(self) -> Callable[[], None]:
         """For one piece of background work in a thread: called between its steps, gives the

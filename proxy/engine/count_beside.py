@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ctxgate.turn")
 INLINE_COUNT_BOUND = 16_384
-"""A new conversation whose count is bounded below this is counted before it is forwarded
-(about a millisecond); a larger one far below the trigger is counted beside the upstream call."""
+"""A new conversation whose count is bounded below this is counted before it is forwarded, on
+the event loop (a tenth of a millisecond with gigatoken, about one with tiktoken or a Hugging
+Face tokenizer, which this bound was set for); a larger one far below the trigger is counted
+beside the upstream call, one that may compact in a thread before it."""
 
 
 def beside_upstream(counted: int, bound: int | None, counter: TokenCounter) -> bool:

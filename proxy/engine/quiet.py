@@ -1,13 +1,13 @@
 """Counts first, background work after.
 
-A turn's count runs in a thread that gives the GIL up while it encodes and takes it
-back after every text: a thread that holds the GIL meanwhile (memory's capture, regular expressions
+A turn's count runs in a thread that gives the GIL up while it encodes and takes it back
+after every text: a thread that holds the GIL meanwhile (memory's capture, regular expressions
 over every new message) makes each of those returns wait a switch interval. A 107K-token count
-took 59 ms beside a capture instead of 38 alone. So work done for later turns waits while
-this process counts, up to `MAX_WAIT_S`. Work already running when a count starts waits too,
-between its steps (`pauser`): a new 107K conversation's capture (~20 ms of CPU in a thread)
-otherwise ran through the next conversation's count and its WAL lines, and held that reply
-back ~17 ms.
+took 59 ms beside a capture instead of 38 alone (with tiktoken, ten times slower than
+gigatoken). So work done for later turns waits while this process counts, up to
+`MAX_WAIT_S`. Work already running when a count starts waits too, between its steps
+(`pauser`): a new 107K conversation's capture (~20 ms of CPU in a thread) otherwise ran
+through the next conversation's count and its WAL lines, and held that reply back ~17 ms.
 """
 from __future__ import annotations
 

@@ -182,18 +182,28 @@ def test_an_idempotent_stream_is_replayed_to_the_sdk(walgw: Gateway, up: Scripte
 
 def test_a_log_that_cannot_be_written_refuses_the_turn_and_forwards_nothing(walgw: Gateway,
                                                                             up: ScriptedUpstream) -> None:
+    """A new conversation far below the trigger is forwarded before it is logged
+    (`count_beside.py`): it is answered, the failure logged. Its next turn is counted and
+    logged first, and refused with nothing forwarded; once the log can be written, answered."""
     assert walgw.data_dir is not None
     blocker = walgw.data_dir / "wal" / "locked"
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("a file where the tenant's folder should be")
+    session = {"X-Ctx-Session": f"locked-{uuid.uuid4().hex}"}
+    following = [*MESSAGES, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Go on."}]
     try:
-        resp = post(walgw, {"model": "gpt-4o", "messages": MESSAGES}, key=KEYS["locked"])
+        first = post(walgw, {"model": "gpt-4o", "messages": MESSAGES}, key=KEYS["locked"], headers=session)
+        assert first.status_code == 200, first.text
+        assert len(up.chats()) == 1
+        resp = post(walgw, {"model": "gpt-4o", "messages": following}, key=KEYS["locked"], headers=session)
         assert_error_shape(resp, 503, "wal_unavailable")
         assert "nothing was forwarded" in resp.json()["error"]["message"]
-        assert up.chats() == []
+        assert len(up.chats()) == 1
     finally:
         blocker.unlink()
-    assert post(walgw, {"model": "gpt-4o", "messages": MESSAGES}, key=KEYS["locked"]).status_code == 200
+    assert post(walgw, {"model": "gpt-4o", "messages": following}, key=KEYS["locked"],
+                headers=session).status_code == 200
+    assert len(up.chats()) == 2
 
 
 def _restart(gw: Gateway, sig: int) -> Gateway:

@@ -1,9 +1,14 @@
 """A new conversation counted beside its upstream call.
 
-Tokenizing is several times slower than hashing (a new 107K-token conversation is ~3 ms in
-a thread) and decides nothing for a conversation far below the trigger. So such a turn is
-forwarded uncounted, and counted in a thread once its bytes are on their way; its WAL lines,
-`X-Ctx-Tokens-In`/`-Out` and calibration wait for the count. Kept apart from `turn.py`
+A count decides nothing for a new conversation far below the trigger, and neither does its
+log: with the session's transaction that writes it (a new WAL file: a folder made, a file
+opened and locked), they are most of what such a turn costs before it is forwarded, 1-2 ms of
+a new 1K-token conversation on a machine woken from idleness. So such a turn, of any size, is
+forwarded uncounted, and counted (in a thread when large) and logged once its bytes are on
+their way; its WAL lines, `X-Ctx-Tokens-In`/`-Out` and calibration wait for the count, and its
+reply waits for them. A log that cannot be written then fails after the forward: the reply is
+answered and the failure logged, and the session's next turn, counted first, is refused with
+nothing forwarded. Kept apart from `turn.py`
 because it is its own rule with its own waits: which turn goes uncounted, when the session
 takes that back, the count and the turn's logging once it is in, and a stream's headers
 held for it. `TurnEngine` calls these at its points.
@@ -18,7 +23,7 @@ from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import TokenCounter
 from ..errors import GatewayError
 from ..upstream.forwarders import Reply
-from .off_loop import count_in_thread
+from .off_loop import count_off_loop
 from .quiet import QUIET
 from .state import SessionState
 from .turn_budget import Plan, Turn, budget_of, watermark
@@ -27,18 +32,13 @@ if TYPE_CHECKING:
     from ..gateway import Gateway
 
 log = logging.getLogger("ctxgate.turn")
-INLINE_COUNT_BOUND = 16_384
-"""A new conversation whose count is bounded below this is counted before it is forwarded, on
-the event loop (a tenth of a millisecond with gigatoken, about one with tiktoken or a Hugging
-Face tokenizer, which this bound was set for); a larger one far below the trigger is counted
-beside the upstream call, one that may compact in a thread before it."""
 
 
 def beside_upstream(counted: int, bound: int | None, counter: TokenCounter) -> bool:
-    """A new conversation (none of its messages counted, not even by another replica) that the
-    bytes bound puts over `INLINE_COUNT_BOUND`, for a tokenizer the bound holds for: counted
-    once forwarded, unless its session may compact (`may_compact`)."""
-    return counted == 0 and bound is not None and bound > INLINE_COUNT_BOUND and counter.byte_bounded
+    """A new conversation (none of its messages counted, not even by another replica) with a
+    bytes bound, for a tokenizer the bound holds for: counted once forwarded, unless its
+    session may compact (`may_compact`)."""
+    return counted == 0 and bound is not None and counter.byte_bounded
 
 
 def may_compact(state: SessionState, turn: Turn, bound: int | None) -> bool:
@@ -48,7 +48,7 @@ def may_compact(state: SessionState, turn: Turn, bound: int | None) -> bool:
 
 
 def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
-                 messages: list[dict[str, Any]], index: HistoryIndex,
+                 messages: list[dict[str, Any]], body_bytes: int, index: HistoryIndex,
                  fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
                  counted: Callable[[], None]) -> "asyncio.Task[None]":
     """Start the count of a turn forwarded uncounted (`ctxgate_counts_beside_upstream_total`).
@@ -57,8 +57,8 @@ def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
     `counted` reports the count and keeps the index, as for a counted turn. Awaited by
     `settle`, so an answered turn is in the WAL before its reply is, and calibrated with its count."""
     gw.metrics.counts_beside_upstream.inc()
-    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, index, fingerprinted, headers,
-                                        counted))
+    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, body_bytes, index,
+                                        fingerprinted, headers, counted))
 
 
 async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
@@ -74,10 +74,10 @@ async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
 
 
 async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
-                 messages: list[dict[str, Any]], index: HistoryIndex,
+                 messages: list[dict[str, Any]], body_bytes: int, index: HistoryIndex,
                  fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
                  counted: Callable[[], None]) -> None:
-    """Fingerprint and count the turn (in a thread, beside the upstream call), then log its
+    """Fingerprint and count the turn (in a thread when large, beside the upstream call), then log its
     messages as `prepare` logs a counted turn's. The reply waits for all of it: background
     work in threads waits meanwhile (`QUIET`)."""
     async def count_and_log() -> None:
@@ -85,7 +85,7 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         if len(index) != len(messages):
             index = await fingerprinted()
             turn.fingerprints = index.fingerprints
-        turn.index = await count_in_thread(index, messages, turn.counter)
+        turn.index = await count_off_loop(index, messages, turn.counter, body_bytes)
         tokens_out = plan.tokens_out = turn.message_tokens() + turn.fixed_tokens()
         counted()
         headers["X-Ctx-Tokens-Out"] = str(tokens_out)
@@ -100,7 +100,7 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         await asyncio.sleep(0)
         await QUIET.around(count_and_log())
     except Exception as e:  # forwarded already: the reply is answered rather than lost
-        log.error("session %s: the turn could not be logged: %s", session_id,
+        log.error("session %s: the turn was forwarded, and could not be logged: %s", session_id,
                   e.message if isinstance(e, GatewayError) else repr(e))
 
 

@@ -33,10 +33,10 @@ from ..upstream.forwarders import Reply
 from ..upstream.routing import Route
 from .expansion import (Expansion, ExpandingWire, expansion_room, tool_definition, tool_tokens,
                         without_exchanges)
-from .count_beside import INLINE_COUNT_BOUND, before_headers, beside_upstream, count_beside, may_compact
+from .count_beside import before_headers, beside_upstream, count_beside, may_compact
 from .turn_budget import (Plan, Turn, budget_of, count_offset_key, measured_calibration,
                           watermark)
-from .off_loop import count_in_thread, index_inline
+from .off_loop import count_off_loop, index_inline
 from .session import Transaction
 from .summary_reuse import reusing_summaries
 from .prepared import PreparedTurn, TurnInput
@@ -124,9 +124,9 @@ class TurnEngine:
         late = late or beside_upstream(counted, bound, counter)
         if late:
             pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
-        elif counted == 0 and request.body_bytes > INLINE_COUNT_BOUND:
+        elif counted == 0:
             # A large count in a thread: the event loop serves other requests meanwhile.
-            index = await count_in_thread(index, messages, counter)
+            index = await count_off_loop(index, messages, counter, request.body_bytes)
         else:
             index = index.counted(messages, counter)
         config = gw.pipeline_config(caller.profile, caller.tenant)
@@ -164,7 +164,7 @@ class TurnEngine:
                 if len(index) != len(messages):
                     index = await fingerprinted()
                     turn.fingerprints = index.fingerprints
-                turn.index = await count_in_thread(index, messages, counter)
+                turn.index = await count_off_loop(index, messages, counter, request.body_bytes)
                 late = False
                 self._counted(caller, session_id, request, turn, headers)
             try:
@@ -191,7 +191,8 @@ class TurnEngine:
                                            on_answer=gw.metrics.expanded,
                                            room=expansion_room(turn, state, plan))
         if late:
-            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, index, fingerprinted,
+            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, request.body_bytes,
+                                             index, fingerprinted,
                                              headers, lambda: self._counted(caller, session_id, request, turn, headers))
         return prepared
 

@@ -139,7 +139,15 @@ def test_a_log_redis_that_goes_away_refuses_the_turn_and_forwards_nothing(gatewa
 
 def test_wait_for_a_replica_a_lone_redis_does_not_have_refuses_the_turn(gateways: dict[str, Gateway],
                                                                         up: ScriptedUpstream) -> None:
-    resp = post(gateways["waits"], BODY, headers={"X-Ctx-Session": _session()}, key=None)
+    """A session's first turn far below the trigger is forwarded before it is logged
+    (`count_beside.py`): answered, the log's failure logged; its next turn is logged first,
+    and refused with nothing forwarded."""
+    session = {"X-Ctx-Session": _session()}
+    assert post(gateways["waits"], BODY, headers=session, key=None).status_code == 200
+    up.reset()
+    resp = post(gateways["waits"], {**BODY, "messages": [*MESSAGES, {"role": "assistant", "content": "ok"},
+                                                         {"role": "user", "content": "and then?"}]},
+                headers=session, key=None)
     err = assert_error_shape(resp, 503, "wal_unavailable")
     assert "0 of 1 Redis replicas" in err["message"]
     assert up.chats() == []

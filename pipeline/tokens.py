@@ -80,6 +80,10 @@ DEEPSEEK_TOKENIZER = _BUNDLED / "deepseek_tokenizer.json" if _BUNDLED else None
 
 
 class Encoder(Protocol):
+    inline_count_bytes: int
+    """A count of a request body up to this many bytes runs on the event loop (a few tenths of
+    a millisecond at most), a larger one in a thread, whose hop costs 0.1-5 ms."""
+
     def encode(self, text: str) -> list[int]: ...
 
     def count(self, text: str) -> int: ...
@@ -95,6 +99,7 @@ class Encoder(Protocol):
 class TiktokenEncoder:
     """An OpenAI encoding, from the BPE file the litellm wheel ships."""
 
+    inline_count_bytes = 16_384  # ~1 ms of tiktoken
     def __init__(self, encoding: str) -> None:
         self._enc = tiktoken.get_encoding(encoding)
 
@@ -120,6 +125,8 @@ class GigatokenEncoder(TiktokenEncoder):
     the time, a new 107K conversation in ~2.5 ms of one core rather than ~25, the GIL released.
     tiktoken decodes, and encodes what gigatoken refuses (a lone surrogate, which tiktoken
     replaces)."""
+
+    inline_count_bytes = 65_536  # ~0.4 ms of gigatoken
 
     def __init__(self, encoding: str, path: Path) -> None:
         super().__init__(encoding)
@@ -150,6 +157,8 @@ def tiktoken_encoder(encoding: str) -> TiktokenEncoder:
 
 class HuggingFaceEncoder:
     """A transformers fast tokenizer from a local tokenizer.json, directory or HF cache name."""
+
+    inline_count_bytes = 16_384  # ~1 ms of a Rust tokenizer with its Python calls
 
     def __init__(self, source: str) -> None:
         from transformers import AutoTokenizer, PreTrainedTokenizerFast
@@ -186,6 +195,8 @@ class EstimateEncoder:
     provider's usage calibrates the session's count); each 'token' is a 3-byte slice, so
     head/tail cuts still work."""
 
+    inline_count_bytes = 65_536  # a length per message: the messages' walk is the cost
+
     def encode(self, text: str) -> list[int]:
         return list(range(self.count(text)))
 
@@ -209,6 +220,7 @@ class TokenCounter:
         """Its count of a text is at most the text's UTF-8 bytes (a byte-level BPE: every token
         covers at least one byte; the estimate: a third of them): `json_bound` holds for it."""
         self._encoder = encoder
+        self.inline_count_bytes = encoder.inline_count_bytes
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._cuts: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()

@@ -25,6 +25,8 @@ NO_WINDOW = RecentWindow(messages=0, steps=0)
 class CountingEncoder:
     """tiktoken, counting how many tokens it encoded: how many passes over a history a strategy makes."""
 
+    inline_count_bytes = TiktokenEncoder.inline_count_bytes
+
     def __init__(self) -> None:
         self._enc = TiktokenEncoder("o200k_base")
         self.tokens = 0

@@ -16,6 +16,7 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
@@ -189,7 +190,7 @@ class WalWriter:
 
     def _evict(self) -> None:
         """Close the least recently used files past `max_open`, never one being written."""
-        for key in list(self._files)[:max(0, len(self._files) - self._max_open)]:
+        for key in list(islice(self._files, max(0, len(self._files) - self._max_open))):
             lf = self._files[key]
             if lf.guard.acquire(blocking=False):
                 try:

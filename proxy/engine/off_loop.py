@@ -29,11 +29,6 @@ INLINE_INDEX_BYTES = 1 << 20
 messages: ~0.4 ms for a new 107K-token conversation (337 messages, 426 KB), where a thread
 hop on a busy machine waits 1-5 ms for the thread to be scheduled and as long for the loop."""
 
-INLINE_COUNT_BOUND = 16_384
-"""A conversation's count in a body of at most this many bytes runs on the event loop: a tenth
-of a millisecond with gigatoken, about one with tiktoken or a Hugging Face tokenizer (which this
-bound was set for), where a thread hop costs 0.1-5 ms."""
-
 
 def index_inline(new_messages: int, body_bytes: int) -> bool:
     """Fingerprinting this many new messages of a body this large costs less than a thread hop."""
@@ -49,12 +44,12 @@ def heavy(turn: Turn) -> bool:
 
 async def count_off_loop(index: HistoryIndex, messages: list[dict[str, Any]], counter: TokenCounter,
                          body_bytes: int) -> HistoryIndex:
-    """`index.counted(messages, counter)`: on the event loop for a body of at most
-    `INLINE_COUNT_BOUND` bytes, else in a thread, a count in flight for `QUIET`. One thread
+    """`index.counted(messages, counter)`: on the event loop for a body of at most the
+    tokenizer's `inline_count_bytes`, else in a thread, a count in flight for `QUIET`. One thread
     is enough: gigatoken gives the GIL up while it encodes and counts a new 107K conversation in
     ~3 ms (worker processes took longer, their pipes and parsing included: 4.3 ms at 107K,
     13 ms against 6.8 at 400K)."""
-    if body_bytes <= INLINE_COUNT_BOUND:
+    if body_bytes <= counter.inline_count_bytes:
         return index.counted(messages, counter)
     return await QUIET.around(asyncio.to_thread(index.counted, messages, counter))
 

@@ -28,7 +28,7 @@ PER_TURN = ("turn", "seq", "timestamp", "crc")
 
 
 def conversation(tag: str, steps: int = 14) -> list[dict[str, Any]]:
-    """A new agent's conversation of ~40 KB (over the 16 KB counted inline), every message its own."""
+    """A new agent's conversation, every message its own: ~6 KB a step (14 steps: 84 KB)."""
     out: list[dict[str, Any]] = [{"role": "system", "content": f"<{tag}> You are a coding agent."},
                                  {"role": "user", "content": f"<{tag}> Fix the failing test in calc.py."}]
     for i in range(steps):
@@ -94,10 +94,13 @@ def last_turn(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[
     return lines, [e for e in events if e.get("type") == "RESPONSE"][-1]
 
 
+@pytest.mark.parametrize("steps", [1, 8, 14], ids=["6KB", "48KB", "84KB"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_turn_counted_beside_the_upstream_call_reports_and_logs_the_exact_count(
-        gateway: Gateway, up: ScriptedUpstream, stream: bool) -> None:
-    messages = conversation(uuid.uuid4().hex)
+        gateway: Gateway, up: ScriptedUpstream, stream: bool, steps: int) -> None:
+    """Of any size: counted on the event loop up to the tokenizer's `inline_count_bytes`
+    (64 KB), in a thread above."""
+    messages = conversation(uuid.uuid4().hex, steps)
     late, first = f"late-{uuid.uuid4().hex}", f"first-{uuid.uuid4().hex}"
     before = beside(gateway)
     got = send(gateway, messages, late, stream)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Iterator
 
 import httpx
 import openai
 
-from servers import KEYS, Gateway
+from servers import KEYS, METRICS_HEADERS, Gateway
 from upstream import encode, prompt_tokens
 
 MESSAGES: list[dict[str, Any]] = [
@@ -22,6 +23,14 @@ TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
 CTX_HEADERS = ("x-ctx-session", "x-ctx-tokens-in", "x-ctx-tokens-out", "x-ctx-levels", "x-ctx-overhead-ms",
                "x-ctx-tokenizer")
+
+
+def counted_beside(gw: Gateway) -> float:
+    """`ctxgate_counts_beside_upstream_total`: the turns forwarded before they were counted."""
+    status, text = gw.get("/metrics", METRICS_HEADERS)
+    assert status == 200
+    found = re.search(r"^ctxgate_counts_beside_upstream_total (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def client(gw: Gateway, key: str = KEYS["acme"]) -> openai.OpenAI:

@@ -5,19 +5,18 @@ when it is counted first, on the chat door and the Responses door. One the bytes
 trigger is counted first, and compacted as before."""
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 
-from clients import KEYS
+from clients import KEYS, counted_beside
 from ctxgate.pipeline.tokens import TokenizerRegistry
 from ctxgate.proxy.doors.responses_model import to_messages
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
-from servers import METRICS_HEADERS, Gateway
+from servers import Gateway
 from upstream import ScriptedUpstream
 
 COUNTER = TokenizerRegistry().for_model("gpt-4o")
@@ -39,13 +38,6 @@ def conversation(tag: str, steps: int = 14) -> list[dict[str, Any]]:
                  "content": "".join(f"def f_{i}_{j}(x):\n    return x * {j}  # {tag} naïve 東京\n" for j in range(60))},
                 {"role": "user", "content": f"<{tag}> Step {i} read; go on."}]
     return out
-
-
-def beside(gw: Gateway) -> float:
-    status, text = gw.get("/metrics", METRICS_HEADERS)
-    assert status == 200
-    found = re.search(r"^ctxgate_counts_beside_upstream_total (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
 
 
 def send(gw: Gateway, messages: list[dict[str, Any]], session: str, stream: bool,
@@ -102,18 +94,18 @@ def test_a_turn_counted_beside_the_upstream_call_reports_and_logs_the_exact_coun
     (64 KB), in a thread above."""
     messages = conversation(uuid.uuid4().hex, steps)
     late, first = f"late-{uuid.uuid4().hex}", f"first-{uuid.uuid4().hex}"
-    before = beside(gateway)
+    before = counted_beside(gateway)
     got = send(gateway, messages, late, stream)
-    assert beside(gateway) == before + 1  # forwarded before its count was done
+    assert counted_beside(gateway) == before + 1  # forwarded before its count was done
     exact = COUNTER.count_messages(messages)
     assert int(got["x-ctx-tokens-in"]) == exact
     assert int(got["x-ctx-tokens-out"]) == exact and got["x-ctx-levels"] == "none"
 
     # The same messages on a session with a turn behind it: counted before they are forwarded.
     send(gateway, conversation(uuid.uuid4().hex, steps=1), first, stream)
-    counted = beside(gateway)
+    counted = counted_beside(gateway)
     again = send(gateway, messages, first, stream)
-    assert beside(gateway) == counted
+    assert counted_beside(gateway) == counted
     assert (again["x-ctx-tokens-in"], again["x-ctx-tokens-out"]) == (got["x-ctx-tokens-in"], got["x-ctx-tokens-out"])
 
     lines, response = last_turn(logged(gateway, late))
@@ -128,9 +120,9 @@ def test_a_new_conversation_near_the_trigger_is_counted_first_and_compacted(gate
                                                                             up: ScriptedUpstream) -> None:
     messages = conversation(uuid.uuid4().hex)
     exact = COUNTER.count_messages(messages)
-    before = beside(gateway)
+    before = counted_beside(gateway)
     got = send(gateway, messages, f"near-{uuid.uuid4().hex}", False, {"X-Ctx-Budget": str(exact)})
-    assert beside(gateway) == before
+    assert counted_beside(gateway) == before
     assert int(got["x-ctx-tokens-in"]) == exact
     assert got["x-ctx-levels"] != "none" and int(got["x-ctx-tokens-out"]) < exact
     assert up.chats()[-1].body["messages"] != messages
@@ -141,14 +133,14 @@ def test_the_responses_door_counts_a_new_conversation_beside_the_upstream_call(g
                                                                                up: ScriptedUpstream,
                                                                                stream: bool) -> None:
     messages = conversation(uuid.uuid4().hex)
-    before = beside(gateway)
+    before = counted_beside(gateway)
     got = send(gateway, messages, f"late-{uuid.uuid4().hex}", stream, responses=True)
-    assert beside(gateway) == before + 1
+    assert counted_beside(gateway) == before + 1
     first = f"first-{uuid.uuid4().hex}"
     send(gateway, conversation(uuid.uuid4().hex, steps=1), first, stream, responses=True)
-    counted = beside(gateway)
+    counted = counted_beside(gateway)
     again = send(gateway, messages, first, stream, responses=True)
-    assert beside(gateway) == counted
+    assert counted_beside(gateway) == counted
     assert got["x-ctx-levels"] == again["x-ctx-levels"] == "none"
     assert (got["x-ctx-tokens-in"], got["x-ctx-tokens-out"]) == (again["x-ctx-tokens-in"], again["x-ctx-tokens-out"])
     converted = to_messages(messages[0]["content"], items(messages[1:]))

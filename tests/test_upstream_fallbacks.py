@@ -76,13 +76,20 @@ def fallbacks_counted(gw: Gateway, model: str, fallback: str, reason: str) -> fl
 
 
 def test_a_failing_model_hands_the_turn_to_its_fallback(fgw: Gateway, up: ScriptedUpstream) -> None:
-    sid, before = session(), fallbacks_counted(fgw, "primary", "backup", "503")
+    sid, before, sent = session(), fallbacks_counted(fgw, "primary", "backup", "503"), messages()
     raw = client(fgw).chat.completions.with_raw_response.create(
-        model="primary", messages=messages(), extra_headers={"X-Ctx-Session": sid})  # type: ignore[arg-type]
+        model="primary", messages=sent, extra_headers={"X-Ctx-Session": sid})  # type: ignore[arg-type]
     assert raw.parse().choices[0].message.content == "ok"
     assert raw.headers["x-ctx-fallback"] == "backup"
     assert upstream_models(up) == ["error-503", "error-503", "gpt-4o"]  # its one retry, then the fallback
     assert [e["model"] for e in responses(fgw, sid)] == ["backup"]
+    # The first attempt, counted beside its call, is logged before the fallback's attempt plans
+    # the session: each message once, and the reply reports the count.
+    assert fgw.data_dir is not None
+    logged = [e for e in scan_file(WalPaths(fgw.data_dir).live("acme", sid)).events
+              if e.get("type") in ("USER_INPUT", "TOOL_RESULT")]
+    assert len(logged) == sum(m["role"] in ("user", "tool") for m in sent)
+    assert int(raw.headers["x-ctx-tokens-in"]) > 0
     assert fallbacks_counted(fgw, "primary", "backup", "503") == before + 1
 
 

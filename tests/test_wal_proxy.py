@@ -16,7 +16,8 @@ from ctxgate.proxy.engine.idempotency import _InFlight
 from ctxgate.proxy.doors.chat_replies import SseReply
 from ctxgate.wal.paths import WalPaths
 from ctxgate.wal.reader import scan_file
-from clients import MESSAGES, TOOLS, agent_turns, assert_error_shape, client, feasible_turns, post
+from clients import (MESSAGES, TOOLS, agent_turns, assert_error_shape, client, counted_beside, feasible_turns,
+                     post)
 from servers import KEYS, Gateway, launch, main_config, run_ctxgate, start_gateways, wait_until
 from trajectories import openhands
 from upstream import ScriptedUpstream, prompt_tokens
@@ -183,27 +184,34 @@ def test_an_idempotent_stream_is_replayed_to_the_sdk(walgw: Gateway, up: Scripte
 def test_a_log_that_cannot_be_written_refuses_the_turn_and_forwards_nothing(walgw: Gateway,
                                                                             up: ScriptedUpstream) -> None:
     """A new conversation far below the trigger is forwarded before it is logged
-    (`count_beside.py`): it is answered, the failure logged. Its next turn is counted and
-    logged first, and refused with nothing forwarded; once the log can be written, answered."""
+    (`count_beside.py`): the first whose log fails is answered, the failure logged. Until an
+    append of the tenant succeeds, its turns are logged first and refused with nothing
+    forwarded: that session's next turn, and new conversations too."""
     assert walgw.data_dir is not None
     blocker = walgw.data_dir / "wal" / "locked"
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("a file where the tenant's folder should be")
     session = {"X-Ctx-Session": f"locked-{uuid.uuid4().hex}"}
     following = [*MESSAGES, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Go on."}]
+    other = [{"role": "user", "content": f"Another task {uuid.uuid4().hex}."}]
     try:
         first = post(walgw, {"model": "gpt-4o", "messages": MESSAGES}, key=KEYS["locked"], headers=session)
         assert first.status_code == 200, first.text
         assert len(up.chats()) == 1
-        resp = post(walgw, {"model": "gpt-4o", "messages": following}, key=KEYS["locked"], headers=session)
-        assert_error_shape(resp, 503, "wal_unavailable")
-        assert "nothing was forwarded" in resp.json()["error"]["message"]
+        for messages, headers in [(following, session), (other, {"X-Ctx-Session": f"new-{uuid.uuid4().hex}"})]:
+            resp = post(walgw, {"model": "gpt-4o", "messages": messages}, key=KEYS["locked"], headers=headers)
+            assert_error_shape(resp, 503, "wal_unavailable")
+            assert "nothing was forwarded" in resp.json()["error"]["message"]
         assert len(up.chats()) == 1
     finally:
         blocker.unlink()
     assert post(walgw, {"model": "gpt-4o", "messages": following}, key=KEYS["locked"],
                 headers=session).status_code == 200
     assert len(up.chats()) == 2
+    before = counted_beside(walgw)
+    assert post(walgw, {"model": "gpt-4o", "messages": other}, key=KEYS["locked"],
+                headers={"X-Ctx-Session": f"new-{uuid.uuid4().hex}"}).status_code == 200
+    assert counted_beside(walgw) == before + 1  # the log is written again: new conversations go beside again
 
 
 def _restart(gw: Gateway, sig: int) -> Gateway:

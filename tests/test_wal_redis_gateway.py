@@ -1,6 +1,7 @@
 """The WAL on Redis through running gateways and the CLI: a turn's log is a stream and no
 file is written, `ctxgate wal` reads and rolls it back, a log Redis that goes away or a
-WAIT that is not met refuses the turn with 503 before anything is forwarded."""
+WAIT that is not met refuses the turn with 503 before anything is forwarded (but a new
+conversation's, logged beside its upstream call: answered, and the turns after it refused)."""
 from __future__ import annotations
 
 import json

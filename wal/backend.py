@@ -15,7 +15,8 @@ from .reader import WalScan
 
 class WalUnavailable(OSError):
     """The log could not take an append (its store is unreachable, or too few replicas
-    acknowledged it): the turn is refused before anything is forwarded."""
+    acknowledged it): the turn is refused before anything is forwarded (a new conversation
+    logged beside its upstream call is answered, and the tenant's turns after it refused)."""
 
 
 class WalFenced(WalUnavailable):

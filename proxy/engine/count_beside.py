@@ -6,9 +6,10 @@ opened and locked), they are most of what such a turn costs before it is forward
 a new 1K-token conversation on a machine woken from idleness. So such a turn, of any size, is
 forwarded uncounted, and counted (in a thread when large) and logged once its bytes are on
 their way; its WAL lines, `X-Ctx-Tokens-In`/`-Out` and calibration wait for the count, and its
-reply waits for them. A log that cannot be written then fails after the forward: the reply is
-answered and the failure logged, and the session's next turn, counted first, is refused with
-nothing forwarded. Kept apart from `turn.py`
+reply (or its error) waits for them. A log that cannot be written then fails after the forward:
+the reply is answered and the failure logged; from then on, until an append of the tenant's
+succeeds, its new conversations are logged before they are forwarded (`Journal.failing`), so
+they are refused with nothing forwarded, as its other turns are. Kept apart from `turn.py`
 because it is its own rule with its own waits: which turn goes uncounted, when the session
 takes that back, the count and the turn's logging once it is in, and a stream's headers
 held for it. `TurnEngine` calls these at its points.
@@ -90,15 +91,21 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
         counted()
         headers["X-Ctx-Tokens-Out"] = str(tokens_out)
         async with gw.sessions.transaction(tenant, session_id) as tx:
-            if tx.state.wal_logged == 0:  # unless a later turn of the session logged its messages already
+            # The log takes what it has not seen of these messages (all of them after another
+            # request of the session logged other ones, none after this one's retry or its
+            # fallback model's attempt); unless it holds a longer history of the session already.
+            if tx.state.wal_logged <= len(messages):
                 tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
 
     try:
         # One turn of the event loop first: `forward` writes the request (aiohttp's task for
         # its body runs) before the count takes a core, so it adds nothing to the time the
-        # upstream starts at.
+        # upstream starts at. A large turn's whole count and log hold background threads back
+        # (a capture's regular expressions would take the GIL from them); a small one's take
+        # less than the hold would cost.
         await asyncio.sleep(0)
-        await QUIET.around(count_and_log())
+        large = body_bytes > turn.counter.inline_count_bytes
+        await (QUIET.around(count_and_log()) if large else count_and_log())
     except Exception as e:  # forwarded already: the reply is answered rather than lost
         log.error("session %s: the turn was forwarded, and could not be logged: %s", session_id,
                   e.message if isinstance(e, GatewayError) else repr(e))

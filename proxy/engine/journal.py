@@ -64,9 +64,17 @@ class Journal:
         """In-process state only: notice a rollback made from the CLI on the session's next turn."""
         self._remote = config.backend_for(state) == "redis"
         """Every append is a network round trip: made in a thread, never on the event loop."""
+        self._failing: set[str] = set()
+        """Tenants whose last append failed (`failing`)."""
 
     def enabled(self, profile: str) -> bool:
         return self.config.enabled_for(profile or "professional")
+
+    def failing(self, tenant: str) -> bool:
+        """The tenant's last append failed (its log unwritable or unreachable): until one is
+        written, its new conversations are logged before they are forwarded, as its other
+        turns are, so each is refused with nothing forwarded (`count_beside.py`)."""
+        return tenant in self._failing
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -108,7 +116,8 @@ class Journal:
         return self.writer.checks(fence)
 
     async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
-        """What this turn brought and what compaction did, before anything is forwarded; a
+        """What this turn brought and what compaction did, before anything is forwarded (a new
+        conversation far below the trigger: beside its upstream call, `count_beside.py`); a
         CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`)."""
         steps, state.wal_pending = state.wal_pending, []
         if not self.enabled(state.profile):
@@ -213,9 +222,11 @@ class Journal:
             raise lease_lost(*state.key) from None
         except OSError as e:
             log.error("WAL of session %s/%s not written: %s", state.tenant, state.session_id, e)
+            self._failing.add(state.tenant)
             raise GatewayError(ErrorKind.UNAVAILABLE,
                                f"the session log could not be written ({e.strerror or e}); nothing was forwarded",
                                code="wal_unavailable") from None
+        self._failing.discard(state.tenant)
         if appended is None:
             return
         state.wal_seq = appended.last_seq

@@ -6,7 +6,8 @@ and a `Wire` (its format). The engine then:
 1. counts the conversation with the model's tokenizer (cached per message fingerprint);
 2. in one session transaction: takes the session's memory block, plans the compaction
    (stored records, the chain when over the trigger, the loop guard), and logs the turn
-   to the WAL before anything is forwarded;
+   to the WAL before anything is forwarded (a new conversation far below the trigger is
+   counted and logged beside its upstream call instead, `count_beside.py`);
 3. forwards through the door's `Wire`, compacting once more if the upstream says the
    prompt is too long (the loop guard decides whether that may happen);
 4. settles the reply: metrics, the provider's count as calibration, the WAL's RESPONSE
@@ -112,8 +113,10 @@ class TurnEngine:
 
         # A new conversation the bytes bound far below the trigger is fingerprinted and counted
         # beside the upstream call (`late`): nothing of it is counted yet, unless another
-        # replica left its counts in Redis, which takes its fingerprints to look up.
-        late = not known.length and gw.shared_counts is None and beside_upstream(0, bound, counter)
+        # replica left its counts in Redis, which takes its fingerprints to look up. Not while
+        # the tenant's log fails: logged first, the turn is refused with nothing forwarded.
+        beside = not gw.journal.failing(caller.tenant)
+        late = beside and not known.length and gw.shared_counts is None and beside_upstream(0, bound, counter)
         index = HistoryIndex.build([], counter) if late else await fingerprinted()
         mine = len(index.cumulative_tokens) - 1
         if mine == 0 and messages and gw.shared_counts is not None:
@@ -121,7 +124,7 @@ class TurnEngine:
         counted = len(index.cumulative_tokens) - 1
         gw.metrics.message_counts.labels("shared").inc(counted - mine)
         gw.metrics.message_counts.labels("counted").inc(len(messages) - counted)
-        late = late or beside_upstream(counted, bound, counter)
+        late = late or (beside and beside_upstream(counted, bound, counter))
         if late:
             pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
         elif counted == 0:
@@ -271,6 +274,15 @@ class TurnEngine:
         more (or degrade, or give up, as the loop guard says) and send again."""
         try:
             return await self._forward(prepared, wire, stream)
+        except GatewayError:
+            try:
+                if prepared.counting is not None:
+                    # Logged before its error is answered, as before a reply; and before a fallback
+                    # model's attempt plans the session and reports its own count.
+                    await asyncio.shield(prepared.counting)
+            finally:
+                prepared.captured()
+            raise
         except BaseException:
             prepared.captured()
             raise

@@ -226,9 +226,9 @@ class Journal:
             raise GatewayError(ErrorKind.UNAVAILABLE,
                                f"the session log could not be written ({e.strerror or e}); nothing was forwarded",
                                code="wal_unavailable") from None
-        self._failing.discard(state.tenant)
         if appended is None:
             return
+        self._failing.discard(state.tenant)
         state.wal_seq = appended.last_seq
         state.wal_since_checkpoint = 0 if checkpoint else state.wal_since_checkpoint + len(made)
         if checkpoint:

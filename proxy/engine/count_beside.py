@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ctxgate.pipeline.history_index import HistoryIndex
 from ctxgate.pipeline.tokens import TokenCounter
@@ -48,17 +48,18 @@ def may_compact(state: SessionState, turn: Turn, bound: int | None) -> bool:
     return not (_fresh(state) and bound is not None and bound + turn.reserved_tokens <= watermark(turn, state))
 
 
-def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
-                 messages: list[dict[str, Any]], body_bytes: int, index: HistoryIndex,
-                 fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
-                 counted: Callable[[], None]) -> "asyncio.Task[None]":
+def count_beside(gw: "Gateway", tenant: str, session_id: str, turn: Turn, number: int, plan: Plan,
+                 body_bytes: int, index: HistoryIndex, fingerprinted: Callable[[], Awaitable[HistoryIndex]],
+                 headers: dict[str, str], counted: Callable[[], None]) -> "asyncio.Task[None]":
     """Start the count of a turn forwarded uncounted (`ctxgate_counts_beside_upstream_total`).
-    `index`: what is known of its messages; when it does not hold them all, `fingerprinted()`
-    takes their fingerprints once the turn is forwarded (they decide nothing it sends).
+    `number`: the turn's in its session (it is logged as that turn, whatever turns of the
+    session were planned meanwhile). `index`: what is known of its messages; when it does not
+    hold them all, `fingerprinted()` takes their fingerprints once the turn is forwarded (they
+    decide nothing it sends).
     `counted` reports the count and keeps the index, as for a counted turn. Awaited by
     `settle`, so an answered turn is in the WAL before its reply is, and calibrated with its count."""
     gw.metrics.counts_beside_upstream.inc()
-    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, plan, messages, body_bytes, index,
+    return asyncio.ensure_future(_count(gw, tenant, session_id, turn, number, plan, body_bytes, index,
                                         fingerprinted, headers, counted))
 
 
@@ -74,13 +75,14 @@ async def before_headers(counting: "asyncio.Task[None]", reply: Reply) -> None:
         raise
 
 
-async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: Plan,
-                 messages: list[dict[str, Any]], body_bytes: int, index: HistoryIndex,
-                 fingerprinted: Callable[[], Awaitable[HistoryIndex]], headers: dict[str, str],
-                 counted: Callable[[], None]) -> None:
+async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, number: int, plan: Plan,
+                 body_bytes: int, index: HistoryIndex, fingerprinted: Callable[[], Awaitable[HistoryIndex]],
+                 headers: dict[str, str], counted: Callable[[], None]) -> None:
     """Fingerprint and count the turn (in a thread when large, beside the upstream call), then log its
     messages as `prepare` logs a counted turn's. The reply waits for all of it: background
     work in threads waits meanwhile (`QUIET`)."""
+    messages = turn.messages
+
     async def count_and_log() -> None:
         nonlocal index
         if len(index) != len(messages):
@@ -95,7 +97,7 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, plan: 
             # request of the session logged other ones, none after this one's retry or its
             # fallback model's attempt); unless it holds a longer history of the session already.
             if tx.state.wal_logged <= len(messages):
-                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn))
+                tx.write_log = lambda s: gw.journal.log_request(s, turn, tokens_out, budget_of(s, turn), number)
 
     try:
         # One turn of the event loop first: `forward` writes the request (aiohttp's task for

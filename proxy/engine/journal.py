@@ -115,10 +115,12 @@ class Journal:
         """Whether the log's appends check `fence` themselves (it is in the lock's Redis)."""
         return self.writer.checks(fence)
 
-    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int) -> None:
+    async def log_request(self, state: SessionState, turn: Turn, tokens_out: int | None, budget: int,
+                          number: int | None = None) -> None:
         """What this turn brought and what compaction did, before anything is forwarded (a new
-        conversation far below the trigger: beside its upstream call, `count_beside.py`); a
-        CHECKPOINT with them only after a compaction (a periodic one waits for the reply: `due`)."""
+        conversation far below the trigger: beside its upstream call, `count_beside.py`, as turn
+        `number`); a CHECKPOINT with them only after a compaction (a periodic one waits for the
+        reply: `due`)."""
         steps, state.wal_pending = state.wal_pending, []
         if not self.enabled(state.profile):
             return
@@ -138,7 +140,7 @@ class Journal:
                          **{k: v for k, v in state.speculation.items() if k != "logged"}})
         store = self.config.store_content
         try:
-            await self._write(state, lambda: message_events(state, turn, start, store) + rest, "compaction",
+            await self._write(state, lambda: message_events(state, turn, start, store, number) + rest, "compaction",
                               tokens_out, budget, checkpoint=bool(steps), off_loop=not inline and heavy(turn))
         except GatewayError:  # nothing was written: the next write carries it all
             state.wal_logged, state.wal_logged_hash = before

@@ -177,6 +177,7 @@ class TurnEngine:
                     plan = Plan(messages=messages, tokens_out=None)
             finally:
                 guard_set = state.has_attempted_reactive_compact
+                number = state.turns  # what a counted turn is logged as
                 state.turns += 1
                 compacted = bool(state.records)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
@@ -194,7 +195,7 @@ class TurnEngine:
                                            on_answer=gw.metrics.expanded,
                                            room=expansion_room(turn, state, plan))
         if late:
-            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, plan, messages, request.body_bytes,
+            prepared.counting = count_beside(gw, caller.tenant, session_id, turn, number, plan, request.body_bytes,
                                              index, fingerprinted,
                                              headers, lambda: self._counted(caller, session_id, request, turn, headers))
         return prepared

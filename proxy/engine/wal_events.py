@@ -16,16 +16,18 @@ from .state import SessionState
 from .turn_budget import Turn
 
 
-def message_events(state: SessionState, turn: Turn, start: int, store_content: bool) -> list[dict[str, Any]]:
+def message_events(state: SessionState, turn: Turn, start: int, store_content: bool,
+                   number: int | None = None) -> list[dict[str, Any]]:
     """USER_INPUT / TOOL_RESULT for each client message from `start` (`first_unlogged`) on;
-    the session then counts them as logged."""
+    the session then counts them as logged. `number`: the turn's, when it is logged after
+    later turns of the session were planned (`count_beside.py`); else the session's count."""
     messages = turn.messages
     hashes = turn.prefix_hashes
     events = []
     for i in range(start, len(messages)):
         m = messages[i]
         role = m.get("role")
-        base = {"turn": state.turns, "index": i, "prefix_hash": hashes[i]}
+        base = {"turn": state.turns if number is None else number, "index": i, "prefix_hash": hashes[i]}
         results = _tool_result_blocks(m) if role == "user" else []
         # Anthropic's tool results travel in a user turn, one block per call
         for j, b in results:

@@ -100,6 +100,7 @@ class TiktokenEncoder:
     """An OpenAI encoding, from the BPE file the litellm wheel ships."""
 
     inline_count_bytes = 16_384  # ~1 ms of tiktoken
+
     def __init__(self, encoding: str) -> None:
         self._enc = tiktoken.get_encoding(encoding)
 

@@ -114,6 +114,11 @@ def test_a_turn_counted_beside_the_upstream_call_reports_and_logs_the_exact_coun
     assert lines == first_lines
     assert (response["tokens_in"], response["tokens_out"]) == (first_response["tokens_in"],
                                                                first_response["tokens_out"]) == (exact, exact)
+    # A turn's message lines carry its number, as its RESPONSE does, counted first or beside.
+    for session in (late, first):
+        events = logged(gateway, session)
+        numbers = {e["turn"] for e in events if e.get("type") in LOGGED}
+        assert {e["turn"] for e in events if e.get("type") == "RESPONSE"} == numbers
 
 
 def test_a_new_conversation_near_the_trigger_is_counted_first_and_compacted(gateway: Gateway,

@@ -79,8 +79,8 @@ async def _count(gw: "Gateway", tenant: str, session_id: str, turn: Turn, number
                  body_bytes: int, index: HistoryIndex, fingerprinted: Callable[[], Awaitable[HistoryIndex]],
                  headers: dict[str, str], counted: Callable[[], None]) -> None:
     """Fingerprint and count the turn (in a thread when large, beside the upstream call), then log its
-    messages as `prepare` logs a counted turn's. The reply waits for all of it: background
-    work in threads waits meanwhile (`QUIET`)."""
+    messages as `prepare` logs a counted turn's. The reply waits for all of it; a large turn's
+    background work in threads waits meanwhile (`QUIET`)."""
     messages = turn.messages
 
     async def count_and_log() -> None:

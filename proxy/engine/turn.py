@@ -128,7 +128,7 @@ class TurnEngine:
         if late:
             pass  # counted once forwarded (`count_beside`), or in the transaction when it may compact
         elif counted == 0:
-            # A large count in a thread: the event loop serves other requests meanwhile.
+            # In a thread when large: the event loop serves other requests meanwhile.
             index = await count_off_loop(index, messages, counter, request.body_bytes)
         else:
             index = index.counted(messages, counter)
@@ -177,8 +177,8 @@ class TurnEngine:
                     plan = Plan(messages=messages, tokens_out=None)
             finally:
                 guard_set = state.has_attempted_reactive_compact
-                number = state.turns  # what a counted turn is logged as
                 state.turns += 1
+                number = state.turns  # the turn's: its log lines and its RESPONSE carry it
                 compacted = bool(state.records)
         prepared = PreparedTurn(caller, session_id, route, turn, offset_key, plan, block, guard_set, started, headers,
                                 levels=list(plan.levels), keep=self._keeping(caller, request))

@@ -20,7 +20,8 @@ def message_events(state: SessionState, turn: Turn, start: int, store_content: b
                    number: int | None = None) -> list[dict[str, Any]]:
     """USER_INPUT / TOOL_RESULT for each client message from `start` (`first_unlogged`) on;
     the session then counts them as logged. `number`: the turn's, when it is logged after
-    later turns of the session were planned (`count_beside.py`); else the session's count."""
+    later turns of the session were planned (`count_beside.py`); else the session's count,
+    which is the turn's when it is logged in the transaction that planned it."""
     messages = turn.messages
     hashes = turn.prefix_hashes
     events = []

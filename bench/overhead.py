@@ -14,7 +14,8 @@ door's whole stream is read, to its terminator) and sends it through every (door
 in a shuffled order; `direct` is a POST to the upstream's own endpoint for that door.
 *Added*: target − direct on the same door, paired per iteration (p50 / p95 / p99 of the differences).
 `X-Ctx-Overhead-Ms`: ctxgate's own report of its time, upstream excluded. conv-<size>: a conversation never seen
-(every message prefixed anew); turn-<size>: the next turn of a session. Routes: `gpt-4o` →
+(every message prefixed anew); turn-<size>: the next turn of a session (ten turns each; a session's
+first turn is a new conversation, conv-<size>'s case, and is not measured there). Routes: `gpt-4o` →
 `openai/gpt-4o` (chat, Responses, and Gemini's generateContent, which ctxgate sends on as a chat
 completion and renders back; its `direct` is the upstream's own generateContent; the LiteLLM
 proxy is not sent it), `claude-sonnet-4-5` → `anthropic/claude-sonnet-4-5` (Messages),
@@ -87,6 +88,12 @@ def iterations_for(size: int, args: argparse.Namespace) -> tuple[int, int]:
 Lane = tuple[doors.Door, doors.Target]
 
 
+def measured(sc: Scenario, i: int) -> bool:
+    """Iteration `i` is measured: past the warm-up, and not a session's first turn (a new
+    conversation, which conv-<size> measures) when the scenario is steady turns."""
+    return i >= sc.warmup and (sc.kind != "turn" or i % common.TURNS_PER_SESSION != 0)
+
+
 def key(door: doors.Door, t: doors.Target) -> str:
     return f"{door.name}|{t.name}"
 
@@ -97,7 +104,9 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
     samples: dict[str, list[doors.Sample]] = {key(d, t): [] for d, t in lanes}
     cold: dict[str, doors.Sample] = {}
     run_id = f"{sc.name}-{rng.randrange(1 << 30):x}"
-    total = sc.warmup + sc.iterations
+    total = sc.warmup
+    while sum(measured(sc, i) for i in range(total)) < sc.iterations:
+        total += 1
     used = list(dict.fromkeys(d for d, _ in lanes))
     door_of = {d.name: d for d in used}
     started = time.perf_counter()
@@ -113,7 +122,7 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
             sid = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", f"{run_id}-{i // common.TURNS_PER_SESSION}-{door.name}-{t.name}")
             s = await t.sample(http, door, conversations[door.name], sid if sc.kind == "turn" else None,
                                bodies[door.name])
-            if i >= sc.warmup:
+            if measured(sc, i):
                 samples[key(door, t)].append(s)
             elif i == 0:
                 cold[key(door, t)] = s

@@ -84,6 +84,29 @@ def test_capture_finds_preferences_corrections_project_facts_and_references() ->
     assert workspace_root(CONVERSATION) == "/workspace/acme-shop"
 
 
+MANIFEST_FILES = {
+    "pyproject.toml": ("python", '[build-system]\nrequires = ["hatchling"]\n\n[project]\nname = "shop"\n'),
+    "package.json": ("javascript", '{\n  "name": "shop",\n  "devDependencies" : {\n    "jest": "^29.0.0"\n  }\n}\n'),
+    "go.mod": ("go", "module example.com/shop\n\ngo 1.22\n\nrequire github.com/gin-gonic/gin v1.9.1\n"),
+    "Cargo.toml": ("rust", '[package]\nname = "shop"\nversion = "0.1.0"\nedition = "2021"\n'),
+    "requirements.txt": ("python", "django==5.0.1\npytest>=8.0\nrequests~=2.31\n"),
+}
+
+
+@pytest.mark.parametrize("manifest", sorted(MANIFEST_FILES))
+def test_each_manifest_a_tool_shows_names_the_stack(manifest: str) -> None:
+    """Each manifest's pattern is tried only on a text holding one of its strings (`_MANIFESTS`):
+    a string it does not need would hide the manifest."""
+    language, text = MANIFEST_FILES[manifest]
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "cat f"}'}}
+    messages = [{"role": "user", "content": "Look at the project."},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": text}]
+    found = capture(messages, message_spans(messages, set(range(len(messages)))), _cut, now=1000.0)
+    stacks = [c.data["tech_stack"] for _, c in found if "tech_stack" in c.data]
+    assert [(s["manifest"], s["language"]) for s in stacks] == [(manifest, language)]
+
+
 def test_a_column_of_numbers_is_not_a_listing_of_files() -> None:
     output = "STEP-1-OK\n" + "\n".join(str(i) for i in range(1, 301))
     call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "seq 1 300"}'}}

@@ -224,8 +224,8 @@ def _listing(text: str) -> list[str]:
     """A directory listing: most lines are single path-like names (ls, find, tree-less): 4 to
     2,000 lines that are not blank, at least 80% of them names."""
     split = text.splitlines()
-    # Past a fifth of all the lines (blank ones too) that are not names, fewer than 80% of the
-    # others can be: a text that is no listing is given up early, most of its lines unread.
+    # Once more than a fifth of all its lines (blank ones counted) are not names, fewer than 80%
+    # of its non-blank lines can be: a text that is no listing is given up early, mostly unread.
     most_others = len(split) // 5
     names: list[str] = []
     others = 0

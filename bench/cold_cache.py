@@ -8,13 +8,14 @@ that touches no memory (so the CPU never idles). Two workloads, each timed on it
 
 - `gateway`: ctxgate's own pieces for a new ~1K-token chat conversation: parse the body
   (orjson), check it with the chat door's validators, take each message's fingerprint, append
-  its REQUEST lines and then a RESPONSE line to a session's WAL file (`wal.writer.WalWriter`,
+  a USER_INPUT line for each and then a RESPONSE line to a session's WAL file (`wal.writer.WalWriter`,
   a real file), and encode a reply;
 - `json`: what any proxy that reads its bodies does: parse the same body and encode it again.
 
 Each (pause, how) runs `--rounds` times in a shuffled order; the table gives the p50 of each
-workload and its ratio to the back-to-back p50. A ratio far above 1 at 200 ms means the
-machine's caches lose the working set while the process waits, whatever it waits on.
+workload and its ratio to the back-to-back p50. A ratio far above 1 at 200 ms, spinning as
+sleeping, means the work runs cold after a wait, whatever it waits on (lost caches, or the
+virtual machine's scheduling: this cannot tell them apart).
 
     .venv/bin/python bench/cold_cache.py [--rounds 40] [--pauses 1,10,50,200] [--out FILE]
 """

@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import random
 import statistics
-import subprocess
-import sys
 import time
-import types
-from pathlib import Path
 from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first
@@ -27,16 +23,6 @@ from overhead import parse_size
 
 from ctxgate.memory import capture as after_module
 from ctxgate.pipeline.provenance import message_spans
-
-
-def load_at(commit: str) -> types.ModuleType:
-    """memory/capture.py as it was at `commit`, its package-relative imports made absolute."""
-    source = subprocess.run(["git", "show", f"{commit}:memory/capture.py"], check=True, capture_output=True,
-                            text=True, cwd=Path(__file__).resolve().parent.parent).stdout
-    module = types.ModuleType(f"capture_{commit}")
-    sys.modules[module.__name__] = module
-    exec(compile(source.replace("from .", "from ctxgate.memory."), f"capture@{commit}", "exec"), module.__dict__)
-    return module
 
 
 def found(candidates: list[tuple[int, Any]]) -> list[tuple[int, str, str, Any]]:
@@ -50,7 +36,7 @@ def main() -> None:
     p.add_argument("--before", default="e136c02")
     args = p.parse_args()
     common.wait_for_quiet(max_wait_s=args.max_wait)
-    versions = {"before": load_at(args.before).capture, "after": after_module.capture}
+    versions = {"before": common.module_at(args.before, "memory/capture.py").capture, "after": after_module.capture}
     rows = []
     rng = random.Random(38)
     for size in args.sizes:

@@ -22,6 +22,7 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import types  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Iterable  # noqa: E402
 
@@ -201,6 +202,18 @@ def wait_for_quiet(threshold: float = 0.7, max_wait_s: float = 600.0) -> None:
             last = time.monotonic()
         time.sleep(5)
     START_LOAD, CODE_AT_START = load_avg(), git_state()  # the code the servers start with
+
+
+def module_at(commit: str, path: str) -> types.ModuleType:
+    """The module at `path` (from the repository root) as it was at `commit`, to run beside
+    today's: its package-relative imports (`from .x`) read from today's package."""
+    source = subprocess.run(["git", "show", f"{commit}:{path}"], check=True, capture_output=True, text=True,
+                            cwd=ROOT).stdout
+    package = "ctxgate." + ".".join(Path(path).parent.parts)
+    module = types.ModuleType(f"{Path(path).stem}_{commit}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source.replace("\nfrom .", f"\nfrom {package}."), f"{path}@{commit}", "exec"), module.__dict__)
+    return module
 
 
 def command_line() -> str:

@@ -104,8 +104,9 @@ async def run_scenario(sc: Scenario, lanes: list[Lane], http: aiohttp.ClientSess
     samples: dict[str, list[doors.Sample]] = {key(d, t): [] for d, t in lanes}
     cold: dict[str, doors.Sample] = {}
     run_id = f"{sc.name}-{rng.randrange(1 << 30):x}"
-    total = sc.warmup
-    while sum(measured(sc, i) for i in range(total)) < sc.iterations:
+    total, counted = sc.warmup, 0
+    while counted < sc.iterations:
+        counted += measured(sc, total)
         total += 1
     used = list(dict.fromkeys(d for d, _ in lanes))
     door_of = {d.name: d for d in used}

@@ -18,11 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import subprocess
-import sys
 import time
-import types
-from pathlib import Path
 from typing import Any
 
 import common  # sets LITELLM_LOCAL_MODEL_COST_MAP first, puts tests/ on sys.path
@@ -32,16 +28,6 @@ import orjson
 from ctxgate.proxy import resent as after_module
 
 KEY = ("acme", "messages", "bench")
-
-
-def load_at(commit: str) -> types.ModuleType:
-    """proxy/resent.py as it was at `commit` (it imports nothing of ctxgate)."""
-    source = subprocess.run(["git", "show", f"{commit}:proxy/resent.py"], check=True, capture_output=True,
-                            cwd=Path(__file__).resolve().parent.parent).stdout
-    module = types.ModuleType(f"resent_{commit}")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    exec(compile(source, f"resent@{commit}", "exec"), module.__dict__)
-    return module
 
 
 def bodies(size: int, turns: int, shape: str) -> list[bytes]:
@@ -64,7 +50,8 @@ def main() -> None:
     args = p.parse_args()
     size = int(float(args.size.rstrip("Kk")) * 1000) if args.size[-1] in "Kk" else int(args.size)
     raws = bodies(size, args.warmup + args.turns, args.shape)
-    versions: dict[str, Any] = {"before": load_at(args.before).ResentBodies(), "after": after_module.ResentBodies()}
+    before = common.module_at(args.before, "proxy/resent.py").ResentBodies()
+    versions: dict[str, Any] = {"before": before, "after": after_module.ResentBodies()}
     times: dict[str, dict[str, list[float]]] = {v: {"parse": [], "keep": [], "turn": []} for v in versions}
     parsed: dict[str, list[int]] = {v: [] for v in versions}
     rng = random.Random(38)
